@@ -1,0 +1,94 @@
+"""What dodo.py needs from doit: the resolved config, the checker, the reporter, uptodate keys.
+
+Kept out of dodo.py so that dodo.py reads as the task graph and nothing else.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from doit import doit_cmd
+from doit.reporter import ConsoleReporter
+from doit.tools import config_changed
+
+from . import __version__, hashing, sizes
+from .config import BuildConfig, load_build
+from .errors import HexbundleError
+from .layout import Layout
+
+_banner = ""
+
+
+def command_line_overrides() -> dict:
+    """Every `key=value` given to doit (typos included: load_build rejects unknown keys)."""
+    return dict(doit_cmd._CMDLINE_VARS or {})
+
+
+def load(root: Path):
+    """Resolve the build for this doit run, or exit with a clean message (no traceback)."""
+    global _banner
+    overrides = command_line_overrides()
+    try:
+        cfg = load_build(root, overrides)
+    except HexbundleError as exc:
+        print(f"hexbundle: {exc}", file=sys.stderr)
+        sys.exit(3)
+    layout = Layout(cfg)
+    hashing.use_cache(layout.digest_cache)
+    _banner = banner(cfg)
+    return cfg, layout, overrides
+
+
+def banner(cfg: BuildConfig) -> str:
+    from .backends import get_backend
+    backend = get_backend(cfg.backend)
+    note = "" if backend.deployable else "  [reference backend: open formats, NOT deployable]"
+    d = cfg.device
+    return (f"hexbundle {__version__}: {cfg.model.name}, plan {cfg.plan.name} "
+            f"({len(cfg.plan.layers_per_part)} parts) for {d.name} (soc_model {d.soc_model}, "
+            f"{d.dsp_arch})\n  backend {cfg.backend} ({backend.toolchain_version()}), executor "
+            f"{cfg.executor}, weights_packing {cfg.compile['weights_packing']}, weight_sharing "
+            f"{cfg.compile['weight_sharing']}{note}\n  output: "
+            f"{cfg.build_dir.relative_to(cfg.root)}")
+
+
+class Reporter(ConsoleReporter):
+    """doit's console reporter, plus the banner saying what is built and how, first thing."""
+
+    def initialize(self, tasks, selected_tasks):
+        super().initialize(tasks, selected_tasks)
+        if _banner:
+            self.outstream.write(_banner + "\n")
+
+
+def doit_config(layout: Layout) -> dict:
+    return {
+        "default_tasks": ["bundle"],
+        "check_file_uptodate": hashing.XXH3Checker,
+        "dep_file": str(layout.root / "build" / ".hexbundle" / "doit-db.json"),
+        "backend": "json",
+        "par_type": "thread",      # steps are subprocesses or containers: threads suffice
+        "reporter": Reporter,
+        "verbosity": 2,            # show the steps' progress lines as they happen
+    }
+
+
+def options_key(**values) -> config_changed:
+    """uptodate item: the task reruns when any of these options changes."""
+    return config_changed(values)
+
+
+def check_sizes(cfg: BuildConfig, layout: Layout):
+    """Size every part's context binary against the size model; a failure explains itself."""
+    from doit.exceptions import TaskFailed
+    parts = cfg.plan.parts()
+    actual = {p.index: (layout.bin(p).stat().st_size if layout.bin(p).is_file() else None)
+              for p in parts}
+    rows = sizes.judge(cfg.model, cfg.plan, actual, cfg.compile["float_bitwidth"])
+    table = sizes.format_table(cfg.model, cfg.plan, rows)
+    try:
+        sizes.raise_on_failure(cfg.model, cfg.plan, rows, table)
+    except HexbundleError as exc:
+        return TaskFailed(str(exc))
+    print(table, flush=True)
+    return True

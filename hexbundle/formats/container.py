@@ -1,0 +1,521 @@
+"""The container layout shared by the DLC and the context binary (see docs/formats.md).
+
+    [preamble, padded to 4096][blob][pad]...[blob][pad][canonical JSON header]
+
+Blobs come first and the header last so a writer can stream tensors one at a time (never holding
+a model in memory) and record each blob's XXH3-128 digest as it goes. Every blob starts on a
+4096-byte boundary so a reader can mmap the file and hand out numpy views without copying.
+
+This module also holds the two record types both formats use: tensor records (a weight in one
+blob: data, scales, offsets) and graph records (topology blob + I/O + weight names).
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional, Union
+
+import numpy as np
+import xxhash
+
+from ..errors import FormatError
+
+ALIGN = 4096
+FORMAT_VERSION = 1
+PREAMBLE = struct.Struct("<8sIIQQQ24x")   # magic, version, flags, header_offset, header_length, blob_count
+assert PREAMBLE.size == 64
+
+# Stored element types. uint4 is stored in uint8 bytes, packed two per byte or one per byte.
+STORAGE_DTYPES = {"uint4": np.uint8, "uint8": np.uint8, "uint16": np.uint16,
+                  "float16": np.float16, "float32": np.float32}
+QUANT_DTYPE_FOR_BITWIDTH = {4: "uint4", 8: "uint8", 16: "uint16"}
+QUANT_PARAM_ALIGN = 4         # scales/offsets start 4-aligned inside the blob (float32/int32 views)
+_WRITE_CHUNK = 64 << 20       # bytes per write/hash call: big buffers hash fast, bounded memory
+
+
+def align_up(n: int, alignment: int = ALIGN) -> int:
+    return -(-n // alignment) * alignment
+
+
+def container_size(blob_nbytes: list, header_length: int) -> int:
+    """Exact file size for blobs of these sizes and a header of this many bytes."""
+    return ALIGN + sum(align_up(n) for n in blob_nbytes) + header_length
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The header encoding: sorted keys, no whitespace, ASCII only, no NaN (deterministic bytes)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode("ascii")
+
+
+# =================================================================================================
+# Container writer / reader
+# =================================================================================================
+
+@dataclass(frozen=True)
+class BlobEntry:
+    name: str
+    offset: int
+    nbytes: int
+    xxh3_128: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "offset": self.offset, "nbytes": self.nbytes, "xxh3_128": self.xxh3_128}
+
+
+class ContainerWriter:
+    """Streams blobs into a temp file next to `path`; `finish` adds the header and renames atomically.
+
+    Use as a context manager: on an exception the temp file is removed and `path` is untouched.
+    """
+
+    def __init__(self, path: Union[str, Path], magic: bytes):
+        assert len(magic) == 8
+        self.path = Path(path)
+        self.magic = magic
+        self.blobs: list = []
+        self._names: set = set()
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self._tmp_path = Path(tmp)
+        self._file = os.fdopen(fd, "wb")
+        self._file.write(bytes(ALIGN))   # preamble placeholder; rewritten by finish()
+        self._position = ALIGN
+
+    def __enter__(self) -> "ContainerWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    def add_blob(self, name: str, chunks: Iterable) -> BlobEntry:
+        """Append one blob made of `chunks` (bytes-like or numpy arrays), hashing as it streams."""
+        if name in self._names:
+            raise ValueError(f"duplicate blob name {name!r}")
+        digest = xxhash.xxh3_128()
+        nbytes = 0
+        for chunk in chunks:
+            for piece in _byte_pieces(chunk):
+                digest.update(piece)
+                self._file.write(piece)
+                nbytes += len(piece)
+        padding = align_up(nbytes) - nbytes
+        self._file.write(bytes(padding))
+        entry = BlobEntry(name, self._position, nbytes, digest.hexdigest())
+        self._position += nbytes + padding
+        self.blobs.append(entry)
+        self._names.add(name)
+        return entry
+
+    def finish(self, header_fields: dict) -> int:
+        """Write header + preamble, fsync, rename over `path`. Returns the file size."""
+        assert "blobs" not in header_fields
+        header = canonical_json({**header_fields, "blobs": [b.to_json() for b in self.blobs]})
+        self._file.write(header)
+        self._file.seek(0)
+        self._file.write(PREAMBLE.pack(self.magic, FORMAT_VERSION, 0, self._position,
+                                       len(header), len(self.blobs)))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp_path, self.path)
+        _fsync_dir(self.path.parent)
+        return self._position + len(header)
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        self._tmp_path.unlink(missing_ok=True)
+
+
+def _byte_pieces(chunk):
+    """Yield the chunk as contiguous byte memoryviews of bounded size (no copies when contiguous)."""
+    if isinstance(chunk, np.ndarray):
+        chunk = np.ascontiguousarray(chunk).reshape(-1).view(np.uint8)
+    view = memoryview(chunk).cast("B")
+    for start in range(0, len(view), _WRITE_CHUNK):
+        yield view[start:start + _WRITE_CHUNK]
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:   # makes the rename durable; not possible on every platform/filesystem
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class ContainerReader:
+    """mmap-backed reader: validates the preamble, header and blob table; hands out views."""
+
+    def __init__(self, path: Union[str, Path], magic: bytes, kind: str):
+        self.path = Path(path)
+        self.kind = kind
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < PREAMBLE.size:
+                    raise self.error(f"truncated ({size} bytes, smaller than the 64-byte preamble)")
+                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise FormatError(f"{self.path}: {kind} not found; build it first") from None
+        except OSError as exc:
+            raise FormatError(f"{self.path}: cannot open {kind} ({exc})") from None
+        self.size = size
+        self.header = self._read_header(magic)
+        self.blobs = self._read_blob_table()
+
+    def error(self, what: str) -> FormatError:
+        return FormatError(f"{self.path}: {what}; this {self.kind} is corrupt or from another tool, rebuild it")
+
+    def _read_header(self, magic: bytes) -> dict:
+        got_magic, version, flags, header_offset, header_length, blob_count = \
+            PREAMBLE.unpack_from(self._mmap, 0)
+        if got_magic != magic:
+            raise self.error(f"bad magic {got_magic!r} (expected {magic!r})")
+        if version != FORMAT_VERSION:
+            raise FormatError(f"{self.path}: format version {version} is not supported "
+                              f"(this hexbundle reads version {FORMAT_VERSION}); rebuild it")
+        if flags != 0:
+            raise self.error(f"unknown flags 0x{flags:x}")
+        if header_offset < ALIGN or header_offset % ALIGN or header_offset + header_length != self.size:
+            raise self.error(f"header at {header_offset}+{header_length} does not end the "
+                             f"{self.size}-byte file (truncated?)")
+        try:
+            header = json.loads(bytes(self._mmap[header_offset:header_offset + header_length]))
+        except (ValueError, RecursionError):
+            raise self.error("header is not valid JSON") from None
+        if not isinstance(header, dict) or not isinstance(header.get("blobs"), list):
+            raise self.error("header has no 'blobs' list")
+        if len(header["blobs"]) != blob_count:
+            raise self.error(f"preamble says {blob_count} blobs, header lists {len(header['blobs'])}")
+        self._header_offset = header_offset
+        return header
+
+    def _read_blob_table(self) -> dict:
+        blobs, end_of_previous = {}, ALIGN
+        for i, raw in enumerate(self.header["blobs"]):
+            entry = self._parse_blob_entry(raw, i)
+            if entry.name in blobs:
+                raise self.error(f"blob '{entry.name}' listed twice")
+            if entry.offset < end_of_previous or entry.offset + entry.nbytes > self._header_offset:
+                raise self.error(f"blob '{entry.name}' at {entry.offset}+{entry.nbytes} overlaps "
+                                 f"another blob or the header")
+            end_of_previous = entry.offset + entry.nbytes
+            blobs[entry.name] = entry
+        return blobs
+
+    def _parse_blob_entry(self, raw: Any, index: int) -> BlobEntry:
+        try:
+            entry = BlobEntry(raw["name"], raw["offset"], raw["nbytes"], raw["xxh3_128"])
+        except (TypeError, KeyError):
+            raise self.error(f"blob entry {index} lacks name/offset/nbytes/xxh3_128") from None
+        valid = (isinstance(entry.name, str) and _is_uint(entry.offset) and _is_uint(entry.nbytes)
+                 and entry.offset % ALIGN == 0 and isinstance(entry.xxh3_128, str)
+                 and len(entry.xxh3_128) == 32)
+        if not valid:
+            raise self.error(f"blob entry {index} ({str(raw)[:80]}) is malformed")
+        return entry
+
+    def blob(self, name: str) -> np.ndarray:
+        """A read-only uint8 view of a blob (no copy)."""
+        entry = self.blobs.get(name)
+        if entry is None:
+            raise self.error(f"header refers to blob '{name}', which is not in the blob table")
+        return np.frombuffer(self._mmap, dtype=np.uint8, count=entry.nbytes, offset=entry.offset)
+
+    def verify_digests(self) -> None:
+        """Recompute every blob's XXH3-128; FormatError naming the first mismatching blob."""
+        for entry in self.blobs.values():
+            digest = xxhash.xxh3_128()
+            for start in range(entry.offset, entry.offset + entry.nbytes, _WRITE_CHUNK):
+                digest.update(self._mmap[start:min(start + _WRITE_CHUNK, entry.offset + entry.nbytes)])
+            if digest.hexdigest() != entry.xxh3_128:
+                raise self.error(f"blob '{entry.name}' digest mismatch "
+                                 f"(stored {entry.xxh3_128}, computed {digest.hexdigest()})")
+
+    def close(self) -> None:
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass   # numpy views still point into the map; it is unmapped when they are collected
+
+
+def _is_uint(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# =================================================================================================
+# Tensor records: one weight = one blob  [data][pad to 4][scales f32 x C][offsets i32 x C]
+# =================================================================================================
+
+@dataclass(frozen=True, eq=False)
+class QuantParams:
+    """real = (q + offset[c]) * scale[c] along `axis` (None: per-tensor, one channel)."""
+
+    bitwidth: int
+    axis: Optional[int]
+    scale: np.ndarray      # float32 (C,)
+    offset: np.ndarray     # int32 (C,)
+    symmetric: bool
+
+    @property
+    def channels(self) -> int:
+        return int(self.scale.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class Tensor:
+    """A weight ready to be stored: `values` are unpacked elements in the logical (ONNX) shape."""
+
+    name: str
+    dtype: str                       # key of STORAGE_DTYPES
+    values: np.ndarray
+    quant: Optional[QuantParams] = None
+
+
+@dataclass(frozen=True)
+class QuantInfo:
+    bitwidth: int
+    axis: Optional[int]
+    channels: int
+    symmetric: bool
+
+    def to_json(self) -> dict:
+        return {"bitwidth": self.bitwidth, "axis": self.axis, "channels": self.channels,
+                "symmetric": self.symmetric}
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """Header description of one stored weight; sub-offsets are relative to the blob start."""
+
+    name: str
+    blob: str
+    shape: tuple
+    dtype: str
+    packed: bool
+    quant: Optional[QuantInfo]
+    data_offset: int
+    data_nbytes: int
+    scales_offset: Optional[int]
+    offsets_offset: Optional[int]
+
+    @property
+    def count(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def to_json(self) -> dict:
+        channels = self.quant.channels if self.quant else 0
+        return {"name": self.name, "blob": self.blob, "shape": list(self.shape), "dtype": self.dtype,
+                "packed": self.packed, "quant": self.quant.to_json() if self.quant else None,
+                "data": {"offset": self.data_offset, "nbytes": self.data_nbytes},
+                "scales": None if self.quant is None else {"offset": self.scales_offset, "nbytes": 4 * channels},
+                "offsets": None if self.quant is None else {"offset": self.offsets_offset, "nbytes": 4 * channels}}
+
+
+def data_nbytes(shape, dtype: str, packed: bool) -> int:
+    count = int(np.prod(shape, dtype=np.int64))
+    if dtype == "uint4" and packed:
+        return (count + 1) // 2
+    return count * np.dtype(STORAGE_DTYPES[dtype]).itemsize
+
+
+def tensor_blob_nbytes(shape, dtype: str, packed: bool, channels: int) -> int:
+    """Bytes of one tensor blob before page padding (what the size model needs per weight)."""
+    nbytes = data_nbytes(shape, dtype, packed)
+    if channels:
+        nbytes = align_up(nbytes, QUANT_PARAM_ALIGN) + 8 * channels
+    return nbytes
+
+
+def encode_tensor(tensor: Tensor, blob: str, pack: bool):
+    """-> (TensorRecord, [data, pad, scales, offsets] chunks). Packs only uint4 and only if `pack`."""
+    _check_tensor(tensor)
+    packed = pack and tensor.dtype == "uint4"
+    values = np.ascontiguousarray(tensor.values, dtype=STORAGE_DTYPES[tensor.dtype])
+    data = pack_uint4(values) if packed else values.reshape(-1)
+    nbytes = data_nbytes(values.shape, tensor.dtype, packed)
+    quant, scales_at, offsets_at, chunks = None, None, None, [data]
+    if tensor.quant is not None:
+        q = tensor.quant
+        quant = QuantInfo(q.bitwidth, q.axis, q.channels, q.symmetric)
+        scales_at = align_up(nbytes, QUANT_PARAM_ALIGN)
+        offsets_at = scales_at + 4 * q.channels
+        chunks += [bytes(scales_at - nbytes), np.asarray(q.scale, "<f4"), np.asarray(q.offset, "<i4")]
+    record = TensorRecord(tensor.name, blob, tuple(int(d) for d in values.shape), tensor.dtype,
+                          packed, quant, 0, nbytes, scales_at, offsets_at)
+    return record, chunks
+
+
+def _check_tensor(tensor: Tensor) -> None:
+    """Writer-side sanity checks: a bad tensor here is a hexbundle bug, not a user error."""
+    if tensor.dtype not in STORAGE_DTYPES:
+        raise ValueError(f"{tensor.name}: unknown dtype {tensor.dtype!r}")
+    q = tensor.quant
+    if (q is None) != tensor.dtype.startswith("float"):
+        raise ValueError(f"{tensor.name}: quantized dtypes need quant params, float dtypes none")
+    if q is not None:
+        if QUANT_DTYPE_FOR_BITWIDTH.get(q.bitwidth) != tensor.dtype:
+            raise ValueError(f"{tensor.name}: bitwidth {q.bitwidth} stored as {tensor.dtype}")
+        expected = 1 if q.axis is None else tensor.values.shape[q.axis]
+        if q.channels != expected or q.offset.shape != q.scale.shape:
+            raise ValueError(f"{tensor.name}: {q.channels} channels for axis {q.axis} of {tensor.values.shape}")
+    if tensor.dtype == "uint4" and tensor.values.size and int(tensor.values.max()) > 15:
+        raise ValueError(f"{tensor.name}: uint4 values above 15")
+
+
+def parse_tensor_record(raw: Any, where: str) -> TensorRecord:
+    """Validate one header record (raises FormatError naming `where` and the tensor)."""
+    try:
+        record = _tensor_record_from_json(raw)
+    except (TypeError, KeyError, ValueError, AttributeError):
+        raise FormatError(f"{where}: malformed tensor record {str(raw)[:120]}; rebuild the file") from None
+    expected = tensor_blob_nbytes(record.shape, record.dtype, record.packed,
+                                  record.quant.channels if record.quant else 0)
+    end = (record.offsets_offset + 4 * record.quant.channels) if record.quant else record.data_nbytes
+    if record.data_nbytes != data_nbytes(record.shape, record.dtype, record.packed) or end != expected:
+        raise FormatError(f"{where}: tensor '{record.name}' sub-offsets/sizes disagree with its "
+                          f"shape {list(record.shape)} and dtype {record.dtype}; rebuild the file")
+    return record
+
+
+def _tensor_record_from_json(raw: dict) -> TensorRecord:
+    shape = tuple(raw["shape"])
+    if not all(_is_uint(d) for d in shape) or raw["dtype"] not in STORAGE_DTYPES:
+        raise ValueError("shape/dtype")
+    if not isinstance(raw["packed"], bool) or (raw["packed"] and raw["dtype"] != "uint4"):
+        raise ValueError("packed")
+    quant = None
+    if raw["quant"] is not None:
+        q = raw["quant"]
+        quant = QuantInfo(q["bitwidth"], q["axis"], q["channels"], q["symmetric"])
+        axis_ok = quant.axis is None or (_is_uint(quant.axis) and quant.axis < len(shape))
+        channels = 1 if quant.axis is None else (shape[quant.axis] if axis_ok else -1)
+        if (not axis_ok or quant.channels != channels
+                or QUANT_DTYPE_FOR_BITWIDTH.get(quant.bitwidth) != raw["dtype"]):
+            raise ValueError("quant")
+    elif not raw["dtype"].startswith("float"):
+        raise ValueError("quantized dtype without quant")
+    data = raw["data"]
+    scales = raw["scales"] or {}
+    offsets = raw["offsets"] or {}
+    if not isinstance(raw["name"], str) or not isinstance(raw["blob"], str) or data["offset"] != 0:
+        raise ValueError("names/data offset")
+    return TensorRecord(raw["name"], raw["blob"], shape, raw["dtype"], raw["packed"], quant,
+                        0, data["nbytes"], scales.get("offset"), offsets.get("offset"))
+
+
+def tensor_values(record: TensorRecord, blob: np.ndarray) -> np.ndarray:
+    """Stored elements in the logical shape: a view for unpacked data, an unpacked copy if packed."""
+    raw = blob[record.data_offset:record.data_offset + record.data_nbytes]
+    if record.packed:
+        return unpack_uint4(raw, record.count).reshape(record.shape)
+    return raw.view(STORAGE_DTYPES[record.dtype]).reshape(record.shape)
+
+
+def tensor_quant_params(record: TensorRecord, blob: np.ndarray) -> Optional[QuantParams]:
+    if record.quant is None:
+        return None
+    c = record.quant.channels
+    scale = blob[record.scales_offset:record.scales_offset + 4 * c].view("<f4")
+    offset = blob[record.offsets_offset:record.offsets_offset + 4 * c].view("<i4")
+    return QuantParams(record.quant.bitwidth, record.quant.axis, scale, offset, record.quant.symmetric)
+
+
+def dequantize(values: np.ndarray, quant: Optional[QuantParams]) -> np.ndarray:
+    """float32 real values: (q + offset[c]) * scale[c] along the axis; floats just widen."""
+    if quant is None:
+        return values.astype(np.float32)
+    shape = [1] * values.ndim
+    if quant.axis is not None:
+        shape[quant.axis] = quant.channels
+    offset = quant.offset.astype(np.float32).reshape(shape)
+    return (values.astype(np.float32) + offset) * quant.scale.astype(np.float32).reshape(shape)
+
+
+def pack_uint4(values: np.ndarray) -> np.ndarray:
+    """Two 4-bit values per byte: element 2i in the LOW nibble, 2i+1 in the HIGH nibble."""
+    flat = np.ascontiguousarray(values, dtype=np.uint8).reshape(-1)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.uint8)])   # odd count: pad a zero nibble
+    return flat[0::2] | (flat[1::2] << 4)
+
+
+def unpack_uint4(packed: np.ndarray, count: int) -> np.ndarray:
+    out = np.empty(packed.size * 2, dtype=np.uint8)
+    out[0::2] = packed & 0x0F
+    out[1::2] = packed >> 4
+    return out[:count]
+
+
+# =================================================================================================
+# Graph records: topology blob + I/O + the weights a graph uses
+# =================================================================================================
+
+@dataclass(frozen=True)
+class IoSpec:
+    name: str
+    dtype: str                  # numpy dtype name, e.g. "float32", "int32"
+    shape: tuple                # ints, strings (symbolic dims) or None (unknown)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @staticmethod
+    def from_json(raw: dict) -> "IoSpec":
+        return IoSpec(str(raw["name"]), str(raw["dtype"]), tuple(raw["shape"]))
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    name: str
+    inputs: tuple               # IoSpec
+    outputs: tuple              # IoSpec
+    weights: tuple              # tensor names, in storage order
+    opset_import: tuple         # (domain, version) pairs, needed to rebuild an ONNX model
+    ir_version: int
+    topology_blob: str = ""
+    activations: Any = None     # {tensor: {bitwidth, dtype, symmetric, scale, offset}} or None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "topology": self.topology_blob,
+                "inputs": [s.to_json() for s in self.inputs],
+                "outputs": [s.to_json() for s in self.outputs],
+                "weights": list(self.weights),
+                "opset_import": [{"domain": d, "version": v} for d, v in self.opset_import],
+                "ir_version": self.ir_version,
+                "activations": self.activations or {}}
+
+
+def parse_graph_record(raw: Any, where: str) -> GraphInfo:
+    try:
+        info = GraphInfo(
+            name=raw["name"], topology_blob=raw["topology"],
+            inputs=tuple(IoSpec.from_json(s) for s in raw["inputs"]),
+            outputs=tuple(IoSpec.from_json(s) for s in raw["outputs"]),
+            weights=tuple(raw["weights"]),
+            opset_import=tuple((o["domain"], o["version"]) for o in raw["opset_import"]),
+            ir_version=raw["ir_version"], activations=raw.get("activations") or {})
+    except (TypeError, KeyError, AttributeError):
+        raise FormatError(f"{where}: malformed graph record {str(raw)[:120]}; rebuild the file") from None
+    if not isinstance(info.name, str) or not all(isinstance(w, str) for w in info.weights):
+        raise FormatError(f"{where}: malformed graph record for {str(info.name)[:60]}; rebuild the file")
+    return info
+
+
+def activation_encodings_json(activations: dict) -> dict:
+    """Activation encodings as header JSON (float32 scales become exact Python floats)."""
+    return {name: {"bitwidth": enc.bitwidth, "dtype": enc.dtype, "symmetric": enc.symmetric,
+                   "scale": [float(s) for s in enc.scale], "offset": [int(o) for o in enc.offset]}
+            for name, enc in sorted(activations.items())}

@@ -1,0 +1,175 @@
+"""DLC: one converted graph (the output of `convert`). Weights quantized, 4-bit NOT packed.
+
+Like qairt-converter's default, every 4-bit value takes a whole byte here; packing happens (or,
+with weights_packing off, does not happen) when the context binary is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Union
+
+import numpy as np
+import onnx
+
+from ..errors import FormatError
+from .container import (ContainerReader, ContainerWriter, GraphInfo, Tensor, TensorRecord,
+                        dequantize, encode_tensor, parse_graph_record, parse_tensor_record,
+                        tensor_quant_params, tensor_values)
+
+DLC_MAGIC = b"HXDLC\0\0\0"
+TOPOLOGY_BLOB = "topology"
+
+
+def weight_blob_name(tensor_name: str) -> str:
+    return f"weight/{tensor_name}"
+
+
+@dataclass
+class DlcGraph:
+    """Everything a DLC holds. `tensors` may be a generator: it is consumed once, in order,
+    and each tensor is written before the next is requested (bounded memory)."""
+
+    info: GraphInfo                  # weights/topology_blob are filled in by the writer
+    topology: bytes                  # serialized onnx.GraphProto without the weights
+    tensors: Iterable                # Tensor
+    producer: dict                   # {"name": ..., "version": ...}
+    float_bitwidth: int
+    source_onnx: str                 # basename only: bytes must not depend on where inputs live
+    source_encodings: str
+    deployable: bool = False
+
+
+def write_dlc(path: Union[str, Path], graph: DlcGraph) -> int:
+    """Write a DLC atomically; returns its size in bytes."""
+    with ContainerWriter(path, DLC_MAGIC) as writer:
+        writer.add_blob(TOPOLOGY_BLOB, [graph.topology])
+        records = []
+        for tensor in graph.tensors:
+            record, chunks = encode_tensor(tensor, weight_blob_name(tensor.name), pack=False)
+            writer.add_blob(record.blob, chunks)
+            records.append(record)
+        info = GraphInfo(graph.info.name, graph.info.inputs, graph.info.outputs,
+                         tuple(r.name for r in records), graph.info.opset_import,
+                         graph.info.ir_version, TOPOLOGY_BLOB, graph.info.activations)
+        return writer.finish({
+            "kind": "dlc",
+            "producer": graph.producer,
+            "float_bitwidth": graph.float_bitwidth,
+            "source": {"onnx": Path(graph.source_onnx).name, "encodings": Path(graph.source_encodings).name},
+            "deployable": graph.deployable,
+            "graph": info.to_json(),
+            "tensors": [r.to_json() for r in records],
+        })
+
+
+class DlcReader:
+    """mmap-backed DLC reader; tensor data comes back as read-only views into the file."""
+
+    def __init__(self, path: Union[str, Path]):
+        self._container = ContainerReader(path, DLC_MAGIC, "DLC")
+        self.path = self._container.path
+        header = self._container.header
+        where = str(self.path)
+        if header.get("kind") != "dlc":
+            raise self._container.error("header 'kind' is not \"dlc\"")
+        self.graph = parse_graph_record(header.get("graph"), where)
+        self.tensors = {}
+        raw_tensors = header.get("tensors")
+        if not isinstance(raw_tensors, list):
+            raise self._container.error("header has no 'tensors' list")
+        for raw in raw_tensors:
+            record = parse_tensor_record(raw, where)
+            self._check_blob_fits(record)
+            self.tensors[record.name] = record
+        if list(self.graph.weights) != list(self.tensors):
+            raise self._container.error("graph 'weights' and the tensor records disagree")
+        self._container.blob(self.graph.topology_blob)   # validates that the topology blob exists
+
+    def _check_blob_fits(self, record: TensorRecord) -> None:
+        entry = self._container.blobs.get(record.blob)
+        if entry is None:
+            raise self._container.error(f"tensor '{record.name}' refers to missing blob '{record.blob}'")
+        expected = (record.offsets_offset + 4 * record.quant.channels) if record.quant else record.data_nbytes
+        if entry.nbytes != expected:
+            raise self._container.error(f"tensor '{record.name}' needs {expected} bytes, blob has {entry.nbytes}")
+
+    # --- metadata ---
+    @property
+    def graph_name(self) -> str:
+        return self.graph.name
+
+    @property
+    def header(self) -> dict:
+        return self._container.header
+
+    @property
+    def producer(self) -> dict:
+        return self.header.get("producer", {})
+
+    @property
+    def float_bitwidth(self) -> int:
+        return self.header.get("float_bitwidth")
+
+    @property
+    def deployable(self) -> bool:
+        return bool(self.header.get("deployable"))
+
+    @property
+    def size(self) -> int:
+        return self._container.size
+
+    @property
+    def blobs(self) -> dict:
+        return self._container.blobs
+
+    # --- data ---
+    def record(self, name: str) -> TensorRecord:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise FormatError(f"{self.path}: DLC of graph '{self.graph_name}' has no tensor '{name}'") from None
+
+    def tensor_data(self, name: str) -> np.ndarray:
+        """Stored elements in the logical shape (uint8 per 4-bit value), a view into the file."""
+        record = self.record(name)
+        return tensor_values(record, self._container.blob(record.blob))
+
+    def quant_params(self, name: str):
+        record = self.record(name)
+        return tensor_quant_params(record, self._container.blob(record.blob))
+
+    def tensor(self, name: str) -> Tensor:
+        """The stored tensor as a writer input (views, no copies): DLC -> context binary."""
+        record = self.record(name)
+        return Tensor(name, record.dtype, self.tensor_data(name), self.quant_params(name))
+
+    def dequantize(self, name: str) -> np.ndarray:
+        return dequantize(self.tensor_data(name), self.quant_params(name))
+
+    def topology_bytes(self) -> np.ndarray:
+        return self._container.blob(self.graph.topology_blob)
+
+    def topology(self) -> onnx.GraphProto:
+        graph = onnx.GraphProto()
+        try:
+            graph.ParseFromString(self.topology_bytes().tobytes())
+        except Exception:   # protobuf's DecodeError is not exported uniformly across versions
+            raise self._container.error("topology blob is not a valid ONNX GraphProto") from None
+        return graph
+
+    def verify_digests(self) -> None:
+        self._container.verify_digests()
+
+    def close(self) -> None:
+        self._container.close()
+
+    def __enter__(self) -> "DlcReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_dlc(path: Union[str, Path]) -> DlcReader:
+    return DlcReader(path)

@@ -1,0 +1,169 @@
+"""What a model *is*, independent of files: architecture, split plan, quantization scheme.
+
+These plain dataclasses are built by `hexbundle.config` from TOML and consumed by the input
+generator, the backends, the size model and the bundle writer. No I/O here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A Qwen2-style decoder: GQA attention with q/k/v biases, RoPE, RMSNorm, SwiGLU MLP."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the logits width (Genie's n-vocab), not the tokenizer's length
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool = False
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def pos_id_dim(self) -> int:
+        """Width of the position_ids_cos/_sin inputs (half the head dim, as exported)."""
+        return self.head_dim // 2
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Bit widths of the quantization scheme (what the AIMET encodings are expected to say)."""
+
+    decoder_linear_bitwidth: int = 4   # q/k/v/o, gate/up/down weights, per output channel
+    lm_head_bitwidth: int = 8          # per output channel
+    embedding_bitwidth: int = 16       # per tensor
+    activation_bitwidth: int = 16
+    float_bitwidth: int = 16           # biases, norms and anything left in float
+
+
+@dataclass(frozen=True)
+class Part:
+    """One context binary: a contiguous slice of the pipeline."""
+
+    index: int            # 1-based, pipeline order
+    count: int            # N, number of parts in the plan
+    layers: tuple         # decoder layer indices held by this part (may be empty)
+    has_embedding: bool   # part 1: the input_ids -> hidden gather
+    has_head: bool        # last part: final norm + LM head -> logits
+
+    @property
+    def tag(self) -> str:
+        return f"part_{self.index}_of_{self.count}"
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One graph of a part: the prompt (AR = prompt_ar) or the token (AR = 1) variant."""
+
+    kind: str          # "prompt" | "token"
+    ar: int            # tokens processed per call (sequence length S)
+    context_length: int
+    part: Part
+
+    @property
+    def name(self) -> str:
+        # "ar"/"cl" in the name matter to Genie, which groups graphs by (AR-n, CL-x).
+        return f"{self.kind}_ar{self.ar}_cl{self.context_length}_{self.part.index}_of_{self.part.count}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A split plan: how decoder layers are distributed over parts."""
+
+    name: str
+    layers_per_part: tuple           # e.g. (0, 6, 6, 6, 6, 4): part 1 embedding, last part + head
+    expected_total_mib: Optional[float] = None   # measured reference figure, if any
+    expected_part_mib: tuple = ()                # per-part measured figures, if any
+    tolerance_pct: float = 2.0
+    known_to_fail_on: tuple = ()                 # device names this plan is known to fail on
+    failure_note: str = ""
+
+    def parts(self) -> list:
+        n = len(self.layers_per_part)
+        out, first = [], 0
+        for i, count in enumerate(self.layers_per_part, start=1):
+            out.append(Part(index=i, count=n, layers=tuple(range(first, first + count)),
+                            has_embedding=(i == 1), has_head=(i == n)))
+            first += count
+        return out
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str                 # config name, e.g. "qwen2-tiny"
+    slug: str                 # file-name stem of the bins, e.g. "qwen2_tiny"
+    architecture: Architecture
+    quantization: Quantization
+    context_length: int
+    prompt_ar: int
+    token_ar: int
+    plans: dict = field(default_factory=dict)   # name -> Plan
+    default_plan: str = ""
+
+    def graphs(self, part: Part) -> list:
+        """The graphs of a part in the order they go into its context binary: prompt, token."""
+        return [Graph("prompt", self.prompt_ar, self.context_length, part),
+                Graph("token", self.token_ar, self.context_length, part)]
+
+
+def boundary_tensor(part: Part) -> str:
+    """Name of the hidden state a part hands to the next one (uint16 on device, float in ONNX)."""
+    if part.has_embedding:
+        return "embed_tokens_output"
+    return f"layer_{part.layers[-1]}_output"
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """A weight tensor as the architecture implies it (ONNX layout) and how it is quantized."""
+
+    name: str
+    shape: tuple
+    bitwidth: Optional[int]    # None: stays float (biases, norms)
+    channels: int              # quantization channels: out-features, 1 per tensor, 0 for float
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def layer_weights(arch: Architecture, quant: Quantization, layer: int) -> list:
+    """The weights of one decoder layer; MatMul weights are [in, out], quantized per out channel."""
+    h, kv, ff, bw = arch.hidden_size, arch.kv_dim, arch.intermediate_size, quant.decoder_linear_bitwidth
+    p = f"model.layers.{layer}."
+    linear = [("self_attn.q_proj", h, h), ("self_attn.k_proj", h, kv), ("self_attn.v_proj", h, kv),
+              ("self_attn.o_proj", h, h), ("mlp.gate_proj", h, ff), ("mlp.up_proj", h, ff),
+              ("mlp.down_proj", ff, h)]
+    out = [WeightSpec(p + n + ".weight", (i, o), bw, o) for n, i, o in linear]
+    out += [WeightSpec(p + f"self_attn.{n}_proj.bias", (size,), None, 0)
+            for n, size in (("q", h), ("k", kv), ("v", kv))]
+    out += [WeightSpec(p + n + ".weight", (h,), None, 0)
+            for n in ("input_layernorm", "post_attention_layernorm")]
+    return out
+
+
+def part_weights(arch: Architecture, quant: Quantization, part: Part) -> list:
+    """Every weight a part holds (shared by its prompt and token graphs), in pipeline order."""
+    out = []
+    if part.has_embedding:
+        out.append(WeightSpec("model.embed_tokens.weight", (arch.vocab_size, arch.hidden_size),
+                              quant.embedding_bitwidth, 1))
+    for layer in part.layers:
+        out += layer_weights(arch, quant, layer)
+    if part.has_head:
+        out.append(WeightSpec("model.norm.weight", (arch.hidden_size,), None, 0))
+        out.append(WeightSpec("lm_head.weight", (arch.hidden_size, arch.vocab_size),
+                              quant.lm_head_bitwidth, arch.vocab_size))
+    return out

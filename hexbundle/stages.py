@@ -1,0 +1,129 @@
+"""The build steps, as run by an executor (in this Python, or in the toolchain container).
+
+Each step is described by a JSON spec: {"stage": ..., "root": ..., "overrides": {...}, ...}.
+The step reloads and re-validates the configs itself from the spec, so the container sees exactly
+what the host saw. Output goes to stdout, which the executor sends to the step's log file.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from . import hashing, sizes
+from .config import BuildConfig, load_build
+from .errors import HexbundleError
+from .layout import Layout
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _part(cfg: BuildConfig, index: int):
+    return cfg.plan.parts()[index - 1]
+
+
+def _graph(cfg: BuildConfig, index: int, kind: str):
+    return {g.kind: g for g in cfg.model.graphs(_part(cfg, index))}[kind]
+
+
+def backend_for(cfg: BuildConfig):
+    from .backends import get_backend
+    return get_backend(cfg.backend)
+
+
+def run_generate(cfg: BuildConfig, layout: Layout, spec: dict) -> None:
+    from . import tinygen
+    if spec.get("what") == "tokenizer":
+        tinygen.generate_tokenizer(cfg.model, layout.tokenizer, cfg.tokenizer_specials)
+        _log(f"wrote {layout.rel(layout.tokenizer)}")
+        return
+    part = _part(cfg, spec["part"])
+    for path in tinygen.generate_part(cfg.model, part, layout.inputs_dir, cfg.inputs["seed"]):
+        _log(f"wrote {layout.rel(path)} ({path.stat().st_size} bytes)")
+
+
+def run_convert(cfg: BuildConfig, layout: Layout, spec: dict) -> None:
+    from .backends import ConvertOptions
+    graph = _graph(cfg, spec["part"], spec["graph"])
+    backend = backend_for(cfg)
+    _log(f"convert {graph.name}: backend {cfg.backend} ({backend.toolchain_version()})")
+    layout.dlc_dir.mkdir(parents=True, exist_ok=True)
+    backend.convert(layout.onnx(graph), layout.encodings(graph), layout.dlc(graph), graph.name,
+                    ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"]), _log)
+
+
+def compile_options(cfg: BuildConfig, part):
+    from .backends import CompileOptions, DeviceOptions
+    d, htp = cfg.device, cfg.device.htp
+    device = DeviceOptions(soc_model=d.soc_model, dsp_arch=d.dsp_arch,
+                           perf_profile=htp["perf_profile"],
+                           rpc_control_latency=htp["rpc_control_latency"], vtcm_mb=htp["vtcm_mb"])
+    return CompileOptions(graph_names=tuple(g.name for g in cfg.model.graphs(part)), device=device,
+                          weights_packing=cfg.compile["weights_packing"],
+                          weight_sharing=cfg.compile["weight_sharing"],
+                          optimization_type=cfg.compile["optimization_type"])
+
+
+def run_compile(cfg: BuildConfig, layout: Layout, spec: dict) -> None:
+    part = _part(cfg, spec["part"])
+    backend = backend_for(cfg)
+    options = compile_options(cfg, part)
+    _log(f"compile {layout.bin_name(part)}: backend {cfg.backend} ({backend.toolchain_version()}),"
+         f" soc_model {options.device.soc_model} {options.device.dsp_arch}, weights_packing "
+         f"{options.weights_packing}, weight_sharing {options.weight_sharing}, O="
+         f"{options.optimization_type}")
+    layout.bin_dir.mkdir(parents=True, exist_ok=True)
+    dlcs = [layout.dlc(g) for g in cfg.model.graphs(part)]
+    backend.compile(dlcs, layout.bin(part), options, _log)
+    _log(f"wrote {layout.rel(layout.bin(part))} "
+         f"({layout.bin(part).stat().st_size / sizes.MIB:.2f} MiB)")
+
+
+def all_inputs(cfg: BuildConfig, layout: Layout) -> list:
+    out = []
+    for part in cfg.plan.parts():
+        for graph in cfg.model.graphs(part):
+            out += layout.graph_inputs(graph)
+    return out + [layout.tokenizer]
+
+
+def run_bundle(cfg: BuildConfig, layout: Layout, spec: dict) -> None:
+    from .bundle import assemble
+    expected = {layout.bin_name(e.part): e.packed
+                for e in sizes.expect(cfg.model, cfg.plan, cfg.compile["float_bitwidth"])}
+    final = assemble(cfg, layout, backend_for(cfg).toolchain_version(), all_inputs(cfg, layout),
+                     expected, _log)
+    _log(f"bundle ready: {layout.rel(final)}")
+
+
+STAGES = {"generate": run_generate, "convert": run_convert, "compile": run_compile,
+          "bundle": run_bundle}
+
+
+def run(spec: dict) -> int:
+    root = Path(spec["root"])
+    started = time.monotonic()
+    try:
+        cfg = load_build(root, spec.get("overrides") or {})
+        layout = Layout(cfg)
+        hashing.use_cache(layout.digest_cache)
+        STAGES[spec["stage"]](cfg, layout, spec)
+    except HexbundleError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except Exception:  # a bug, not bad input: show everything
+        traceback.print_exc()
+        return 2
+    _log(f"done in {time.monotonic() - started:.2f}s")
+    return 0
+
+
+def main(argv: list) -> int:
+    if len(argv) != 1:
+        print("usage: stage.py SPEC_JSON", file=sys.stderr)
+        return 2
+    return run(json.loads(argv[0]))
