@@ -99,6 +99,8 @@ def task_bundle():
             + CONFIG_FILES,
             "targets": [rel(p) for p in LAYOUT.bundle_files()],
             "uptodate": [options_key(backend=CFG.backend, toolchain=TOOLCHAIN,
-                                     device=repr(CFG.device), genie=CFG.genie,
+                                     device=[CFG.device.name, CFG.device.soc_model,
+                                             CFG.device.dsp_arch, CFG.device.htp,
+                                             CFG.device.runtime], genie=CFG.genie,
                                      specials=CFG.tokenizer_specials)],
             "clean": True}

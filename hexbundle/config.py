@@ -21,7 +21,7 @@ from typing import Any, Optional
 import tomli
 
 from .errors import ConfigError
-from .model import Architecture, Model, Plan, Quantization
+from .model import Architecture, Model, Plan, Quantization, pipeline_order_problem
 
 BACKENDS = ("reference", "qairt")
 EXECUTORS = ("local", "docker")
@@ -155,7 +155,8 @@ COMPILE_SCHEMA = {
 
 BUILD_SCHEMA = {
     "model": Field(str, pattern=NAME, doc="a file in configs/models, without .toml"),
-    "device": Field(str, pattern=NAME, doc="a device name or alias from configs/devices"),
+    "device": Field(str, pattern=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+                    doc="a device name or alias from configs/devices (any case)"),
     "backend": Field(str, "reference", choices=BACKENDS),
     "executor": Field(str, "local", choices=EXECUTORS),
     "plan": Field(str, "", doc="a plan of the model; empty for the model's default_plan"),
@@ -464,6 +465,11 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
         raise ConfigError(f"plan {plan_name!r} of {model.name} is known to fail on {device.name}: "
                           f"{plan.failure_note or 'see the model config'}; choose another plan "
                           f"(known: {', '.join(sorted(model.plans))})")
+    problem = pipeline_order_problem(model, plan)
+    if problem:
+        raise ConfigError(f"plan {plan_name!r} of {model.name}: {problem}. Graph names must sort "
+                          "in pipeline order (Genie and the seeds' loader order them by name); "
+                          "use fewer than 10 parts")
     files = (path, root / "configs" / "models" / f"{model.name}.toml", device.path,
              root / "configs" / "socs.toml")
     return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],

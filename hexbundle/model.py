@@ -167,3 +167,19 @@ def part_weights(arch: Architecture, quant: Quantization, part: Part) -> list:
         out.append(WeightSpec("lm_head.weight", (arch.hidden_size, arch.vocab_size),
                               quant.lm_head_bitwidth, arch.vocab_size))
     return out
+
+
+def pipeline_order_problem(model: Model, plan: Plan) -> str:
+    """Runtimes that sort graphs or bins by name load `..._10_of_11` before `..._2_of_11`: the
+    seeds hit this. Return a description of the first misordered pair, or "" when names sort in
+    pipeline order."""
+    parts = plan.parts()
+    for kind_index in range(2):
+        names = [model.graphs(p)[kind_index].name for p in parts]
+        names_sorted = sorted(names)
+        if names != names_sorted:
+            for i, (want, got) in enumerate(zip(names, names_sorted)):
+                if want != got:
+                    return (f"graph {got!r} sorts before {want!r} although it comes later in the "
+                            f"pipeline (part {names.index(got) + 1} vs part {i + 1})")
+    return ""

@@ -234,6 +234,15 @@ class ContainerReader:
             raise self.error(f"header refers to blob '{name}', which is not in the blob table")
         return np.frombuffer(self._mmap, dtype=np.uint8, count=entry.nbytes, offset=entry.offset)
 
+    def check_tensor_blob(self, record: "TensorRecord") -> None:
+        """A tensor record's blob must exist and be exactly as long as its layout says."""
+        entry = self.blobs.get(record.blob)
+        if entry is None:
+            raise self.error(f"tensor '{record.name}' refers to missing blob '{record.blob}'")
+        if entry.nbytes != record.blob_nbytes:
+            raise self.error(f"tensor '{record.name}' needs {record.blob_nbytes} bytes, "
+                             f"its blob '{record.blob}' has {entry.nbytes}")
+
     def verify_digests(self) -> None:
         """Recompute every blob's XXH3-128; FormatError naming the first mismatching blob."""
         for entry in self.blobs.values():
@@ -315,6 +324,12 @@ class TensorRecord:
     def count(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
+    @property
+    def blob_nbytes(self) -> int:
+        if self.quant is None:
+            return self.data_nbytes
+        return self.offsets_offset + 4 * self.quant.channels
+
     def to_json(self) -> dict:
         channels = self.quant.channels if self.quant else 0
         return {"name": self.name, "blob": self.blob, "shape": list(self.shape), "dtype": self.dtype,
@@ -383,8 +398,9 @@ def parse_tensor_record(raw: Any, where: str) -> TensorRecord:
         raise FormatError(f"{where}: malformed tensor record {str(raw)[:120]}; rebuild the file") from None
     expected = tensor_blob_nbytes(record.shape, record.dtype, record.packed,
                                   record.quant.channels if record.quant else 0)
-    end = (record.offsets_offset + 4 * record.quant.channels) if record.quant else record.data_nbytes
-    if record.data_nbytes != data_nbytes(record.shape, record.dtype, record.packed) or end != expected:
+    if (record.data_nbytes != data_nbytes(record.shape, record.dtype, record.packed)
+            or record.blob_nbytes != expected
+            or (record.quant and record.scales_offset != record.offsets_offset - 4 * record.quant.channels)):
         raise FormatError(f"{where}: tensor '{record.name}' sub-offsets/sizes disagree with its "
                           f"shape {list(record.shape)} and dtype {record.dtype}; rebuild the file")
     return record
@@ -412,6 +428,9 @@ def _tensor_record_from_json(raw: dict) -> TensorRecord:
     offsets = raw["offsets"] or {}
     if not isinstance(raw["name"], str) or not isinstance(raw["blob"], str) or data["offset"] != 0:
         raise ValueError("names/data offset")
+    sub_offsets = [data["nbytes"]] + ([scales["offset"], offsets["offset"]] if quant else [])
+    if not all(_is_uint(v) for v in sub_offsets):
+        raise ValueError("sub-offsets")
     return TensorRecord(raw["name"], raw["blob"], shape, raw["dtype"], raw["packed"], quant,
                         0, data["nbytes"], scales.get("offset"), offsets.get("offset"))
 

@@ -80,19 +80,11 @@ class DlcReader:
             raise self._container.error("header has no 'tensors' list")
         for raw in raw_tensors:
             record = parse_tensor_record(raw, where)
-            self._check_blob_fits(record)
+            self._container.check_tensor_blob(record)
             self.tensors[record.name] = record
         if list(self.graph.weights) != list(self.tensors):
             raise self._container.error("graph 'weights' and the tensor records disagree")
         self._container.blob(self.graph.topology_blob)   # validates that the topology blob exists
-
-    def _check_blob_fits(self, record: TensorRecord) -> None:
-        entry = self._container.blobs.get(record.blob)
-        if entry is None:
-            raise self._container.error(f"tensor '{record.name}' refers to missing blob '{record.blob}'")
-        expected = (record.offsets_offset + 4 * record.quant.channels) if record.quant else record.data_nbytes
-        if entry.nbytes != expected:
-            raise self._container.error(f"tensor '{record.name}' needs {expected} bytes, blob has {entry.nbytes}")
 
     # --- metadata ---
     @property

@@ -1,0 +1,148 @@
+"""Config loading: the shipped configs load; every kind of mistake is a clean, named error."""
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hexbundle.config import BUILD_SCHEMA, MODEL_SCHEMA, load_build, validate
+from hexbundle.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def project(tmp_path):
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    return tmp_path
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_shipped_defaults_load():
+    cfg = load_build(ROOT)
+    assert cfg.model.name == "qwen2-tiny"
+    assert cfg.device.soc_model == 77 and cfg.device.dsp_arch == "v73"
+    assert cfg.backend == "reference" and cfg.executor == "local"
+    assert cfg.compile["weights_packing"] is True
+
+
+@pytest.mark.parametrize("alias", ["iq9075", "iq9100", "qcs9075", "QCS9100", "sa8775p"])
+def test_device_aliases_resolve_to_one_file(alias):
+    cfg = load_build(ROOT, {"device": alias})
+    assert cfg.device.name == "iq9075"
+
+
+def test_7b_six_split_plan():
+    cfg = load_build(ROOT, {"model": "qwen2.5-7b-instruct"})
+    assert cfg.plan.name == "six"
+    assert cfg.plan.layers_per_part == (0, 6, 6, 6, 6, 4)
+    names = [g.name for p in cfg.plan.parts() for g in cfg.model.graphs(p)]
+    assert names[:2] == ["prompt_ar128_cl4096_1_of_6", "token_ar1_cl4096_1_of_6"]
+    assert cfg.plan.parts()[-1].has_head and cfg.plan.parts()[0].has_embedding
+
+
+def test_eleven_split_is_refused_on_iq9075():
+    with pytest.raises(ConfigError, match="known to fail on iq9075.*contexts 8-10"):
+        load_build(ROOT, {"model": "qwen2.5-7b-instruct", "plan": "eleven"})
+
+
+def test_misordered_graph_names_are_refused(project):
+    # A plan with 10+ parts on a device where it is not known to fail: the name order trap.
+    model = project / "configs" / "models" / "qwen2.5-7b-instruct.toml"
+    edit(model, 'known_to_fail_on = ["iq9075"]', "known_to_fail_on = []")
+    with pytest.raises(ConfigError, match=r"'prompt_ar128_cl4096_10_of_11' sorts before"):
+        load_build(project, {"model": "qwen2.5-7b-instruct", "plan": "eleven"})
+
+
+def test_unknown_key_names_file_key_and_suggestion(project):
+    edit(project / "configs" / "build.toml", "weights_packing =", "weights_pakcing =")
+    with pytest.raises(ConfigError) as exc:
+        load_build(project)
+    msg = str(exc.value)
+    assert "build.toml" in msg and "compile.weights_pakcing" in msg
+    assert "did you mean 'compile.weights_packing'" in msg
+
+
+def test_wrong_type_names_key_and_expected_type(project):
+    edit(project / "configs" / "build.toml", "optimization_type = 3", 'optimization_type = "3"')
+    with pytest.raises(ConfigError, match=r"build.toml: key 'compile.optimization_type' is str"):
+        load_build(project)
+
+
+def test_out_of_range_value(project):
+    edit(project / "configs" / "build.toml", "optimization_type = 3", "optimization_type = 7")
+    with pytest.raises(ConfigError, match=r"optimization_type.*\[1, 3\]"):
+        load_build(project)
+
+
+def test_inconsistent_soc_pair_is_rejected(project):
+    edit(project / "configs" / "devices" / "iq9075.toml", 'dsp_arch = "v73"', 'dsp_arch = "v75"')
+    with pytest.raises(ConfigError, match=r"soc_model 77 .* has dsp_arch 'v73', not 'v75'"):
+        load_build(project)
+
+
+def test_unknown_soc_model_is_rejected(project):
+    edit(project / "configs" / "devices" / "iq9075.toml", "soc_model = 77", "soc_model = 999")
+    with pytest.raises(ConfigError, match=r"soc_model 999 is not in .*socs.toml"):
+        load_build(project)
+
+
+def test_unknown_device_and_model():
+    with pytest.raises(ConfigError, match=r"unknown device 'sm9999'.*known:.*iq9075"):
+        load_build(ROOT, {"device": "sm9999"})
+    with pytest.raises(ConfigError, match=r"unknown model 'llama'.*qwen2-tiny"):
+        load_build(ROOT, {"model": "llama"})
+
+
+def test_plan_layers_must_sum_to_num_layers(project):
+    edit(project / "configs" / "models" / "qwen2-tiny.toml", "[0, 2, 1, 1]", "[0, 2, 1]")
+    with pytest.raises(ConfigError, match=r"sums to 3 layers.*num_layers is 4"):
+        load_build(project)
+
+
+def test_command_line_overrides_are_typed_and_validated():
+    assert load_build(ROOT, {"weights_packing": "false"}).compile["weights_packing"] is False
+    with pytest.raises(ConfigError, match="expected true or false"):
+        load_build(ROOT, {"weights_packing": "maybe"})
+    with pytest.raises(ConfigError, match="unknown setting 'modle'"):
+        load_build(ROOT, {"modle": "x"})
+    with pytest.raises(ConfigError, match="allowed: 'reference', 'qairt'"):
+        load_build(ROOT, {"backend": "cli"})
+
+
+def test_input_dir_outside_project_is_refused(project):
+    model = project / "configs" / "models" / "qwen2.5-7b-instruct.toml"
+    edit(model, 'dir = "exports/qwen2.5-7b-instruct"', 'dir = "../../etc"')
+    cfg = load_build(project, {"model": "qwen2.5-7b-instruct"})
+    with pytest.raises(ConfigError, match="points outside the project"):
+        cfg.inputs_dir
+
+
+def test_invalid_toml_names_file(project):
+    (project / "configs" / "build.toml").write_text("model = [unclosed\n")
+    with pytest.raises(ConfigError, match=r"build.toml: not valid TOML"):
+        load_build(project)
+
+
+toml_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                               max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(list(MODEL_SCHEMA) + list(BUILD_SCHEMA) + ["x"]),
+                       toml_values, max_size=6))
+def test_validator_fuzz_only_raises_config_error(data):
+    for schema in (MODEL_SCHEMA, BUILD_SCHEMA):
+        try:
+            validate(data, schema, "fuzz.toml")
+        except ConfigError:
+            pass

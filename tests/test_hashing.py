@@ -1,0 +1,53 @@
+"""Digests and the checker: stat fast path, one hash per change of bytes, persisted cache."""
+import os
+
+import xxhash
+
+from hexbundle import hashing
+
+
+def test_file_digest_is_xxh3_128_of_the_bytes(tmp_path):
+    data = os.urandom(3 * hashing.CHUNK + 17)  # crosses buffer boundaries
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    assert hashing.file_digest(path) == xxhash.xxh3_128(data).hexdigest()
+
+
+def test_cache_hashes_once_per_change_of_bytes(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"a" * 1000)
+    cache = hashing.DigestCache(tmp_path / "cache.json")
+    first = cache.digest(path)
+    cache.digest(path)
+    assert cache.hashed == 1
+    os.utime(path, ns=(1, 1))                    # a touch: same bytes, new mtime
+    assert cache.digest(path) == first and cache.hashed == 2
+    cache.digest(path)
+    assert cache.hashed == 2
+    path.write_bytes(b"b" * 1000)                # same size, new bytes
+    assert cache.digest(path) != first
+
+
+def test_cache_persists_across_processes(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 5000)
+    hashing.DigestCache(tmp_path / "cache.json").digest(path)
+    again = hashing.DigestCache(tmp_path / "cache.json")
+    again.digest(path)
+    assert again.hashed == 0
+
+
+def test_checker_detects_changes_but_not_touches(tmp_path):
+    hashing.use_cache(tmp_path / "cache.json")
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"1234" * 100)
+    checker = hashing.XXH3Checker()
+    state = checker.get_state(str(path), None)
+    assert checker.check_modified(str(path), os.stat(path), state) is False
+    os.utime(path, ns=(10**9, 10**9))
+    assert checker.check_modified(str(path), os.stat(path), state) is False
+    path.write_bytes(b"4321" * 100)
+    assert checker.check_modified(str(path), os.stat(path), state) is True
+    path.write_bytes(b"1234" * 101)
+    assert checker.check_modified(str(path), os.stat(path), state) is True
+    assert checker.check_modified(str(path), os.stat(path), ("md5", "state")) is True
