@@ -280,7 +280,7 @@ def _attention(b, model: Model, x: str, layer: int, rope: tuple, out_names: tupl
     v = _linear(b, x, f"{p}.v_proj", scope, bias=True)
     # q -> (nkv, group, S, d): query head h = kv * group + g, so MatMul broadcasts over the
     # kv layout (nkv, 1, ...) -- GQA without materialising repeated keys.
-    q = b.op("Reshape", [q, b.const("q_heads", np.array([-1, group, nkv, d], np.int64))], scope)
+    q = b.op("Reshape", [q, b.const("q_heads", np.array([-1, nkv, group, d], np.int64))], scope)
     q = b.op("Transpose", [q], scope, perm=[1, 2, 0, 3])
     k = b.op("Reshape", [k, b.const("kv_heads", np.array([1, -1, nkv, d], np.int64))], scope)
     k = b.op("Transpose", [k], scope, perm=[2, 0, 1, 3])                       # (nkv,1,S,d)

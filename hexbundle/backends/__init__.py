@@ -1,0 +1,70 @@
+"""Backends turn ONNX + encodings into a DLC (convert) and DLCs into a context binary (compile).
+
+"reference" is embedded (numpy + onnx, open formats, not deployable); "qairt" drives the real
+SDK. Backends are imported lazily so nothing here needs the SDK.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+from ..errors import BackendError
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    float_bitwidth: int = 16          # params left in float: 16 -> float16, 32 -> float32
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    soc_model: int
+    dsp_arch: str
+    perf_profile: str = "burst"
+    rpc_control_latency: int = 100
+    vtcm_mb: int = 8
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    graph_names: tuple                # the graphs in pipeline order: prompt, token
+    device: DeviceOptions
+    weights_packing: bool = True      # off: every 4-bit value takes a byte (~2x)
+    weight_sharing: bool = True       # off: every graph gets its own weight copy (~2x)
+    optimization_type: int = 3
+
+
+class Backend(Protocol):
+    name: str
+    deployable: bool                  # False: outputs are for inspection, not for a device
+
+    def toolchain_version(self) -> str: ...
+
+    def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
+                options: ConvertOptions, log: Callable[[str], None]) -> None: ...
+
+    def compile(self, dlc_paths: list, bin_path: Path, options: CompileOptions,
+                log: Callable[[str], None]) -> None: ...
+
+
+# name -> (module, class); modules are imported only when that backend is asked for.
+_BACKENDS = {
+    "reference": ("hexbundle.backends.reference", "ReferenceBackend"),
+    "qairt": ("hexbundle.backends.qairt", "QairtBackend"),
+}
+
+
+def get_backend(name: str) -> Backend:
+    if name not in _BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; choose reference or qairt")
+    module_name, class_name = _BACKENDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise   # a dependency of the backend is missing: let its own error show
+        raise BackendError(f"backend {name!r} is not available in this hexbundle installation "
+                           f"({module_name} is missing); use the reference backend") from None
+    return getattr(module, class_name)()

@@ -1,0 +1,77 @@
+"""Shared fixtures: a throwaway copy of the project in which real `doit` runs in subprocesses."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT_FILES = ("dodo.py", "configs", "scripts", "hexbundle")
+
+
+@dataclass
+class DoitRun:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def executed(self) -> set:
+        """Tasks doit ran (". name"); up-to-date ones print "-- name"."""
+        return set(re.findall(r"^\.  (\S+)$", self.out, re.M))
+
+    @property
+    def uptodate(self) -> set:
+        return set(re.findall(r"^-- (\S+)$", self.out, re.M))
+
+
+class Project:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def doit(self, *args, env=None, check=True) -> DoitRun:
+        full_env = {**os.environ, **(env or {})}
+        proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.root,
+                              capture_output=True, text=True, env=full_env, timeout=600)
+        run = DoitRun(proc.returncode, proc.stdout, proc.stderr)
+        if check and run.code != 0:
+            raise AssertionError(f"doit {' '.join(args)} exited {run.code}\n--- stdout\n"
+                                 f"{run.out}\n--- stderr\n{run.err}")
+        return run
+
+    def build_dir(self, model="qwen2-tiny", device="iq9075") -> Path:
+        return self.root / "build" / model / device
+
+    def bundle(self, model="qwen2-tiny", device="iq9075") -> Path:
+        return self.build_dir(model, device) / "bundle"
+
+    def manifest(self, model="qwen2-tiny", device="iq9075") -> dict:
+        return json.loads((self.bundle(model, device) / "manifest.json").read_text())
+
+
+def copy_project(dest: Path) -> Project:
+    for name in PROJECT_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    return Project(dest)
+
+
+@pytest.fixture
+def project(tmp_path) -> Project:
+    return copy_project(tmp_path / "proj")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Project:
+    """One fresh `doit bundle` of the default model, shared by read-only tests of a module."""
+    proj = copy_project(tmp_path_factory.mktemp("built") / "proj")
+    proj.first_run = proj.doit("bundle")
+    return proj
