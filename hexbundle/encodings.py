@@ -22,6 +22,9 @@ INT_BITWIDTHS = (4, 8, 16)
 FLOAT_BITWIDTHS = (16, 32)
 SUPPORTED_V1_ENC_TYPES = ("PER_TENSOR", "PER_CHANNEL")
 BLOCKWISE_V1_ENC_TYPES = ("PER_BLOCK", "LPBQ")
+# Python floats: comparing a huge double against np.float32 would warn about overflow.
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True, eq=False)
@@ -261,8 +264,7 @@ def _is_valid_float32_scale(value: Any) -> bool:
         as_float = float(value)
     except OverflowError:          # a JSON integer too large for a double
         return False
-    f32 = np.finfo(np.float32)
-    return math.isfinite(as_float) and f32.tiny <= as_float <= f32.max
+    return math.isfinite(as_float) and _FLOAT32_TINY <= as_float <= _FLOAT32_MAX
 
 
 def _is_number(value: Any) -> bool:

@@ -15,7 +15,7 @@ import json
 import mmap
 import os
 import struct
-import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
@@ -23,7 +23,7 @@ from typing import Any, Iterable, Optional, Union
 import numpy as np
 import xxhash
 
-from ..errors import FormatError
+from ..errors import FormatError, HexbundleError
 
 ALIGN = 4096
 FORMAT_VERSION = 1
@@ -80,7 +80,13 @@ class ContainerWriter:
         self.magic = magic
         self.blobs: list = []
         self._names: set = set()
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        # Not mkstemp: its 0600 mode would survive the rename; 0o666 lets the umask decide.
+        tmp = self.path.parent / f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        except OSError as exc:
+            raise HexbundleError(f"{self.path}: cannot create the output file ({exc.strerror}); "
+                                 f"check that {self.path.parent} exists and is writable") from None
         self._tmp_path = Path(tmp)
         self._file = os.fdopen(fd, "wb")
         self._file.write(bytes(ALIGN))   # preamble placeholder; rewritten by finish()
@@ -486,14 +492,16 @@ def unpack_uint4(packed: np.ndarray, count: int) -> np.ndarray:
 class IoSpec:
     name: str
     dtype: str                  # numpy dtype name, e.g. "float32", "int32"
-    shape: tuple                # ints, strings (symbolic dims) or None (unknown)
+    shape: Optional[tuple]      # dims: int, str (symbolic) or None (unknown); None: unknown rank
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        return {"name": self.name, "dtype": self.dtype,
+                "shape": None if self.shape is None else list(self.shape)}
 
     @staticmethod
     def from_json(raw: dict) -> "IoSpec":
-        return IoSpec(str(raw["name"]), str(raw["dtype"]), tuple(raw["shape"]))
+        shape = raw["shape"]
+        return IoSpec(str(raw["name"]), str(raw["dtype"]), None if shape is None else tuple(shape))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,371 @@
+"""The embedded reference backend: real conversion and compilation in numpy + onnx.
+
+It writes the open hexbundle DLC / context-binary formats (docs/formats.md), not Qualcomm's, so
+its outputs are not deployable; they let the whole pipeline, the size model and the failure
+modes (unpacked 4-bit, unshared weights) be built and checked without the QAIRT SDK.
+
+Memory stays bounded by the largest tensor: the ONNX is loaded without its external data,
+each weight is read through np.memmap, quantized in row blocks, written, and dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .. import __version__
+from ..encodings import Encodings, ParamEncoding, load_encodings
+from ..errors import BackendError, EncodingsError, InputError
+from ..formats.container import (FORMAT_VERSION, QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, IoSpec,
+                                 QuantParams, Tensor, activation_encodings_json)
+from ..formats.ctxbin import CtxGraph, write_ctxbin
+from ..formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
+from . import CompileOptions, ConvertOptions
+
+# Inputs through which an initializer acts as a layer weight (op type -> input indices).
+LINEAR_WEIGHT_INPUTS = {"MatMul": (0, 1), "Gemm": (0, 1), "Gather": (0,), "Conv": (1,)}
+# Float initializers up to this many elements without an encoding are constants (eps, scalars,
+# small biases): they stay inside the topology proto. Larger ones are weights (own blob).
+SMALL_CONSTANT_ELEMENTS = 64
+# Non-weight initializers kept inside the topology must stay small: the topology is one blob
+# that is parsed whole.
+MAX_TOPOLOGY_INITIALIZER_BYTES = 1 << 20
+FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+               onnx.TensorProto.BFLOAT16}
+QUANTIZE_BLOCK_ELEMENTS = 1 << 22   # rows per block ~ 16 MiB of float32 temporaries
+
+
+@dataclass(frozen=True)
+class _WeightPlan:
+    """A weight to store: quantized with `encoding` along `axis`, or float if encoding is None."""
+
+    initializer: onnx.TensorProto     # metadata only; data is read lazily
+    encoding: Optional[ParamEncoding]
+    axis: Optional[int]
+
+
+class ReferenceBackend:
+    name = "reference"
+    deployable = False
+
+    def toolchain_version(self) -> str:
+        return f"hexbundle-reference {__version__} format {FORMAT_VERSION}"
+
+    def _producer(self) -> dict:
+        return {"name": self.name, "version": self.toolchain_version()}
+
+    # ---------------------------------------------------------------------------------- convert
+    def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
+                options: ConvertOptions, log: Callable[[str], None]) -> None:
+        onnx_path, encodings_path, dlc_path = Path(onnx_path), Path(encodings_path), Path(dlc_path)
+        if options.float_bitwidth not in (16, 32):
+            raise BackendError(f"float_bitwidth {options.float_bitwidth} is not supported; use 16 or 32")
+        encodings = load_encodings(encodings_path)
+        model = _load_onnx_structure(onnx_path)
+        weights, constants = _plan_weights(model.graph, encodings, onnx_path, encodings_path)
+        weight_names = {w.initializer.name for w in weights}
+        all_initializers = {i.name for i in model.graph.initializer}
+        info = GraphInfo(
+            name=graph_name,
+            inputs=_io_specs(model.graph.input, exclude=all_initializers),
+            outputs=_io_specs(model.graph.output, exclude=set()),
+            weights=(), opset_import=tuple((o.domain, o.version) for o in model.opset_import),
+            ir_version=model.ir_version,
+            activations=activation_encodings_json(encodings.activations))
+        topology = _topology_bytes(model.graph, weight_names, constants, onnx_path)
+        tensors = _stored_tensors(weights, onnx_path, options.float_bitwidth, log)
+        size = write_dlc(dlc_path, DlcGraph(info, topology, tensors, self._producer(),
+                                            options.float_bitwidth, onnx_path.name,
+                                            encodings_path.name, deployable=self.deployable))
+        quantized = sum(1 for w in weights if w.encoding is not None)
+        log(f"{dlc_path.name}: graph {graph_name}: {quantized} quantized + {len(weights) - quantized} "
+            f"float weights, {len(constants)} constants in topology, {size} bytes")
+
+    # ---------------------------------------------------------------------------------- compile
+    def compile(self, dlc_paths: list, bin_path: Path, options: CompileOptions,
+                log: Callable[[str], None]) -> None:
+        bin_path = Path(bin_path)
+        names = tuple(options.graph_names)
+        _check_compile_options(names, dlc_paths, options)
+        readers = []
+        try:
+            for path in dlc_paths:
+                readers.append(read_dlc(path))
+            actual = tuple(r.graph_name for r in readers)
+            if actual != names:
+                raise BackendError(
+                    f"{bin_path.name}: the DLCs hold graphs {list(actual)} (from "
+                    f"{', '.join(Path(p).name for p in dlc_paths)}) but graph_names is {list(names)}; "
+                    f"pass the DLCs in pipeline order (prompt, token)")
+            graphs = (CtxGraph(r.graph, r.topology_bytes(), _dlc_tensors(r)) for r in readers)
+            device = {"soc_model": options.device.soc_model, "dsp_arch": options.device.dsp_arch}
+            size = write_ctxbin(bin_path, graphs, weights_packing=options.weights_packing,
+                                weight_sharing=options.weight_sharing,
+                                optimization_type=options.optimization_type,
+                                vtcm_mb=options.device.vtcm_mb, device=device,
+                                producer=self._producer(), deployable=self.deployable)
+        finally:
+            for reader in readers:
+                reader.close()
+        log(f"{bin_path.name}: {len(names)} graphs ({', '.join(names)}), "
+            f"weights_packing={options.weights_packing}, weight_sharing={options.weight_sharing}, "
+            f"{size} bytes ({size / 2**20:.1f} MiB)")
+
+
+# ==================================================================================== compile
+
+def _check_compile_options(names: tuple, dlc_paths: list, options: CompileOptions) -> None:
+    if len(set(names)) != len(names):
+        raise BackendError(f"graph_names {list(names)} contains a name twice; graph names must be distinct")
+    if len(names) != len(dlc_paths):
+        raise BackendError(f"{len(dlc_paths)} DLCs given for {len(names)} graph names {list(names)}")
+    if options.optimization_type not in (1, 2, 3):
+        raise BackendError(f"optimization_type {options.optimization_type} is not 1, 2 or 3")
+    if options.device.vtcm_mb <= 0:
+        raise BackendError(f"vtcm_mb {options.device.vtcm_mb} must be positive")
+
+
+def _dlc_tensors(reader: DlcReader) -> Iterator[Tensor]:
+    """The DLC's weights as views into its mmap, one at a time."""
+    for name in reader.tensors:
+        yield reader.tensor(name)
+
+
+# ==================================================================================== convert
+
+def _load_onnx_structure(onnx_path: Path) -> onnx.ModelProto:
+    """The model proto WITHOUT external data: weights are read later, one by one, via memmap."""
+    if not onnx_path.is_file():
+        raise InputError(f"{onnx_path}: ONNX model not found; export it or fix the path")
+    try:
+        return onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:   # protobuf/onnx raise a variety of types for a damaged file
+        raise InputError(f"{onnx_path}: cannot parse ONNX model ({type(exc).__name__}: {exc}); "
+                         f"re-export it") from None
+
+
+def _consumers(graph: onnx.GraphProto) -> dict:
+    """tensor name -> [(op_type, input index, node)] over the top-level graph."""
+    result: dict = {}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name:
+                result.setdefault(name, []).append((node.op_type, index, node))
+    return result
+
+
+def _plan_weights(graph: onnx.GraphProto, encodings: Encodings, onnx_path: Path,
+                  encodings_path: Path):
+    """Split initializers into weights (own blobs) and small constants (stay in the topology)."""
+    if len(graph.sparse_initializer):
+        raise InputError(f"{onnx_path}: sparse initializers are not supported; export dense weights")
+    initializers = {init.name: init for init in graph.initializer}
+    unknown = sorted(set(encodings.params) - set(initializers))
+    if unknown:
+        raise EncodingsError(
+            f"{encodings_path}: param encoding for '{unknown[0]}' but {onnx_path} has no such "
+            f"initializer ({len(unknown)} unknown in total); the encodings belong to another export")
+    consumers = _consumers(graph)
+    weights, constants = [], []
+    for init in graph.initializer:
+        plan = _plan_one(init, encodings.params.get(init.name), consumers.get(init.name, []),
+                         onnx_path, encodings_path)
+        (weights if plan is not None else constants).append(plan if plan is not None else init)
+    return weights, constants
+
+
+def _plan_one(init: onnx.TensorProto, encoding: Optional[ParamEncoding], consumers: list,
+              onnx_path: Path, encodings_path: Path) -> Optional[_WeightPlan]:
+    is_float = init.data_type in FLOAT_TYPES
+    count = int(np.prod(init.dims, dtype=np.int64))
+    if encoding is not None and encoding.is_int:
+        if not is_float:
+            raise EncodingsError(f"{encodings_path}: int encoding for '{init.name}', but in {onnx_path} "
+                                 f"it is not a float tensor; remove the encoding")
+        axis = _channel_axis(init, encoding, consumers, onnx_path, encodings_path) if encoding.per_channel else None
+        return _WeightPlan(init, encoding, axis)
+    feeds_linear = any(index in LINEAR_WEIGHT_INPUTS.get(op, ()) for op, index, _ in consumers)
+    if is_float and count > SMALL_CONSTANT_ELEMENTS and feeds_linear:
+        # A real converter would silently keep this layer in float (big and slow); refuse instead.
+        raise EncodingsError(
+            f"{encodings_path}: no int encoding for weight '{init.name}' of {onnx_path} "
+            f"({count} elements feeding {consumers[0][0]}); re-export the encodings with this layer quantized")
+    if is_float and (encoding is not None or count > SMALL_CONSTANT_ELEMENTS):
+        return _WeightPlan(init, None, None)
+    return None
+
+
+def _channel_axis(init: onnx.TensorProto, encoding: ParamEncoding, consumers: list,
+                  onnx_path: Path, encodings_path: Path) -> int:
+    """The OUTPUT channel axis, which depends on how the consumer op reads the weight."""
+    ndim = len(init.dims)
+    axes = {_output_axis(op, index, node, ndim) for op, index, node in consumers}
+    if len(axes) != 1 or None in axes or ndim == 0:
+        ops = ", ".join(f"{op} input {index}" for op, index, _ in consumers) or "no consumer"
+        raise EncodingsError(
+            f"{encodings_path}: per-channel encoding for '{init.name}' but its channel axis cannot "
+            f"be determined from {onnx_path} ({ops}); use a per-tensor encoding or MatMul/Gemm/Gather/Conv")
+    axis = axes.pop()
+    if encoding.channels != init.dims[axis]:
+        raise EncodingsError(
+            f"{encodings_path}: '{init.name}' has {encoding.channels} per-channel encodings but its "
+            f"output-channel axis {axis} has length {init.dims[axis]} (shape {list(init.dims)}) in "
+            f"{onnx_path}; the encodings belong to another export")
+    return axis
+
+
+def _output_axis(op: str, index: int, node: onnx.NodeProto, ndim: int) -> Optional[int]:
+    if op == "MatMul" and index == 1:
+        return ndim - 1
+    if op == "Gemm" and index == 1:
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else ndim - 1
+    if (op == "Gather" and index == 0) or (op == "Conv" and index == 1):
+        return 0
+    return None
+
+
+def _initializer_array(init: onnx.TensorProto, onnx_path: Path) -> np.ndarray:
+    """The initializer's values: a read-only memmap for external data, else the inline array."""
+    if init.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(init)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).newbyteorder("<")
+    shape = tuple(int(d) for d in init.dims)
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    entries = {e.key: e.value for e in init.external_data}
+    location = entries.get("location", "")
+    data_path = onnx_path.parent / location
+    where = f"{onnx_path}: tensor '{init.name}' (external data '{location}')"
+    try:
+        offset = int(entries.get("offset", 0))
+        length = int(entries.get("length", expected))
+    except ValueError:
+        raise InputError(f"{where}: offset/length are not integers; re-export the model") from None
+    if not location or Path(location).is_absolute() or ".." in Path(location).parts:
+        raise InputError(f"{where}: the data file must be a relative path next to the ONNX")
+    if length != expected:
+        raise InputError(f"{where}: length {length} does not match shape {list(shape)} "
+                         f"({expected} bytes); re-export the model")
+    if not data_path.is_file():
+        raise InputError(f"{where}: data file {data_path} is missing; copy it next to the ONNX")
+    file_size = data_path.stat().st_size
+    if offset < 0 or offset + expected > file_size:
+        raise InputError(f"{where}: needs bytes {offset}..{offset + expected} but {data_path} has "
+                         f"only {file_size}; the data file is truncated or from another export")
+    if expected == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(data_path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
+                    log: Callable[[str], None]) -> Iterator[Tensor]:
+    """Generator: read, quantize (or narrow to float) and yield one weight at a time."""
+    float_dtype = "float16" if float_bitwidth == 16 else "float32"
+    for plan in weights:
+        init, enc = plan.initializer, plan.encoding
+        values = _initializer_array(init, onnx_path)
+        if enc is None:
+            stored = _convert_blocks(values, np.dtype(float_dtype), lambda block, rows: block)
+            note = "" if np.isfinite(stored).all() else f" (warning: values overflow {float_dtype})"
+            log(f"{init.name}: {float_dtype} shape {list(values.shape)}{note}")
+            yield Tensor(init.name, float_dtype, stored)
+        else:
+            quant = QuantParams(enc.bitwidth, plan.axis, enc.scale, enc.offset, enc.symmetric)
+            stored, clipped = _quantize(values, quant)
+            granularity = "per-tensor" if plan.axis is None else f"per-channel axis {plan.axis}"
+            note = f", {clipped} values clipped to the encoding range" if clipped else ""
+            log(f"{init.name}: int{enc.bitwidth} {granularity} shape {list(values.shape)}{note}")
+            yield Tensor(init.name, QUANT_DTYPE_FOR_BITWIDTH[enc.bitwidth], stored, quant)
+        del values, stored   # drop the memmap and the stored copy before reading the next weight
+
+
+def _quantize(values: np.ndarray, quant: QuantParams):
+    """q = clip(round(w / scale) - offset, 0, 2^bw - 1), so that real = (q + offset) * scale."""
+    qmax = 2 ** quant.bitwidth - 1
+    clipped = 0
+
+    def quantize_block(block: np.ndarray, rows: slice) -> np.ndarray:
+        nonlocal clipped
+        scale, offset = _channel_params(quant, values.ndim, rows)
+        q = np.rint(block / scale) - offset
+        clipped += int(np.count_nonzero((q < 0) | (q > qmax)))
+        return np.clip(q, 0, qmax, out=q)
+
+    out_dtype = np.dtype(np.uint8 if quant.bitwidth <= 8 else np.uint16)
+    return _convert_blocks(values, out_dtype, quantize_block), clipped
+
+
+def _channel_params(quant: QuantParams, ndim: int, rows: slice):
+    """scale/offset shaped to broadcast against a block of rows (axis 0 is the row axis)."""
+    scale, offset = quant.scale, quant.offset.astype(np.float32)
+    if quant.axis is None:
+        return scale[0], offset[0]
+    shape = [1] * ndim
+    shape[quant.axis] = -1
+    if quant.axis == 0:
+        scale, offset = scale[rows], offset[rows]
+    return scale.reshape(shape), offset.reshape(shape)
+
+
+def _convert_blocks(values: np.ndarray, out_dtype: np.dtype, transform) -> np.ndarray:
+    """Apply `transform(float32 block, rows)` over row blocks so temporaries stay small."""
+    out = np.empty(values.shape, dtype=out_dtype)
+    if values.ndim == 0:
+        out[()] = transform(np.asarray(values, dtype=np.float32), slice(None))
+        return out
+    row_elements = max(1, int(np.prod(values.shape[1:], dtype=np.int64)))
+    rows_per_block = max(1, QUANTIZE_BLOCK_ELEMENTS // row_elements)
+    for start in range(0, values.shape[0], rows_per_block):
+        rows = slice(start, start + rows_per_block)
+        out[rows] = transform(np.asarray(values[rows], dtype=np.float32), rows)
+    return out
+
+
+def _topology_bytes(graph: onnx.GraphProto, weight_names: set, constants: list,
+                    onnx_path: Path) -> bytes:
+    """The graph without its weights, small constants inlined, deterministically serialized.
+
+    Built field by field rather than copied, so inline weights are never duplicated in memory.
+    """
+    topology = onnx.GraphProto(name=graph.name, doc_string=graph.doc_string)
+    topology.node.extend(graph.node)
+    # Old exports list initializers as graph inputs too; weights are not inputs of the topology.
+    topology.input.extend(i for i in graph.input if i.name not in weight_names)
+    topology.output.extend(graph.output)
+    topology.value_info.extend(graph.value_info)
+    topology.quantization_annotation.extend(graph.quantization_annotation)
+    if hasattr(graph, "metadata_props"):   # onnx >= 1.16 (IR 10)
+        topology.metadata_props.extend(graph.metadata_props)
+    for init in constants:
+        topology.initializer.append(_inline_constant(init, onnx_path))
+    return topology.SerializeToString(deterministic=True)
+
+
+def _inline_constant(init: onnx.TensorProto, onnx_path: Path) -> onnx.TensorProto:
+    values = _initializer_array(init, onnx_path)
+    if values.nbytes > MAX_TOPOLOGY_INITIALIZER_BYTES:
+        raise BackendError(
+            f"{onnx_path}: initializer '{init.name}' ({values.nbytes} bytes, {values.dtype}) is neither "
+            f"a float weight nor a small constant; the reference backend keeps such tensors in the "
+            f"topology only up to {MAX_TOPOLOGY_INITIALIZER_BYTES} bytes")
+    return numpy_helper.from_array(np.ascontiguousarray(values), name=init.name)
+
+
+def _io_specs(value_infos, exclude: set) -> tuple:
+    specs = []
+    for vi in value_infos:
+        if vi.name in exclude:
+            continue
+        tensor_type = vi.type.tensor_type
+        dtype = (np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).name
+                 if tensor_type.elem_type else "unknown")
+        shape = None
+        if tensor_type.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                          for d in tensor_type.shape.dim)
+        specs.append(IoSpec(vi.name, dtype, shape))
+    return tuple(specs)
