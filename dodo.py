@@ -7,11 +7,12 @@ the hexbundle package.
 """
 from pathlib import Path
 
-from hexbundle import hashing, tinygen
-from hexbundle.inputs import require_export
+from hexbundle import hashing
+from hexbundle.inputs import GENERATOR_SOURCE, require_export
 from hexbundle.doit_support import check_sizes, doit_config, load, options_key
 from hexbundle.executor import run_step
-from hexbundle.stages import all_inputs, backend_for, compile_options
+from hexbundle.backends import describe
+from hexbundle.stages import all_inputs, compile_options
 
 ROOT = Path(__file__).resolve().parent
 CFG, LAYOUT, OVERRIDES = load(ROOT)
@@ -19,7 +20,7 @@ DOIT_CONFIG = doit_config(LAYOUT)
 
 PARTS = CFG.plan.parts()
 CONFIG_FILES = [LAYOUT.rel(p) for p in CFG.config_files]
-TOOLCHAIN = backend_for(CFG).toolchain_version()
+TOOLCHAIN, _ = describe(CFG.backend)
 rel = LAYOUT.rel
 
 
@@ -42,7 +43,7 @@ def task_inputs():
                             graphs=[CFG.model.context_length, CFG.model.prompt_ar,
                                     CFG.model.token_ar],
                             plan=CFG.plan.layers_per_part, seed=CFG.inputs["seed"],
-                            generator=hashing.digest(tinygen.__file__))
+                            generator=hashing.digest(GENERATOR_SOURCE))
     for part in PARTS:
         yield {"name": part.tag, "doc": f"generate the ONNX, weights and encodings of {part.tag}",
                "actions": [step(f"inputs:{part.tag}", "generate", part=part.index)],
@@ -53,7 +54,7 @@ def task_inputs():
            "targets": [rel(LAYOUT.tokenizer)],
            "uptodate": [options_key(vocab=CFG.model.architecture.vocab_size,
                                     specials=CFG.tokenizer_specials,
-                                    generator=hashing.digest(tinygen.__file__))],
+                                    generator=hashing.digest(GENERATOR_SOURCE))],
            "clean": True}
 
 

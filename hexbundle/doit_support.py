@@ -40,13 +40,13 @@ def load(root: Path):
 
 
 def banner(cfg: BuildConfig) -> str:
-    from .backends import get_backend
-    backend = get_backend(cfg.backend)
-    note = "" if backend.deployable else "  [reference backend: open formats, NOT deployable]"
+    from .backends import describe
+    version, deployable = describe(cfg.backend)
+    note = "" if deployable else "  [reference backend: open formats, NOT deployable]"
     d = cfg.device
     return (f"hexbundle {__version__}: {cfg.model.name}, plan {cfg.plan.name} "
             f"({len(cfg.plan.layers_per_part)} parts) for {d.name} (soc_model {d.soc_model}, "
-            f"{d.dsp_arch})\n  backend {cfg.backend} ({backend.toolchain_version()}), executor "
+            f"{d.dsp_arch})\n  backend {cfg.backend} ({version}), executor "
             f"{cfg.executor}, weights_packing {cfg.compile['weights_packing']}, weight_sharing "
             f"{cfg.compile['weight_sharing']}{note}\n  output: "
             f"{cfg.build_dir.relative_to(cfg.root)}")

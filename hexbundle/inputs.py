@@ -1,9 +1,15 @@
 """The user's exported inputs (real models): where they are expected and what to do if not."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from .config import BuildConfig
-from .errors import InputError
 from .layout import Layout
+
+
+# The generator's source: generated inputs are rebuilt when it changes. (Not imported here:
+# importing onnx costs ~1 s, which a no-op `doit bundle` must not pay.)
+GENERATOR_SOURCE = Path(__file__).with_name("tinygen.py")
 
 
 def missing_exports(cfg: BuildConfig, layout: Layout) -> list:

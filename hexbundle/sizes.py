@@ -11,34 +11,30 @@ A part that comes out near its *unpacked* expectation is reported as what it alm
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 from .errors import SizeError
-from .formats.container import container_size
+from .formats.container import QUANT_DTYPE_FOR_BITWIDTH, container_size, tensor_blob_nbytes
 from .model import Model, Part, Plan, WeightSpec, part_weights
 
 MIB = 1 << 20
 
 # Graph topology (the ONNX graph without weights) and the JSON header are small and do not
 # follow from the architecture exactly; these allowances were measured on the reference
-# backend's output for qwen2-tiny (see tests/test_sizes.py, which re-measures them).
-TOPOLOGY_BYTES_BASE = 4096
-TOPOLOGY_BYTES_PER_LAYER = 12288
-HEADER_BYTES_PER_TENSOR = 320
-HEADER_BYTES_PER_GRAPH = 4096
+# backend's output for qwen2-tiny (a decoder layer's topology is ~10 KB per graph, its header
+# records ~680 bytes per tensor). For a 7B part they are < 0.1% of the size.
+TOPOLOGY_BYTES_BASE = 512
+TOPOLOGY_BYTES_PER_LAYER = 10000
+HEADER_BYTES_PER_TENSOR = 680
+HEADER_BYTES_PER_GRAPH = 1300
 
 
 def tensor_bytes(w: WeightSpec, packed: bool, float_bitwidth: int) -> int:
-    """Bytes of one tensor blob before page alignment: data, then scales and offsets."""
+    """Bytes of one tensor blob before page alignment, as the container lays it out."""
     if w.bitwidth is None:
-        return w.numel * float_bitwidth // 8
-    if w.bitwidth == 4:
-        data = math.ceil(w.numel / 2) if packed else w.numel
-    else:
-        data = w.numel * (w.bitwidth // 8)
-    return data + 8 * w.channels  # float32 scale + int32 offset per channel
+        return tensor_blob_nbytes(w.shape, f"float{float_bitwidth}", False, 0)
+    return tensor_blob_nbytes(w.shape, QUANT_DTYPE_FOR_BITWIDTH[w.bitwidth], packed, w.channels)
 
 
 @dataclass(frozen=True)

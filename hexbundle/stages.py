@@ -18,7 +18,7 @@ from .errors import HexbundleError
 from .layout import Layout
 
 
-def _log(msg: str) -> None:
+def print_log(msg: str) -> None:
     print(msg, flush=True)
 
 
@@ -35,25 +35,25 @@ def backend_for(cfg: BuildConfig):
     return get_backend(cfg.backend)
 
 
-def run_generate(cfg: BuildConfig, layout: Layout, spec: dict) -> None:
+def run_generate(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
     from . import tinygen
     if spec.get("what") == "tokenizer":
         tinygen.generate_tokenizer(cfg.model, layout.tokenizer, cfg.tokenizer_specials)
-        _log(f"wrote {layout.rel(layout.tokenizer)}")
+        log(f"wrote {layout.rel(layout.tokenizer)}")
         return
     part = _part(cfg, spec["part"])
     for path in tinygen.generate_part(cfg.model, part, layout.inputs_dir, cfg.inputs["seed"]):
-        _log(f"wrote {layout.rel(path)} ({path.stat().st_size} bytes)")
+        log(f"wrote {layout.rel(path)} ({path.stat().st_size} bytes)")
 
 
-def run_convert(cfg: BuildConfig, layout: Layout, spec: dict) -> None:
+def run_convert(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
     from .backends import ConvertOptions
     graph = _graph(cfg, spec["part"], spec["graph"])
     backend = backend_for(cfg)
-    _log(f"convert {graph.name}: backend {cfg.backend} ({backend.toolchain_version()})")
+    log(f"convert {graph.name}: backend {cfg.backend} ({backend.toolchain_version()})")
     layout.dlc_dir.mkdir(parents=True, exist_ok=True)
     backend.convert(layout.onnx(graph), layout.encodings(graph), layout.dlc(graph), graph.name,
-                    ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"]), _log)
+                    ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"]), log)
 
 
 def compile_options(cfg: BuildConfig, part):
@@ -68,18 +68,18 @@ def compile_options(cfg: BuildConfig, part):
                           optimization_type=cfg.compile["optimization_type"])
 
 
-def run_compile(cfg: BuildConfig, layout: Layout, spec: dict) -> None:
+def run_compile(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
     part = _part(cfg, spec["part"])
     backend = backend_for(cfg)
     options = compile_options(cfg, part)
-    _log(f"compile {layout.bin_name(part)}: backend {cfg.backend} ({backend.toolchain_version()}),"
+    log(f"compile {layout.bin_name(part)}: backend {cfg.backend} ({backend.toolchain_version()}),"
          f" soc_model {options.device.soc_model} {options.device.dsp_arch}, weights_packing "
          f"{options.weights_packing}, weight_sharing {options.weight_sharing}, O="
          f"{options.optimization_type}")
     layout.bin_dir.mkdir(parents=True, exist_ok=True)
     dlcs = [layout.dlc(g) for g in cfg.model.graphs(part)]
-    backend.compile(dlcs, layout.bin(part), options, _log)
-    _log(f"wrote {layout.rel(layout.bin(part))} "
+    backend.compile(dlcs, layout.bin(part), options, log)
+    log(f"wrote {layout.rel(layout.bin(part))} "
          f"({layout.bin(part).stat().st_size / sizes.MIB:.2f} MiB)")
 
 
@@ -91,34 +91,35 @@ def all_inputs(cfg: BuildConfig, layout: Layout) -> list:
     return out + [layout.tokenizer]
 
 
-def run_bundle(cfg: BuildConfig, layout: Layout, spec: dict) -> None:
+def run_bundle(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
     from .bundle import assemble
     expected = {layout.bin_name(e.part): e.packed
                 for e in sizes.expect(cfg.model, cfg.plan, cfg.compile["float_bitwidth"])}
     final = assemble(cfg, layout, backend_for(cfg).toolchain_version(), all_inputs(cfg, layout),
-                     expected, _log)
-    _log(f"bundle ready: {layout.rel(final)}")
+                     expected, log)
+    log(f"bundle ready: {layout.rel(final)}")
 
 
 STAGES = {"generate": run_generate, "convert": run_convert, "compile": run_compile,
           "bundle": run_bundle}
 
 
-def run(spec: dict) -> int:
+def run(spec: dict, log=print_log) -> int:
+    """Run one step; 0 on success, 1 on a user-facing error, 2 on a bug (with traceback)."""
     root = Path(spec["root"])
     started = time.monotonic()
     try:
         cfg = load_build(root, spec.get("overrides") or {})
         layout = Layout(cfg)
         hashing.use_cache(layout.digest_cache)
-        STAGES[spec["stage"]](cfg, layout, spec)
+        STAGES[spec["stage"]](cfg, layout, spec, log)
     except HexbundleError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        log(f"error: {exc}")
         return 1
     except Exception:  # a bug, not bad input: show everything
-        traceback.print_exc()
+        log(traceback.format_exc())
         return 2
-    _log(f"done in {time.monotonic() - started:.2f}s")
+    log(f"done in {time.monotonic() - started:.2f}s")
     return 0
 
 

@@ -55,6 +55,7 @@ class Project:
 
 
 def copy_project(dest: Path) -> Project:
+    dest.mkdir(parents=True, exist_ok=True)
     for name in PROJECT_FILES:
         src = ROOT / name
         if src.is_dir():

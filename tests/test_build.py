@@ -156,10 +156,10 @@ def test_deleted_bin_is_rebuilt(project):
 
 
 def test_parallel_build_gives_the_same_bytes(project, tmp_path):
-    project.doit("bundle", "-n", "2")
+    project.doit("-n", "2", "bundle")
     parallel = {p.name: p.read_bytes() for p in all_files(project.bundle())}
     shutil.rmtree(project.root / "build")
-    project.doit("bundle", "-n", "1")
+    project.doit("-n", "1", "bundle")
     serial = {p.name: p.read_bytes() for p in all_files(project.bundle())}
     assert parallel == serial
 

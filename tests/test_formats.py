@@ -10,10 +10,11 @@ import pytest
 from onnx import helper
 
 from hexbundle.errors import BackendError, FormatError
-from hexbundle.formats import (ALIGN, CtxGraph, DlcGraph, GraphInfo, IoSpec, QuantParams, Tensor,
-                               container_size, pack_uint4, read_ctxbin, read_dlc, unpack_uint4,
-                               write_ctxbin, write_dlc)
-from hexbundle.formats.container import PREAMBLE, tensor_blob_nbytes
+from hexbundle.formats.container import (ALIGN, PREAMBLE, GraphInfo, IoSpec, QuantParams, Tensor,
+                                         container_size, pack_uint4, tensor_blob_nbytes,
+                                         unpack_uint4)
+from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
+from hexbundle.formats.dlc import DlcGraph, read_dlc, write_dlc
 
 PRODUCER = {"name": "test", "version": "0"}
 DEVICE = {"soc_model": 77, "dsp_arch": "v73"}

@@ -56,6 +56,23 @@ _BACKENDS = {
 }
 
 
+def reference_toolchain_version() -> str:
+    from .. import __version__
+    from ..formats.container import FORMAT_VERSION
+    return f"hexbundle-reference {__version__} format {FORMAT_VERSION}"
+
+
+def describe(name: str) -> tuple:
+    """(toolchain version, deployable) without importing the backend: dodo.py calls this on
+    every run, and importing onnx or the SDK would cost a no-op build a second."""
+    if name == "reference":
+        return reference_toolchain_version(), False
+    if name == "qairt":
+        from ..toolchain import pinned_sdk_version
+        return f"QAIRT {pinned_sdk_version()}", True
+    raise BackendError(f"unknown backend {name!r}; choose reference or qairt")
+
+
 def get_backend(name: str) -> Backend:
     if name not in _BACKENDS:
         raise BackendError(f"unknown backend {name!r}; choose reference or qairt")

@@ -17,14 +17,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .. import __version__
 from ..encodings import Encodings, ParamEncoding, load_encodings
 from ..errors import BackendError, EncodingsError, InputError
-from ..formats.container import (FORMAT_VERSION, QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, IoSpec,
+from ..formats.container import (QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, IoSpec,
                                  QuantParams, Tensor, activation_encodings_json)
 from ..formats.ctxbin import CtxGraph, write_ctxbin
 from ..formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
-from . import CompileOptions, ConvertOptions
+from . import CompileOptions, ConvertOptions, reference_toolchain_version
 
 # Inputs through which an initializer acts as a layer weight (op type -> input indices).
 LINEAR_WEIGHT_INPUTS = {"MatMul": (0, 1), "Gemm": (0, 1), "Gather": (0,), "Conv": (1,)}
@@ -53,7 +52,7 @@ class ReferenceBackend:
     deployable = False
 
     def toolchain_version(self) -> str:
-        return f"hexbundle-reference {__version__} format {FORMAT_VERSION}"
+        return reference_toolchain_version()
 
     def _producer(self) -> dict:
         return {"name": self.name, "version": self.toolchain_version()}

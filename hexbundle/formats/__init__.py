@@ -1,11 +1,6 @@
 """hexbundle's two open file formats: the DLC (one converted graph) and the context binary
-(several graphs of one part). Both use the container layout in `container` (docs/formats.md)."""
-from .container import (ALIGN, FORMAT_VERSION, GraphInfo, IoSpec, QuantParams, Tensor,
-                        TensorRecord, container_size, pack_uint4, tensor_blob_nbytes, unpack_uint4)
-from .ctxbin import CTXBIN_MAGIC, CtxBinReader, CtxGraph, read_ctxbin, write_ctxbin
-from .dlc import DLC_MAGIC, DlcGraph, DlcReader, read_dlc, write_dlc
+(several graphs of one part). Both use the container layout in `container` (docs/formats.md).
 
-__all__ = ["ALIGN", "FORMAT_VERSION", "GraphInfo", "IoSpec", "QuantParams", "Tensor", "TensorRecord",
-           "container_size", "pack_uint4", "tensor_blob_nbytes", "unpack_uint4",
-           "CTXBIN_MAGIC", "CtxBinReader", "CtxGraph", "read_ctxbin", "write_ctxbin",
-           "DLC_MAGIC", "DlcGraph", "DlcReader", "read_dlc", "write_dlc"]
+Import the modules directly (`hexbundle.formats.ctxbin`, ...): this package imports nothing, so
+that reading sizes does not pay for importing onnx.
+"""

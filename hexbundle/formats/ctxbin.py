@@ -16,8 +16,7 @@ import onnx
 import xxhash
 
 from ..errors import BackendError, FormatError
-from .container import (ContainerReader, ContainerWriter, GraphInfo, QuantParams, Tensor,
-                        TensorRecord, dequantize, encode_tensor, parse_graph_record,
+from .container import (ContainerReader, ContainerWriter, GraphInfo, QuantParams, TensorRecord, dequantize, encode_tensor, parse_graph_record,
                         parse_tensor_record, tensor_quant_params, tensor_values)
 
 CTXBIN_MAGIC = b"HXCTXBIN"
