@@ -142,13 +142,14 @@ class WeightSpec:
 def layer_weights(arch: Architecture, quant: Quantization, layer: int) -> list:
     """The weights of one decoder layer; MatMul weights are [in, out], quantized per out channel."""
     h, kv, ff, bw = arch.hidden_size, arch.kv_dim, arch.intermediate_size, quant.decoder_linear_bitwidth
+    q = arch.num_attention_heads * arch.head_dim
     p = f"model.layers.{layer}."
-    linear = [("self_attn.q_proj", h, h), ("self_attn.k_proj", h, kv), ("self_attn.v_proj", h, kv),
-              ("self_attn.o_proj", h, h), ("mlp.gate_proj", h, ff), ("mlp.up_proj", h, ff),
+    linear = [("self_attn.q_proj", h, q), ("self_attn.k_proj", h, kv), ("self_attn.v_proj", h, kv),
+              ("self_attn.o_proj", q, h), ("mlp.gate_proj", h, ff), ("mlp.up_proj", h, ff),
               ("mlp.down_proj", ff, h)]
     out = [WeightSpec(p + n + ".weight", (i, o), bw, o) for n, i, o in linear]
     out += [WeightSpec(p + f"self_attn.{n}_proj.bias", (size,), None, 0)
-            for n, size in (("q", h), ("k", kv), ("v", kv))]
+            for n, size in (("q", q), ("k", kv), ("v", kv))]
     out += [WeightSpec(p + n + ".weight", (h,), None, 0)
             for n in ("input_layernorm", "post_attention_layernorm")]
     return out

@@ -50,7 +50,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .model import Graph, Model, Part, boundary_tensor
+from .model import Graph, Model, Part, boundary_tensor, part_weights
 
 OPSET = 17
 IR_VERSION = 8              # pinned: onnx.helper would stamp the installed onnx's newest IR
@@ -83,32 +83,20 @@ class TensorSpec:
 
 
 def weight_specs(model: Model, part: Part) -> list:
-    """The part's weights in file order: embedding, then per layer, then final norm and LM head."""
-    a = model.architecture
-    q_out, kv_out = a.num_attention_heads * a.head_dim, a.kv_dim
-    specs = []
-    if part.has_embedding:
-        specs.append(WeightSpec("model.embed_tokens.weight", (a.vocab_size, a.hidden_size), "embedding"))
-    for layer in part.layers:
-        p = f"model.layers.{layer}"
-        specs += [
-            WeightSpec(f"{p}.input_layernorm.weight", (a.hidden_size,), "norm"),
-            WeightSpec(f"{p}.self_attn.q_proj.weight", (a.hidden_size, q_out), "linear"),
-            WeightSpec(f"{p}.self_attn.q_proj.bias", (q_out,), "bias"),
-            WeightSpec(f"{p}.self_attn.k_proj.weight", (a.hidden_size, kv_out), "linear"),
-            WeightSpec(f"{p}.self_attn.k_proj.bias", (kv_out,), "bias"),
-            WeightSpec(f"{p}.self_attn.v_proj.weight", (a.hidden_size, kv_out), "linear"),
-            WeightSpec(f"{p}.self_attn.v_proj.bias", (kv_out,), "bias"),
-            WeightSpec(f"{p}.self_attn.o_proj.weight", (q_out, a.hidden_size), "linear"),
-            WeightSpec(f"{p}.post_attention_layernorm.weight", (a.hidden_size,), "norm"),
-            WeightSpec(f"{p}.mlp.gate_proj.weight", (a.hidden_size, a.intermediate_size), "linear"),
-            WeightSpec(f"{p}.mlp.up_proj.weight", (a.hidden_size, a.intermediate_size), "linear"),
-            WeightSpec(f"{p}.mlp.down_proj.weight", (a.intermediate_size, a.hidden_size), "linear"),
-        ]
-    if part.has_head:
-        specs.append(WeightSpec("model.norm.weight", (a.hidden_size,), "norm"))
-        specs.append(WeightSpec("lm_head.weight", (a.hidden_size, a.vocab_size), "lm_head"))
-    return specs
+    """The part's weights (names and shapes from hexbundle.model.part_weights, the one place the
+    architecture's tensors are listed), each with the role that decides how it is drawn."""
+    return [WeightSpec(w.name, w.shape, _role(w.name))
+            for w in part_weights(model.architecture, model.quantization, part)]
+
+
+def _role(name: str) -> str:
+    if name == "model.embed_tokens.weight":
+        return "embedding"
+    if name == "lm_head.weight":
+        return "lm_head"
+    if name.endswith(".bias"):
+        return "bias"
+    return "norm" if "norm" in name else "linear"
 
 
 def weight_names(model: Model, part: Part) -> list:

@@ -188,3 +188,12 @@ def test_bad_config_fails_before_building_with_a_clear_message(project):
     assert "unknown device 'nosuchboard'" in run.err
     assert "Traceback" not in run.err
     assert not (project.root / "build" / "qwen2-tiny").exists()
+
+
+def test_missing_export_names_expected_paths_and_how_to_produce_them(project):
+    run = project.doit("bundle", "model=qwen2.5-7b-instruct", check=False)
+    assert run.code != 0
+    out = run.out + run.err
+    assert "exports/qwen2.5-7b-instruct/prompt_ar128_cl4096_1_of_6.onnx" in out
+    assert "How to produce them" in out
+    assert not any(t.startswith(("convert:", "compile:")) for t in run.executed)
