@@ -154,8 +154,8 @@ def manifest(cfg: BuildConfig, layout: Layout, bundle_dir: Path, backend_version
         "bins_total_bytes": sum(files[n]["size"] for n in bins),
         "expected_bins_bytes": sizes_expected,
         "expected_bins_total_bytes": sum(sizes_expected.values()),
-        "inputs": {layout.rel(p): hashing.digest(p) for p in inputs},
-        "configs": {layout.rel(p): hashing.digest(p) for p in cfg.config_files},
+        "inputs": {layout.logical(p): hashing.digest(p) for p in inputs},
+        "configs": {layout.logical(p): hashing.digest(p) for p in cfg.config_files},
     }
 
 

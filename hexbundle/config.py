@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import tomli
 from .errors import ConfigError
 from .model import Architecture, Model, Plan, Quantization, pipeline_order_problem
 
+BUILD_ROOT_ENV = "HEXBUNDLE_BUILD_ROOT"
 BACKENDS = ("reference", "qairt")
 EXECUTORS = ("local", "docker")
 
@@ -289,13 +291,19 @@ class BuildConfig:
     config_files: tuple    # every config file read, for file_dep and the manifest
 
     @property
+    def build_root(self) -> Path:
+        """build/ of the project, or $HEXBUNDLE_BUILD_ROOT (release builds use a scratch root)."""
+        override = os.environ.get(BUILD_ROOT_ENV)
+        return Path(override).resolve() if override else self.root / "build"
+
+    @property
     def build_dir(self) -> Path:
-        return self.root / "build" / self.model.name / self.device.name
+        return self.build_root / self.model.name / self.device.name
 
     @property
     def inputs_dir(self) -> Path:
         if self.inputs["source"] == "generated":
-            return self.root / "build" / self.model.name / "inputs"
+            return self.build_root / self.model.name / "inputs"
         return resolve_inside(self.root, self.inputs["dir"], self.model_path, "inputs.dir")
 
     @property

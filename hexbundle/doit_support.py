@@ -34,6 +34,7 @@ def load(root: Path):
         print(f"hexbundle: {exc}", file=sys.stderr)
         sys.exit(3)
     layout = Layout(cfg)
+    layout.state_dir.mkdir(parents=True, exist_ok=True)
     hashing.use_cache(layout.digest_cache)
     _banner = banner(cfg)
     return cfg, layout, overrides
@@ -49,7 +50,7 @@ def banner(cfg: BuildConfig) -> str:
             f"{d.dsp_arch})\n  backend {cfg.backend} ({version}), executor "
             f"{cfg.executor}, weights_packing {cfg.compile['weights_packing']}, weight_sharing "
             f"{cfg.compile['weight_sharing']}{note}\n  output: "
-            f"{cfg.build_dir.relative_to(cfg.root)}")
+            f"{Layout(cfg).rel(cfg.build_dir)}")
 
 
 class Reporter(ConsoleReporter):
@@ -65,7 +66,7 @@ def doit_config(layout: Layout) -> dict:
     return {
         "default_tasks": ["bundle"],
         "check_file_uptodate": hashing.XXH3Checker,
-        "dep_file": str(layout.root / "build" / ".hexbundle" / "doit-db.json"),
+        "dep_file": str(layout.state_dir / "doit-db.json"),
         "backend": "json",
         "par_type": "thread",      # steps are subprocesses or containers: threads suffice
         "reporter": Reporter,

@@ -24,8 +24,23 @@ class Layout:
         self.root = cfg.root
 
     def rel(self, path: Path) -> str:
-        return str(Path(path).resolve().relative_to(self.root)) if Path(path).is_absolute() \
-            else str(path)
+        """Project-relative when inside the project (stable doit keys), else absolute."""
+        path = Path(path)
+        if not path.is_absolute():
+            return str(path)
+        try:
+            return str(path.resolve().relative_to(self.root))
+        except ValueError:
+            return str(path.resolve())
+
+    def logical(self, path: Path) -> str:
+        """A path as recorded in manifests: relative to the project, with the build root spelled
+        "build/" wherever it really is, so the record does not depend on where the build ran."""
+        path = Path(path).resolve()
+        try:
+            return "build/" + str(path.relative_to(self.cfg.build_root.resolve()))
+        except ValueError:
+            return self.rel(path)
 
     # directories ------------------------------------------------------------------------
     @property
@@ -54,7 +69,12 @@ class Layout:
 
     @property
     def digest_cache(self) -> Path:
-        return self.root / "build" / ".hexbundle" / "digests.json"
+        return self.state_dir / "digests.json"
+
+    @property
+    def state_dir(self) -> Path:
+        """hexbundle's own state: digest cache, doit database, lock."""
+        return self.cfg.build_root / ".hexbundle"
 
     # files ------------------------------------------------------------------------------
     def onnx(self, graph: Graph) -> Path:
