@@ -7,8 +7,8 @@ the hexbundle package.
 """
 from pathlib import Path
 
-from hexbundle import hashing
-from hexbundle.inputs import GENERATOR_SOURCE, require_export
+from hexbundle.inputs import generator_digest, pinned, require_export
+from hexbundle.release import release_action, verify_release_action
 from hexbundle.doit_support import check_sizes, doit_config, load, options_key
 from hexbundle.executor import run_step
 from hexbundle.backends import describe
@@ -22,6 +22,8 @@ PARTS = CFG.plan.parts()
 CONFIG_FILES = [LAYOUT.rel(p) for p in CFG.config_files]
 TOOLCHAIN, _ = describe(CFG.backend)
 rel = LAYOUT.rel
+# Steps run in threads under `doit -n 2`: don't let doit swap sys.stdout per action (racy).
+NO_CAPTURE = {"capture": False}
 
 
 def step(task, stage, **extra):
@@ -43,19 +45,19 @@ def task_inputs():
                             graphs=[CFG.model.context_length, CFG.model.prompt_ar,
                                     CFG.model.token_ar],
                             plan=CFG.plan.layers_per_part, seed=CFG.inputs["seed"],
-                            generator=hashing.digest(GENERATOR_SOURCE))
+                            generator=generator_digest())
     for part in PARTS:
         yield {"name": part.tag, "doc": f"generate the ONNX, weights and encodings of {part.tag}",
                "actions": [step(f"inputs:{part.tag}", "generate", part=part.index)],
                "targets": [rel(p) for g in CFG.model.graphs(part) for p in LAYOUT.graph_inputs(g)],
-               "uptodate": [generator], "clean": True}
+               "uptodate": [generator], "clean": True, "io": NO_CAPTURE}
     yield {"name": "tokenizer", "doc": "generate the byte-level BPE tokenizer.json",
            "actions": [step("inputs:tokenizer", "generate", what="tokenizer")],
            "targets": [rel(LAYOUT.tokenizer)],
            "uptodate": [options_key(vocab=CFG.model.architecture.vocab_size,
                                     specials=CFG.tokenizer_specials,
-                                    generator=hashing.digest(GENERATOR_SOURCE))],
-           "clean": True}
+                                    generator=generator_digest())],
+           "clean": True, "io": NO_CAPTURE}
 
 
 def task_convert():
@@ -69,8 +71,9 @@ def task_convert():
                    "file_dep": [rel(p) for p in LAYOUT.graph_inputs(graph)],
                    "targets": [rel(LAYOUT.dlc(graph))],
                    "uptodate": [options_key(backend=CFG.backend, toolchain=TOOLCHAIN,
-                                            float_bitwidth=CFG.compile["float_bitwidth"])],
-                   "clean": True}
+                                            float_bitwidth=CFG.compile["float_bitwidth"],
+                                            pins=pinned(CFG, LAYOUT.graph_inputs(graph)))],
+                   "clean": True, "io": NO_CAPTURE}
 
 
 def task_compile():
@@ -83,7 +86,7 @@ def task_compile():
                "targets": [rel(LAYOUT.bin(part))],
                "uptodate": [options_key(backend=CFG.backend, toolchain=TOOLCHAIN,
                                         options=repr(options))],
-               "clean": True}
+               "clean": True, "io": NO_CAPTURE}
 
 
 def task_check_sizes():
@@ -103,5 +106,18 @@ def task_bundle():
                                      device=[CFG.device.name, CFG.device.soc_model,
                                              CFG.device.dsp_arch, CFG.device.htp,
                                              CFG.device.runtime], genie=CFG.genie,
-                                     specials=CFG.tokenizer_specials)],
+                                     specials=CFG.tokenizer_specials,
+                                     pins=pinned(CFG, [LAYOUT.tokenizer]))],
             "clean": True}
+
+
+def task_release():
+    """Clean rebuild -> build/release/: deterministic .tar.gz, SHA256SUMS, provenance.json."""
+    return {"actions": [(release_action, [CFG, LAYOUT, OVERRIDES])], "uptodate": [False],
+            "verbosity": 2}
+
+
+def task_verify_release():
+    """Rebuild a release from its provenance and compare: doit verify_release ARCHIVE."""
+    return {"actions": [(verify_release_action, [ROOT])], "pos_arg": "archive",
+            "uptodate": [False], "verbosity": 2}

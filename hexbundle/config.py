@@ -120,14 +120,21 @@ def validate(data: dict, schema: dict, where: str, prefix: str = "") -> dict:
                     out[k] = _check_value(v, f, where, prefix + k)
             continue
         if key not in data:
+            if isinstance(f.type, dict) and f.required and not _has_required(f.type):
+                f = Field(f.type, {})  # a table whose keys all have defaults may be left out
             if f.required:
                 raise ConfigError(f"{where}: missing key '{prefix}{key}' ({_describe(f)}"
                                   + (f": {f.doc}" if f.doc else "") + ")")
-            out[key] = validate({}, f.type, where, prefix + key + ".") if isinstance(f.type, dict) \
-                else f.default
+            # an optional table (default {}) still gets its own defaults filled in
+            out[key] = validate(f.default, f.type, where, prefix + key + ".") \
+                if isinstance(f.type, dict) else f.default
             continue
         out[key] = _check_value(data[key], f, where, prefix + key)
     return out
+
+
+def _has_required(schema: dict) -> bool:
+    return any(k != "*" and f.required for k, f in schema.items())
 
 
 def read_toml(path: Path, schema: dict) -> dict:
@@ -147,6 +154,7 @@ def read_toml(path: Path, schema: dict) -> dict:
 # Schemas
 
 NAME = r"[a-z0-9][a-z0-9._-]*"
+PIN = r"sha256:[0-9a-f]{64}|xxh3_128:[0-9a-f]{32}"
 
 COMPILE_SCHEMA = {
     "weights_packing": Field(bool, True, doc="pack two 4-bit weights per byte"),
@@ -162,7 +170,7 @@ BUILD_SCHEMA = {
     "backend": Field(str, "reference", choices=BACKENDS),
     "executor": Field(str, "local", choices=EXECUTORS),
     "plan": Field(str, "", doc="a plan of the model; empty for the model's default_plan"),
-    "compile": Field(COMPILE_SCHEMA),
+    "compile": Field(COMPILE_SCHEMA, {}),
 }
 
 PLAN_SCHEMA = {
@@ -215,6 +223,8 @@ MODEL_SCHEMA = {
         "seed": Field(int, 0, min=0, doc="generated inputs: random seed"),
         "dir": Field(str, "", doc="export inputs: directory with <graph>.onnx/.data/.encodings"),
         "how_to_export": Field(str, "", doc="printed when an export input is missing"),
+        "pins": Field({"*": Field(str, pattern=PIN)}, {},
+                      doc="file name in the inputs dir -> 'sha256:<hex>' or 'xxh3_128:<hex>'"),
     }),
     "genie": Field({
         "max_num_tokens": Field(int, 200, min=1),
@@ -223,7 +233,7 @@ MODEL_SCHEMA = {
         "top_k": Field(int, 40, min=1),
         "top_p": Field(float, 0.95, min=0, max=1),
     }),
-    "plans": Field({"*": Field(PLAN_SCHEMA)}),
+    "plans": Field({"*": Field(PLAN_SCHEMA)}, {}),
 }
 
 DEVICE_SCHEMA = {
@@ -289,12 +299,7 @@ class BuildConfig:
     inputs: dict
     genie: dict
     config_files: tuple    # every config file read, for file_dep and the manifest
-
-    @property
-    def build_root(self) -> Path:
-        """build/ of the project, or $HEXBUNDLE_BUILD_ROOT (release builds use a scratch root)."""
-        override = os.environ.get(BUILD_ROOT_ENV)
-        return Path(override).resolve() if override else self.root / "build"
+    build_root: Path       # build/ of the project, or $HEXBUNDLE_BUILD_ROOT (scratch builds)
 
     @property
     def build_dir(self) -> Path:
@@ -480,5 +485,6 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
                           "use fewer than 10 parts")
     files = (path, root / "configs" / "models" / f"{model.name}.toml", device.path,
              root / "configs" / "socs.toml")
+    build_root = Path(os.environ.get(BUILD_ROOT_ENV) or root / "build").resolve()
     return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],
-                       raw["tokenizer"], raw["inputs"], raw["genie"], files)
+                       raw["tokenizer"], raw["inputs"], raw["genie"], files, build_root)

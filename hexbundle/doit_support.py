@@ -13,6 +13,7 @@ from doit.tools import config_changed
 
 from . import __version__, hashing, sizes
 from .config import BuildConfig, load_build
+from .console import say
 from .errors import HexbundleError
 from .layout import Layout
 
@@ -91,5 +92,5 @@ def check_sizes(cfg: BuildConfig, layout: Layout):
         sizes.raise_on_failure(cfg.model, cfg.plan, rows, table)
     except HexbundleError as exc:
         return TaskFailed(str(exc))
-    print(table, flush=True)
+    say(table)
     return True

@@ -15,6 +15,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from .config import BuildConfig
+from .console import say
 from .layout import Layout
 
 PROGRESS_EVERY_S = 15.0
@@ -36,7 +37,7 @@ def _tail(path: Path, n: int = TAIL_LINES) -> str:
 def _progress(label: str, started: float, done: threading.Event) -> None:
     """Long steps say they are alive: which step, elapsed time."""
     while not done.wait(PROGRESS_EVERY_S):
-        print(f"  .. {label}: still running, {time.monotonic() - started:.0f}s", flush=True)
+        say(f"  .. {label}: still running, {time.monotonic() - started:.0f}s")
 
 
 def run_local(cfg: BuildConfig, spec: dict, log_path: Path) -> int:
@@ -70,5 +71,5 @@ def run_step(cfg: BuildConfig, overrides: dict, task: str, stage: str, **extra):
     if code != 0:
         return TaskFailed(f"{label} failed (exit {code}) after {elapsed:.1f}s; log: "
                           f"{layout.rel(log_path)}\n--- last lines ---\n{_tail(log_path)}")
-    print(f"  ok {label} {elapsed:.1f}s  (log: {layout.rel(log_path)})", flush=True)
+    say(f"  ok {label} {elapsed:.1f}s  (log: {layout.rel(log_path)})")
     return True

@@ -4,12 +4,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import BuildConfig
+from .errors import InputError
 from .layout import Layout
 
 
 # The generator's source: generated inputs are rebuilt when it changes. (Not imported here:
 # importing onnx costs ~1 s, which a no-op `doit bundle` must not pay.)
 GENERATOR_SOURCE = Path(__file__).with_name("tinygen.py")
+# biggen streams tinygen's files to disk (the `inputs` task runs it): a change to either
+# regenerates the inputs.
+GENERATOR_SOURCES = (GENERATOR_SOURCE, Path(__file__).with_name("biggen.py"))
+
+
+def generator_digest() -> list:
+    from . import hashing
+    return [hashing.digest(p) for p in GENERATOR_SOURCES]
 
 
 def missing_exports(cfg: BuildConfig, layout: Layout) -> list:
@@ -28,3 +37,28 @@ def require_export(cfg: BuildConfig, layout: Layout):
     how = cfg.inputs["how_to_export"] or "export the model (ONNX + .data + AIMET .encodings)"
     return TaskFailed(f"{cfg.model.name}: {len(missing)} exported input file(s) missing:\n"
                       f"{listed}{more}\nHow to produce them: {how}")
+
+
+def pinned(cfg: BuildConfig, paths: list) -> dict:
+    """The pins (from the model config's [inputs.pins]) that apply to these files."""
+    pins = cfg.inputs.get("pins", {})
+    return {p.name: pins[p.name] for p in paths if p.name in pins}
+
+
+def check_pins(cfg: BuildConfig, paths: list) -> None:
+    """A pinned input whose bytes changed is refused, naming the file and both digests."""
+    from . import hashing
+    for path in paths:
+        pin = cfg.inputs.get("pins", {}).get(path.name)
+        if pin is None:
+            continue
+        algorithm, want = pin.split(":", 1)
+        if algorithm == "sha256":
+            from .release import sha256_file
+            got = sha256_file(path)
+        else:
+            got = hashing.digest(path)
+        if got != want:
+            raise InputError(f"{path}: {algorithm} is {got}, but {cfg.model_path} pins "
+                             f"[inputs.pins] {path.name!r} = \"{pin}\"; re-export the model or "
+                             "update the pin if this change is intended")

@@ -15,6 +15,7 @@ from pathlib import Path
 from . import hashing, sizes
 from .config import BuildConfig, load_build
 from .errors import HexbundleError
+from .inputs import check_pins
 from .layout import Layout
 
 
@@ -41,8 +42,14 @@ def run_generate(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
         tinygen.generate_tokenizer(cfg.model, layout.tokenizer, cfg.tokenizer_specials)
         log(f"wrote {layout.rel(layout.tokenizer)}")
         return
+    from . import biggen   # tinygen's files, streamed: full-size models fit in memory too
     part = _part(cfg, spec["part"])
-    for path in tinygen.generate_part(cfg.model, part, layout.inputs_dir, cfg.inputs["seed"]):
+    # Refuse early: the disk must also hold the parts still to be generated after this one.
+    others = [p for p in biggen.missing_parts(cfg.model, cfg.plan.parts(), layout.inputs_dir)
+              if p.index != part.index]
+    pending = sum(biggen.part_disk_bytes(cfg.model, p) for p in others)
+    for path in biggen.generate_part(cfg.model, part, layout.inputs_dir, cfg.inputs["seed"],
+                                     log, also_needed=pending):
         log(f"wrote {layout.rel(path)} ({path.stat().st_size} bytes)")
 
 
@@ -51,6 +58,7 @@ def run_convert(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
     graph = _graph(cfg, spec["part"], spec["graph"])
     backend = backend_for(cfg)
     log(f"convert {graph.name}: backend {cfg.backend} ({backend.toolchain_version()})")
+    check_pins(cfg, layout.graph_inputs(graph))
     layout.dlc_dir.mkdir(parents=True, exist_ok=True)
     backend.convert(layout.onnx(graph), layout.encodings(graph), layout.dlc(graph), graph.name,
                     ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"]), log)
@@ -93,6 +101,7 @@ def all_inputs(cfg: BuildConfig, layout: Layout) -> list:
 
 def run_bundle(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
     from .bundle import assemble
+    check_pins(cfg, [layout.tokenizer])
     expected = {layout.bin_name(e.part): e.packed
                 for e in sizes.expect(cfg.model, cfg.plan, cfg.compile["float_bitwidth"])}
     final = assemble(cfg, layout, backend_for(cfg).toolchain_version(), all_inputs(cfg, layout),

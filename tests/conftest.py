@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT_FILES = ("dodo.py", "configs", "scripts", "hexbundle")
+PROJECT_FILES = ("dodo.py", "configs", "scripts", "hexbundle", ".gitignore")
 
 
 @dataclass

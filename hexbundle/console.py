@@ -1,0 +1,17 @@
+"""Progress lines for the user, safe from any thread.
+
+doit's python-actions swap sys.stdout for a capturing writer per action; with `-n 2` two threads
+swap it concurrently and a write can land in another thread's StringIO (seen: a segfault). So
+progress goes to the real stdout, under a lock, never through sys.stdout.
+"""
+import sys
+import threading
+
+_lock = threading.Lock()
+
+
+def say(msg: str) -> None:
+    stream = sys.__stdout__
+    with _lock:
+        stream.write(msg + "\n")
+        stream.flush()
