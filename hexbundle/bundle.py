@@ -8,15 +8,17 @@ in whole, so a failed assembly never damages the previous bundle.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from . import hashing
+from . import hashing, testhooks
 from .config import BuildConfig
-from .errors import InputError
+from .errors import InputError, output_error
 from .layout import MANIFEST, Layout
 
 FORMAT_VERSION = 1
@@ -29,7 +31,8 @@ def canonical_json(obj) -> bytes:
 def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temp file in the same directory, fsync, rename: never a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    # The .tmp suffix marks it as ours: a run killed here leaves it for the next run to sweep.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -37,9 +40,11 @@ def write_atomic(path: Path, data: bytes) -> None:
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise output_error(path, exc) from None
         raise
 
 
@@ -176,13 +181,17 @@ def assemble(cfg: BuildConfig, layout: Layout, backend_version: str, inputs: lis
                      canonical_json(genie_config(cfg, token_ids, [b.name for b in bins])))
         write_atomic(staging / "htp_backend_ext_config.json",
                      canonical_json(htp_backend_ext_config(cfg)))
-        shutil.copyfile(layout.tokenizer, staging / "tokenizer.json")
-        for b in bins:
-            how = link_or_copy(b, staging / b.name)
-            log(f"{b.name}: {how} ({b.stat().st_size / (1 << 20):.2f} MiB)")
+        try:
+            shutil.copyfile(layout.tokenizer, staging / "tokenizer.json")
+            for b in bins:
+                how = link_or_copy(b, staging / b.name)
+                log(f"{b.name}: {how} ({b.stat().st_size / (1 << 20):.2f} MiB)")
+        except OSError as exc:   # a full disk while copying: the previous bundle stays
+            raise output_error(exc.filename or staging, exc) from None
         doc = manifest(cfg, layout, staging, backend_version, inputs, sizes_expected)
         write_atomic(staging / MANIFEST, canonical_json(doc))
         os.chmod(staging, 0o755)
+        testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in
         swap_in(staging, final)
     finally:
         if staging.exists():
@@ -191,12 +200,39 @@ def assemble(cfg: BuildConfig, layout: Layout, backend_version: str, inputs: lis
 
 
 def swap_in(staging: Path, final: Path) -> None:
-    """Replace `final` by `staging`: the old bundle stays whole until the new one is complete."""
-    old = None
-    if final.exists():
-        old = Path(tempfile.mkdtemp(dir=final.parent, prefix=".bundle-old."))
-        os.rmdir(old)
-        os.rename(final, old)
+    """Replace `final` by `staging`: the old bundle stays whole until the new one is complete.
+
+    Where the kernel can (Linux renameat2 RENAME_EXCHANGE), the two directories trade places in
+    one step, so `final` is at every instant either the whole old or the whole new bundle.
+    Elsewhere, two renames: a kill between them leaves the old bundle in .bundle-old.*, which the
+    next run puts back (hexbundle.runguard.restore_interrupted_swaps).
+    """
+    if not final.exists():
+        os.rename(staging, final)
+        return
+    if exchange_dirs(staging, final):
+        shutil.rmtree(staging)   # it now holds the old bundle
+        return
+    old = Path(tempfile.mkdtemp(dir=final.parent, prefix=".bundle-old."))
+    os.rmdir(old)
+    os.rename(final, old)
     os.rename(staging, final)
-    if old is not None:
-        shutil.rmtree(old)
+    shutil.rmtree(old)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange_dirs(a: Path, b: Path) -> bool:
+    """Atomically swap two paths; False where the OS or filesystem cannot (then nothing moved)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):   # not Linux, or a libc without renameat2 (< glibc 2.28)
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))

@@ -11,7 +11,7 @@ from doit import doit_cmd
 from doit.reporter import ConsoleReporter
 from doit.tools import config_changed
 
-from . import __version__, hashing, sizes
+from . import __version__, hashing, runguard, sizes
 from .config import BuildConfig, load_build
 from .console import say
 from .errors import HexbundleError
@@ -36,6 +36,11 @@ def load(root: Path):
         sys.exit(3)
     layout = Layout(cfg)
     layout.state_dir.mkdir(parents=True, exist_ok=True)
+    try:   # the build lock, clean-up after a killed run, a crash-safe dependency DB
+        runguard.guard_run(layout, sys.argv)
+    except HexbundleError as exc:
+        print(f"hexbundle: {exc}", file=sys.stderr)
+        sys.exit(3)
     hashing.use_cache(layout.digest_cache)
     _banner = banner(cfg)
     return cfg, layout, overrides
@@ -61,6 +66,10 @@ class Reporter(ConsoleReporter):
         super().initialize(tasks, selected_tasks)
         if _banner:
             self.outstream.write(_banner + "\n")
+
+    def add_success(self, task):
+        super().add_success(task)
+        runguard.save_progress()   # a run killed later keeps this task's record
 
 
 def doit_config(layout: Layout) -> dict:

@@ -27,3 +27,28 @@ class BackendError(HexbundleError):
 
 class SizeError(HexbundleError):
     """Built sizes disagree with the expected sizes (e.g. 4-bit weights not packed)."""
+
+
+class OutputError(HexbundleError):
+    """An output could not be written (disk full, file size limit, permissions): nothing partial
+    is left behind, and the previous output stays in place."""
+
+
+def output_error(path, exc: OSError) -> OutputError:
+    """The user-facing form of a failed write: which file, why, what to do."""
+    why = exc.strerror or str(exc)
+    return OutputError(f"{path}: cannot write it ({why}); free disk space or raise the file-size "
+                       "limit (ulimit -f), then run the build again: nothing partial was kept")
+
+
+class VerifyError(HexbundleError):
+    """A bundle does not compute what its ONNX computes, or cannot be run on the host to check."""
+
+
+class DiskSpaceError(HexbundleError):
+    """Not enough free disk space for what is about to be written (checked before writing)."""
+
+
+class ToolchainError(HexbundleError):
+    """The toolchain is not the pinned one or cannot be reached: SDK archive or version, the
+    container image, the docker engine, the Python lock or wheelhouse."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -57,15 +58,19 @@ class DigestCache:
         self._lock = threading.Lock()
         self._entries = self._load()
         self.hashed = 0  # files hashed by this process (for reports and tests)
+        self._save_failed = False
 
     def _load(self) -> dict:
         if not self.path or not self.path.is_file():
             return {}
         try:
             data = json.loads(self.path.read_text())
-            return data if isinstance(data, dict) else {}
         except (OSError, ValueError):
             return {}  # a damaged cache only costs re-hashing
+        if not isinstance(data, dict):
+            return {}
+        # Entries of files that are gone (a bundle's staging directory) would pile up forever.
+        return {k: v for k, v in data.items() if os.path.lexists(k)}
 
     def digest(self, path, st: Optional[os.stat_result] = None) -> str:
         key = os.path.abspath(path)
@@ -75,6 +80,10 @@ class DigestCache:
             entry = self._entries.get(key)
             if entry and entry[0] == want:
                 return entry[1]
+            linked = self._hard_link_digest(st, want)
+            if linked is not None:
+                self._entries[key] = [want, linked]
+                return linked
         digest = file_digest(path)
         self._trace(key)
         with self._lock:
@@ -82,6 +91,19 @@ class DigestCache:
             self._entries[key] = [want, digest]
             self._save()
         return digest
+
+    def _hard_link_digest(self, st: os.stat_result, want: list) -> Optional[str]:
+        """The digest recorded under another name of the same file (the bundle's bins are hard
+        links to bin/): same device and inode, same size and mtime -> same bytes, no re-hash."""
+        for other, (key, digest) in self._entries.items():
+            if key != want:
+                continue
+            try:
+                if os.path.samestat(os.stat(other), st):
+                    return digest
+            except OSError:
+                continue
+        return None
 
     def _trace(self, key: str) -> None:
         trace = os.environ.get(TRACE_ENV)
@@ -94,10 +116,18 @@ class DigestCache:
         if not self.path:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".digests.")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(self._entries, fh, sort_keys=True)
-        os.replace(tmp, self.path)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".digests.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self._entries, fh, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as exc:   # disk full: the digests stay in memory; later runs re-hash
+            os.unlink(tmp)
+            if not self._save_failed:
+                self._save_failed = True
+                print(f"hexbundle: warning: cannot save the digest cache {self.path} "
+                      f"({exc.strerror}); unchanged files will be hashed again next run",
+                      file=sys.stderr, flush=True)
 
 
 _cache = DigestCache()

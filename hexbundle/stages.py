@@ -12,7 +12,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import hashing, sizes
+from . import hashing, sizes, testhooks
 from .config import BuildConfig, load_build
 from .errors import HexbundleError
 from .inputs import check_pins
@@ -121,6 +121,7 @@ def run(spec: dict, log=print_log) -> int:
         cfg = load_build(root, spec.get("overrides") or {})
         layout = Layout(cfg)
         hashing.use_cache(layout.digest_cache)
+        testhooks.set_stage(spec["stage"])
         STAGES[spec["stage"]](cfg, layout, spec, log)
     except HexbundleError as exc:
         log(f"error: {exc}")

@@ -16,10 +16,10 @@ Conventions (shared with the verifier and the runtime side of the project)
 * Layouts. past_key (nkv, 1, d, T) (keys pre-transposed for q @ K), past_value (nkv, 1, T, d).
   Keys are stored AFTER RoPE. Query head h is served by kv head h // (nh / nkv) (HF repeat_kv).
 * attention_mask (1, 1, S, CL) is ADDITIVE: 0.0 where a query may attend, MASK_VALUE (-10000.0)
-  where it may not. See `causal_mask`.
+  where it may not. See `causal_mask` (hexbundle.runtime, re-exported here).
 * position_ids_cos / _sin (1, 1, S, d/2): cos/sin of position * inv_freq, inv_freq_i =
   theta^(-2i/d). The graph duplicates them to width d (concat([c, c])) and applies RoPE with the
-  rotate-half convention of HF Qwen2. See `rope_inputs`.
+  rotate-half convention of HF Qwen2. See `rope_inputs` (hexbundle.runtime).
 * Weights are a function of (seed, initializer name) only, so every split plan cuts the SAME
   model and the prompt and token graphs of a part hold identical weight bytes. All HF weights
   (even small biases and norms) live in the external .data file, 64-byte aligned, in
@@ -50,11 +50,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from .errors import output_error
 from .model import Graph, Model, Part, boundary_tensor, part_weights
+# The runtime owns the mask / RoPE conventions; re-exported here because the graphs obey them.
+from .runtime import MASK_VALUE, causal_mask, rope_inputs  # noqa: F401
 
 OPSET = 17
 IR_VERSION = 8              # pinned: onnx.helper would stamp the installed onnx's newest IR
-MASK_VALUE = -10000.0       # additive mask for "may not attend"; exp(-10000) == 0 in float32
 DATA_ALIGNMENT = 64         # byte alignment of each weight in the .data file (mmap friendly)
 PRODUCER = "hexbundle.tinygen"
 
@@ -150,41 +152,6 @@ def _check_part(part: Part) -> None:
         raise ValueError(f"{part.tag}: a part needs the embedding, decoder layers or the head")
 
 
-# --------------------------------------------------------------------------- runtime helpers
-
-
-def rope_inputs(positions: np.ndarray, head_dim: int, theta: float):
-    """(cos, sin), each float32 (1, 1, S, head_dim/2), for the given absolute positions (S,).
-
-    angle[s, i] = positions[s] * theta^(-2i/head_dim), i < head_dim/2 (computed in float64).
-    """
-    positions = np.asarray(positions, dtype=np.float64).reshape(-1)
-    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    angles = positions[:, None] * inv_freq[None, :]
-    shape = (1, 1, positions.size, head_dim // 2)
-    return (np.cos(angles).astype(np.float32).reshape(shape),
-            np.sin(angles).astype(np.float32).reshape(shape))
-
-
-def causal_mask(ar: int, context_length: int, n_past: int) -> np.ndarray:
-    """Additive attention mask float32 (1, 1, ar, context_length) for one call of a graph.
-
-    Window: slots [0, P) past (P = context_length - ar), slots [P, context_length) the `ar` new
-    entries. The n_past valid past entries are the LAST n_past past slots [P - n_past, P).
-    Query row i may attend to every valid past slot and to new slots P + j for j <= i: 0.0 there,
-    MASK_VALUE elsewhere. Padded query rows (a prompt shorter than ar, right-padded) are causal
-    too and their outputs are simply ignored by the caller.
-    """
-    past = context_length - ar
-    if not 0 <= n_past <= past:
-        raise ValueError(f"n_past={n_past} does not fit the {past} past slots of the window")
-    allowed = np.zeros((ar, context_length), dtype=bool)
-    allowed[:, past - n_past:past] = True
-    allowed[:, past:] = np.tri(ar, dtype=bool)
-    mask = np.where(allowed, np.float32(0.0), np.float32(MASK_VALUE)).astype(np.float32)
-    return mask.reshape(1, 1, ar, context_length)
-
-
 # --------------------------------------------------------------------------- weights
 
 
@@ -194,19 +161,30 @@ def make_weights(model: Model, part: Part, seed: int) -> dict:
 
 
 def _draw_weight(spec: WeightSpec, model: Model, seed: int) -> np.ndarray:
-    rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode("utf-8"))])
-    noise = rng.standard_normal(spec.shape, dtype=np.float32)
+    noise = weight_rng(spec.name, seed).standard_normal(spec.shape, dtype=np.float32)
+    return finish_weight(spec, noise)
+
+
+def weight_rng(name: str, seed: int) -> np.random.Generator:
+    """The weight's own random stream. Drawing a tensor in row chunks from it gives the same
+    values as drawing it whole (hexbundle.biggen streams full-size weights that way)."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode("utf-8"))])
+
+
+def finish_weight(spec: WeightSpec, noise: np.ndarray) -> np.ndarray:
+    """Standard-normal float32 noise (the whole tensor or a block of its rows) -> the weight's
+    values, in place. Element-wise, so a block gives exactly the values of the whole tensor."""
     if spec.kind == "norm":
-        return (np.float32(1.0) + np.float32(0.1) * noise).astype(np.float32)
-    if spec.kind == "bias":
-        return (np.float32(0.1) * noise).astype(np.float32)
-    if spec.kind == "embedding":
-        return noise
-    fan_in = spec.shape[0]
-    # 1/sqrt(fan_in) keeps q.k and the MLP at unit scale; the residual writers (o, down) are
-    # halved so the residual stream grows slowly with depth.
-    gain = 0.5 if spec.name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0
-    return (noise * np.float32(gain / math.sqrt(fan_in))).astype(np.float32)
+        noise *= np.float32(0.1)
+        noise += np.float32(1.0)
+    elif spec.kind == "bias":
+        noise *= np.float32(0.1)
+    elif spec.kind != "embedding":
+        # 1/sqrt(fan_in) keeps q.k and the MLP at unit scale; the residual writers (o, down)
+        # are halved so the residual stream grows slowly with depth.
+        gain = 0.5 if spec.name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0
+        noise *= np.float32(gain / math.sqrt(spec.shape[0]))
+    return noise
 
 
 # --------------------------------------------------------------------------- ONNX graph
@@ -348,46 +326,55 @@ def build_graph(model: Model, graph: Graph, weight_tensors: list) -> onnx.ModelP
     return m
 
 
-def _external_tensors(weights: dict, location: str) -> list:
-    """TensorProtos pointing into `location`, at the offsets `_data_layout` gives."""
+def external_tensors(shapes: dict, location: str) -> list:
+    """TensorProtos (float32, shapes: name -> shape) pointing into `location`, at the offsets
+    `data_layout` gives."""
     tensors = []
-    for name, (offset, array) in _data_layout(weights).items():
-        t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(array.shape))
+    for name, (offset, nbytes) in data_layout(shapes).items():
+        t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shapes[name]))
         t.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", location), ("offset", str(offset)), ("length", str(array.nbytes))):
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(nbytes))):
             entry = t.external_data.add()
             entry.key, entry.value = key, value
         tensors.append(t)
     return tensors
 
 
-def _data_layout(weights: dict) -> dict:
-    """name -> (offset, array): weights in insertion order, each DATA_ALIGNMENT-aligned."""
+def data_layout(shapes: dict) -> dict:
+    """name -> (offset, nbytes) of float32 weights in the .data file: in the given order, each
+    DATA_ALIGNMENT-aligned, no padding after the last."""
     layout, offset = {}, 0
-    for name, array in weights.items():
+    for name, shape in shapes.items():
         offset = -(-offset // DATA_ALIGNMENT) * DATA_ALIGNMENT
-        layout[name] = (offset, array)
-        offset += array.nbytes
+        nbytes = 4 * math.prod(shape)
+        layout[name] = (offset, nbytes)
+        offset += nbytes
     return layout
 
 
+def _shapes(weights: dict) -> dict:
+    return {name: array.shape for name, array in weights.items()}
+
+
 def _write_data(path: Path, weights: dict) -> None:
+    layout = data_layout(_shapes(weights))
     with _atomic_open(path) as f:
-        for offset, array in _data_layout(weights).values():
-            f.write(b"\0" * (offset - f.tell()))
+        for name, array in weights.items():
+            f.write(b"\0" * (layout[name][0] - f.tell()))
             f.write(np.ascontiguousarray(array, dtype="<f4").tobytes())
 
 
 # --------------------------------------------------------------------------- encodings
 
 
-def _symmetric_per_channel(w: np.ndarray, bw: int) -> dict:
-    """One scale per output channel (last axis of the [in, out] weight), offset -2^(bw-1)."""
+def _symmetric_per_channel(amax: np.ndarray, bw: int) -> dict:
+    """One scale per output channel (last axis of the [in, out] weight; `amax` its largest
+    |value| per channel), offset -2^(bw-1)."""
     qmax = 2 ** (bw - 1) - 1
-    amax = np.abs(w).max(axis=0).astype(np.float64)
-    scales = np.maximum(amax / qmax, np.finfo(np.float32).tiny)
+    scales = np.maximum(np.asarray(amax, np.float32).astype(np.float64) / qmax,
+                        np.finfo(np.float32).tiny)
     return {"enc_type": "PER_CHANNEL", "is_sym": True, "bw": bw,
-            "scale": [float(s) for s in scales], "offset": [-(2 ** (bw - 1))] * w.shape[-1]}
+            "scale": [float(s) for s in scales], "offset": [-(2 ** (bw - 1))] * len(scales)}
 
 
 def _asymmetric_per_tensor(lo: float, hi: float, bw: int) -> dict:
@@ -403,14 +390,38 @@ def _symmetric_per_tensor(r: float, bw: int) -> dict:
             "scale": [r / (2 ** (bw - 1) - 1)], "offset": [-(2 ** (bw - 1))]}
 
 
-def _param_encoding(spec: WeightSpec, w: np.ndarray, model: Model) -> dict:
-    q = model.quantization
+class WeightRange:
+    """What a weight's encoding is computed from, accumulated over blocks of rows: the largest
+    |value| per output channel (linear, lm_head: the last axis) or min and max (embedding)."""
+
+    def __init__(self, spec: WeightSpec):
+        self.spec = spec
+        self.amax = self.lo = self.hi = None
+
+    def update(self, rows: np.ndarray) -> None:
+        if self.spec.kind in ("linear", "lm_head"):
+            block = np.abs(rows).max(axis=0)
+            self.amax = block if self.amax is None else np.maximum(self.amax, block)
+        elif self.spec.kind == "embedding":
+            lo, hi = rows.min(), rows.max()
+            self.lo = lo if self.lo is None else min(self.lo, lo)
+            self.hi = hi if self.hi is None else max(self.hi, hi)
+
+
+def weight_range(spec: WeightSpec, w: np.ndarray) -> WeightRange:
+    r = WeightRange(spec)
+    r.update(w)
+    return r
+
+
+def _param_encoding(r: WeightRange, model: Model) -> dict:
+    spec, q = r.spec, model.quantization
     if spec.kind == "linear":
-        enc = _symmetric_per_channel(w, q.decoder_linear_bitwidth)
+        enc = _symmetric_per_channel(r.amax, q.decoder_linear_bitwidth)
     elif spec.kind == "lm_head":
-        enc = _symmetric_per_channel(w, q.lm_head_bitwidth)
+        enc = _symmetric_per_channel(r.amax, q.lm_head_bitwidth)
     elif spec.kind == "embedding":
-        enc = _asymmetric_per_tensor(w.min(), w.max(), q.embedding_bitwidth)
+        enc = _asymmetric_per_tensor(r.lo, r.hi, q.embedding_bitwidth)
     else:   # biases and norm weights stay float
         return {"name": spec.name, "dtype": "FLOAT", "enc_type": "PER_TENSOR", "bw": q.float_bitwidth}
     return {"name": spec.name, "dtype": "INT", **enc}
@@ -437,8 +448,14 @@ def _activation_encoding(spec: TensorSpec, model: Model) -> dict:
 
 def build_encodings(model: Model, graph: Graph, weights: dict) -> dict:
     """The AIMET v1.0.0 encodings of one graph."""
+    return encodings_from_ranges(model, graph, {spec.name: weight_range(spec, weights[spec.name])
+                                                for spec in weight_specs(model, graph.part)})
+
+
+def encodings_from_ranges(model: Model, graph: Graph, ranges: dict) -> dict:
+    """The AIMET v1.0.0 encodings of one graph from its weights' ranges (name -> WeightRange)."""
     q = model.quantization
-    params = [_param_encoding(spec, weights[spec.name], model) for spec in weight_specs(model, graph.part)]
+    params = [_param_encoding(ranges[spec.name], model) for spec in weight_specs(model, graph.part)]
     io = [s for s in graph_inputs(model, graph) + graph_outputs(model, graph) if s.dtype == np.float32]
     return {
         "version": "1.0.0",
@@ -463,6 +480,8 @@ def _atomic_open(path: Path) -> Iterator:
         with open(tmp, "wb") as f:
             yield f
         os.replace(tmp, path)
+    except OSError as exc:   # disk full: a clean error naming the file, nothing partial kept
+        raise output_error(path, exc) from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -487,7 +506,7 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int) -> list:
     for graph in model.graphs(part):
         data_name = f"{graph.name}.data"
         _write_data(out_dir / data_name, weights)   # first: the .onnx refers to it
-        proto = build_graph(model, graph, _external_tensors(weights, data_name))
+        proto = build_graph(model, graph, external_tensors(_shapes(weights), data_name))
         _write_bytes(out_dir / f"{graph.name}.onnx", proto.SerializeToString(deterministic=True))
         text = json.dumps(build_encodings(model, graph, weights), indent=2) + "\n"
         _write_bytes(out_dir / f"{graph.name}.encodings", text.encode("utf-8"))

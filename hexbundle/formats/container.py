@@ -23,7 +23,8 @@ from typing import Any, Iterable, Optional, Union
 import numpy as np
 import xxhash
 
-from ..errors import FormatError, HexbundleError
+from .. import testhooks
+from ..errors import FormatError, HexbundleError, output_error
 
 ALIGN = 4096
 FORMAT_VERSION = 1
@@ -105,38 +106,52 @@ class ContainerWriter:
             raise ValueError(f"duplicate blob name {name!r}")
         digest = xxhash.xxh3_128()
         nbytes = 0
-        for chunk in chunks:
-            for piece in _byte_pieces(chunk):
-                digest.update(piece)
-                self._file.write(piece)
-                nbytes += len(piece)
-        padding = align_up(nbytes) - nbytes
-        self._file.write(bytes(padding))
+        try:
+            for chunk in chunks:
+                for piece in _byte_pieces(chunk):
+                    digest.update(piece)
+                    self._file.write(piece)
+                    nbytes += len(piece)
+            padding = align_up(nbytes) - nbytes
+            self._file.write(bytes(padding))
+        except OSError as exc:   # disk full, file-size limit: a clean error, no temp file left
+            self.abort()
+            raise output_error(self.path, exc) from None
         entry = BlobEntry(name, self._position, nbytes, digest.hexdigest())
         self._position += nbytes + padding
         self.blobs.append(entry)
         self._names.add(name)
+        if len(self.blobs) == 1:
+            testhooks.pause_point()   # tests kill or interrupt a half-written file here
         return entry
 
     def finish(self, header_fields: dict) -> int:
         """Write header + preamble, fsync, rename over `path`. Returns the file size."""
         assert "blobs" not in header_fields
         header = canonical_json({**header_fields, "blobs": [b.to_json() for b in self.blobs]})
-        self._file.write(header)
-        self._file.seek(0)
-        self._file.write(PREAMBLE.pack(self.magic, FORMAT_VERSION, 0, self._position,
-                                       len(header), len(self.blobs)))
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._tmp_path, self.path)
+        try:
+            self._file.write(header)
+            self._file.seek(0)
+            self._file.write(PREAMBLE.pack(self.magic, FORMAT_VERSION, 0, self._position,
+                                           len(header), len(self.blobs)))
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self._tmp_path, self.path)
+        except OSError as exc:
+            self.abort()
+            raise output_error(self.path, exc) from None
         _fsync_dir(self.path.parent)
         return self._position + len(header)
 
     def abort(self) -> None:
-        if not self._file.closed:
-            self._file.close()
-        self._tmp_path.unlink(missing_ok=True)
+        try:
+            if not self._file.closed:
+                self._file.close()
+        except OSError:
+            pass   # flushing what a full disk refused fails again; the file is discarded anyway
+        finally:
+            self._tmp_path.unlink(missing_ok=True)
 
 
 def _byte_pieces(chunk):
