@@ -11,8 +11,14 @@ from hexbundle.inputs import generator_digest, pinned, require_export
 from hexbundle.release import release_action, verify_release_action
 from hexbundle.doit_support import check_sizes, doit_config, load, options_key
 from hexbundle.executor import run_step
-from hexbundle.backends import describe
+from hexbundle import image, wheelhouse
+from hexbundle.toolchain import step_toolchain
 from hexbundle.stages import all_inputs, compile_options
+from hexbundle.integrity import check_bundle
+from hexbundle.biggen import generate_action
+from hexbundle.bench import run_bench
+from hexbundle.targets import targets_unchanged
+from hexbundle.verify import code_digest, report_path, run_verify
 
 ROOT = Path(__file__).resolve().parent
 CFG, LAYOUT, OVERRIDES = load(ROOT)
@@ -20,7 +26,7 @@ DOIT_CONFIG = doit_config(LAYOUT)
 
 PARTS = CFG.plan.parts()
 CONFIG_FILES = [LAYOUT.rel(p) for p in CFG.config_files]
-TOOLCHAIN, _ = describe(CFG.backend)
+TOOLCHAIN = step_toolchain(CFG)   # the backend's version (+ the image ID under docker)
 rel = LAYOUT.rel
 # Steps run in threads under `doit -n 2`: don't let doit swap sys.stdout per action (racy).
 NO_CAPTURE = {"capture": False}
@@ -72,7 +78,8 @@ def task_convert():
                    "targets": [rel(LAYOUT.dlc(graph))],
                    "uptodate": [options_key(backend=CFG.backend, toolchain=TOOLCHAIN,
                                             float_bitwidth=CFG.compile["float_bitwidth"],
-                                            pins=pinned(CFG, LAYOUT.graph_inputs(graph)))],
+                                            pins=pinned(CFG, LAYOUT.graph_inputs(graph))),
+                               targets_unchanged()],
                    "clean": True, "io": NO_CAPTURE}
 
 
@@ -85,13 +92,14 @@ def task_compile():
                "file_dep": [rel(LAYOUT.dlc(g)) for g in CFG.model.graphs(part)],
                "targets": [rel(LAYOUT.bin(part))],
                "uptodate": [options_key(backend=CFG.backend, toolchain=TOOLCHAIN,
-                                        options=repr(options))],
+                                        options=repr(options)), targets_unchanged()],
                "clean": True, "io": NO_CAPTURE}
 
 
 def task_check_sizes():
-    """Check every context binary against the size model (catches unpacked 4-bit weights)."""
-    return {"actions": [(check_sizes, [CFG, LAYOUT])],
+    """Check every context binary against the size model (catches unpacked 4-bit weights),
+    then re-hash the bundle's files against its manifest.json (catches edits after the build)."""
+    return {"actions": [(check_sizes, [CFG, LAYOUT]), (check_bundle, [LAYOUT])],
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS],
             "uptodate": [False], "verbosity": 2}
 
@@ -107,7 +115,8 @@ def task_bundle():
                                              CFG.device.dsp_arch, CFG.device.htp,
                                              CFG.device.runtime], genie=CFG.genie,
                                      specials=CFG.tokenizer_specials,
-                                     pins=pinned(CFG, [LAYOUT.tokenizer]))],
+                                     pins=pinned(CFG, [LAYOUT.tokenizer])),
+                         targets_unchanged()],
             "clean": True}
 
 
@@ -120,4 +129,71 @@ def task_release():
 def task_verify_release():
     """Rebuild a release from its provenance and compare: doit verify_release ARCHIVE."""
     return {"actions": [(verify_release_action, [ROOT])], "pos_arg": "archive",
+            "uptodate": [False], "verbosity": 2}
+
+
+def task_verify():
+    """Run the bundle on the CPU as Genie chains it and compare with the float ONNX (onnxruntime).
+
+    The bins in ctx-bins order, prefill in AR-128 chunks, then AR-1 decode with the KV cache, vs
+    the float ONNX on the same tokens: a table per part and end to end (cosine, max error, top-1);
+    fails naming the first part that diverges. Thresholds: the model config's [verify] table."""
+    return {"actions": [(run_verify, [CFG, LAYOUT])],
+            "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
+            + [rel(p) for p in all_inputs(CFG, LAYOUT)] + CONFIG_FILES,
+            "targets": [rel(report_path(LAYOUT))],
+            "uptodate": [options_key(verify=CFG.verify, backend=CFG.backend,
+                                     runtime=code_digest())],
+            "verbosity": 2}
+
+
+def task_wheelhouse():
+    """Fetch the toolchain image's Python wheels (CPython 3.10, manylinux x86_64) named by
+    requirements/container.lock into build/wheelhouse, and verify every sha256. Needs PyPI for
+    missing wheels only: a complete wheelhouse brought offline is just verified."""
+    return {"actions": [(wheelhouse.task_action, [ROOT])],
+            "file_dep": [rel(ROOT / "requirements" / "container.lock")],
+            "targets": [rel(ROOT / "build" / "wheelhouse" / wheelhouse.SUMS)],
+            "verbosity": 2}
+
+
+def task_image():
+    """Build the toolchain image through the docker SDK, with no network: CPython 3.10, the
+    hashed lock, and QAIRT when its archive is staged (configs/toolchain.toml; without it the
+    image runs the reference backend only and its labels say so). `--base REF` builds on
+    another base (no registry: scripts/make_base_image.sh makes one); `--network default` lets
+    a base without python3.10 install it. Log: build/logs/image.log; ID: build/image/."""
+    return {"actions": [(image.task_action, [ROOT])],
+            "params": [{"name": "base", "long": "base", "default": "",
+                        "help": "base image reference (default: configs/toolchain.toml)"},
+                       {"name": "network", "long": "network", "default": "none",
+                        "help": "network of the build's RUN steps (default: none)"}],
+            "task_dep": ["wheelhouse"],
+            "file_dep": image.file_deps(ROOT),
+            "targets": [rel(image.image_dir(ROOT) / "image-id.txt")],
+            "uptodate": [(image.is_current, [ROOT])],
+            "verbosity": 2}
+
+
+def task_gen_inputs():
+    """Write stand-in inputs (the model's real tensor shapes, I/O and encodings; random weights,
+    fixed seed; streamed tensor by tensor) where the build reads them, e.g. `doit gen_inputs
+    model=qwen2.5-7b-instruct` (~30 GB into its exports dir; `--part N` for one part). Checks
+    free disk space first. Same files as scripts/gen_7b_inputs.py."""
+    return {"actions": [(generate_action, [CFG, LAYOUT])],
+            "params": [{"name": "part", "long": "part", "type": int, "default": 0,
+                        "help": "only this part of the plan (1-based; 0 = every part)"}],
+            "uptodate": [False], "verbosity": 2}
+
+
+def task_bench():
+    """Benchmark (scripts/bench.py): digests vs doit's MD5 checker, no-op run vs `doit list`,
+    touched inputs, one-part rebuild, reference backend GB/s and peak RSS, -n 2 vs -n 1, on the
+    Qwen2.5-7B-shaped model (~17 GB of disk, ~10 min; `--small`: qwen2-tiny, seconds).
+    Table printed, results in build/bench/results.json."""
+    return {"actions": [(run_bench, [ROOT])],
+            "params": [{"name": "small", "long": "small", "type": bool, "default": False,
+                        "help": "qwen2-tiny instead of the 7B shape"},
+                       {"name": "keep", "long": "keep", "type": bool, "default": False,
+                        "help": "keep the benchmark tree in build/bench/"}],
             "uptodate": [False], "verbosity": 2}

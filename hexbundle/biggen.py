@@ -190,3 +190,59 @@ def generate(model: Model, parts: list, out_dir: Path, seed: int,
         written.append(tinygen.generate_tokenizer(model, out_dir / "tokenizer.json", specials))
         log(f"wrote {written[-1].name}")
     return written
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def generate_for_config(root: Path, model_name: str, plan_name: str = "", part_indexes=(),
+                        out: Optional[Path] = None, seed: Optional[int] = None,
+                        tokenizer: bool = True, log: Callable[[str], None] = print) -> list:
+    """scripts/gen_7b_inputs.py: a model config's parts (all, or the chosen ones) + tokenizer,
+    into `out` or where the config expects its inputs. Any plan, even one a device refuses."""
+    from .config import BUILD_ROOT_ENV, load_model, resolve_inside
+    from .errors import ConfigError
+    root = Path(root).resolve()
+    model, raw = load_model(root, model_name)
+    where = root / "configs" / "models" / f"{model_name}.toml"
+    plan_name = plan_name or model.default_plan
+    if plan_name not in model.plans:
+        raise ConfigError(f"{where}: no plan {plan_name!r}; known: {', '.join(sorted(model.plans))}")
+    parts = model.plans[plan_name].parts()
+    bad = [i for i in part_indexes if not 1 <= i <= len(parts)]
+    if bad:
+        raise ConfigError(f"part {bad[0]}: plan {plan_name!r} of {model_name} has parts 1..{len(parts)}")
+    if part_indexes:
+        parts = [parts[i - 1] for i in sorted(set(part_indexes))]
+    if out is None:
+        if raw["inputs"]["source"] == "generated":
+            override = os.environ.get(BUILD_ROOT_ENV)
+            out = (Path(override).resolve() if override else root / "build") / model.name / "inputs"
+        else:
+            out = resolve_inside(root, raw["inputs"]["dir"], where, "inputs.dir")
+    seed = raw["inputs"]["seed"] if seed is None else seed
+    log(f"{model_name}, plan {plan_name}: parts {', '.join(str(p.index) for p in parts)} "
+        f"-> {out} (seed {seed})")
+    return generate(model, parts, out, seed, raw["tokenizer"] if tokenizer else None, log)
+
+
+def generate_action(cfg, layout, part: int = 0):
+    """doit action of `doit gen_inputs [--part N]`: stand-in inputs for the configured model
+    where the build reads them (for an exported model, its inputs.dir)."""
+    from doit.exceptions import TaskFailed
+    from .errors import HexbundleError
+    parts = cfg.plan.parts()
+    if part:
+        if not 1 <= part <= len(parts):
+            return TaskFailed(f"--part {part}: plan {cfg.plan.name} of {cfg.model.name} has parts "
+                              f"1..{len(parts)}")
+        parts = [parts[part - 1]]
+    started = time.monotonic()
+    try:
+        paths = generate(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
+                         cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
+    except HexbundleError as exc:
+        return TaskFailed(str(exc))
+    print(f"{len(paths)} files in {layout.rel(layout.inputs_dir)} in "
+          f"{time.monotonic() - started:.1f}s", flush=True)
+    return True

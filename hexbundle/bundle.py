@@ -58,18 +58,21 @@ def special_token_ids(tokenizer: Path, specials: dict, vocab_size: int) -> dict:
     except FileNotFoundError:
         raise InputError(f"{tokenizer}: tokenizer.json is missing; put the model's Hugging Face "
                          "tokenizer.json there") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{tokenizer}: not a valid tokenizer.json ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise InputError(f"{tokenizer}: not a valid tokenizer.json ({exc}); replace it with the "
+                         "model's Hugging Face tokenizer.json") from None
     added = data.get("added_tokens") if isinstance(data, dict) else None
     if not isinstance(added, list):
-        raise InputError(f"{tokenizer}: no 'added_tokens' list: not a Hugging Face tokenizer.json")
+        raise InputError(f"{tokenizer}: no 'added_tokens' list: not a Hugging Face "
+                         "tokenizer.json; replace it with the model's tokenizer.json")
     by_content = {t.get("content"): t.get("id") for t in added if isinstance(t, dict)}
     out = {}
     for role, content in specials.items():
         tid = by_content.get(content)
         if not isinstance(tid, int):
             raise InputError(f"{tokenizer}: special token {content!r} ({role}, from the model "
-                             "config's [tokenizer] table) is not among its added_tokens")
+                             "config's [tokenizer] table) is not among its added_tokens; fix "
+                             "that table or use the model's own tokenizer.json")
         if not 0 <= tid < vocab_size:
             raise InputError(f"{tokenizer}: {role} token {content!r} has id {tid}, outside the "
                              f"model's vocab_size {vocab_size} (the logits width)")
@@ -139,7 +142,7 @@ def link_or_copy(src: Path, dst: Path) -> str:
 
 
 def manifest(cfg: BuildConfig, layout: Layout, bundle_dir: Path, backend_version: str,
-             inputs: list, sizes_expected: dict) -> dict:
+             inputs: list, sizes_expected: dict, image: str = "") -> dict:
     files = {}
     for path in sorted(bundle_dir.iterdir()):
         if path.name != MANIFEST:
@@ -161,11 +164,13 @@ def manifest(cfg: BuildConfig, layout: Layout, bundle_dir: Path, backend_version
         "expected_bins_total_bytes": sum(sizes_expected.values()),
         "inputs": {layout.logical(p): hashing.digest(p) for p in inputs},
         "configs": {layout.logical(p): hashing.digest(p) for p in cfg.config_files},
+        # The toolchain image ID, when the steps ran in the container (executor = "docker").
+        **({"image": image} if image else {}),
     }
 
 
 def assemble(cfg: BuildConfig, layout: Layout, backend_version: str, inputs: list,
-             sizes_expected: dict, log) -> Path:
+             sizes_expected: dict, log, image: str = "") -> Path:
     parts = cfg.plan.parts()
     bins = [layout.bin(p) for p in parts]
     for b in bins:
@@ -188,7 +193,7 @@ def assemble(cfg: BuildConfig, layout: Layout, backend_version: str, inputs: lis
                 log(f"{b.name}: {how} ({b.stat().st_size / (1 << 20):.2f} MiB)")
         except OSError as exc:   # a full disk while copying: the previous bundle stays
             raise output_error(exc.filename or staging, exc) from None
-        doc = manifest(cfg, layout, staging, backend_version, inputs, sizes_expected)
+        doc = manifest(cfg, layout, staging, backend_version, inputs, sizes_expected, image)
         write_atomic(staging / MANIFEST, canonical_json(doc))
         os.chmod(staging, 0o755)
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in

@@ -144,9 +144,14 @@ def read_toml(path: Path, schema: dict) -> dict:
         with open(path, "rb") as fh:
             data = tomli.load(fh)
     except tomli.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
+        raise ConfigError(f"{path}: not valid TOML: {exc}; fix it there") from None
+    except RecursionError:   # tomli refuses inline arrays/tables nested > 400 deep this way
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply; fix it") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save "
+                          "it as UTF-8 TOML") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return validate(data, schema, str(path))
 
 
@@ -181,6 +186,20 @@ PLAN_SCHEMA = {
     "tolerance_pct": Field(float, 2.0, min=0.01, max=50),
     "known_to_fail_on": Field(list, [], item=str, doc="devices this plan fails to load on"),
     "failure_note": Field(str, ""),
+}
+
+# `doit verify`: how long a sequence to run and how close the bundle must stay to the float ONNX.
+VERIFY_SCHEMA = {
+    "prompt_tokens": Field(int, 160, min=1, doc="prefilled through the prompt graphs, in chunks"),
+    "decode_steps": Field(int, 32, min=0, doc="then decoded one by one through the token graphs"),
+    "seed": Field(int, 0, min=0, doc="seed of the random token ids fed to both sides"),
+    "min_cosine_hidden": Field(float, 0.99, min=-1, max=1,
+                               doc="hidden state between parts, per position (minimum)"),
+    "min_cosine_logits": Field(float, 0.99, min=-1, max=1, doc="logits, per position (minimum)"),
+    "min_top1_agreement": Field(float, 0.9, min=0, max=1,
+                                doc="fraction of positions whose argmax matches the float ONNX"),
+    "min_cosine_prompt_vs_token": Field(float, 0.9999, min=-1, max=1,
+                                        doc="a part's token graph vs its prompt graph, same input"),
 }
 
 MODEL_SCHEMA = {
@@ -234,6 +253,7 @@ MODEL_SCHEMA = {
         "top_p": Field(float, 0.95, min=0, max=1),
     }),
     "plans": Field({"*": Field(PLAN_SCHEMA)}, {}),
+    "verify": Field(VERIFY_SCHEMA),
 }
 
 DEVICE_SCHEMA = {
@@ -300,6 +320,7 @@ class BuildConfig:
     genie: dict
     config_files: tuple    # every config file read, for file_dep and the manifest
     build_root: Path       # build/ of the project, or $HEXBUNDLE_BUILD_ROOT (scratch builds)
+    verify: Optional[dict] = None   # the model's [verify] table (thresholds of `doit verify`)
 
     @property
     def build_dir(self) -> Path:
@@ -324,6 +345,18 @@ def resolve_inside(root: Path, value: str, where: Path, key: str) -> Path:
     if root.resolve() not in (path, *path.parents):
         raise ConfigError(f"{where}: key '{key}' = {value!r} points outside the project "
                           f"({root}); put the files under it (a symlink to elsewhere is refused)")
+    return path
+
+
+def check_export_dir(root: Path, value: str, where: Path, build_root: Path) -> Path:
+    """inputs.dir is checked when the config loads, not when a task first needs it (that would
+    surface as a traceback from dodo.py): inside the project, and not under the build root,
+    which holds outputs only (`doit clean` and the clean-up after a killed run act there)."""
+    path = resolve_inside(root, value, where, "inputs.dir")
+    if build_root in (path, *path.parents):
+        raise ConfigError(f"{where}: key 'inputs.dir' = {value!r} is inside the build directory "
+                          f"{build_root}, which holds outputs only; keep the export elsewhere "
+                          "in the project (e.g. exports/<model>)")
     return path
 
 
@@ -402,6 +435,11 @@ def load_model(root: Path, name: str) -> tuple:
                           f"[plans.*] tables: {', '.join(sorted(plans)) or 'none'}")
     model = Model(m["name"], m["slug"], arch, quant, g["context_length"], g["prompt_ar"],
                   g["token_ar"], plans, m["default_plan"])
+    v = d["verify"]
+    if v["prompt_tokens"] + v["decode_steps"] > g["context_length"]:
+        raise ConfigError(f"{where}: verify.prompt_tokens + verify.decode_steps = "
+                          f"{v['prompt_tokens'] + v['decode_steps']} exceeds graphs.context_length "
+                          f"{g['context_length']}; lower them")
     if d["inputs"]["source"] == "export" and not d["inputs"]["dir"]:
         raise ConfigError(f"{where}: inputs.source is 'export' but inputs.dir is empty")
     return model, d
@@ -467,8 +505,18 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
             raise ConfigError(f"command line: unknown setting {key!r}; allowed: "
                               + ", ".join(allowed))
     b = with_defaults
-    model, raw = load_model(root, b["model"])
-    device = load_device(root, b["device"])
+    try:
+        model, raw = load_model(root, b["model"])
+        device = load_device(root, b["device"])
+    except ConfigError as exc:   # an unknown name: say where it was given
+        given = {k: "command line" for k in overrides or {}}
+        if str(exc).startswith("unknown model"):
+            raise ConfigError(f"{given.get('model', path)}: model = {b['model']!r}: {exc}") \
+                from None
+        if str(exc).startswith("unknown device"):
+            raise ConfigError(f"{given.get('device', path)}: device = {b['device']!r}: {exc}") \
+                from None
+        raise
     plan_name = b["plan"] or model.default_plan
     if plan_name not in model.plans:
         raise ConfigError(f"plan {plan_name!r} is not in {root}/configs/models/{model.name}.toml;"
@@ -486,5 +534,8 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
     files = (path, root / "configs" / "models" / f"{model.name}.toml", device.path,
              root / "configs" / "socs.toml")
     build_root = Path(os.environ.get(BUILD_ROOT_ENV) or root / "build").resolve()
+    if raw["inputs"]["source"] == "export":
+        check_export_dir(root, raw["inputs"]["dir"], files[1], build_root)
     return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],
-                       raw["tokenizer"], raw["inputs"], raw["genie"], files, build_root)
+                       raw["tokenizer"], raw["inputs"], raw["genie"], files, build_root,
+                       verify=raw["verify"])

@@ -4,6 +4,7 @@ Kept out of dodo.py so that dodo.py reads as the task graph and nothing else.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,9 @@ from .errors import HexbundleError
 from .layout import Layout
 
 _banner = ""
+# Benchmark only: "md5" runs the same task graph with doit's stock MD5 checker and a DB of its
+# own (scripts/bench.py compares the two). Builds never set it.
+BENCH_CHECKER_ENV = "HEXBUNDLE_BENCH_CHECKER"
 
 
 def command_line_overrides() -> dict:
@@ -73,10 +77,14 @@ class Reporter(ConsoleReporter):
 
 
 def doit_config(layout: Layout) -> dict:
+    checker, db = hashing.XXH3Checker, "doit-db.json"
+    if os.environ.get(BENCH_CHECKER_ENV):   # scripts/bench.py only: the stock checker to compare
+        from .bench import comparison_checker
+        checker, db = comparison_checker(os.environ[BENCH_CHECKER_ENV])
     return {
         "default_tasks": ["bundle"],
-        "check_file_uptodate": hashing.XXH3Checker,
-        "dep_file": str(layout.state_dir / "doit-db.json"),
+        "check_file_uptodate": checker,
+        "dep_file": str(layout.state_dir / db),
         "backend": "json",
         "par_type": "thread",      # steps are subprocesses or containers: threads suffice
         "reporter": Reporter,

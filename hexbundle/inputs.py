@@ -31,12 +31,25 @@ def require_export(cfg: BuildConfig, layout: Layout):
     from doit.exceptions import TaskFailed
     missing = missing_exports(cfg, layout)
     if not missing:
-        return True
+        return _check_tokenizer(cfg, layout)
     listed = "\n".join(f"  {layout.rel(p)}" for p in missing[:12])
     more = f"\n  ... and {len(missing) - 12} more" if len(missing) > 12 else ""
     how = cfg.inputs["how_to_export"] or "export the model (ONNX + .data + AIMET .encodings)"
     return TaskFailed(f"{cfg.model.name}: {len(missing)} exported input file(s) missing:\n"
                       f"{listed}{more}\nHow to produce them: {how}")
+
+
+def _check_tokenizer(cfg: BuildConfig, layout: Layout):
+    """A tokenizer.json that cannot serve the bundle fails now, not after hours of compiling."""
+    from doit.exceptions import TaskFailed
+    from .bundle import special_token_ids
+    from .errors import HexbundleError
+    try:
+        special_token_ids(layout.tokenizer, cfg.tokenizer_specials,
+                          cfg.model.architecture.vocab_size)
+    except HexbundleError as exc:
+        return TaskFailed(str(exc))
+    return True
 
 
 def pinned(cfg: BuildConfig, paths: list) -> dict:

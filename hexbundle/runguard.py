@@ -38,8 +38,8 @@ POLL_S = 0.2
 READ_ONLY_COMMANDS = {"list", "help", "info", "dumpdb", "tabcompletion", "--help", "--version"}
 
 # Names our writers give their temp files and directories (see formats/container.py,
-# bundle.py, tinygen.py, hashing.py and atomic_dump below).
-TEMP_FILE = re.compile(r"^\..+(\.tmp|\.tmp-\d+)$")
+# bundle.py, tinygen.py, biggen.py, hashing.py and atomic_dump below).
+TEMP_FILE = re.compile(r"^\..+(\.tmp|\.tmp-\d+|\.link-\d+)$")
 STAGING_DIR = re.compile(r"^\.bundle\.[A-Za-z0-9_]+$")
 OLD_BUNDLE_DIR = re.compile(r"^\.bundle-old\.[A-Za-z0-9_]+$")
 
@@ -144,19 +144,28 @@ def _rel(path: Path, root: Path) -> str:
 # ---------------------------------------------------------------------------------------------
 # 2. clean-up after a killed run
 
+def _own_tree(build: Path):
+    """os.walk of this build root, minus nested build roots (a release's scratch build has its
+    own .hexbundle/ and lock, and its own runs clean it)."""
+    for dirpath, dirnames, filenames in os.walk(build):
+        dirnames[:] = [d for d in dirnames if not Path(dirpath, d, ".hexbundle").is_dir()]
+        yield Path(dirpath), dirnames, filenames
+
+
 def restore_interrupted_swaps(build: Path, root: Path) -> list:
     """A run killed between the two renames of a bundle swap leaves no bundle/ but the whole
     previous bundle in .bundle-old.*: put it back. Returns the restored bundle directories."""
     restored = []
     if not build.is_dir():
         return restored
-    for old in sorted(build.rglob(".bundle-old.*")):
-        final = old.parent / "bundle"
-        if old.is_dir() and OLD_BUNDLE_DIR.match(old.name) and not final.exists():
-            os.rename(old, final)
-            restored.append(final)
-            _notice(f"put back the previous bundle {_rel(final, root)} (a run was killed while "
-                    "replacing it)")
+    for dirpath, dirnames, _ in _own_tree(build):
+        for name in sorted(dirnames):
+            final = dirpath / "bundle"
+            if OLD_BUNDLE_DIR.match(name) and not final.exists():
+                os.rename(dirpath / name, final)
+                restored.append(final)
+                _notice(f"put back the previous bundle {_rel(final, root)} (a run was killed "
+                        "while replacing it)")
     return restored
 
 
@@ -168,16 +177,16 @@ def sweep_temp_files(build: Path, root: Path) -> list:
     removed = []
     if not build.is_dir():
         return removed
-    for dirpath, dirnames, filenames in os.walk(build):
+    for dirpath, dirnames, filenames in _own_tree(build):
         for name in list(dirnames):
             if STAGING_DIR.match(name) or OLD_BUNDLE_DIR.match(name):
-                shutil.rmtree(os.path.join(dirpath, name), ignore_errors=True)
+                shutil.rmtree(dirpath / name, ignore_errors=True)
                 dirnames.remove(name)
-                removed.append(Path(dirpath, name))
+                removed.append(dirpath / name)
         for name in filenames:
             if TEMP_FILE.match(name):
-                os.unlink(os.path.join(dirpath, name))
-                removed.append(Path(dirpath, name))
+                (dirpath / name).unlink(missing_ok=True)
+                removed.append(dirpath / name)
     if removed:
         listed = ", ".join(_rel(p, root) for p in removed[:5])
         more = f" and {len(removed) - 5} more" if len(removed) > 5 else ""

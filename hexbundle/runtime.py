@@ -11,8 +11,10 @@ The graph runner (`GraphRunner`)
   Any other op is refused when the runner is built, naming the bin, graph, node and op; there is
   no fallback.
 * Weights stay in the mmap of the bin until the node that consumes them runs. MatMul by a weight
-  dequantizes it in column blocks (<= `BLOCK_ELEMENTS` floats at a time); Gather from a weight
-  (the embedding) dequantizes only the gathered rows; any other use dequantizes the whole tensor.
+  works through it in column blocks (<= `BLOCK_ELEMENTS` floats at a time), as
+  ((x @ q) + sum(x) * offset) * scale, the dequantization formula moved past the product; Gather
+  from a weight (the embedding) dequantizes only the gathered rows; any other use dequantizes
+  the whole tensor.
   Every value (weight or activation) is dropped after its last consumer, so memory is bounded by
   one part and in practice by the largest tensor, never by the model.
 * Dequantization is the file format's: real = (q + offset[c]) * scale[c] (docs/formats.md).
@@ -176,15 +178,27 @@ def _matmul(node, a, b):
     if not isinstance(b, _Weight):
         return np.matmul(a, b)
     values, quant = b.values(), b.quant()
-    if values.ndim != 2:
+    if values.ndim != 2 or (quant is not None and quant.axis not in (None, 1)):
         return np.matmul(a, b.full())
+    return _matmul_by_columns(a, values, quant)
+
+
+def _matmul_by_columns(a: np.ndarray, values: np.ndarray, quant: Optional[QuantParams]):
+    """a @ W for W = (q + offset[c]) * scale[c] (per output column c, or per tensor), a block of
+    columns at a time, as ((a @ q) + sum(a) * offset) * scale: the same values without
+    materialising the dequantized block (two passes over it instead of six)."""
     rows, cols = values.shape
     out = np.empty(a.shape[:-1] + (cols,), dtype=np.float32)
+    a_sum = a.sum(axis=-1, keepdims=True, dtype=np.float32) if quant is not None else None
     step = max(1, BLOCK_ELEMENTS // max(rows, 1))
     for start in range(0, cols, step):
         block = slice(start, min(cols, start + step))
-        w = dequantize(values[:, block], _sliced(quant, 1, block))
-        out[..., block] = np.matmul(a, w)
+        product = np.matmul(a, values[:, block].astype(np.float32))
+        if quant is not None:
+            q = _sliced(quant, 1, block)
+            product += a_sum * q.offset.astype(np.float32)
+            product *= q.scale.astype(np.float32)
+        out[..., block] = product
     return out
 
 
@@ -249,7 +263,8 @@ SUPPORTED_OPS = {
     "Pow": _elementwise(lambda x, y: np.power(x, y).astype(x.dtype)),
     "Sqrt": _elementwise(np.sqrt),
     "Neg": _elementwise(np.negative),
-    "Sigmoid": _elementwise(lambda x: (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)),
+    # tanh form: no overflow warning for large |x| (1 / (1 + exp(-x)) overflows exp)
+    "Sigmoid": _elementwise(lambda x: (0.5 * (1.0 + np.tanh(0.5 * x))).astype(x.dtype)),
     "Softmax": lambda node, x: _softmax(node, _dense(x)),
     "ReduceMean": lambda node, *a: _reduce_mean(node, *[_dense(v) for v in a]),
     "Concat": lambda node, *a: np.concatenate([_dense(v) for v in a], axis=_attr(node, "axis")),
@@ -432,9 +447,19 @@ class PartSession:
         src[axis] = slice(0, n_valid)
         cache[tuple(dst)] = new[tuple(src)]
 
+    def kv_entry(self, position: int) -> np.ndarray:
+        """Every layer's cached key and value at `position`, flattened into one vector."""
+        if not self.layers:
+            return np.zeros(0, np.float32)
+        if not 0 <= position < self.n_past:
+            raise ValueError(f"{self.label}: position {position} is not cached ({self.n_past})")
+        return np.concatenate([np.concatenate([self._keys[layer][..., position].reshape(-1),
+                                               self._values[layer][..., position, :].reshape(-1)])
+                               for layer in self.layers])
+
     def fork(self, n_past: int) -> "PartSession":
         """A copy whose cache holds only the first n_past entries (for the prompt/token check)."""
-        if not 0 <= n_past <= self.n_past:
+        if self.layers and not 0 <= n_past <= self.n_past:
             raise ValueError(f"{self.label}: cannot fork at {n_past} of {self.n_past} entries")
         other = object.__new__(PartSession)
         other.__dict__.update(self.__dict__)

@@ -105,7 +105,7 @@ def run_bundle(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
     expected = {layout.bin_name(e.part): e.packed
                 for e in sizes.expect(cfg.model, cfg.plan, cfg.compile["float_bitwidth"])}
     final = assemble(cfg, layout, backend_for(cfg).toolchain_version(), all_inputs(cfg, layout),
-                     expected, log)
+                     expected, log, image=spec.get("image", ""))   # set by the docker executor
     log(f"bundle ready: {layout.rel(final)}")
 
 

@@ -204,3 +204,19 @@ def provenance_materials(cfg, layout) -> list:
                     "digest": {"sha256": tc.sdk_sha256} if tc.sdk_sha256 else {},
                     "annotations": {"archive": layout.rel(tc.sdk_archive)}})
     return out
+
+
+def step_toolchain(cfg) -> str:
+    """The toolchain as the steps' up-to-date keys name it: the backend's version, plus the image
+    ID when the steps run in the container (so a rebuilt image reruns them, and switching
+    executor does too)."""
+    from .backends import describe
+    from .errors import HexbundleError
+    version, _ = describe(cfg.backend)
+    if cfg.executor != "docker":
+        return version
+    try:
+        from .container import docker_client, find_image
+        return f"{version} in image {find_image(docker_client(), load_toolchain(cfg.root)).id}"
+    except HexbundleError:   # the step itself then fails, saying why
+        return f"{version} in image (unavailable)"

@@ -64,6 +64,7 @@ class GenieSettings:
     stop_tokens: tuple            # eos, eot
     rope_theta: float
     pos_id_dim: int
+    kv_dim: int
     sampler: dict                 # seed, temp, top-k, top-p
     max_num_tokens: int
     tokenizer: Path
@@ -97,9 +98,29 @@ def read_genie_config(bundle_dir: Path) -> GenieSettings:
         n_vocab=int(get("context", "n-vocab")),
         stop_tokens=(int(get("context", "eos-token")), int(get("context", "eot-token"))),
         rope_theta=float(get(*htp, "rope-theta")), pos_id_dim=int(get(*htp, "pos-id-dim")),
+        kv_dim=int(get(*htp, "kv-dim")),
         sampler={k: get("sampler", k) for k in ("seed", "temp", "top-k", "top-p")},
         max_num_tokens=int(get("max-num-tokens")),
         tokenizer=path.parent / str(get("tokenizer", "path")))
+
+
+def check_runtime_settings(cfg: BuildConfig, genie: GenieSettings) -> None:
+    """The values the runtime builds its inputs from must be the ones the model was exported
+    with. (A wrong rope-theta barely moves a random-weight model's numbers, so it is compared
+    here rather than left to the cosines.)"""
+    a = cfg.model.architecture
+    htp = "dialog.engine.backend.QnnHtp"
+    pairs = [("dialog.context.size", genie.context_size, "graphs.context_length",
+              cfg.model.context_length),
+             ("dialog.context.n-vocab", genie.n_vocab, "architecture.vocab_size", a.vocab_size),
+             (f"{htp}.rope-theta", genie.rope_theta, "architecture.rope_theta", a.rope_theta),
+             (f"{htp}.pos-id-dim", genie.pos_id_dim, "architecture.head_dim / 2", a.pos_id_dim),
+             (f"{htp}.kv-dim", genie.kv_dim, "architecture.head_dim", a.head_dim)]
+    wrong = [f"'{key}' is {got} but {cfg.model_path.name} {source} is {want}"
+             for key, got, source, want in pairs if got != want]
+    if wrong:
+        raise VerifyError(f"{genie.path}: {'; '.join(wrong)}: the runtime would build its "
+                          f"inputs from the wrong values; rebuild the bundle with `doit bundle`")
 
 
 # ============================================================================ opening the parts
@@ -201,7 +222,11 @@ class OnnxGraph:
 
     def run(self, feeds: dict) -> dict:
         if self._session is None:
-            import onnxruntime
+            try:
+                import onnxruntime
+            except ImportError:
+                raise VerifyError("the float reference needs onnxruntime: python3 -m pip "
+                                  "install -e '.[verify]'") from None
             options = onnxruntime.SessionOptions()
             options.intra_op_num_threads = min(4, os.cpu_count() or 1)
             self._session = onnxruntime.InferenceSession(str(self.path), options,
@@ -240,8 +265,8 @@ def onnx_session(part, cfg: BuildConfig, layout: Layout):
 @dataclass
 class SequenceRun:
     outputs: np.ndarray           # (T, width): the main output at every position
-    prompt_rows: dict             # position -> prompt graph's row at the end of a chunk
-    token_rows: dict              # position -> token graph's row for the same position
+    prompt_rows: dict             # position -> (main output row, KV entry) of the prompt graph
+    token_rows: dict              # position -> the same from the token graph
 
 
 def run_sequence(session, x: np.ndarray, n_prompt: int) -> SequenceRun:
@@ -250,19 +275,23 @@ def run_sequence(session, x: np.ndarray, n_prompt: int) -> SequenceRun:
     with the cache of the positions before it (the prompt-vs-token check). One graph is open at
     a time (close() after its last use) so a part's two float graphs never coexist."""
     ar = session.ar("prompt")
-    outputs, forks = [], {}
+    outputs, forks, prompt_kv = [], {}, {}
     for start in range(0, n_prompt, ar):
         n = min(ar, n_prompt - start)
         outputs.append(session.run("prompt", x[start:start + n], n))
         last = start + n - 1
         forks[last] = session.fork(last)
+        prompt_kv[last] = session.kv_entry(last)
     _close(session.graphs["prompt"])
-    token_rows = {p: fork.run("token", x[p:p + 1], 1)[0] for p, fork in forks.items()}
+    token_rows = {}
+    for p, fork in forks.items():
+        row = fork.run("token", x[p:p + 1], 1)[0]
+        token_rows[p] = (row, fork.kv_entry(p))
     for t in range(n_prompt, x.shape[0]):
         outputs.append(session.run("token", x[t:t + 1], 1))
     _close(session.graphs["token"])
     out = np.concatenate(outputs)
-    return SequenceRun(out, {p: out[p] for p in forks}, token_rows)
+    return SequenceRun(out, {p: (out[p], prompt_kv[p]) for p in forks}, token_rows)
 
 
 def _close(executor) -> None:
@@ -278,7 +307,7 @@ def _close(executor) -> None:
 class Row:
     part: str                     # "part 2 of 4 (x.bin)" or "end to end"
     check: str
-    what: str                     # "hidden" | "logits"
+    what: str                     # "hidden" | "logits" | "kv"
     positions: int
     cos_min: float
     cos_mean: float
@@ -314,20 +343,11 @@ def judge(row: Row) -> Row:
 
 
 def make_row(label: str, index: int, check: str, got, want, logits: bool, min_cos: float,
-             min_top1: Optional[float]) -> Row:
+             min_top1: Optional[float], what: str = "") -> Row:
     m = compare(got, want, logits)
-    return judge(Row(label, check, "logits" if logits else "hidden", int(got.shape[0]),
+    return judge(Row(label, check, what or ("logits" if logits else "hidden"), int(got.shape[0]),
                      m["cos_min"], m["cos_mean"], m["max_abs"], m["top1"], min_cos,
                      min_top1 if logits else None, part_index=index))
-
-
-def thresholds(cfg: BuildConfig) -> dict:
-    v = cfg.verify
-    if v["prompt_tokens"] + v["decode_steps"] > cfg.model.context_length:
-        raise VerifyError(f"{cfg.model_path}: [verify] prompt_tokens + decode_steps = "
-                          f"{v['prompt_tokens'] + v['decode_steps']} exceeds context_length "
-                          f"{cfg.model.context_length}; lower them")
-    return v
 
 
 def part_rows(label: str, index: int, logits: bool, n_prompt: int, bundle: SequenceRun,
@@ -341,8 +361,13 @@ def part_rows(label: str, index: int, logits: bool, n_prompt: int, bundle: Seque
                              ref.outputs[n_prompt:], logits, min_cos, top1))
     for check, run in (("token vs prompt", bundle), ("onnx token vs prompt", ref)):
         positions = sorted(run.prompt_rows)
-        rows.append(make_row(label, index, check, np.stack([run.token_rows[p] for p in positions]),
-                             np.stack([run.prompt_rows[p] for p in positions]), logits, paths, top1))
+        token = [run.token_rows[p] for p in positions]
+        prompt = [run.prompt_rows[p] for p in positions]
+        rows.append(make_row(label, index, check, np.stack([t[0] for t in token]),
+                             np.stack([p[0] for p in prompt]), logits, paths, top1))
+        if token[0][1].size:   # a part with layers: the new KV entries must agree too
+            rows.append(make_row(label, index, check + " kv", np.stack([t[1] for t in token]),
+                                 np.stack([p[1] for p in prompt]), False, paths, None, what="kv"))
     return rows
 
 
@@ -366,31 +391,35 @@ class Report:
     def ok(self) -> bool:
         return not self.failures
 
-    def first_divergence(self) -> Optional[Row]:
-        """The failing row of the earliest part (end-to-end rows only if no part row failed)."""
+    def first_divergence(self) -> list:
+        """The failing rows of the earliest failing part (end to end only if no part failed)."""
         failing = self.failures
-        return min(failing, key=lambda r: (r.part_index or math.inf)) if failing else None
+        if not failing:
+            return []
+        first = min(r.part_index or math.inf for r in failing)
+        return [r for r in failing if (r.part_index or math.inf) == first]
 
     def table(self) -> str:
+        width = max(len(r.part) for r in self.rows)
+        checks = max(len(r.check) for r in self.rows)
         lines = [f"verify {self.model}: {self.bundle}, {self.prompt_tokens} prompt tokens + "
                  f"{self.decode_steps} decode steps vs the float ONNX (onnxruntime)",
-                 f"{'part':<32} {'check':<21} {'out':<6} {'pos':>4} {'cos min':>9} "
+                 f"{'part':<{width}}  {'check':<{checks}} {'out':<6} {'pos':>4} {'cos min':>9} "
                  f"{'cos mean':>9} {'max|err|':>9} {'top-1':>6}  verdict"]
         for r in self.rows:
             top1 = "" if r.top1 is None else f"{r.top1:.3f}"
             verdict = "ok" if r.ok else "FAIL: " + "; ".join(r.problems)
-            lines.append(f"{r.part:<32} {r.check:<21} {r.what:<6} {r.positions:>4} "
+            lines.append(f"{r.part:<{width}}  {r.check:<{checks}} {r.what:<6} {r.positions:>4} "
                          f"{r.cos_min:>9.6f} {r.cos_mean:>9.6f} {r.max_abs:>9.4f} {top1:>6}  "
                          f"{verdict}")
         lines.append(f"{'ok' if self.ok else 'FAILED'} in {self.seconds:.1f}s")
         return "\n".join(lines)
 
     def failure_message(self) -> str:
-        first = self.first_divergence()
-        where = "end to end" if first.part == "end to end" else first.part
-        return (f"verify failed: {where} diverged first ({first.check}: "
-                f"{'; '.join(first.problems)}). {len(self.failures)} check(s) failed; see the "
-                f"table above")
+        rows = self.first_divergence()
+        checks = "; ".join(f"{r.check}: {', '.join(r.problems)}" for r in rows)
+        return (f"verify failed: {rows[0].part} diverged first ({checks}). "
+                f"{len(self.failures)} check(s) failed in all; see the table above")
 
     def to_json(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "rows"},
@@ -402,8 +431,9 @@ def verify_bundle(cfg: BuildConfig, layout: Layout, bundle_dir: Optional[Path] =
     """Run the checks; return the report (callers decide what a failure means)."""
     started = time.monotonic()
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
-    v = thresholds(cfg)
+    v = cfg.verify
     genie = read_genie_config(bundle_dir)
+    check_runtime_settings(cfg, genie)
     rope = rope_settings(genie)
     opened = open_bundle_parts(cfg, genie)
     n_prompt, total = v["prompt_tokens"], v["prompt_tokens"] + v["decode_steps"]
@@ -501,8 +531,8 @@ def load_tokenizer(path: Path):
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise VerifyError("the `tokenizers` package is needed to tokenize prompts: "
-                          "python3 -m pip install tokenizers") from None
+        raise VerifyError("tokenizing a prompt needs the `tokenizers` package: python3 -m pip "
+                          "install -e '.[verify]'") from None
     if not path.is_file():
         raise VerifyError(f"{path}: the bundle's tokenizer is missing; rebuild with `doit bundle`")
     return Tokenizer.from_file(str(path))

@@ -4,8 +4,11 @@ It writes the open hexbundle DLC / context-binary formats (docs/formats.md), not
 its outputs are not deployable; they let the whole pipeline, the size model and the failure
 modes (unpacked 4-bit, unshared weights) be built and checked without the QAIRT SDK.
 
-Memory stays bounded by the largest tensor: the ONNX is loaded without its external data,
-each weight is read through np.memmap, quantized in row blocks, written, and dropped.
+Memory stays bounded by a few blocks, whatever the tensor and model size: the ONNX is loaded
+without its external data; each weight is read in blocks of rows through a short-lived np.memmap
+window, quantized, written and dropped block by block (the 2.2 GB float32 embedding never sits
+in memory whole, nor its 1.1 GB of 16-bit codes); compile streams the DLCs' tensors out of their
+mmaps in blocks and releases each block's pages behind it.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from onnx import helper, numpy_helper
 from ..encodings import Encodings, ParamEncoding, load_encodings
 from ..errors import BackendError, EncodingsError, InputError
 from ..formats.container import (QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, IoSpec,
-                                 QuantParams, Tensor, activation_encodings_json)
+                                 QuantParams, TensorStream, activation_encodings_json)
 from ..formats.ctxbin import CtxGraph, write_ctxbin
 from ..formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
 from . import CompileOptions, ConvertOptions, reference_toolchain_version
@@ -128,10 +131,10 @@ def _check_compile_options(names: tuple, dlc_paths: list, options: CompileOption
         raise BackendError(f"vtcm_mb {options.device.vtcm_mb} must be positive")
 
 
-def _dlc_tensors(reader: DlcReader) -> Iterator[Tensor]:
-    """The DLC's weights as views into its mmap, one at a time."""
+def _dlc_tensors(reader: DlcReader) -> Iterator[TensorStream]:
+    """The DLC's weights, one at a time, each streamed in blocks out of the DLC's mmap."""
     for name in reader.tensors:
-        yield reader.tensor(name)
+        yield reader.tensor_stream(name)
 
 
 # ==================================================================================== convert
@@ -228,12 +231,60 @@ def _output_axis(op: str, index: int, node: onnx.NodeProto, ndim: int) -> Option
     return None
 
 
-def _initializer_array(init: onnx.TensorProto, onnx_path: Path) -> np.ndarray:
-    """The initializer's values: a read-only memmap for external data, else the inline array."""
-    if init.data_location != onnx.TensorProto.EXTERNAL:
-        return numpy_helper.to_array(init)
+@dataclass(frozen=True)
+class _Values:
+    """Where an initializer's values are: a validated window of its external data file, or the
+    inline array. Read in blocks of rows, never whole (`rows`), except for small constants."""
+
+    name: str
+    shape: tuple
+    dtype: np.dtype
+    data_path: Optional[Path] = None      # external data
+    offset: int = 0
+    inline: Optional[np.ndarray] = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def whole(self) -> np.ndarray:
+        """All values at once: only for small tensors (constants inlined in the topology)."""
+        if self.inline is not None:
+            return self.inline
+        if self.nbytes == 0:
+            return np.zeros(self.shape, self.dtype)
+        return np.array(np.memmap(self.data_path, dtype=self.dtype, mode="r",
+                                  offset=self.offset, shape=self.shape))
+
+    def rows(self, block_elements: Optional[int] = None) -> Iterator[tuple]:
+        """(row slice, float32 block) over axis 0; a 0-d tensor is one block of one row.
+
+        External data is mapped one block at a time (the window is unmapped before the next),
+        so reading a 2 GB tensor keeps ~one block resident, not the whole file."""
+        shape = self.shape if self.shape else (1,)
+        n_rows = shape[0]
+        row_elements = max(1, int(np.prod(shape[1:], dtype=np.int64)))
+        rows_per_block = max(1, (block_elements or QUANTIZE_BLOCK_ELEMENTS) // row_elements)
+        row_bytes = row_elements * self.dtype.itemsize
+        for start in range(0, n_rows, rows_per_block):
+            rows = slice(start, min(start + rows_per_block, n_rows))
+            if self.inline is not None:
+                block = np.asarray(self.inline.reshape(shape)[rows], dtype=np.float32)
+            else:
+                window = np.memmap(self.data_path, dtype=self.dtype, mode="r",
+                                   offset=self.offset + start * row_bytes,
+                                   shape=(rows.stop - start, *shape[1:]))
+                block = np.array(window, dtype=np.float32)   # a copy: the window unmaps now
+                del window
+            yield rows, block
+
+
+def _initializer_values(init: onnx.TensorProto, onnx_path: Path) -> _Values:
+    """Locate and validate the initializer's values without reading them."""
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).newbyteorder("<")
     shape = tuple(int(d) for d in init.dims)
+    if init.data_location != onnx.TensorProto.EXTERNAL:
+        return _Values(init.name, shape, dtype, inline=numpy_helper.to_array(init))
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     entries = {e.key: e.value for e in init.external_data}
     location = entries.get("location", "")
@@ -255,47 +306,65 @@ def _initializer_array(init: onnx.TensorProto, onnx_path: Path) -> np.ndarray:
     if offset < 0 or offset + expected > file_size:
         raise InputError(f"{where}: needs bytes {offset}..{offset + expected} but {data_path} has "
                          f"only {file_size}; the data file is truncated or from another export")
-    if expected == 0:
-        return np.zeros(shape, dtype)
-    return np.memmap(data_path, dtype=dtype, mode="r", offset=offset, shape=shape)
+    return _Values(init.name, shape, dtype, data_path=data_path, offset=offset)
+
+
+@dataclass
+class _StreamNotes:
+    """What streaming a weight found, logged once the writer has consumed it."""
+
+    clipped: int = 0
+    overflowed: int = 0
 
 
 def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
-                    log: Callable[[str], None]) -> Iterator[Tensor]:
-    """Generator: read, quantize (or narrow to float) and yield one weight at a time."""
+                    log: Callable[[str], None]) -> Iterator[TensorStream]:
+    """Generator: one weight at a time, as a stream the DLC writer pulls block by block (read,
+    quantize or narrow to float, write); logged after it was written."""
     float_dtype = "float16" if float_bitwidth == 16 else "float32"
     for plan in weights:
         init, enc = plan.initializer, plan.encoding
-        values = _initializer_array(init, onnx_path)
+        values = _initializer_values(init, onnx_path)
+        notes = _StreamNotes()
         if enc is None:
-            stored = _convert_blocks(values, np.dtype(float_dtype), lambda block, rows: block)
-            note = "" if np.isfinite(stored).all() else f" (warning: values overflow {float_dtype})"
+            yield TensorStream(init.name, float_dtype, values.shape,
+                               _float_blocks(values, np.dtype(float_dtype), notes))
+            note = f" (warning: {notes.overflowed} values overflow {float_dtype})" if notes.overflowed else ""
             log(f"{init.name}: {float_dtype} shape {list(values.shape)}{note}")
-            yield Tensor(init.name, float_dtype, stored)
         else:
             quant = QuantParams(enc.bitwidth, plan.axis, enc.scale, enc.offset, enc.symmetric)
-            stored, clipped = _quantize(values, quant)
+            yield TensorStream(init.name, QUANT_DTYPE_FOR_BITWIDTH[enc.bitwidth], values.shape,
+                               _quantized_blocks(values, quant, notes), quant)
             granularity = "per-tensor" if plan.axis is None else f"per-channel axis {plan.axis}"
-            note = f", {clipped} values clipped to the encoding range" if clipped else ""
+            note = f", {notes.clipped} values clipped to the encoding range" if notes.clipped else ""
             log(f"{init.name}: int{enc.bitwidth} {granularity} shape {list(values.shape)}{note}")
-            yield Tensor(init.name, QUANT_DTYPE_FOR_BITWIDTH[enc.bitwidth], stored, quant)
-        del values, stored   # drop the memmap and the stored copy before reading the next weight
 
 
-def _quantize(values: np.ndarray, quant: QuantParams):
-    """q = clip(round(w / scale) - offset, 0, 2^bw - 1), so that real = (q + offset) * scale."""
+def _float_blocks(values: _Values, dtype: np.dtype, notes: _StreamNotes):
+    """blocks() factory: the values narrowed (or kept) to `dtype`, row block by row block."""
+    def blocks():
+        for _, block in values.rows():
+            stored = block.astype(dtype)
+            notes.overflowed += int(stored.size - np.count_nonzero(np.isfinite(stored)))
+            yield stored
+    return blocks
+
+
+def _quantized_blocks(values: _Values, quant: QuantParams, notes: _StreamNotes):
+    """blocks() factory: q = clip(round(w / scale) - offset, 0, 2^bw - 1), so that
+    real = (q + offset) * scale; row block by row block."""
     qmax = 2 ** quant.bitwidth - 1
-    clipped = 0
-
-    def quantize_block(block: np.ndarray, rows: slice) -> np.ndarray:
-        nonlocal clipped
-        scale, offset = _channel_params(quant, values.ndim, rows)
-        q = np.rint(block / scale) - offset
-        clipped += int(np.count_nonzero((q < 0) | (q > qmax)))
-        return np.clip(q, 0, qmax, out=q)
-
     out_dtype = np.dtype(np.uint8 if quant.bitwidth <= 8 else np.uint16)
-    return _convert_blocks(values, out_dtype, quantize_block), clipped
+    ndim = max(1, len(values.shape))
+
+    def blocks():
+        for rows, block in values.rows():
+            scale, offset = _channel_params(quant, ndim, rows)
+            q = np.rint(block / scale)
+            q -= offset
+            notes.clipped += int(np.count_nonzero((q < 0) | (q > qmax)))
+            yield np.clip(q, 0, qmax, out=q).astype(out_dtype)
+    return blocks
 
 
 def _channel_params(quant: QuantParams, ndim: int, rows: slice):
@@ -308,20 +377,6 @@ def _channel_params(quant: QuantParams, ndim: int, rows: slice):
     if quant.axis == 0:
         scale, offset = scale[rows], offset[rows]
     return scale.reshape(shape), offset.reshape(shape)
-
-
-def _convert_blocks(values: np.ndarray, out_dtype: np.dtype, transform) -> np.ndarray:
-    """Apply `transform(float32 block, rows)` over row blocks so temporaries stay small."""
-    out = np.empty(values.shape, dtype=out_dtype)
-    if values.ndim == 0:
-        out[()] = transform(np.asarray(values, dtype=np.float32), slice(None))
-        return out
-    row_elements = max(1, int(np.prod(values.shape[1:], dtype=np.int64)))
-    rows_per_block = max(1, QUANTIZE_BLOCK_ELEMENTS // row_elements)
-    for start in range(0, values.shape[0], rows_per_block):
-        rows = slice(start, start + rows_per_block)
-        out[rows] = transform(np.asarray(values[rows], dtype=np.float32), rows)
-    return out
 
 
 def _topology_bytes(graph: onnx.GraphProto, weight_names: set, constants: list,
@@ -345,13 +400,13 @@ def _topology_bytes(graph: onnx.GraphProto, weight_names: set, constants: list,
 
 
 def _inline_constant(init: onnx.TensorProto, onnx_path: Path) -> onnx.TensorProto:
-    values = _initializer_array(init, onnx_path)
+    values = _initializer_values(init, onnx_path)
     if values.nbytes > MAX_TOPOLOGY_INITIALIZER_BYTES:
         raise BackendError(
             f"{onnx_path}: initializer '{init.name}' ({values.nbytes} bytes, {values.dtype}) is neither "
             f"a float weight nor a small constant; the reference backend keeps such tensors in the "
             f"topology only up to {MAX_TOPOLOGY_INITIALIZER_BYTES} bytes")
-    return numpy_helper.from_array(np.ascontiguousarray(values), name=init.name)
+    return numpy_helper.from_array(np.ascontiguousarray(values.whole()), name=init.name)
 
 
 def _io_specs(value_infos, exclude: set) -> tuple:

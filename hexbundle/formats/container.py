@@ -18,7 +18,7 @@ import struct
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 import xxhash
@@ -37,6 +37,9 @@ STORAGE_DTYPES = {"uint4": np.uint8, "uint8": np.uint8, "uint16": np.uint16,
 QUANT_DTYPE_FOR_BITWIDTH = {4: "uint4", 8: "uint8", 16: "uint16"}
 QUANT_PARAM_ALIGN = 4         # scales/offsets start 4-aligned inside the blob (float32/int32 views)
 _WRITE_CHUNK = 64 << 20       # bytes per write/hash call: big buffers hash fast, bounded memory
+# Elements per block when a tensor is streamed (encoded, packed, hashed, written): 8-32 MiB of
+# data, so a multi-GB tensor costs a few blocks of memory. Even, so blocks pack to whole bytes.
+STREAM_BLOCK_ELEMENTS = 1 << 23
 
 
 def align_up(n: int, alignment: int = ALIGN) -> int:
@@ -255,6 +258,34 @@ class ContainerReader:
             raise self.error(f"header refers to blob '{name}', which is not in the blob table")
         return np.frombuffer(self._mmap, dtype=np.uint8, count=entry.nbytes, offset=entry.offset)
 
+    def release(self, offset: int, nbytes: int) -> None:
+        """Drop the whole pages of [offset, offset + nbytes) from this process's memory: they
+        stay in the page cache and fault back in if touched again, but streaming through a
+        multi-GB file no longer keeps all of it resident (RSS stays at about one block)."""
+        if not hasattr(self._mmap, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return   # not on this platform: the pages are dropped when the file is closed
+        start = align_up(offset, mmap.PAGESIZE)
+        end = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def blob_stream(self, record: "TensorRecord") -> Callable[[], Iterator[np.ndarray]]:
+        """A `TensorStream.blocks` factory over a stored tensor: consecutive flat views of its
+        elements, each block's pages released once the consumer asks for the next one."""
+        entry = self.blobs[record.blob]
+
+        def blocks() -> Iterator[np.ndarray]:
+            if record.packed:   # unpacking needs the whole tensor; readers of packed data are small
+                yield tensor_values(record, self.blob(record.blob)).reshape(-1)
+                return
+            values = tensor_values(record, self.blob(record.blob)).reshape(-1)
+            itemsize = values.dtype.itemsize
+            for start in range(0, values.size, STREAM_BLOCK_ELEMENTS):
+                block = values[start:start + STREAM_BLOCK_ELEMENTS]
+                yield block
+                self.release(entry.offset + start * itemsize, block.nbytes)
+        return blocks
+
     def check_tensor_blob(self, record: "TensorRecord") -> None:
         """A tensor record's blob must exist and be exactly as long as its layout says."""
         entry = self.blobs.get(record.blob)
@@ -312,6 +343,35 @@ class Tensor:
     dtype: str                       # key of STORAGE_DTYPES
     values: np.ndarray
     quant: Optional[QuantParams] = None
+
+
+@dataclass(frozen=True, eq=False)
+class TensorStream:
+    """A weight to store whose values arrive in blocks, so it is never whole in memory.
+
+    `blocks()` returns a fresh iterator over the stored (unpacked) elements in C order, as
+    consecutive arrays of any shape and size; `quant` is known up front (it comes from the
+    encodings, not from the values)."""
+
+    name: str
+    dtype: str                       # key of STORAGE_DTYPES
+    shape: tuple
+    blocks: Callable[[], Iterable[np.ndarray]]
+    quant: Optional[QuantParams] = None
+
+
+def as_stream(tensor: Union[Tensor, TensorStream]) -> TensorStream:
+    """A Tensor (whole array) as a TensorStream of flat views; a TensorStream as it is."""
+    if isinstance(tensor, TensorStream):
+        return tensor
+    values = np.ascontiguousarray(tensor.values, dtype=STORAGE_DTYPES.get(tensor.dtype, None))
+
+    def blocks() -> Iterator[np.ndarray]:
+        flat = values.reshape(-1)
+        for start in range(0, flat.size, STREAM_BLOCK_ELEMENTS):
+            yield flat[start:start + STREAM_BLOCK_ELEMENTS]
+    return TensorStream(tensor.name, tensor.dtype, tuple(int(d) for d in values.shape), blocks,
+                        tensor.quant)
 
 
 @dataclass(frozen=True)
@@ -375,26 +435,52 @@ def tensor_blob_nbytes(shape, dtype: str, packed: bool, channels: int) -> int:
     return nbytes
 
 
-def encode_tensor(tensor: Tensor, blob: str, pack: bool):
-    """-> (TensorRecord, [data, pad, scales, offsets] chunks). Packs only uint4 and only if `pack`."""
-    _check_tensor(tensor)
-    packed = pack and tensor.dtype == "uint4"
-    values = np.ascontiguousarray(tensor.values, dtype=STORAGE_DTYPES[tensor.dtype])
-    data = pack_uint4(values) if packed else values.reshape(-1)
-    nbytes = data_nbytes(values.shape, tensor.dtype, packed)
-    quant, scales_at, offsets_at, chunks = None, None, None, [data]
-    if tensor.quant is not None:
-        q = tensor.quant
+def encode_tensor(tensor: Union[Tensor, TensorStream], blob: str, pack: bool):
+    """-> (TensorRecord, data, tail): `data` an iterator over the stored data (packed two per
+    byte iff uint4 and `pack`), computed block by block as it is consumed; `tail` the small
+    [pad, scales, offsets] chunks of a quantized tensor ([] for floats). The blob is data + tail."""
+    stream = as_stream(tensor)
+    _check_stream(stream)
+    packed = pack and stream.dtype == "uint4"
+    nbytes = data_nbytes(stream.shape, stream.dtype, packed)
+    quant, scales_at, offsets_at, tail = None, None, None, []
+    if stream.quant is not None:
+        q = stream.quant
         quant = QuantInfo(q.bitwidth, q.axis, q.channels, q.symmetric)
         scales_at = align_up(nbytes, QUANT_PARAM_ALIGN)
         offsets_at = scales_at + 4 * q.channels
-        chunks += [bytes(scales_at - nbytes), np.asarray(q.scale, "<f4"), np.asarray(q.offset, "<i4")]
-    record = TensorRecord(tensor.name, blob, tuple(int(d) for d in values.shape), tensor.dtype,
+        tail = [bytes(scales_at - nbytes), np.asarray(q.scale, "<f4"), np.asarray(q.offset, "<i4")]
+    record = TensorRecord(stream.name, blob, tuple(int(d) for d in stream.shape), stream.dtype,
                           packed, quant, 0, nbytes, scales_at, offsets_at)
-    return record, chunks
+    return record, _stored_data(stream, packed), tail
 
 
-def _check_tensor(tensor: Tensor) -> None:
+def _stored_data(stream: TensorStream, packed: bool) -> Iterator[np.ndarray]:
+    """The stream's elements as storage-dtype arrays; packed pairs carry an odd element over."""
+    dtype = STORAGE_DTYPES[stream.dtype]
+    count = int(np.prod(stream.shape, dtype=np.int64))
+    seen, carry = 0, None
+    for block in stream.blocks():
+        flat = np.ascontiguousarray(block, dtype=dtype).reshape(-1)
+        seen += flat.size
+        if stream.dtype == "uint4" and flat.size and int(flat.max()) > 15:
+            raise ValueError(f"{stream.name}: uint4 values above 15")
+        if not packed:
+            yield flat
+            continue
+        if carry is not None:
+            flat, carry = np.concatenate([carry, flat]), None
+        if flat.size % 2:
+            flat, carry = flat[:-1], flat[-1:].copy()
+        if flat.size:
+            yield pack_uint4(flat)
+    if carry is not None:
+        yield pack_uint4(carry)
+    if seen != count:
+        raise ValueError(f"{stream.name}: {seen} values streamed for shape {list(stream.shape)}")
+
+
+def _check_stream(tensor: TensorStream) -> None:
     """Writer-side sanity checks: a bad tensor here is a hexbundle bug, not a user error."""
     if tensor.dtype not in STORAGE_DTYPES:
         raise ValueError(f"{tensor.name}: unknown dtype {tensor.dtype!r}")
@@ -404,11 +490,9 @@ def _check_tensor(tensor: Tensor) -> None:
     if q is not None:
         if QUANT_DTYPE_FOR_BITWIDTH.get(q.bitwidth) != tensor.dtype:
             raise ValueError(f"{tensor.name}: bitwidth {q.bitwidth} stored as {tensor.dtype}")
-        expected = 1 if q.axis is None else tensor.values.shape[q.axis]
+        expected = 1 if q.axis is None else tensor.shape[q.axis]
         if q.channels != expected or q.offset.shape != q.scale.shape:
-            raise ValueError(f"{tensor.name}: {q.channels} channels for axis {q.axis} of {tensor.values.shape}")
-    if tensor.dtype == "uint4" and tensor.values.size and int(tensor.values.max()) > 15:
-        raise ValueError(f"{tensor.name}: uint4 values above 15")
+            raise ValueError(f"{tensor.name}: {q.channels} channels for axis {q.axis} of {tensor.shape}")
 
 
 def parse_tensor_record(raw: Any, where: str) -> TensorRecord:

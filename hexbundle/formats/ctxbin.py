@@ -7,6 +7,7 @@ are kept reproducible on purpose: they are the failure modes the size checks mus
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Union
@@ -68,12 +69,18 @@ def write_ctxbin(path: Union[str, Path], graphs: Iterable, *, weights_packing: b
                 if tensor.name in weights:
                     raise ValueError(f"graph {name}: tensor {tensor.name!r} given twice")
                 blob = weight_blob_name(name, tensor.name, weight_sharing)
-                record, chunks = encode_tensor(tensor, blob, pack=weights_packing)
-                digests = _part_digests(chunks)
+                record, data, tail = encode_tensor(tensor, blob, pack=weights_packing)
+                data_digest = xxhash.xxh3_128()
+                data = _hashed(data, data_digest)
+                if blob in stored:   # a shared weight seen before: hash it to compare, don't store
+                    for _ in data:
+                        pass
+                else:
+                    writer.add_blob(blob, itertools.chain(data, tail))
+                digests = (data_digest.hexdigest(),) + _tail_digests(tail)
                 if blob in stored:
                     _check_same_weight(path, stored[blob], record, digests, name)
                 else:
-                    writer.add_blob(blob, chunks)
                     stored[blob] = _StoredWeight(record, name, digests)
                 users.setdefault(blob, []).append(name)
                 weights.append(tensor.name)
@@ -92,14 +99,18 @@ def write_ctxbin(path: Union[str, Path], graphs: Iterable, *, weights_packing: b
         })
 
 
-def _part_digests(chunks: list) -> tuple:
-    """Digests of data / scales / offsets (chunks are [data] or [data, pad, scales, offsets])."""
-    def digest(chunk) -> str:
-        return xxhash.xxh3_128(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8)
-                               if isinstance(chunk, np.ndarray) else chunk).hexdigest()
-    if len(chunks) == 1:
-        return (digest(chunks[0]), None, None)
-    return (digest(chunks[0]), digest(chunks[2]), digest(chunks[3]))
+def _hashed(chunks: Iterable, digest) -> Iterable:
+    """Pass the data chunks through, hashing them on the way (one pass over a streamed tensor)."""
+    for chunk in chunks:
+        digest.update(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
+        yield chunk
+
+
+def _tail_digests(tail: list) -> tuple:
+    """Digests of scales / offsets (tail is [] or [pad, scales, offsets])."""
+    if not tail:
+        return (None, None)
+    return tuple(xxhash.xxh3_128(np.ascontiguousarray(c).view(np.uint8)).hexdigest() for c in tail[1:])
 
 
 def _check_same_weight(path, first: _StoredWeight, record: TensorRecord, digests: tuple, graph: str) -> None:

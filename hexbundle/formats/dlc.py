@@ -5,6 +5,7 @@ with weights_packing off, does not happen) when the context binary is built.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Union
@@ -13,7 +14,7 @@ import numpy as np
 import onnx
 
 from ..errors import FormatError
-from .container import (ContainerReader, ContainerWriter, GraphInfo, Tensor, TensorRecord,
+from .container import (ContainerReader, ContainerWriter, GraphInfo, Tensor, TensorRecord, TensorStream,
                         dequantize, encode_tensor, parse_graph_record, parse_tensor_record,
                         tensor_quant_params, tensor_values)
 
@@ -46,8 +47,8 @@ def write_dlc(path: Union[str, Path], graph: DlcGraph) -> int:
         writer.add_blob(TOPOLOGY_BLOB, [graph.topology])
         records = []
         for tensor in graph.tensors:
-            record, chunks = encode_tensor(tensor, weight_blob_name(tensor.name), pack=False)
-            writer.add_blob(record.blob, chunks)
+            record, data, tail = encode_tensor(tensor, weight_blob_name(tensor.name), pack=False)
+            writer.add_blob(record.blob, itertools.chain(data, tail))
             records.append(record)
         info = GraphInfo(graph.info.name, graph.info.inputs, graph.info.outputs,
                          tuple(r.name for r in records), graph.info.opset_import,
@@ -135,6 +136,13 @@ class DlcReader:
         """The stored tensor as a writer input (views, no copies): DLC -> context binary."""
         record = self.record(name)
         return Tensor(name, record.dtype, self.tensor_data(name), self.quant_params(name))
+
+    def tensor_stream(self, name: str) -> TensorStream:
+        """The stored tensor as a writer input streamed in blocks, each block's pages released
+        after use: a multi-GB DLC is read with about one block resident (DLC -> context binary)."""
+        record = self.record(name)
+        return TensorStream(name, record.dtype, record.shape,
+                            self._container.blob_stream(record), self.quant_params(name))
 
     def dequantize(self, name: str) -> np.ndarray:
         return dequantize(self.tensor_data(name), self.quant_params(name))

@@ -1,0 +1,1 @@
+from qairt.api.compiler.config import CompileConfig  # noqa: F401

@@ -1,0 +1,64 @@
+"""scripts/bench.py --small runs end to end and writes a well-formed table and results file.
+The figures themselves are never asserted (they are measurements); only what is deterministic:
+the rows are there, the second run after a touch hashes nothing, the MD5 runs do hash."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+ROW_KEYS = {"id", "what", "ours", "baseline", "ratio", "target", "met", "detail"}
+
+
+@pytest.fixture(scope="module")
+def small_bench(tmp_path_factory):
+    from conftest import copy_project
+    project = copy_project(tmp_path_factory.mktemp("bench") / "proj")
+    out = project.root / "results.json"
+    run = subprocess.run([sys.executable, "scripts/bench.py", "--small", "--out", str(out)],
+                         cwd=project.root, capture_output=True, text=True, timeout=600)
+    return project, run, out
+
+
+def test_small_bench_runs_and_prints_one_table(small_bench):
+    project, run, _ = small_bench
+    assert run.returncode == 0, run.stdout + run.stderr
+    table = [line for line in run.stdout.splitlines() if line.startswith("|")]
+    assert table[0].split("|")[1:-1] == [" # ", " measured ", " hexbundle ", " baseline ",
+                                         " ratio ", " target ", " met "]
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["1", "2", "3", "4", "5", "6"]
+    assert "machine:" in run.stdout
+    assert not (project.root / "build" / "bench" / "small-tree").exists()   # cleaned up
+
+
+def test_results_json_is_well_formed(small_bench):
+    _, run, out = small_bench
+    assert run.returncode == 0
+    results = json.loads(out.read_text())
+    assert results["mode"] == "small" and results["model"] == "qwen2-tiny"
+    assert {"cpu", "cores", "ram_gib", "os", "python", "doit", "numpy"} <= set(results["machine"])
+    rows = results["rows"]
+    assert [r["id"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for row in rows:
+        assert ROW_KEYS <= set(row), row
+        assert row["met"] in (True, False, None)
+    digests = rows[0]["detail"]
+    assert digests["ours_seconds"] > 0 and digests["stock_seconds"] > 0 and digests["bytes"] > 0
+    assert rows[4]["detail"]["peak_rss_bytes"] > 0
+    assert results["sizes"]["passed"] is True
+    assert results["full_build"]["bins_hard_linked"] is True
+
+
+def test_touch_rows_count_what_each_checker_hashed(small_bench):
+    _, _, out = small_bench
+    touch = json.loads(out.read_text())["rows"][2]["detail"]
+    assert touch["ours_1"]["files_hashed"] > 0
+    assert touch["ours_2"]["files_hashed"] == 0          # ours: hashed once, then stat-only
+    assert touch["md5_1"]["files_hashed"] == touch["md5_2"]["files_hashed"] > 0   # stock: every run
+
+
+def test_comparison_checker_is_md5_only(project):
+    run = project.doit("list", env={"HEXBUNDLE_BENCH_CHECKER": "sha1"}, check=False)
+    assert run.code == 3 and "only comparison checker is 'md5'" in run.err

@@ -1,0 +1,107 @@
+"""biggen: tinygen's files, streamed tensor by tensor; the disk check; the script and doit task."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hexbundle import biggen, tinygen
+from hexbundle.config import load_model
+from hexbundle.errors import DiskSpaceError
+from hexbundle.model import Architecture, Model, Plan, Quantization
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = 3
+
+
+def small_model() -> Model:
+    arch = Architecture(num_layers=3, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                        head_dim=16, intermediate_size=192, vocab_size=512, rope_theta=1e6,
+                        rms_norm_eps=1e-6)
+    return Model("qwen2-test", "qwen2_test", arch, Quantization(), 160, 128, 1,
+                 {"test": Plan("test", (0, 2, 1))}, "test")
+
+
+def huge_model() -> Model:
+    """Bigger than any disk this runs on: a 1 TiB embedding."""
+    arch = Architecture(num_layers=1, hidden_size=65536, num_attention_heads=512, num_kv_heads=64,
+                        head_dim=128, intermediate_size=65536, vocab_size=1 << 22,
+                        rope_theta=1e6, rms_norm_eps=1e-6)
+    return Model("huge", "huge", arch, Quantization(), 4096, 128, 1,
+                 {"two": Plan("two", (0, 1))}, "two")
+
+
+def test_streamed_files_are_tinygens_bytes(tmp_path):
+    """Drawing each weight in blocks of rows (a few hundred bytes here, so every tensor takes
+    many blocks) writes exactly what tinygen writes from whole tensors."""
+    model = small_model()
+    for part in model.plans["test"].parts():
+        whole = tinygen.generate_part(model, part, tmp_path / "whole", SEED)
+        streamed = biggen.generate_part(model, part, tmp_path / "streamed", SEED, chunk_bytes=300)
+        assert [p.name for p in streamed] == [p.name for p in whole]
+        for a, b in zip(whole, streamed):
+            assert a.read_bytes() == b.read_bytes(), b.name
+
+
+def test_token_graph_data_is_a_hard_link_to_the_prompt_graphs(tmp_path):
+    model = small_model()
+    part = model.plans["test"].parts()[1]
+    biggen.generate_part(model, part, tmp_path, SEED)
+    prompt, token = (tmp_path / f"{g.name}.data" for g in model.graphs(part))
+    assert os.path.samefile(prompt, token)
+    assert prompt.stat().st_size == biggen.data_bytes(model, part)
+    biggen.generate_part(model, part, tmp_path, SEED)   # again: the link is replaced, still one
+    assert os.path.samefile(prompt, token) and prompt.stat().st_nlink == 2
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_7b_three_layer_part_needs_about_2_8_gb():
+    model, _ = load_model(ROOT, "qwen2.5-7b-instruct")
+    part = model.plans["eleven"].parts()[1]
+    assert len(part.layers) == 3
+    assert 2.7e9 < biggen.data_bytes(model, part) < 2.9e9
+    # the .data once (hard link) plus small .onnx/.encodings files
+    assert biggen.data_bytes(model, part) < biggen.part_disk_bytes(model, part) < 2.9e9
+
+
+def test_too_little_disk_is_refused_before_writing(tmp_path):
+    model = huge_model()
+    out = tmp_path / "out"
+    with pytest.raises(DiskSpaceError) as err:
+        biggen.generate(model, model.plans["two"].parts(), out, SEED)
+    message = str(err.value)
+    assert str(out) in message and "needs" in message and "GiB" in message and "free" in message
+    assert not out.exists()
+
+
+def test_script_writes_one_part_and_refuses_what_does_not_fit(project, tmp_path):
+    script = project.root / "scripts" / "gen_7b_inputs.py"
+    run = subprocess.run([sys.executable, str(script), "--model", "qwen2-tiny", "--part", "2",
+                          "--out", str(tmp_path / "p2")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    names = sorted(p.name for p in (tmp_path / "p2").iterdir())
+    assert "prompt_ar128_cl256_2_of_4.data" in names and "tokenizer.json" in names
+    assert len(names) == 7
+
+    config = project.root / "configs" / "models" / "qwen2-tiny.toml"
+    text = config.read_text()
+    config.write_text(text.replace("hidden_size = 128", "hidden_size = 65536")
+                      .replace("vocab_size = 1024", "vocab_size = 4194304"))
+    run = subprocess.run([sys.executable, str(script), "--model", "qwen2-tiny",
+                          "--out", str(tmp_path / "big")], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "needs" in run.stderr and "GiB of free disk space" in run.stderr
+    assert not (tmp_path / "big").exists()
+
+
+def test_doit_gen_inputs_writes_one_part_and_names_a_bad_one(project):
+    run = project.doit("gen_inputs", "--part", "3")
+    inputs = project.root / "build" / "qwen2-tiny" / "inputs"
+    assert (inputs / "token_ar1_cl256_3_of_4.onnx").is_file()
+    assert not (inputs / "token_ar1_cl256_2_of_4.onnx").exists()
+    assert "tokenizer.json" in run.out
+    bad = project.doit("gen_inputs", "--part", "9", check=False)
+    assert bad.code != 0 and "has parts 1..4" in bad.out + bad.err

@@ -1,0 +1,166 @@
+"""The qairt backend against the stand-in SDK (tests/standin_qairt: an SDK root whose lib/python
+holds a recording `qairt` package), in real doit subprocesses with the local executor.
+
+What is checked is what the seeds found to matter: the exact API calls, modules, classes and
+field values; the SDK version pin; and that an "Unknown Key" or "[ ERROR ]" line fails the step
+even when the SDK call returns normally."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+STANDIN_SDK = Path(__file__).resolve().parent / "standin_qairt"
+PARTS = [1, 2, 3, 4]
+HTP = "qairt.api.common.backends.htp.config"
+
+
+def run_qairt(project, tmp_path, *args, mode="ok", sdk=STANDIN_SDK, check=True):
+    record = tmp_path / "calls.jsonl"
+    env = {"QAIRT_SDK_ROOT": str(sdk), "STANDIN_QAIRT_RECORD": str(record),
+           "STANDIN_QAIRT_MODE": mode}
+    run = project.doit(*args, "backend=qairt", env=env, check=check)
+    calls = [json.loads(line) for line in record.read_text().splitlines()] \
+        if record.exists() else []
+    record.unlink(missing_ok=True)
+    return run, calls
+
+
+def by_call(calls, name):
+    return [c for c in calls if c["call"] == name]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """One `doit compile backend=qairt` of qwen2-tiny through the stand-in."""
+    from conftest import copy_project
+    tmp = tmp_path_factory.mktemp("qairt")
+    proj = copy_project(tmp / "proj")
+    run, calls = run_qairt(proj, tmp, "compile")
+    return proj, run, calls, tmp
+
+
+def test_convert_is_called_per_graph_exactly_as_the_seeds_call_it(compiled):
+    proj, _, calls, _ = compiled
+    converts = by_call(calls, "qairt.convert")
+    inputs = proj.root / "build" / "qwen2-tiny" / "inputs"
+    graphs = sorted(f"{kind}_cl256_{i}_of_4" for i in PARTS for kind in ("prompt_ar128", "token_ar1"))
+    assert sorted(Path(c["args"][0]).stem for c in converts) == graphs
+    for c in converts:
+        name = Path(c["args"][0]).stem
+        assert c["args"] == [str(inputs / f"{name}.onnx")]
+        assert c["kwargs"] == {"encodings": str(inputs / f"{name}.encodings"),
+                               "float_bitwidth": 16, "backend": "HTP",
+                               "calibration_config": None}
+    saves = by_call(calls, "Model.save")
+    assert len(saves) == 8 and all(Path(s["args"][0]).suffix == ".dlc" for s in saves)
+    dlc_dir = proj.build_dir() / "dlc"
+    assert sorted(p.stem for p in dlc_dir.glob("*.dlc")) == graphs
+    assert not list(dlc_dir.glob(".tmp-*")) and not list(dlc_dir.glob(".qairt-tmp-*"))
+
+
+def test_compile_gets_both_graphs_of_a_part_and_the_seeds_config(compiled):
+    proj, _, calls, _ = compiled
+    compiles = by_call(calls, "qairt.compile")
+    assert len(compiles) == 4
+    dlc_dir = proj.build_dir() / "dlc"
+    for c in compiles:
+        (models,) = c["args"]
+        i = int(models[0]["graphs"][0].split("_")[-3])
+        prompt, token = f"prompt_ar128_cl256_{i}_of_4", f"token_ar1_cl256_{i}_of_4"
+        # the two DLCs of the part, loaded from disk, prompt first
+        assert [m["graphs"] for m in models] == [[prompt], [token]]
+        assert [m["path"] for m in models] == [str(dlc_dir / f"{prompt}.dlc"),
+                                              str(dlc_dir / f"{token}.dlc")]
+        config = c["kwargs"]["config"]
+        assert config == {
+            "class": "qairt.api.compiler.config.CompileConfig",
+            "set": {
+                "backend": "HTP",
+                "graph_custom_configs": [
+                    {"class": f"{HTP}.HtpGraphConfig",
+                     "set": {"name": name, "optimization_type": 3, "weights_packing": True,
+                             "vtcm_size_in_mb": 8}} for name in (prompt, token)],
+                "context_custom_configs": [
+                    {"class": f"{HTP}.HtpContextConfig",
+                     "set": {"weight_sharing_enabled": True}}],
+                "device_custom_configs": [
+                    {"class": f"{HTP}.HtpDeviceConfig",
+                     "set": {"soc_model": 77, "dsp_arch": "v73", "cores": [
+                         {"class": f"{HTP}.HtpDeviceCoreConfig",
+                          "set": {"perf_profile": {"enum": "qairt.api.configs.common.PerfProfile",
+                                                   "member": "BURST"},
+                                  "rpc_control_latency": 100}}]}}],
+            }}
+    loads = by_call(calls, "qairt.load")
+    assert len(loads) == 8 and all(c["kwargs"] == {} for c in loads)
+    saves = by_call(calls, "CompiledModel.save")
+    assert len(saves) == 4 and all(Path(s["args"][0]).suffix == ".bin" for s in saves)
+
+
+def test_the_bins_are_what_the_sdk_saved_and_its_output_is_in_the_log(compiled):
+    proj, run, _, _ = compiled
+    for i in PARTS:
+        doc = json.loads((proj.build_dir() / "bin" / f"qwen2_tiny_part_{i}_of_4.bin").read_text())
+        assert doc["standin"] == "ctxbin"
+        assert doc["graphs"] == [f"prompt_ar128_cl256_{i}_of_4", f"token_ar1_cl256_{i}_of_4"]
+    log = (proj.build_dir() / "logs" / "compile__part_1_of_4.log").read_text()
+    # written by the "C++ side" to file descriptor 1, and through Python logging
+    assert "[sdk] [ INFO ] standin context-binary generator: composing graphs" in log
+    assert "[sdk] [ INFO ] qairt.standin: Compiled model: prompt_ar128_cl256_1_of_4" in log
+    assert "backend qairt (QAIRT 2.42.0.251225)" in log
+    assert "standin context-binary generator" not in run.out   # not on the console
+
+
+def test_compile_options_reach_the_config(compiled):
+    proj, _, _, tmp = compiled
+    run, calls = run_qairt(proj, tmp, "compile:part_2_of_4", "weights_packing=false",
+                           "weight_sharing=false", "optimization_type=2")
+    (c,) = by_call(calls, "qairt.compile")
+    graphs = c["kwargs"]["config"]["set"]["graph_custom_configs"]
+    assert [g["set"]["weights_packing"] for g in graphs] == [False, False]
+    assert [g["set"]["optimization_type"] for g in graphs] == [2, 2]
+    ctx = c["kwargs"]["config"]["set"]["context_custom_configs"]
+    assert ctx[0]["set"] == {"weight_sharing_enabled": False}
+    assert not by_call(calls, "qairt.convert")   # the DLCs did not change
+
+
+def test_an_unknown_key_line_fails_the_compile_although_the_call_returned(project, tmp_path):
+    run, calls = run_qairt(project, tmp_path, "compile:part_1_of_4", mode="unknown_key",
+                           check=False)
+    assert run.code == 1
+    assert by_call(calls, "qairt.compile") and by_call(calls, "CompiledModel.save")
+    assert "the SDK logged 1 error line(s) although the call returned normally" in run.out
+    assert "[ ERROR ] Unknown Key graphs/0/weights_packing passed in config" in run.out
+    bins = project.build_dir() / "bin"
+    assert not (bins / "qwen2_tiny_part_1_of_4.bin").exists()   # the output was not kept
+    assert not list(bins.glob(".tmp-*"))
+
+
+def test_an_error_logged_through_python_fails_the_convert(project, tmp_path):
+    run, _ = run_qairt(project, tmp_path, "convert:part_1_of_4_token", mode="error_log",
+                       check=False)
+    assert run.code == 1
+    assert "[ ERROR ] qairt.standin: Failed to apply encodings" in run.out
+    assert not (project.build_dir() / "dlc" / "token_ar1_cl256_1_of_4.dlc").exists()
+
+
+def test_an_sdk_exception_is_reported_with_its_traceback_in_the_log(project, tmp_path):
+    run, _ = run_qairt(project, tmp_path, "compile:part_3_of_4", mode="raise", check=False)
+    assert run.code == 1
+    assert ("qairt compile of qwen2_tiny_part_3_of_4.bin failed: RuntimeError: Could not "
+            "create compiled binary") in run.out
+    log = (project.build_dir() / "logs" / "compile__part_3_of_4.log").read_text()
+    assert "[sdk] Traceback (most recent call last):" in log
+
+
+def test_another_sdk_version_is_refused_before_the_sdk_is_used(project, tmp_path):
+    sdk = tmp_path / "sdk-2.44"
+    shutil.copytree(STANDIN_SDK, sdk)
+    (sdk / "sdk.yaml").write_text("version: 2.44.0.260101\n")
+    run, calls = run_qairt(project, tmp_path, "convert:part_1_of_4_prompt", sdk=sdk,
+                           check=False)
+    assert run.code == 1
+    assert f"{sdk / 'sdk.yaml'} (from QAIRT_SDK_ROOT): QAIRT version is 2.44.0.260101" in run.out
+    assert "pins 2.42.0.251225" in run.out
+    assert calls == []      # not a single SDK call

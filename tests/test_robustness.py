@@ -1,0 +1,652 @@
+"""Robustness (issue 7): tampered outputs, killed and interrupted builds, a full disk, two runs at
+once, bad inputs. Real doit runs in subprocesses; a run is held at a chosen point with the test
+hook HEXBUNDLE_TEST_PAUSE_AT (hexbundle/testhooks.py), then killed, interrupted or released.
+
+Whatever goes wrong: a clear message naming the file (and key or tensor) and what to do, a
+non-zero exit, no traceback, and the previous good bundle and manifest left exactly as they were.
+"""
+import json
+import math
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import DoitRun, copy_project
+from hexbundle import runguard
+from hexbundle.bundle import exchange_dirs, swap_in
+from hexbundle.config import ConfigError, load_build, read_toml, BUILD_SCHEMA
+from hexbundle.encodings import load_encodings, EncodingsError
+from hexbundle.integrity import BundleIntegrityError, verify_bundle
+
+BIN2 = "qwen2_tiny_part_2_of_4.bin"
+WAIT_S = 120   # upper bound for a held run to reach its pause point (a safety net, not a timing)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+def snapshot(directory: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def leftovers(build: Path) -> list:
+    """Temp files / staging directories of our writers anywhere under build/."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(build):
+        for name in dirnames + filenames:
+            if (runguard.TEMP_FILE.match(name) or runguard.STAGING_DIR.match(name)
+                    or runguard.OLD_BUNDLE_DIR.match(name)):
+                found.append(Path(dirpath, name))
+    return found
+
+
+def flip_byte(path: Path, offset: int = 5000) -> None:
+    """A hand edit in place: same size, same inode, new mtime."""
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+
+def scale_weight(onnx_path: Path, tensor_name: str, factor: float) -> None:
+    """Change one weight's bytes in place in the external .data file."""
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    init = next(i for i in model.graph.initializer if i.name == tensor_name)
+    info = {e.key: e.value for e in init.external_data}
+    offset, length = int(info.get("offset", 0)), int(info["length"])
+    with open(onnx_path.parent / info["location"], "r+b") as fh:
+        fh.seek(offset)
+        values = np.frombuffer(fh.read(length), dtype=np.float32) * factor
+        fh.seek(offset)
+        fh.write(values.astype(np.float32).tobytes())
+
+
+def no_traceback(run: DoitRun) -> None:
+    assert "Traceback" not in run.out + run.err, run.out + run.err
+
+
+class Held:
+    """A `doit` run in the background, output to files (no pipe can fill up and block it)."""
+
+    def __init__(self, project, args, env=None, pause_at=None, tmp=None):
+        self.dir = Path(tmp)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **(env or {})}
+        if pause_at:
+            env.update(HEXBUNDLE_TEST_PAUSE_AT=pause_at, HEXBUNDLE_TEST_PAUSE_DIR=str(self.dir))
+        self.out_path, self.err_path = self.dir / "out.txt", self.dir / "err.txt"
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=project.root,
+                                         stdout=out, stderr=err, env=env)
+
+    def text(self) -> str:
+        return self.out_path.read_text() + self.err_path.read_text()
+
+    def wait_for(self, predicate, what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not predicate():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the run ended (exit {self.proc.returncode}) before {what}:"
+                                     f"\n{self.text()}")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"no {what} after {WAIT_S}s:\n{self.text()}")
+            time.sleep(0.05)
+
+    def wait_paused(self) -> None:
+        self.wait_for(lambda: (self.dir / "paused").exists(), "pause point")
+
+    def release(self) -> None:
+        (self.dir / "release").touch()
+
+    def finish(self) -> DoitRun:
+        self.proc.wait(timeout=WAIT_S)
+        return DoitRun(self.proc.returncode, self.out_path.read_text(), self.err_path.read_text())
+
+
+def finished_tasks(text: str) -> set:
+    """Tasks whose step reported success ("  ok <task> [...]") before the run was stopped."""
+    return set(re.findall(r"^  ok (\S+) \[", text, re.M))
+
+
+# ---------------------------------------------------------------------------------------------
+# tampering and drift
+
+def test_hand_edited_bin_is_named_and_rebuilt_to_the_same_bytes(project):
+    project.doit("bundle")
+    good = snapshot(project.bundle())
+    flip_byte(project.build_dir() / "bin" / BIN2)   # the bundle's copy is the same inode
+
+    run = project.doit("bundle")
+    assert (f"hexbundle: build/qwen2-tiny/iq9075/bin/{BIN2} changed since compile:part_2_of_4 "
+            "built it: rebuilding") in run.out
+    assert f"build/qwen2-tiny/iq9075/bundle/{BIN2} changed since bundle built it" in run.out
+    assert run.executed == {"compile:part_2_of_4", "bundle"}, run.out
+    assert snapshot(project.bundle()) == good
+    assert project.doit("bundle").executed == set()
+
+
+def test_hand_edited_dlc_is_reconverted_and_nothing_else(project):
+    project.doit("bundle")
+    good = snapshot(project.bundle())
+    dlc = project.build_dir() / "dlc" / "prompt_ar128_cl256_3_of_4.dlc"
+    flip_byte(dlc)
+    run = project.doit("bundle")
+    assert f"{dlc.relative_to(project.root)} changed since convert:part_3_of_4_prompt" in run.out
+    # the reconverted DLC has its old bytes again, so the compile and bundle stay up to date
+    assert run.executed == {"convert:part_3_of_4_prompt"}, run.out
+    assert snapshot(project.bundle()) == good
+
+
+def test_check_sizes_reverifies_bundle_digests_and_bundle_repairs_it(project):
+    project.doit("bundle")
+    good = snapshot(project.bundle())
+    assert "bundle check: 7 files" in project.doit("check_sizes").out
+    genie = project.bundle() / "genie_config.json"
+    genie.write_text(genie.read_text().replace('"temp": 0.8', '"temp": 0.9'))
+
+    run = project.doit("check_sizes", check=False)
+    assert run.code != 0
+    assert ("build/qwen2-tiny/iq9075/bundle/genie_config.json: XXH3-128" in run.out
+            and "changed since it was built; run `doit bundle`" in run.out), run.out
+    no_traceback(run)
+
+    repaired = project.doit("bundle")
+    assert "bundle/genie_config.json changed since bundle built it" in repaired.out
+    assert repaired.executed == {"bundle"}
+    assert snapshot(project.bundle()) == good
+    assert project.doit("check_sizes").code == 0
+
+
+def test_bundle_rebuild_links_bins_without_hashing_them_again(project, tmp_path):
+    project.doit("bundle")
+    model = project.root / "configs" / "models" / "qwen2-tiny.toml"
+    model.write_text(model.read_text().replace("max_num_tokens = 64", "max_num_tokens = 65"))
+    trace = tmp_path / "hashed.txt"
+    run = project.doit("bundle", env={"HEXBUNDLE_HASH_TRACE": str(trace)})
+    assert run.executed == {"bundle"}
+    hashed = trace.read_text().splitlines()
+    assert hashed and not [h for h in hashed if h.endswith(".bin")], hashed
+
+
+def copy_bundle(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest)
+    return dest
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda b: flip_byte(b / BIN2), BIN2),
+    (lambda b: (b / "tokenizer.json").unlink(), "tokenizer.json: listed in manifest.json but missing"),
+    (lambda b: (b / "notes.txt").write_text("x"), "notes.txt: not listed in manifest.json"),
+    (lambda b: (b / "manifest.json").unlink(), "manifest.json: missing"),
+    (lambda b: (b / "manifest.json").write_text("{"), "manifest.json: unreadable"),
+], ids=["edited-bin", "missing-file", "extra-file", "no-manifest", "bad-manifest"])
+def test_verify_bundle_names_the_file(built, tmp_path, damage, named):
+    bundle = copy_bundle(built.bundle(), tmp_path / "bundle")
+    assert verify_bundle(bundle) == 7
+    damage(bundle)
+    with pytest.raises(BundleIntegrityError, match=re.escape(named)):
+        verify_bundle(bundle)
+
+
+# ---------------------------------------------------------------------------------------------
+# killed, interrupted, out of space
+
+def test_kill_during_compile_leaves_no_partial_bin_and_the_rerun_resumes(project, tmp_path):
+    held = Held(project, ["bundle"], pause_at="compile", tmp=tmp_path / "held")
+    held.wait_paused()
+    bins = project.build_dir() / "bin"
+    partial = [p for p in bins.iterdir() if p.name.endswith(".tmp")]
+    assert len(partial) == 1, list(bins.iterdir())   # the kill really lands mid-write
+    final = bins / (partial[0].name[1:].split(".bin.")[0] + ".bin")   # .<name>.<pid>.<id>.tmp
+    held.proc.send_signal(signal.SIGKILL)
+    killed = held.finish()
+    assert killed.code == -signal.SIGKILL
+    assert not final.exists()
+    done = finished_tasks(killed.out)
+    assert done, killed.out
+    json.loads((project.root / "build" / ".hexbundle" / "doit-db.json").read_text())
+
+    rerun = project.doit("bundle")
+    assert "removed 1 temporary file(s) left by an interrupted run" in rerun.err
+    assert not done & rerun.executed, "finished steps ran again"
+    assert f"compile:{final.stem.removeprefix('qwen2_tiny_')}" in rerun.executed
+    assert leftovers(project.root / "build") == []
+    assert project.doit("check_sizes").code == 0
+
+
+def test_kill_during_convert_keeps_the_previous_bundle(project, tmp_path):
+    project.doit("bundle")
+    good = snapshot(project.bundle())
+    inputs = project.root / "build" / "qwen2-tiny" / "inputs"
+    for graph in ("prompt_ar128_cl256_3_of_4", "token_ar1_cl256_3_of_4"):
+        scale_weight(inputs / f"{graph}.onnx", "model.layers.2.mlp.up_proj.weight", 0.5)
+    dlcs = {p.name: p.read_bytes() for p in (project.build_dir() / "dlc").iterdir()}
+
+    held = Held(project, ["bundle"], pause_at="convert", tmp=tmp_path / "held")
+    held.wait_paused()
+    held.proc.send_signal(signal.SIGKILL)
+    held.finish()
+    assert snapshot(project.bundle()) == good
+    dlc_dir = project.build_dir() / "dlc"
+    assert {p.name: p.read_bytes() for p in dlc_dir.iterdir() if p.suffix == ".dlc"} == dlcs
+    assert leftovers(project.root / "build"), "the kill did not land mid-write"
+
+    rerun = project.doit("bundle")
+    assert {"convert:part_3_of_4_prompt", "convert:part_3_of_4_token", "compile:part_3_of_4",
+            "bundle"} <= rerun.executed
+    now = snapshot(project.bundle())
+    assert {n for n in now if now[n] != good[n]} == {"qwen2_tiny_part_3_of_4.bin", "manifest.json"}
+    assert leftovers(project.root / "build") == []
+
+
+def test_kill_during_bundle_assembly_keeps_the_previous_bundle(project, tmp_path):
+    project.doit("bundle")
+    good = snapshot(project.bundle())
+    model = project.root / "configs" / "models" / "qwen2-tiny.toml"
+    model.write_text(model.read_text().replace("max_num_tokens = 64", "max_num_tokens = 65"))
+
+    held = Held(project, ["bundle"], pause_at="bundle", tmp=tmp_path / "held")
+    held.wait_paused()
+    held.proc.send_signal(signal.SIGKILL)
+    held.finish()
+    assert snapshot(project.bundle()) == good
+    staging = [p for p in leftovers(project.root / "build") if p.is_dir()]
+    assert staging, "no staging directory: the kill did not land mid-assembly"
+
+    rerun = project.doit("bundle")
+    assert rerun.executed == {"bundle"}
+    assert "left by an interrupted run" in rerun.err
+    genie = json.loads((project.bundle() / "genie_config.json").read_text())
+    assert genie["dialog"]["max-num-tokens"] == 65
+    assert leftovers(project.root / "build") == []
+
+
+def test_full_disk_during_compile_is_a_clean_error_with_nothing_partial(project):
+    project.doit("bundle")
+    good = snapshot(project.bundle())
+    victim = project.build_dir() / "bin" / BIN2
+    limit = victim.stat().st_size // 2   # room for the DB, logs and digests, not for this bin
+    victim.unlink()
+
+    def small_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # writes past the limit fail with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run([sys.executable, "-m", "doit", "bundle"], cwd=project.root,
+                          capture_output=True, text=True, preexec_fn=small_disk, timeout=600)
+    run = DoitRun(proc.returncode, proc.stdout, proc.stderr)
+    assert run.code != 0
+    assert f"bin/{BIN2}: cannot write it (File too large); free disk space" in run.out, run.out
+    no_traceback(run)
+    assert not victim.exists() and leftovers(project.root / "build") == []
+    assert snapshot(project.bundle()) == good
+
+    again = project.doit("bundle")   # the same bytes again: the bundle needs no change
+    assert again.executed == {"compile:part_2_of_4"}
+    assert snapshot(project.bundle()) == good
+
+
+def test_ctrl_c_stops_cleanly_and_the_next_run_resumes(project, tmp_path):
+    held = Held(project, ["bundle"], pause_at="compile", tmp=tmp_path / "held")
+    held.wait_paused()
+    held.proc.send_signal(signal.SIGINT)
+    stopped = held.finish()
+    assert stopped.code != 0
+    assert "hexbundle: interrupted" in stopped.err
+    no_traceback(stopped)
+    assert leftovers(project.root / "build") == [], "Ctrl-C left a temp file"
+    done = finished_tasks(stopped.out)
+
+    rerun = project.doit("bundle")
+    assert not done & rerun.executed, "finished steps ran again"
+    assert rerun.executed and "left by an interrupted run" not in rerun.err
+
+
+def test_an_unreadable_dependency_db_is_set_aside_and_the_build_redone(project):
+    project.doit("bundle")
+    good = snapshot(project.bundle())
+    db = project.root / "build" / ".hexbundle" / "doit-db.json"
+    db.write_text(db.read_text()[:100])   # as a killed in-place writer would leave it
+    run = project.doit("bundle")
+    assert "doit-db.json was unreadable" in run.err and "set aside" in run.err
+    assert "bundle" in run.executed
+    assert snapshot(project.bundle()) == good
+    assert project.doit("bundle").executed == set()
+
+
+def test_dependency_db_writes_are_atomic(tmp_path):
+    from doit.dependency import JsonDB
+
+    class FailingCodec:
+        def encode(self, data):
+            raise OSError(28, "No space left on device")
+
+        def decode(self, text):
+            return json.loads(text)
+
+    path = tmp_path / "doit-db.json"
+    path.write_text('{"task": {"k": 1}}')
+    db = JsonDB(str(path), codec=FailingCodec())
+    db.set("task", "k", 2)
+    with pytest.raises(OSError):
+        runguard.atomic_dump(db)
+    assert json.loads(path.read_text()) == {"task": {"k": 1}}   # doit's own dump: empty file
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_an_interrupted_swap_gets_the_previous_bundle_back(tmp_path):
+    build = tmp_path / "build"
+    old = build / "m" / "d" / ".bundle-old.abc123"
+    old.mkdir(parents=True)
+    (old / "manifest.json").write_text("{}")
+    nested = build / "release-work"       # another build root: its own runs clean it
+    (nested / ".hexbundle").mkdir(parents=True)
+    (nested / ".x.bin.1.tmp").write_text("partial")
+    assert runguard.restore_interrupted_swaps(build, tmp_path) == [build / "m" / "d" / "bundle"]
+    assert (build / "m" / "d" / "bundle" / "manifest.json").read_text() == "{}"
+    assert runguard.sweep_temp_files(build, tmp_path) == []
+    assert (nested / ".x.bin.1.tmp").exists()
+
+
+def test_swap_in_replaces_the_bundle_whole(tmp_path):
+    final, staging = tmp_path / "bundle", tmp_path / ".bundle.new"
+    final.mkdir()
+    (final / "a").write_text("old")
+    staging.mkdir()
+    (staging / "a").write_text("new")
+    swap_in(staging, final)
+    assert (final / "a").read_text() == "new" and sorted(tmp_path.iterdir()) == [final]
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "which").write_text("a")
+    if not exchange_dirs(a, b):
+        pytest.skip("this kernel or file system has no RENAME_EXCHANGE (two renames are used)")
+    assert (b / "which").read_text() == "a" and not (a / "which").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# two runs at once
+
+def test_a_second_run_waits_for_the_first_and_never_corrupts_the_db(project, tmp_path):
+    first = Held(project, ["bundle"], pause_at="compile", tmp=tmp_path / "first")
+    first.wait_paused()
+    second = Held(project, ["bundle"], tmp=tmp_path / "second")
+    second.wait_for(lambda: "waiting for another hexbundle run" in second.text(), "wait message")
+    assert f"(pid {first.proc.pid}) on build/" in second.text()
+
+    refused = project.doit("bundle", env={"HEXBUNDLE_LOCK_TIMEOUT": "0"}, check=False)
+    assert refused.code == 3
+    assert (f"another hexbundle run (pid {first.proc.pid}) is using build/ (lock "
+            "build/.hexbundle/lock); wait for it to finish") in refused.err
+    no_traceback(refused)
+    assert project.doit("list").code == 0   # read-only commands do not wait
+
+    first.release()
+    assert first.finish().code == 0
+    later = second.finish()
+    assert later.code == 0 and later.executed == set(), later.out
+    json.loads((project.root / "build" / ".hexbundle" / "doit-db.json").read_text())
+    assert project.doit("bundle").executed == set()
+
+
+# ---------------------------------------------------------------------------------------------
+# bad inputs, through doit, on an exported copy of the tiny model
+
+EXPORT = "qwen2-tiny-export"
+P2, T2 = "prompt_ar128_cl256_2_of_4", "token_ar1_cl256_2_of_4"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A project with qwen2-tiny's inputs as a user export (exports/qwen2-tiny/), built once."""
+    proj = copy_project(tmp_path_factory.mktemp("exported") / "proj")
+    proj.doit("inputs")
+    models = proj.root / "configs" / "models"
+    text = (models / "qwen2-tiny.toml").read_text()
+    text = text.replace('name = "qwen2-tiny"', f'name = "{EXPORT}"')
+    text = re.sub(r'source = "generated"\n(seed = \d+\n)?',
+                  'source = "export"\ndir = "exports/qwen2-tiny"\n', text)
+    (models / f"{EXPORT}.toml").write_text(text)
+    shutil.copytree(proj.root / "build" / "qwen2-tiny" / "inputs", proj.root / "exports" / "qwen2-tiny")
+    proj.doit("bundle", f"model={EXPORT}")
+    proj.good = snapshot(proj.bundle(EXPORT))
+    return proj
+
+
+@contextmanager
+def restored(project):
+    """Undo whatever a case does to the export and the configs."""
+    watched = [project.root / "exports", project.root / "configs"]
+    saved = {p: p.read_bytes() for d in watched for p in d.rglob("*") if p.is_file()}
+    try:
+        yield
+    finally:
+        for d in watched:
+            for p in d.rglob("*"):
+                if p.is_file() and p not in saved:
+                    p.unlink()
+        for p, data in saved.items():
+            if not p.exists() or p.read_bytes() != data:
+                p.write_bytes(data)
+
+
+def _ex(project, name):
+    return project.root / "exports" / "qwen2-tiny" / name
+
+
+def _edit_json(path, change):
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))   # NaN / Infinity are written as JSON's NaN / Infinity
+
+
+def _param(data, name):
+    return next(e for e in data["param_encodings"] if e["name"] == name)
+
+
+def _edit_text(path, old, new):
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new, 1))
+
+
+def _set_scale(value):
+    return lambda p: _edit_json(_ex(p, f"{P2}.encodings"), lambda d: _param(
+        d, "model.layers.0.self_attn.v_proj.weight")["scale"].__setitem__(0, value))
+
+
+MODEL_TOML = f"configs/models/{EXPORT}.toml"
+BAD_INPUTS = {
+    "onnx-truncated": (lambda p: _ex(p, f"{P2}.onnx").write_bytes(_ex(p, f"{P2}.onnx").read_bytes()[:4000]),
+                       [f"{P2}.onnx: cannot parse ONNX model", "re-export it"]),
+    "onnx-garbage": (lambda p: _ex(p, f"{P2}.onnx").write_bytes(bytes(range(256)) * 16),
+                     [f"{P2}.onnx: cannot parse ONNX model", "re-export it"]),
+    "data-missing": (lambda p: _ex(p, f"{P2}.data").unlink(),
+                     [f"exports/qwen2-tiny/{P2}.data", "How to produce them"]),
+    "data-short": (lambda p: _ex(p, f"{P2}.data").write_bytes(_ex(p, f"{P2}.data").read_bytes()[:100000]),
+                   [f"{P2}.onnx: tensor 'model.layers.0.self_attn.v_proj.weight'", "has only 100000",
+                    "truncated or from another export"]),
+    "encodings-malformed": (lambda p: _ex(p, f"{P2}.encodings").write_text('{"version": "1.0.0",'),
+                            [f"{P2}.encodings: not valid JSON", "re-export the encodings"]),
+    "encodings-lack-a-weight": (
+        lambda p: _edit_json(_ex(p, f"{P2}.encodings"), lambda d: d["param_encodings"].remove(
+            _param(d, "model.layers.0.self_attn.o_proj.weight"))),
+        [f"{P2}.encodings: no int encoding for weight 'model.layers.0.self_attn.o_proj.weight'",
+         "re-export the encodings with this layer quantized"]),
+    "encodings-name-unknown-tensor": (
+        lambda p: _edit_json(_ex(p, f"{P2}.encodings"), lambda d: d["param_encodings"].append(
+            {**d["param_encodings"][0], "name": "model.layers.9.mlp.up_proj.weight"})),
+        [f"{P2}.encodings: param encoding for 'model.layers.9.mlp.up_proj.weight'",
+         "the encodings belong to another export"]),
+    "encodings-bitwidth-3": (
+        lambda p: _edit_json(_ex(p, f"{P2}.encodings"), lambda d: _param(
+            d, "model.layers.0.self_attn.v_proj.weight").update(bw=3)),
+        ["('model.layers.0.self_attn.v_proj.weight'): key 'bw' is 3", "one of 4, 8, 16 bits"]),
+    "scale-zero": (_set_scale(0.0), ["v_proj.weight'): key 'scale' channel 0 is 0.0",
+                                     "finite, > 0"]),
+    "scale-negative": (_set_scale(-0.5), ["v_proj.weight'): key 'scale' channel 0 is -0.5"]),
+    "scale-nan": (_set_scale(math.nan), ["v_proj.weight'): key 'scale' channel 0 is NaN"]),
+    "scale-infinite": (_set_scale(math.inf), ["v_proj.weight'): key 'scale' channel 0 is Infinity"]),
+    "shared-weight-differs": (
+        lambda p: scale_weight(_ex(p, f"{T2}.onnx"), "model.layers.0.mlp.up_proj.weight", 0.5),
+        [f"{BIN2}: weight sharing is on, but tensor 'model.layers.0.mlp.up_proj.weight' differs "
+         f"between graphs '{P2}' and '{T2}'", "exported with the same weights"]),
+    "tokenizer-missing": (lambda p: _ex(p, "tokenizer.json").unlink(),
+                          ["exports/qwen2-tiny/tokenizer.json", "How to produce them"]),
+    "tokenizer-invalid": (lambda p: _ex(p, "tokenizer.json").write_text("{]"),
+                          ["tokenizer.json: not a valid tokenizer.json",
+                           "replace it with the model's Hugging Face tokenizer.json"]),
+    "tokenizer-lacks-special": (
+        lambda p: _edit_json(_ex(p, "tokenizer.json"), lambda d: d["added_tokens"].pop()),
+        ["tokenizer.json: special token '<|endoftext|>' (eot", "fix that table"]),
+    "config-typo": (lambda p: _edit_text(p.root / "configs/build.toml", "backend =", "backedn ="),
+                    ["configs/build.toml: unknown key 'backedn' (did you mean 'backend'?)"]),
+    "config-wrong-type": (lambda p: _edit_text(p.root / MODEL_TOML, "num_layers = 4", 'num_layers = "4"'),
+                          [f"{MODEL_TOML}: key 'architecture.num_layers' is str '4'; expected an integer"]),
+    "config-not-utf8": (lambda p: (p.root / MODEL_TOML).write_bytes(b"\xff\xfe[model]\n"),
+                        [f"{MODEL_TOML}: not UTF-8 text", "save it as UTF-8 TOML"]),
+    "config-unknown-device": (
+        lambda p: _edit_text(p.root / "configs/build.toml", 'device = "iq9075"', 'device = "iq9999"'),
+        ["configs/build.toml: device = 'iq9999': unknown device 'iq9999'; known: iq9075"]),
+    "config-soc-arch-mismatch": (
+        lambda p: _edit_text(p.root / "configs/devices/iq9075.toml", 'dsp_arch = "v73"', 'dsp_arch = "v75"'),
+        ["configs/devices/iq9075.toml: soc_model 77", "has dsp_arch 'v73', not 'v75'",
+         "fix device.soc_model or device.dsp_arch"]),
+    "config-graph-names-out-of-order": (
+        lambda p: (_edit_text(p.root / MODEL_TOML, "num_layers = 4", "num_layers = 10"),
+                   _edit_text(p.root / MODEL_TOML, "layers_per_part = [0, 2, 1, 1]",
+                              "layers_per_part = [0, 4, 3, 3]\n\n[plans.eleven]\n"
+                              "layers_per_part = [0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]")),
+        ["plan 'eleven'", "Graph names must sort in pipeline order", "use fewer than 10 parts"],
+        ("plan=eleven",)),
+    "config-inputs-outside-project": (
+        lambda p: _edit_text(p.root / MODEL_TOML, 'dir = "exports/qwen2-tiny"', 'dir = "../../etc"'),
+        [f"{MODEL_TOML}: key 'inputs.dir' = '../../etc' points outside the project"]),
+    "config-inputs-in-build": (
+        lambda p: _edit_text(p.root / MODEL_TOML, 'dir = "exports/qwen2-tiny"',
+                             'dir = "build/qwen2-tiny/inputs"'),
+        [f"{MODEL_TOML}: key 'inputs.dir' = 'build/qwen2-tiny/inputs' is inside the build "
+         "directory", "keep the export elsewhere"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+def test_bad_input_fails_cleanly_and_keeps_the_good_bundle(exported, case):
+    mutate, expected, *extra = BAD_INPUTS[case]
+    with restored(exported):
+        mutate(exported)
+        run = exported.doit("bundle", f"model={EXPORT}", *(extra[0] if extra else ()),
+                            check=False)
+    text = run.out + run.err
+    assert run.code != 0, text
+    for fragment in expected:
+        assert fragment in text, f"{fragment!r} not in:\n{text}"
+    no_traceback(run)
+    assert snapshot(exported.bundle(EXPORT)) == exported.good
+
+
+def test_unknown_model_on_the_command_line(exported):
+    run = exported.doit("bundle", "model=qwen3-tiny", check=False)
+    assert run.code == 3
+    assert "command line: model = 'qwen3-tiny': unknown model 'qwen3-tiny'" in run.err
+    assert "known: qwen2-tiny" in run.err
+    no_traceback(run)
+
+
+def test_after_the_bad_inputs_the_export_builds_again(exported):
+    exported.doit("bundle", f"model={EXPORT}")
+    assert snapshot(exported.bundle(EXPORT)) == exported.good
+
+
+# ---------------------------------------------------------------------------------------------
+# file-level fuzzing: never a traceback, always a clean error
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.binary(max_size=300),
+                 st.text(alphabet='[]{}=,."\'#\n\t abcdez019_-+:', max_size=200)
+                 .map(lambda t: t.encode())))
+def test_fuzz_any_bytes_as_a_toml_config(tmp_path, raw):
+    path = tmp_path / "build.toml"
+    path.write_bytes(raw)
+    try:
+        read_toml(path, BUILD_SCHEMA)
+    except ConfigError as exc:
+        assert str(path) in str(exc)
+
+
+def test_deeply_nested_toml_is_a_config_error(tmp_path):
+    path = tmp_path / "build.toml"
+    path.write_text("model = " + "[" * 1000 + "]" * 1000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        read_toml(path, BUILD_SCHEMA)
+
+
+TOML_LITERALS = ['"x"', '""', "-1", "0", "3", "1e309", "inf", "nan", "true", "[]", '[1, "a"]',
+                 "{}", "{a = 1}", "1979-05-27", '"../../etc"', "99999999999999999999", '"v99"',
+                 "[0, 1]", '"iq9075"', "0.5"]
+
+
+@pytest.fixture(scope="module")
+def fuzz_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzzcfg")
+    shutil.copytree(Path(__file__).resolve().parent.parent / "configs", root / "configs")
+    return root
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(file=st.sampled_from(["build.toml", "models/qwen2-tiny.toml", "devices/iq9075.toml",
+                             "socs.toml"]),
+       edits=st.lists(st.tuples(st.integers(0, 200), st.sampled_from(TOML_LITERALS + ["<drop>"])),
+                      min_size=1, max_size=3))
+def test_fuzz_edited_configs_only_raise_config_errors(fuzz_root, file, edits):
+    """Real config files with values replaced or lines dropped: load, or a ConfigError."""
+    path = fuzz_root / "configs" / file
+    original = path.read_text()
+    lines = original.splitlines()
+    for index, literal in edits:
+        i = index % len(lines)
+        if literal == "<drop>":
+            lines[i] = ""
+        elif "=" in lines[i] and not lines[i].lstrip().startswith("#"):
+            lines[i] = lines[i].split("=", 1)[0] + "= " + literal
+    path.write_text("\n".join(lines) + "\n")
+    try:
+        load_build(fuzz_root)
+    except ConfigError:
+        pass
+    finally:
+        path.write_text(original)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flips=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(1, 255)), min_size=1, max_size=4))
+def test_fuzz_corrupted_encodings_file(built, tmp_path, flips):
+    """A real encodings file with a few bytes changed: loads, or an EncodingsError naming it."""
+    src = built.root / "build" / "qwen2-tiny" / "inputs" / f"{P2}.encodings"
+    data = bytearray(src.read_bytes())
+    for offset, xor in flips:
+        data[offset % len(data)] ^= xor
+    path = tmp_path / "fuzz.encodings"
+    path.write_bytes(bytes(data))
+    try:
+        load_encodings(path)
+    except EncodingsError as exc:
+        assert str(path) in str(exc)
