@@ -97,8 +97,10 @@ def task_compile():
 
 
 def task_check_sizes():
-    """Check every context binary against the size model (catches unpacked 4-bit weights),
-    then re-hash the bundle's files against its manifest.json (catches edits after the build)."""
+    """Check bin sizes against the size model, then re-hash the bundle against its manifest.
+
+    The size model catches unpacked 4-bit weights; the re-hash catches any bundle file edited,
+    removed or added after the build (no digest cache, no stat shortcut)."""
     return {"actions": [(check_sizes, [CFG, LAYOUT]), (check_bundle, [LAYOUT])],
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS],
             "uptodate": [False], "verbosity": 2}

@@ -100,7 +100,7 @@ def main() -> None:
     root.mkdir(parents=True)
     prefix = unpack(archive, root)
     text = (root / "sdk.yaml").read_text(errors="replace")
-    m = re.search(r"^version:\s*['\"]?([0-9][0-9A-Za-z.\-]*)", text, re.M)
+    m = re.search(r"^version:\s*['\"]?([0-9][0-9A-Za-z.\-]*)", text, re.MULTILINE)
     if not m or m.group(1) != a.version:
         fail(f"{a.archive}: its sdk.yaml says version {m.group(1) if m else '(none)'}, "
              f"not the pinned {a.version}")

@@ -43,6 +43,7 @@ SEED_3_LAYER_PART_MIB = 337.3
 RESULTS_FORMAT = 1
 NOOP_REPEATS = 5
 CHANGED_BYTES = 1 << 20     # bytes of one weight negated to "change a part's weights"
+MIN_DIGEST_BYTES = 256 << 20   # the digest row times at least this much hashing
 MD5_DB = "doit-db-md5.json"
 TRACE_ENV = hashing.TRACE_ENV
 BUILD_TASKS = ("inputs", "convert", "compile", "bundle")   # what `doit bundle` runs
@@ -245,7 +246,7 @@ class Bench:
         largest = max(w.numel * 4 for w in _part_weights(self.cfg, self.part))
         return {"part": self.part.index, "layers": len(self.part.layers), "steps": steps,
                 "fp32_weight_bytes": weights, "seconds": round(seconds, 2),
-                "gb_per_s": round(weights / seconds / 1e9, 3),
+                "gb_per_s": round(weights / max(seconds, 1e-9) / 1e9, 3),
                 "peak_rss_bytes": max(s["maxrss"] for s in steps),
                 "largest_tensor_bytes": largest}
 
@@ -261,24 +262,27 @@ class Bench:
         return {**result, "wall_seconds": round(wall, 2), "maxrss": maxrss}
 
     def digest_row(self) -> dict:
-        """Both checkers on the same files, warm page cache (a warm-up pass first)."""
+        """Both checkers on the same files, warm page cache (a warm-up pass first). Small
+        inputs are hashed several times over, so that at least MIN_DIGEST_BYTES are timed."""
         from doit.dependency import MD5Checker
         files = self.distinct_data_files()
-        total = sum(p.stat().st_size for p in files)
-        self.log(f"digests: {len(files)} files, {total / GIB:.2f} GiB, XXH3-128 vs MD5 ...")
+        size = sum(p.stat().st_size for p in files)
+        passes = max(1, -(-MIN_DIGEST_BYTES // max(size, 1)))
+        self.log(f"digests: {len(files)} files, {size / GIB:.2f} GiB (x{passes}), XXH3-128 vs MD5 ...")
         for path in files:       # warm-up: both timed passes read from the page cache
             hashing.file_digest(path)
         started = time.monotonic()
-        for path in files:
+        for path in files * passes:
             hashing.file_digest(path)
-        ours = time.monotonic() - started
+        ours = max(time.monotonic() - started, 1e-9)
         checker = MD5Checker()
         started = time.monotonic()
-        for path in files:
+        for path in files * passes:
             checker.get_state(str(path), None)
-        stock = time.monotonic() - started
-        return {"files": len(files), "bytes": total, "ours_seconds": round(ours, 3),
-                "stock_seconds": round(stock, 3), "ours_gib_per_s": round(total / GIB / ours, 2),
+        stock = max(time.monotonic() - started, 1e-9)
+        total = size * passes
+        return {"files": len(files), "bytes": total, "passes": passes, "ours_seconds": round(ours, 6),
+                "stock_seconds": round(stock, 6), "ours_gib_per_s": round(total / GIB / ours, 2),
                 "stock_gib_per_s": round(total / GIB / stock, 2), "ratio": round(stock / ours, 1)}
 
     def noop_row(self) -> dict:
@@ -364,7 +368,7 @@ class Bench:
     # ------------------------------------------------------------------ the whole run
 
     def run(self) -> dict:
-        started = time.monotonic()
+        started, load_before = time.monotonic(), _load_average()
         self.check_disk()
         try:
             inputs = self.generate_inputs()
@@ -385,18 +389,28 @@ class Bench:
         results = {
             "format": RESULTS_FORMAT,
             "mode": "small" if self.small else "full",
-            "machine": machine(),
+            "machine": {**machine(), "load_average_before": load_before,
+                        "load_average_after": _load_average()},
             "model": self.model_name, "plan": self.cfg.plan.name, "parts": len(self.parts),
             "inputs": inputs,
             "full_build": {"n1_seconds": round(full_1.seconds, 2), "n2_seconds": round(full_2.seconds, 2),
                            "n1_peak_rss_bytes": full_1.maxrss, "n2_peak_rss_bytes": full_2.maxrss,
-                           "bundle_step_seconds": full_1.step_seconds.get("bundle"), **bundle},
+                           "bundle_step_seconds": full_1.step_seconds.get("bundle"),
+                           "n1_step_seconds": full_1.step_seconds, **bundle},
             "sizes": sizes_row,
             "md5_baseline": md5_db,
             "rows": rows(digests, noop, touch, change, backend, full_1, full_2),
             "bench_seconds": round(time.monotonic() - started, 1),
         }
         return results
+
+
+def _load_average() -> Optional[list]:
+    """1/5/15-minute load: other work on the machine skews every figure, so it is recorded."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _part_weights(cfg, part) -> list:
@@ -441,7 +455,7 @@ def backend_step(spec: dict) -> dict:
         backend.compile(dlcs, out, compile_options(cfg, part), lambda m: None)
         read = sum(p.stat().st_size for p in dlcs)
     seconds = time.monotonic() - started
-    return {"step": spec["step"], "graph": spec.get("graph"), "seconds": round(seconds, 3),
+    return {"step": spec["step"], "graph": spec.get("graph"), "seconds": round(seconds, 6),
             "read_bytes": read, "written_bytes": out.stat().st_size}
 
 
@@ -494,7 +508,8 @@ def format_table(results: dict) -> str:
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     m, s, f = results["machine"], results["sizes"], results["full_build"]
     notes = [f"machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['os']}, "
-             f"Python {m['python']}, doit {m['doit']}, numpy {m['numpy']}",
+             f"Python {m['python']}, doit {m['doit']}, numpy {m['numpy']}; load average "
+             f"{m['load_average_before']} before, {m['load_average_after']} after",
              f"model: {results['model']} (plan {results['plan']}, {results['parts']} parts); inputs "
              f"{results['inputs']['bytes'] / GIB:.2f} GiB in {results['inputs']['files']} files "
              f"({results['inputs']['distinct_bytes'] / GIB:.2f} GiB of distinct .data)",

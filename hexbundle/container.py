@@ -13,6 +13,7 @@ It never pulls: the image is looked up locally first (`containers.run` would sil
 """
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from pathlib import Path
@@ -25,19 +26,24 @@ STAGE_SCRIPT = Path("scripts") / "stage.py"
 PYTHON = "python3.10"
 # Passed through when set on the host: they change what a build writes, not where it runs.
 PASS_THROUGH = ("SOURCE_DATE_EPOCH",)
+# The client's socket timeout also bounds each wait for output: a real compile can be silent
+# for many minutes, so steps and image builds wait long (a dead engine fails at connect).
+QUERY_TIMEOUT_S = 120
+LONG_TIMEOUT_S = 24 * 3600
 
 
-def docker_client():
+def docker_client(timeout: int = QUERY_TIMEOUT_S):
     """A client of an engine that answers, or an error saying how to get one."""
     try:
-        import docker
         from docker.errors import DockerException
+
+        import docker
     except ImportError:
         raise ToolchainError("the docker Python package is missing (pip install 'docker>=7.1'); "
                              "or build with executor = \"local\"") from None
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
-        client = docker.from_env(timeout=120)
+        client = docker.from_env(timeout=timeout)
         client.ping()
     except DockerException as exc:
         raise ToolchainError(
@@ -103,7 +109,7 @@ def run_in_container(cfg: BuildConfig, spec: dict, log_path: Path, user: str = "
     with open(log_path, "w") as log:
         try:
             tc = load_toolchain(cfg.root)
-            client = docker_client()
+            client = docker_client(LONG_TIMEOUT_S)
             image = find_image(client, tc)
             if cfg.backend == "qairt":
                 require_sdk_image(image, tc)
@@ -127,10 +133,13 @@ def _run(client, image, cfg: BuildConfig, spec: dict, log, user: str) -> int:
             working_dir=str(cfg.root), volumes=mounts(cfg), environment=environment(cfg),
             user=user, network_mode="none", cap_drop=["ALL"],
             security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": "rw,exec"},
-            labels={"org.hexbundle.step": spec.get("stage", "")})
+            labels={"org.hexbundle.step": spec.get("stage", ""),
+                    "org.hexbundle.root": str(cfg.root)})
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")   # chunks split chars
         for chunk in container.logs(stream=True, follow=True):
-            log.write(chunk.decode(errors="replace"))
+            log.write(text.decode(chunk))
             log.flush()
+        log.write(text.decode(b"", final=True))
         return int(container.wait().get("StatusCode", 1))
     except APIError as exc:
         log.write(f"error: the Docker engine refused to run the step: {exc.explanation or exc}\n")

@@ -83,6 +83,7 @@ class DigestCache:
             linked = self._hard_link_digest(st, want)
             if linked is not None:
                 self._entries[key] = [want, linked]
+                self._save()
                 return linked
         digest = file_digest(path)
         self._trace(key)

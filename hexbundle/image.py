@@ -27,7 +27,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from .errors import HexbundleError, ToolchainError
 from .toolchain import Toolchain, load_toolchain, sha256_file, staged_sdk
@@ -45,7 +44,7 @@ def log_path(root: Path) -> Path:
     return Path(root) / "build" / "logs" / "image.log"
 
 
-def read_record(root: Path) -> Optional[dict]:
+def read_record(root: Path) -> dict | None:
     try:
         return json.loads((image_dir(root) / "image.json").read_text())
     except (OSError, ValueError):
@@ -58,7 +57,7 @@ def read_record(root: Path) -> Optional[dict]:
 @dataclass(frozen=True)
 class Context:
     files: list                    # [(name in the context, source path)], sorted by name
-    sdk_sha256: Optional[str]      # None: no SDK in this image
+    sdk_sha256: str | None      # None: no SDK in this image
     lock_sha256: str
 
 
@@ -72,8 +71,8 @@ def plan_context(tc: Toolchain) -> Context:
             raise ToolchainError(f"{path}: {what} is missing")
     files = [("Dockerfile", tc.dockerfile), ("requirements/container.lock", tc.lock),
              ("sdk/install_sdk.py", INSTALLER)]
+    sdk_sha256 = staged_sdk(tc)    # first: a wrong SDK archive is the likelier surprise
     files += [(f"wheelhouse/{wheel.name}", wheel) for wheel in verify(tc).values()]
-    sdk_sha256 = staged_sdk(tc)
     if sdk_sha256:
         files.append((f"sdk/{tc.sdk_archive.name}", tc.sdk_archive))
     return Context(sorted(files), sdk_sha256, sha256_file(tc.lock))
@@ -147,7 +146,8 @@ def build_args(tc: Toolchain, ctx: Context, base: str) -> dict:
 
 
 def labels(tc: Toolchain, ctx: Context, base: str, facts: dict, context_sha256: str) -> dict:
-    from . import __version__
+    """What the image carries. (Not hexbundle's version: the sources are mounted, not built in,
+    so a new hexbundle does not need a new image.)"""
     sdk = ctx.sdk_sha256
     return {
         "hexbundle.sdk": tc.sdk_version if sdk else "none",
@@ -160,7 +160,6 @@ def labels(tc: Toolchain, ctx: Context, base: str, facts: dict, context_sha256: 
         "hexbundle.lock.sha256": ctx.lock_sha256,
         "hexbundle.python": tc.python_version,
         "hexbundle.context.sha256": context_sha256,
-        "hexbundle.version": __version__,
     }
 
 
@@ -184,22 +183,24 @@ def stream_build(client, fh, tag: str, args: dict, image_labels: dict, network: 
         if "aux" in chunk and "ID" in chunk["aux"]:
             image_id = chunk["aux"]["ID"]
         if "error" in chunk:
-            raise ToolchainError("the image build failed:\n" + "\n".join(tail))
+            raise ToolchainError(f"the image build failed (full log: {log.name}):\n"
+                                 + "\n".join(tail))
     if not image_id:
-        raise ToolchainError("the image build ended without an image ID:\n" + "\n".join(tail))
+        raise ToolchainError(f"the image build ended without an image ID (full log: "
+                             f"{log.name}):\n" + "\n".join(tail))
     return image_id
 
 
-def build(root: Path, base: Optional[str] = None, network: str = "none") -> dict:
+def build(root: Path, base: str | None = None, network: str = "none") -> dict:
     """Build and tag the toolchain image; record and return what was built."""
-    from .container import docker_client
+    from .container import LONG_TIMEOUT_S, docker_client
     tc = load_toolchain(root)
     base = base or tc.base
     started = time.monotonic()
-    say = lambda msg: print(f"  image: {msg} ({time.monotonic() - started:.0f}s)",  # noqa: E731
+    say = lambda msg: print(f"  image: {msg} ({time.monotonic() - started:.0f}s)",
                             flush=True)
     ctx = plan_context(tc)
-    client = docker_client()
+    client = docker_client(LONG_TIMEOUT_S)
     facts = base_facts(client, base)
     say(f"base {base} ({facts['id'][:19]}), QAIRT SDK "
         f"{tc.sdk_version + ' from ' + tc.sdk_archive.name if ctx.sdk_sha256 else 'none'}, "
@@ -256,12 +257,14 @@ def is_current(task, values, root: Path) -> bool:
     wanted = (task.options or {}).get("base") or load_toolchain(root).base
     if not record or record.get("base") != wanted:
         return False
+    from docker.errors import DockerException
+
+    from .container import docker_client
     try:
-        from .container import docker_client
         client = docker_client()
         image = client.images.get(record["tag"])
         base_id = client.images.get(record["base"]).id
-    except Exception:      # no engine, no image, no base: not current (the build then says why)
+    except (HexbundleError, DockerException):   # no engine, image or base: the build says why
         return False
     return image.id == record["id"] and base_id == record["labels"].get("hexbundle.base.id")
 
@@ -271,5 +274,5 @@ def task_action(root: Path, base: str, network: str):
     try:
         build(root, base or None, network)
     except HexbundleError as exc:
-        return TaskFailed(f"{exc}\n(full log: {log_path(root)})")
+        return TaskFailed(str(exc))
     return True

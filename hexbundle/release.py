@@ -114,7 +114,7 @@ def _tarinfo(name: str, epoch: int, size: int = 0, directory: bool = False) -> t
 def write_archive(bundle_dir: Path, out: Path, prefix: str, epoch: int) -> None:
     """A .tar.gz whose bytes depend only on the files' names and contents, the prefix and epoch."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as raw:
             with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:

@@ -38,9 +38,9 @@ POLL_S = 0.2
 READ_ONLY_COMMANDS = {"list", "help", "info", "dumpdb", "tabcompletion", "--help", "--version"}
 
 # Names our writers give their temp files and directories (see formats/container.py,
-# bundle.py, tinygen.py, biggen.py, hashing.py and atomic_dump below).
-TEMP_FILE = re.compile(r"^\..+(\.tmp|\.tmp-\d+|\.link-\d+)$")
-STAGING_DIR = re.compile(r"^\.bundle\.[A-Za-z0-9_]+$")
+# bundle.py, tinygen.py, biggen.py, hashing.py, backends/qairt.py and atomic_dump below).
+TEMP_FILE = re.compile(r"^\.(.+(\.tmp|\.tmp-\d+|\.link-\d+)|tmp-\d+-.+)$")
+STAGING_DIR = re.compile(r"^\.(bundle\.|qairt-tmp-)[A-Za-z0-9_]+$")   # bundle staging, SDK scratch
 OLD_BUNDLE_DIR = re.compile(r"^\.bundle-old\.[A-Za-z0-9_]+$")
 
 _held = None   # the lock's open file: the lock lasts as long as this process
@@ -63,12 +63,12 @@ def guard_run(layout, argv: list) -> None:
     if not command_writes(argv):
         return
     root, build, state = layout.root, layout.cfg.build_root, layout.state_dir
+    report_interrupts_cleanly()   # first: Ctrl-C while waiting for the lock is clean too
     hold_lock(state / "lock", root)
     restore_interrupted_swaps(build, root)
     sweep_temp_files(build, root)
     set_aside_damaged_db(state / "doit-db.json", root)
     make_doit_db_durable()
-    report_interrupts_cleanly()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,7 +81,8 @@ def lock_timeout() -> float:
     try:
         value = float(text)
     except ValueError:
-        raise LockBusy(f"{LOCK_TIMEOUT_ENV}={text!r}: expected a number of seconds") from None
+        raise HexbundleError(f"environment variable {LOCK_TIMEOUT_ENV}={text!r}: expected a "
+                             "number of seconds (0 = do not wait)") from None
     return max(value, 0.0)
 
 
@@ -91,7 +92,9 @@ def hold_lock(path: Path, root: Path) -> None:
     if _held is not None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(path, "a+")   # never truncated before we hold it: the holder's pid stays readable
+    # Kept open for the life of the process (the lock lives with it); "a+" never truncates before
+    # we hold the lock, so the holder's pid stays readable.
+    fh = open(path, "a+")  # noqa: SIM115
     timeout = lock_timeout()
     deadline = time.monotonic() + timeout
     announced = False

@@ -15,10 +15,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from .config import Field, read_toml
-from .errors import ToolchainError
+from .errors import HexbundleError, ToolchainError
 
 CONFIG = Path("configs") / "toolchain.toml"
 SHA256 = r"(|[0-9a-f]{64})"
@@ -72,12 +71,12 @@ def project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def load_toolchain(root: Optional[Path] = None) -> Toolchain:
+def load_toolchain(root: Path | None = None) -> Toolchain:
     root = Path(root or project_root()).resolve()
     path = root / CONFIG
     d = read_toml(path, SCHEMA)
     s, i, p = d["sdk"], d["image"], d["python"]
-    inside = lambda key, value: _inside(root, path, key, value)  # noqa: E731
+    inside = lambda key, value: _inside(root, path, key, value)
     return Toolchain(root, path, s["version"], inside("sdk.archive", s["archive"]), s["sha256"],
                      s["install_dir"], i["tag"], i["base"],
                      inside("image.dockerfile", i["dockerfile"]), i["user"], p["version"],
@@ -94,7 +93,7 @@ def _inside(root: Path, where: Path, key: str, value: str) -> Path:
     return path
 
 
-def pinned_sdk_version(root: Optional[Path] = None) -> str:
+def pinned_sdk_version(root: Path | None = None) -> str:
     return load_toolchain(root).sdk_version
 
 
@@ -109,7 +108,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def staged_sdk(tc: Toolchain) -> Optional[str]:
+def staged_sdk(tc: Toolchain) -> str | None:
     """The staged archive's sha256 when it is the pinned one; None when nothing is staged (the
     image is then built without the SDK). Anything else is an error saying what to do."""
     archive = tc.sdk_archive
@@ -150,7 +149,7 @@ def read_sdk_version(sdk_yaml: Path) -> str:
     except OSError as exc:
         raise ToolchainError(f"{sdk_yaml}: cannot read the SDK's version file ({exc.strerror}); "
                              "is this the root of a QAIRT SDK?") from None
-    m = re.search(r"^version:\s*['\"]?([0-9][0-9A-Za-z.\-]*)['\"]?\s*$", text, re.M)
+    m = re.search(r"^version:\s*['\"]?([0-9][0-9A-Za-z.\-]*)['\"]?\s*$", text, re.MULTILINE)
     if not m:
         raise ToolchainError(f"{sdk_yaml}: no top-level 'version:' line; is this the sdk.yaml of "
                              "a QAIRT SDK?")
@@ -182,22 +181,40 @@ def require_pinned_sdk(tc: Toolchain, env=None) -> InstalledSdk:
 # ---------------------------------------------------------------------------------------------
 # what a build records about its toolchain
 
-def recorded_image(root: Path) -> Optional[dict]:
-    """What the last `doit image` recorded (build/image/image.json), or None."""
-    from .image import read_record
-    return read_record(root)
+def image_used(cfg, layout) -> dict:
+    """The toolchain image a docker build ran in: the ID its bundle manifest records (else the
+    image now under the tag) and, when the engine answers, that image's labels."""
+    import json
+    tc = load_toolchain(cfg.root)
+    try:
+        image_id = json.loads(layout.manifest.read_text()).get("image", "")
+    except (OSError, ValueError):
+        image_id = ""
+    labels = {}
+    try:
+        from docker.errors import DockerException
+    except ImportError:
+        return {"tag": tc.image_tag, "id": image_id, "labels": labels}
+    from .container import docker_client
+    try:
+        image = docker_client().images.get(image_id or tc.image_tag)
+        image_id, labels = image.id, dict(image.labels or {})
+    except (HexbundleError, DockerException):
+        labels = {}   # no engine here (e.g. verifying elsewhere): the recorded ID alone
+    return {"tag": tc.image_tag, "id": image_id, "labels": labels}
 
 
 def provenance_materials(cfg, layout) -> list:
-    """Materials for a release's provenance: the image a docker build ran in, the SDK pin, the
-    lock file."""
+    """Materials for a release's provenance: the image a docker build ran in (with its labels:
+    base, SDK, lock), the SDK pin of a qairt build, the lock file."""
     tc = load_toolchain(cfg.root)
     out = []
     if cfg.executor == "docker":
-        record = recorded_image(cfg.root) or {}
-        out.append({"name": f"docker-image:{tc.image_tag}",
-                    "digest": {"sha256": record.get("id", "").removeprefix("sha256:")},
-                    "annotations": {"labels": record.get("labels", {})}})
+        used = image_used(cfg, layout)
+        out.append({"name": f"docker-image:{used['tag']}",
+                    "digest": {"sha256": used["id"].removeprefix("sha256:")} if used["id"] else {},
+                    "annotations": {k: v for k, v in sorted(used["labels"].items())
+                                    if k.startswith("hexbundle.")}})
         out.append({"name": layout.rel(tc.lock), "digest": {"sha256": sha256_file(tc.lock)}})
     if cfg.backend == "qairt":
         out.append({"name": f"qairt-sdk:{tc.sdk_version}",
@@ -211,7 +228,6 @@ def step_toolchain(cfg) -> str:
     ID when the steps run in the container (so a rebuilt image reruns them, and switching
     executor does too)."""
     from .backends import describe
-    from .errors import HexbundleError
     version, _ = describe(cfg.backend)
     if cfg.executor != "docker":
         return version

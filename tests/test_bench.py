@@ -4,8 +4,6 @@ the rows are there, the second run after a touch hashes nothing, the MD5 runs do
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -14,28 +12,27 @@ ROW_KEYS = {"id", "what", "ours", "baseline", "ratio", "target", "met", "detail"
 
 @pytest.fixture(scope="module")
 def small_bench(tmp_path_factory):
+    """`doit bench --small` (which runs scripts/bench.py) in a throwaway copy of the project."""
     from conftest import copy_project
     project = copy_project(tmp_path_factory.mktemp("bench") / "proj")
-    out = project.root / "results.json"
-    run = subprocess.run([sys.executable, "scripts/bench.py", "--small", "--out", str(out)],
-                         cwd=project.root, capture_output=True, text=True, timeout=600)
-    return project, run, out
+    run = project.doit("bench", "--small", check=False)
+    return project, run, project.root / "build" / "bench" / "results.json"
 
 
 def test_small_bench_runs_and_prints_one_table(small_bench):
     project, run, _ = small_bench
-    assert run.returncode == 0, run.stdout + run.stderr
-    table = [line for line in run.stdout.splitlines() if line.startswith("|")]
+    assert run.code == 0, run.out + run.err
+    table = [line for line in run.out.splitlines() if line.startswith("|")]
     assert table[0].split("|")[1:-1] == [" # ", " measured ", " hexbundle ", " baseline ",
                                          " ratio ", " target ", " met "]
     assert [line.split("|")[1].strip() for line in table[2:]] == ["1", "2", "3", "4", "5", "6"]
-    assert "machine:" in run.stdout
+    assert "machine:" in run.out
     assert not (project.root / "build" / "bench" / "small-tree").exists()   # cleaned up
 
 
 def test_results_json_is_well_formed(small_bench):
     _, run, out = small_bench
-    assert run.returncode == 0
+    assert run.code == 0
     results = json.loads(out.read_text())
     assert results["mode"] == "small" and results["model"] == "qwen2-tiny"
     assert {"cpu", "cores", "ram_gib", "os", "python", "doit", "numpy"} <= set(results["machine"])

@@ -11,18 +11,20 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import copy_project
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN_SDK = Path(__file__).resolve().parent / "standin_qairt"
 LOCAL_BASE = "hexbundle/base:bookworm-py3.10"      # what scripts/make_base_image.sh makes
-STANDIN_TAG = "hexbundle/toolchain:test-standin-sdk"
+STANDIN_TAG = f"hexbundle/toolchain:test-standin-{os.getpid()}"   # concurrent runs apart
 SDK_VERSION = "2.42.0.251225"
 
 
@@ -38,9 +40,14 @@ def engine():
         import docker
         client = docker.from_env(timeout=120)
         client.ping()
-    except Exception as exc:   # no package, no socket, no daemon: all mean "no engine"
+    except Exception as exc:  # noqa: BLE001 -- no package, socket or daemon: "no engine"
         unavailable(f"no Docker engine answers ({exc}); start dockerd or set DOCKER_HOST")
     return client
+
+
+def docker_errors():
+    import docker.errors
+    return docker.errors
 
 
 def base_image(engine) -> str:
@@ -50,9 +57,9 @@ def base_image(engine) -> str:
         if ref:
             try:
                 engine.images.get(ref)
-                return ref
-            except Exception:
+            except docker_errors().ImageNotFound:
                 continue
+            return ref
     unavailable(f"no base image: neither the pinned base nor {LOCAL_BASE} is in the engine; "
                 "run scripts/make_base_image.sh")
 
@@ -66,7 +73,10 @@ def toolchain_copy(dest: Path):
     wheels = proj.root / "build" / "wheelhouse"
     wheels.mkdir(parents=True)
     for wheel in (ROOT / "build" / "wheelhouse").glob("*.whl"):
-        os.link(wheel, wheels / wheel.name)
+        try:
+            os.link(wheel, wheels / wheel.name)
+        except OSError:   # another filesystem
+            shutil.copy2(wheel, wheels / wheel.name)
     return proj
 
 
@@ -78,6 +88,11 @@ def toolchain_image(engine, tmp_path_factory):
     proj.image_run = proj.doit("image", "--base", base)
     record = json.loads((proj.root / "build" / "image" / "image.json").read_text())
     return proj, record
+
+
+def step_containers(engine, proj):
+    return engine.containers.list(all=True,
+                                  filters={"label": f"org.hexbundle.root={proj.root}"})
 
 
 def docker_bundle(tmp_path, name):
@@ -123,6 +138,21 @@ def test_an_unchanged_rebuild_is_cached_and_gives_the_same_image(toolchain_image
         record["id"]
 
 
+def test_a_failing_image_build_shows_the_step_and_records_nothing(toolchain_image, tmp_path):
+    _, record = toolchain_image
+    proj = toolchain_copy(tmp_path / "proj")
+    dockerfile = proj.root / "docker" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "RUN echo boom-deliberate && false\n")
+    cfg = proj.root / "configs" / "toolchain.toml"
+    cfg.write_text(cfg.read_text().replace('tag = "hexbundle/toolchain:local"',
+                                           f'tag = "hexbundle/toolchain:test-fail-{os.getpid()}"'))
+    run = proj.doit("image", "--base", record["base"], check=False)
+    assert run.code != 0
+    assert "the image build failed" in run.out and "boom-deliberate" in run.out
+    assert "returned a non-zero code" in run.out
+    assert not (proj.root / "build" / "image" / "image-id.txt").exists()
+
+
 # --- the docker executor ----------------------------------------------------------------------
 
 def test_a_docker_bundle_is_byte_identical_to_a_local_one(engine, toolchain_image, tmp_path):
@@ -148,11 +178,29 @@ def test_a_docker_bundle_is_byte_identical_to_a_local_one(engine, toolchain_imag
                                           f"{record['id']}, user {os.getuid()}:{os.getgid()}")
     for path in (docker_proj.root / "build").rglob("*"):
         assert path.stat().st_uid == os.getuid(), path
-    assert not engine.containers.list(all=True, filters={"label": "org.hexbundle.step"})
+    assert not step_containers(engine, docker_proj)
     # switching the executor reruns the steps (the image is part of their up-to-date key)
     status = local_proj.doit("list", "--all", "--status", "executor=docker").out
     assert "R convert:part_1_of_4_prompt" in status and "R bundle" in status
     assert "U convert:part_1_of_4_prompt" in local_proj.doit("list", "--all", "--status").out
+
+
+def test_ctrl_c_removes_the_running_step_container(engine, toolchain_image, tmp_path):
+    proj = copy_project(tmp_path / "proj")
+    doit = subprocess.Popen([sys.executable, "-m", "doit", "bundle", "executor=docker"],
+                            cwd=proj.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not step_containers(engine, proj) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert step_containers(engine, proj), "no step container appeared within 60 s"
+        doit.send_signal(signal.SIGINT)
+        doit.wait(timeout=60)
+    finally:
+        if doit.poll() is None:
+            doit.kill()
+    assert not step_containers(engine, proj)
+    assert doit.returncode != 0
 
 
 def test_a_missing_image_says_to_run_doit_image(engine, project):
@@ -272,5 +320,5 @@ def test_the_qairt_backend_runs_in_an_image_with_the_sdk(engine, toolchain_image
     finally:
         try:
             engine.images.remove(STANDIN_TAG, force=True)
-        except Exception:
+        except docker_errors().ImageNotFound:
             pass

@@ -114,7 +114,7 @@ def test_the_bins_are_what_the_sdk_saved_and_its_output_is_in_the_log(compiled):
 
 def test_compile_options_reach_the_config(compiled):
     proj, _, _, tmp = compiled
-    run, calls = run_qairt(proj, tmp, "compile:part_2_of_4", "weights_packing=false",
+    _, calls = run_qairt(proj, tmp, "compile:part_2_of_4", "weights_packing=false",
                            "weight_sharing=false", "optimization_type=2")
     (c,) = by_call(calls, "qairt.compile")
     graphs = c["kwargs"]["config"]["set"]["graph_custom_configs"]

@@ -12,7 +12,6 @@ import sys
 import tracemalloc
 
 import numpy as np
-import onnx
 import onnxruntime
 import pytest
 from onnx import helper, numpy_helper
@@ -23,6 +22,7 @@ from hexbundle.formats.container import QuantParams, Tensor
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
 from hexbundle.layout import Layout
 from hexbundle.runtime import GraphRunner, causal_mask, rope_inputs
+from hexbundle.verify import generate as library_generate
 from hexbundle.verify import verify_bundle
 
 PARTS = 4
@@ -353,18 +353,28 @@ def test_generate_greedy_equals_the_float_onnx_when_quantization_error_is_small(
     set_toml(project.root / "configs/models/qwen2-tiny.toml", decoder_linear_bitwidth="16",
              lm_head_bitwidth="16")
     project.doit("bundle")
-    for prompt in ("Hello, how are you today?", "你好，世界"):
-        runs = {engine: json.loads(generate(project, "-p", prompt, "-n", "32", "--greedy",
-                                            "--json", "--engine", engine))
-                for engine in ("bundle", "onnx")}
-        assert runs["bundle"]["prompt_ids"] == runs["onnx"]["prompt_ids"]
-        assert len(runs["bundle"]["token_ids"]) == 32
-        assert runs["bundle"]["token_ids"] == runs["onnx"]["token_ids"]
-        assert runs["bundle"]["text"] == runs["onnx"]["text"]
-    # the bundle's own sampler settings (temp 0.8, top-k 40, top-p 0.95, seed 42): deterministic
-    first = generate(project, "-p", "The quick brown fox", "-n", "16")
-    second = generate(project, "-p", "The quick brown fox", "-n", "16")
-    text = lambda out: out.rsplit("\n[", 1)[0]   # noqa: E731 (drop the timing line)
-    assert text(first) == text(second) and text(first)
-    assert re.search(r"\[bundle: \d+ prompt tokens in [\d.]+s; 16 tokens in [\d.]+s = [\d.]+ "
-                     r"tokens/s; stopped: max tokens\]", first), first
+    runs = {engine: json.loads(generate(project, "-p", "Hello, how are you today?", "-n", "32",
+                                        "--greedy", "--json", "--engine", engine))
+            for engine in ("bundle", "onnx")}
+    assert runs["bundle"]["prompt_ids"] == runs["onnx"]["prompt_ids"]
+    assert len(runs["bundle"]["token_ids"]) == 32
+    assert runs["bundle"]["token_ids"] == runs["onnx"]["token_ids"]
+    assert runs["bundle"]["text"] == runs["onnx"]["text"]
+    cfg = load_build(project.root)
+    chinese = {engine: library_generate(cfg, Layout(cfg), "你好，世界", 32, engine=engine,
+                                        greedy=True).token_ids for engine in ("bundle", "onnx")}
+    assert len(chinese["bundle"]) == 32 and chinese["bundle"] == chinese["onnx"]
+
+
+def test_generate_samples_deterministically_with_the_bundle_settings_and_reports_speed(built):
+    """The bundle's sampler (temp 0.8, top-k 40, top-p 0.95, seed 42): the same text in two
+    processes, and the genie-t2t-run-like summary line."""
+    out = generate(built, "-p", "The quick brown fox", "-n", "16")
+    text, summary = out.rsplit("\n[", 1)
+    assert re.fullmatch(r"bundle: \d+ prompt tokens in [\d.]+s; 16 tokens in [\d.]+s = [\d.]+ "
+                        r"tokens/s; stopped: max tokens\]\n", summary), out
+    cfg = load_build(built.root)
+    again = library_generate(cfg, Layout(cfg), "The quick brown fox", 16)
+    assert text == again.text and len(again.token_ids) == 16
+    greedy = library_generate(cfg, Layout(cfg), "The quick brown fox", 16, greedy=True)
+    assert greedy.token_ids != again.token_ids     # the sampler really samples

@@ -44,9 +44,9 @@ import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 from ..errors import BackendError
 from ..toolchain import load_toolchain, require_pinned_sdk
@@ -299,7 +299,7 @@ def sdk_output(log: Callable[[str], None], what: str):
         failure = None
         try:
             yield capture
-        except Exception as exc:   # the SDK's own exception: its traceback goes to the log
+        except Exception as exc:  # noqa: BLE001 -- any SDK exception: traceback to the log
             for text in traceback.format_exc().splitlines():
                 capture.line(text)
             failure = exc

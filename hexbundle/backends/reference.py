@@ -258,9 +258,10 @@ class _Values:
 
     def rows(self, block_elements: Optional[int] = None) -> Iterator[tuple]:
         """(row slice, float32 block) over axis 0; a 0-d tensor is one block of one row.
+        Blocks are read-only (float32 external data comes as the mapped window itself).
 
-        External data is mapped one block at a time (the window is unmapped before the next),
-        so reading a 2 GB tensor keeps ~one block resident, not the whole file."""
+        External data is mapped one block at a time (a window is unmapped once the consumer
+        lets go of it), so reading a 2 GB tensor keeps ~one block resident, not the file."""
         shape = self.shape if self.shape else (1,)
         n_rows = shape[0]
         row_elements = max(1, int(np.prod(shape[1:], dtype=np.int64)))
@@ -271,12 +272,13 @@ class _Values:
             if self.inline is not None:
                 block = np.asarray(self.inline.reshape(shape)[rows], dtype=np.float32)
             else:
-                window = np.memmap(self.data_path, dtype=self.dtype, mode="r",
-                                   offset=self.offset + start * row_bytes,
-                                   shape=(rows.stop - start, *shape[1:]))
-                block = np.array(window, dtype=np.float32)   # a copy: the window unmaps now
-                del window
+                block = np.memmap(self.data_path, dtype=self.dtype, mode="r",
+                                  offset=self.offset + start * row_bytes,
+                                  shape=(rows.stop - start, *shape[1:]))
+                if block.dtype != np.float32:
+                    block = np.asarray(block, dtype=np.float32)
             yield rows, block
+            del block
 
 
 def _initializer_values(init: onnx.TensorProto, onnx_path: Path) -> _Values:
@@ -358,12 +360,18 @@ def _quantized_blocks(values: _Values, quant: QuantParams, notes: _StreamNotes):
     ndim = max(1, len(values.shape))
 
     def blocks():
+        scratch = None   # one float32 work buffer for every block: no per-block allocation
         for rows, block in values.rows():
+            if scratch is None:
+                scratch = np.empty(block.shape, np.float32)
             scale, offset = _channel_params(quant, ndim, rows)
-            q = np.rint(block / scale)
+            q = np.divide(block, scale, out=scratch[:len(block)].reshape(block.shape))
+            np.rint(q, out=q)
             q -= offset
-            notes.clipped += int(np.count_nonzero((q < 0) | (q > qmax)))
-            yield np.clip(q, 0, qmax, out=q).astype(out_dtype)
+            if q.size and (q.min() < 0 or q.max() > qmax):   # rare: count only when it happens
+                notes.clipped += int(np.count_nonzero((q < 0) | (q > qmax)))
+                np.clip(q, 0, qmax, out=q)
+            yield q.astype(out_dtype)
     return blocks
 
 
