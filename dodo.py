@@ -8,6 +8,7 @@ the hexbundle package.
 from pathlib import Path
 
 from hexbundle.inputs import generator_digest, pinned, require_export
+from hexbundle.offline import load_kit_action, offline_kit_action
 from hexbundle.release import release_action, verify_release_action
 from hexbundle.doit_support import check_sizes, doit_config, load, options_key
 from hexbundle.executor import run_step
@@ -199,3 +200,15 @@ def task_bench():
                        {"name": "keep", "long": "keep", "type": bool, "default": False,
                         "help": "keep the benchmark tree in build/bench/"}],
             "uptodate": [False], "verbosity": 2}
+
+
+def task_offline_kit():
+    """Write build/offline-kit(.tar) + build/load_kit.py: image, wheels, source, checksums."""
+    return {"actions": [(offline_kit_action, [CFG, LAYOUT])], "uptodate": [False],
+            "verbosity": 2}
+
+
+def task_load_kit():
+    """Verify every checksum of an offline kit, then load its images: doit load_kit KIT."""
+    return {"actions": [(load_kit_action,)], "pos_arg": "kit", "uptodate": [False],
+            "verbosity": 2}

@@ -142,7 +142,10 @@ def link_or_copy(src: Path, dst: Path) -> str:
 
 
 def manifest(cfg: BuildConfig, layout: Layout, bundle_dir: Path, backend_version: str,
-             inputs: list, sizes_expected: dict, image: str = "") -> dict:
+             inputs: list, sizes_expected: dict) -> dict:
+    """What the bundle holds. It says nothing about HOW it was built (executor, image, host):
+    that goes to build-info.json and a release's provenance, so the bundle's bytes do not depend
+    on the executor."""
     files = {}
     for path in sorted(bundle_dir.iterdir()):
         if path.name != MANIFEST:
@@ -164,13 +167,11 @@ def manifest(cfg: BuildConfig, layout: Layout, bundle_dir: Path, backend_version
         "expected_bins_total_bytes": sum(sizes_expected.values()),
         "inputs": {layout.logical(p): hashing.digest(p) for p in inputs},
         "configs": {layout.logical(p): hashing.digest(p) for p in cfg.config_files},
-        # The toolchain image ID, when the steps ran in the container (executor = "docker").
-        **({"image": image} if image else {}),
     }
 
 
 def assemble(cfg: BuildConfig, layout: Layout, backend_version: str, inputs: list,
-             sizes_expected: dict, log, image: str = "") -> Path:
+             sizes_expected: dict, log) -> Path:
     parts = cfg.plan.parts()
     bins = [layout.bin(p) for p in parts]
     for b in bins:
@@ -193,7 +194,7 @@ def assemble(cfg: BuildConfig, layout: Layout, backend_version: str, inputs: lis
                 log(f"{b.name}: {how} ({b.stat().st_size / (1 << 20):.2f} MiB)")
         except OSError as exc:   # a full disk while copying: the previous bundle stays
             raise output_error(exc.filename or staging, exc) from None
-        doc = manifest(cfg, layout, staging, backend_version, inputs, sizes_expected, image)
+        doc = manifest(cfg, layout, staging, backend_version, inputs, sizes_expected)
         write_atomic(staging / MANIFEST, canonical_json(doc))
         os.chmod(staging, 0o755)
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in
@@ -241,3 +242,9 @@ def exchange_dirs(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
         return False
     raise OSError(err, os.strerror(err), str(b))
+
+
+def write_build_info(layout: Layout, executor: str, image: str) -> None:
+    """How the bundle was built (executor, toolchain image): beside the bundle, not in it."""
+    doc = {"executor": executor, "image": image}
+    write_atomic(layout.build_info, canonical_json(doc))

@@ -116,7 +116,7 @@ def run_in_container(cfg: BuildConfig, spec: dict, log_path: Path, user: str = "
         except HexbundleError as exc:
             log.write(f"error: {exc}\n")
             return 3
-        spec = {**spec, "image": image.id}   # the bundle manifest records what ran the step
+        spec = {**spec, "image": image.id}   # build-info.json records what ran the step
         log.write(f"# container: image {tc.image_tag} {image.id}, user {user}, network none\n")
         log.flush()
         return _run(client, image, cfg, spec, log, user)

@@ -32,7 +32,7 @@ from .errors import HexbundleError, ToolchainError
 from .toolchain import Toolchain, load_toolchain, sha256_file, staged_sdk
 
 CONTEXT_MTIME = 315532800          # 1980-01-01: fixed entry times in the context tar
-INSTALLER = Path(__file__).resolve().parent.parent / "docker" / "install_sdk.py"
+INSTALLER = Path(__file__).resolve().parent.parent / "scripts" / "install_sdk.py"
 TAIL_LINES = 30
 
 

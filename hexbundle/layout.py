@@ -108,6 +108,10 @@ class Layout:
         return [self.bundle_dir / n for n in names]
 
     @property
+    def build_info(self) -> Path:
+        return self.build_dir / "build-info.json"
+
+    @property
     def manifest(self) -> Path:
         return self.bundle_dir / MANIFEST
 

@@ -100,12 +100,13 @@ def all_inputs(cfg: BuildConfig, layout: Layout) -> list:
 
 
 def run_bundle(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
-    from .bundle import assemble
+    from .bundle import assemble, write_build_info
     check_pins(cfg, [layout.tokenizer])
     expected = {layout.bin_name(e.part): e.packed
                 for e in sizes.expect(cfg.model, cfg.plan, cfg.compile["float_bitwidth"])}
     final = assemble(cfg, layout, backend_for(cfg).toolchain_version(), all_inputs(cfg, layout),
-                     expected, log, image=spec.get("image", ""))   # set by the docker executor
+                     expected, log)
+    write_build_info(layout, cfg.executor, spec.get("image", ""))   # set by the docker executor
     log(f"bundle ready: {layout.rel(final)}")
 
 

@@ -182,12 +182,12 @@ def require_pinned_sdk(tc: Toolchain, env=None) -> InstalledSdk:
 # what a build records about its toolchain
 
 def image_used(cfg, layout) -> dict:
-    """The toolchain image a docker build ran in: the ID its bundle manifest records (else the
+    """The toolchain image a docker build ran in: the ID its build-info.json records (else the
     image now under the tag) and, when the engine answers, that image's labels."""
     import json
     tc = load_toolchain(cfg.root)
     try:
-        image_id = json.loads(layout.manifest.read_text()).get("image", "")
+        image_id = json.loads(layout.build_info.read_text()).get("image", "")
     except (OSError, ValueError):
         image_id = ""
     labels = {}

@@ -65,11 +65,11 @@ def base_image(engine) -> str:
 
 
 def toolchain_copy(dest: Path):
-    """A project copy that can build the image: sources plus docker/, requirements/ and the
-    wheelhouse (hard links to build/wheelhouse)."""
+    """A project copy that can build the image: sources plus the Dockerfile, requirements/ and
+    the wheelhouse (hard links to build/wheelhouse)."""
     proj = copy_project(dest)
-    for rel in ("docker", "requirements"):
-        shutil.copytree(ROOT / rel, proj.root / rel)
+    shutil.copy2(ROOT / "Dockerfile", proj.root / "Dockerfile")
+    shutil.copytree(ROOT / "requirements", proj.root / "requirements")
     wheels = proj.root / "build" / "wheelhouse"
     wheels.mkdir(parents=True)
     for wheel in (ROOT / "build" / "wheelhouse").glob("*.whl"):
@@ -141,7 +141,7 @@ def test_an_unchanged_rebuild_is_cached_and_gives_the_same_image(toolchain_image
 def test_a_failing_image_build_shows_the_step_and_records_nothing(toolchain_image, tmp_path):
     _, record = toolchain_image
     proj = toolchain_copy(tmp_path / "proj")
-    dockerfile = proj.root / "docker" / "Dockerfile"
+    dockerfile = proj.root / "Dockerfile"
     dockerfile.write_text(dockerfile.read_text() + "RUN echo boom-deliberate && false\n")
     cfg = proj.root / "configs" / "toolchain.toml"
     cfg.write_text(cfg.read_text().replace('tag = "hexbundle/toolchain:local"',
@@ -163,13 +163,10 @@ def test_a_docker_bundle_is_byte_identical_to_a_local_one(engine, toolchain_imag
     in_docker, local = docker_proj.bundle(), local_proj.bundle()
     names = sorted(p.name for p in local.iterdir())
     assert sorted(p.name for p in in_docker.iterdir()) == names
-    for name in names:
-        if name != "manifest.json":
-            assert (in_docker / name).read_bytes() == (local / name).read_bytes(), name
-    # the manifest differs only by the image the steps ran in
-    docker_manifest = json.loads((in_docker / "manifest.json").read_text())
-    assert docker_manifest.pop("image") == record["id"]
-    assert docker_manifest == json.loads((local / "manifest.json").read_text())
+    for name in names:   # the manifest too: how a bundle was built is recorded beside it
+        assert (in_docker / name).read_bytes() == (local / name).read_bytes(), name
+    info = json.loads((docker_proj.build_dir() / "build-info.json").read_text())
+    assert info == {"executor": "docker", "image": record["id"]}
     # every step ran in a container, as the host's user, and none is left behind
     logs = docker_proj.build_dir() / "logs"
     assert len(list(logs.glob("*.log"))) >= 18
@@ -274,7 +271,8 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
     assert code == 0, log.read_text()
     manifest = proj.bundle() / "manifest.json"
     assert manifest.stat().st_uid == 4321
-    assert json.loads(manifest.read_text())["image"] == toolchain_image[1]["id"]
+    info = proj.build_dir() / "build-info.json"
+    assert json.loads(info.read_text())["image"] == toolchain_image[1]["id"]
     digests = proj.root / "build" / ".hexbundle" / "digests.json"
     assert digests.stat().st_uid == 4321
     assert str(proj.root / "configs" / "socs.toml") in json.loads(digests.read_text())

@@ -20,7 +20,7 @@ from hexbundle.errors import ConfigError, ToolchainError
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN_SDK = Path(__file__).resolve().parent / "standin_qairt"
-INSTALLER = ROOT / "docker" / "install_sdk.py"
+INSTALLER = ROOT / "scripts" / "install_sdk.py"
 
 
 def toolchain_project(tmp_path, sha256=""):
@@ -30,7 +30,7 @@ def toolchain_project(tmp_path, sha256=""):
     text = (ROOT / "configs" / "toolchain.toml").read_text()
     text = text.replace('sha256 = ""', f'sha256 = "{sha256}"')
     (root / "configs" / "toolchain.toml").write_text(text)
-    for rel in ("docker/Dockerfile", "requirements/container.lock"):
+    for rel in ("Dockerfile", "requirements/container.lock"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes((ROOT / rel).read_bytes())
     return root
@@ -218,8 +218,8 @@ def test_the_context_carries_the_sdk_archive_only_when_it_is_the_pinned_one(tmp_
 
 
 def test_doit_image_refuses_a_wrong_archive_before_asking_docker(project, tmp_path):
-    for rel in ("docker", "requirements"):
-        shutil.copytree(ROOT / rel, project.root / rel)
+    shutil.copy2(ROOT / "Dockerfile", project.root / "Dockerfile")
+    shutil.copytree(ROOT / "requirements", project.root / "requirements")
     archive = project.root / "toolchain" / "v2.42.0.251225.zip"
     archive.parent.mkdir()
     archive.write_bytes(b"wrong bytes")
