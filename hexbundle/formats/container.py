@@ -648,3 +648,31 @@ def activation_encodings_json(activations: dict) -> dict:
     return {name: {"bitwidth": enc.bitwidth, "dtype": enc.dtype, "symmetric": enc.symmetric,
                    "scale": [float(s) for s in enc.scale], "offset": [int(o) for o in enc.offset]}
             for name, enc in sorted(activations.items())}
+
+
+class FormatReader:
+    """What the DLC and context-binary readers share: the container, digests, lifetime, and
+    parsing a topology blob into an ONNX GraphProto."""
+
+    _container: "ContainerReader"
+
+    def parse_topology(self, blob: str, what: str):
+        import onnx
+        graph = onnx.GraphProto()
+        try:
+            graph.ParseFromString(self._container.blob(blob).tobytes())
+        except Exception:   # protobuf's DecodeError is not exported uniformly across versions
+            raise self._container.error(f"{what} is not a valid ONNX GraphProto") from None
+        return graph
+
+    def verify_digests(self) -> None:
+        self._container.verify_digests()
+
+    def close(self) -> None:
+        self._container.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

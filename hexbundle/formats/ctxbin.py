@@ -17,7 +17,7 @@ import onnx
 import xxhash
 
 from ..errors import BackendError, FormatError
-from .container import (ContainerReader, ContainerWriter, GraphInfo, QuantParams, TensorRecord, dequantize, encode_tensor, parse_graph_record,
+from .container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo, QuantParams, TensorRecord, dequantize, encode_tensor, parse_graph_record,
                         parse_tensor_record, tensor_quant_params, tensor_values)
 
 CTXBIN_MAGIC = b"HXCTXBIN"
@@ -127,7 +127,7 @@ def _check_same_weight(path, first: _StoredWeight, record: TensorRecord, digests
         f"with the same weights and encodings, or compile with weight_sharing off (doubles the size).")
 
 
-class CtxBinReader:
+class CtxBinReader(FormatReader):
     """mmap-backed context binary reader."""
 
     def __init__(self, path: Union[str, Path]):
@@ -228,24 +228,8 @@ class CtxBinReader:
         return dequantize(self.weight(graph_name, tensor_name), self.quant_params(graph_name, tensor_name))
 
     def topology(self, graph_name: str) -> onnx.GraphProto:
-        graph = onnx.GraphProto()
-        try:
-            graph.ParseFromString(self._container.blob(self.graph(graph_name).topology_blob).tobytes())
-        except Exception:   # protobuf's DecodeError is not exported uniformly across versions
-            raise self._container.error(f"topology of graph '{graph_name}' is not a valid ONNX GraphProto") from None
-        return graph
-
-    def verify_digests(self) -> None:
-        self._container.verify_digests()
-
-    def close(self) -> None:
-        self._container.close()
-
-    def __enter__(self) -> "CtxBinReader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return self.parse_topology(self.graph(graph_name).topology_blob,
+                                   f"topology of graph '{graph_name}'")
 
 
 def read_ctxbin(path: Union[str, Path]) -> CtxBinReader:

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from ..errors import FormatError
-from .container import (ContainerReader, ContainerWriter, GraphInfo, Tensor, TensorRecord, TensorStream,
+from .container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo, Tensor, TensorRecord, TensorStream,
                         dequantize, encode_tensor, parse_graph_record, parse_tensor_record,
                         tensor_quant_params, tensor_values)
 
@@ -64,7 +64,7 @@ def write_dlc(path: Union[str, Path], graph: DlcGraph) -> int:
         })
 
 
-class DlcReader:
+class DlcReader(FormatReader):
     """mmap-backed DLC reader; tensor data comes back as read-only views into the file."""
 
     def __init__(self, path: Union[str, Path]):
@@ -151,24 +151,7 @@ class DlcReader:
         return self._container.blob(self.graph.topology_blob)
 
     def topology(self) -> onnx.GraphProto:
-        graph = onnx.GraphProto()
-        try:
-            graph.ParseFromString(self.topology_bytes().tobytes())
-        except Exception:   # protobuf's DecodeError is not exported uniformly across versions
-            raise self._container.error("topology blob is not a valid ONNX GraphProto") from None
-        return graph
-
-    def verify_digests(self) -> None:
-        self._container.verify_digests()
-
-    def close(self) -> None:
-        self._container.close()
-
-    def __enter__(self) -> "DlcReader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return self.parse_topology(self.graph.topology_blob, "topology blob")
 
 
 def read_dlc(path: Union[str, Path]) -> DlcReader:
