@@ -9,6 +9,7 @@ Here a file is hashed at most once per change of its bytes: a persistent digest 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -37,6 +38,17 @@ def file_digest(path) -> str:
             n = fh.readinto(buf)
             if not n:
                 break
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def sha256_file(path) -> str:
+    """sha256 of a file (releases, SHA256SUMS, pins: for interoperability; xxh3 stays the key)."""
+    h = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
             h.update(view[:n])
     return h.hexdigest()
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import HexbundleError, ToolchainError
-from .toolchain import Toolchain, load_toolchain, sha256_file, staged_sdk
+from .hashing import sha256_file
+from .toolchain import Toolchain, load_toolchain, staged_sdk
 
 CONTEXT_MTIME = 315532800          # 1980-01-01: fixed entry times in the context tar
 INSTALLER = Path(__file__).resolve().parent.parent / "scripts" / "install_sdk.py"

@@ -67,7 +67,7 @@ def check_pins(cfg: BuildConfig, paths: list) -> None:
             continue
         algorithm, want = pin.split(":", 1)
         if algorithm == "sha256":
-            from .release import sha256_file
+            from .hashing import sha256_file
             got = sha256_file(path)
         else:
             got = hashing.digest(path)

@@ -14,7 +14,8 @@ from . import __version__
 from .config import BuildConfig
 from .console import say
 from .errors import HexbundleError
-from .kit import KIT_FORMAT, KIT_JSON, KitError, sha256_file, write_sums
+from .hashing import sha256_file
+from .kit import KIT_FORMAT, KIT_JSON, KitError, write_sums
 from .layout import Layout
 
 # Not carried into the kit's source/: outputs and caches.

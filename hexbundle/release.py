@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import __version__, hashing
+from .hashing import sha256_file
 from .config import BUILD_ROOT_ENV, BuildConfig
 from .errors import HexbundleError
 from .layout import Layout
@@ -84,16 +85,6 @@ def release_epoch(source: dict) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # digests and the archive
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    buf = bytearray(hashing.CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
-        while n := fh.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
-
 
 def archive_name(cfg: BuildConfig) -> str:
     return f"{cfg.model.name}-{cfg.device.name}-{cfg.plan.name}"

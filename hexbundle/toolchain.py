@@ -10,7 +10,6 @@ three questions without docker or the SDK installed:
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from .config import Field, read_toml
 from .errors import HexbundleError, ToolchainError
+from .hashing import sha256_file
 
 CONFIG = Path("configs") / "toolchain.toml"
 SHA256 = r"(|[0-9a-f]{64})"
@@ -99,14 +99,6 @@ def pinned_sdk_version(root: Path | None = None) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # the staged SDK archive
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def staged_sdk(tc: Toolchain) -> str | None:
     """The staged archive's sha256 when it is the pinned one; None when nothing is staged (the

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ToolchainError
-from .toolchain import Toolchain, load_toolchain, sha256_file
+from .hashing import sha256_file
+from .toolchain import Toolchain, load_toolchain
 
 SUMS = "SHA256SUMS"   # written into the wheelhouse: what `doit wheelhouse` produced
 

@@ -3,7 +3,6 @@ and wheelhouse, the image build context, the SDK installer, the no-engine messag
 import hashlib
 import io
 import json
-import os
 import shutil
 import stat
 import subprocess
