@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from . import hashing, testhooks
+from .atomic import write_atomic
 from .config import BuildConfig
 from .errors import InputError, output_error
 from .layout import MANIFEST, Layout
@@ -26,26 +27,6 @@ FORMAT_VERSION = 1
 
 def canonical_json(obj) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=True) + "\n").encode()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same directory, fsync, rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # The .tmp suffix marks it as ours: a run killed here leaves it for the next run to sweep.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise output_error(path, exc) from None
-        raise
 
 
 # ---------------------------------------------------------------------------------------------

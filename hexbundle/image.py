@@ -232,7 +232,7 @@ def build(root: Path, base: str | None = None, network: str = "none") -> dict:
 
 
 def write_record(root: Path, record: dict) -> None:
-    from .bundle import write_atomic
+    from .atomic import write_atomic
     write_atomic(image_dir(root) / "image.json",
                  (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
     write_atomic(image_dir(root) / "image-id.txt", (record["id"] + "\n").encode())

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import __version__, hashing
+from .atomic import atomic_output, write_atomic
 from .hashing import sha256_file
 from .config import BUILD_ROOT_ENV, BuildConfig
 from .errors import HexbundleError
@@ -104,27 +105,16 @@ def _tarinfo(name: str, epoch: int, size: int = 0, directory: bool = False) -> t
 
 def write_archive(bundle_dir: Path, out: Path, prefix: str, epoch: int) -> None:
     """A .tar.gz whose bytes depend only on the files' names and contents, the prefix and epoch."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-                with tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
-                    tar.addfile(_tarinfo(prefix, epoch, directory=True))
-                    for path in sorted(bundle_dir.iterdir(), key=lambda p: p.name):
-                        if not path.is_file():
-                            raise ReleaseError(f"{path}: not a regular file in the bundle")
-                        with open(path, "rb") as fh:
-                            tar.addfile(_tarinfo(f"{prefix}/{path.name}", epoch,
-                                                 path.stat().st_size), fh)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(out) as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+            with tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
+                tar.addfile(_tarinfo(prefix, epoch, directory=True))
+                for path in sorted(bundle_dir.iterdir(), key=lambda p: p.name):
+                    if not path.is_file():
+                        raise ReleaseError(f"{path}: not a regular file in the bundle")
+                    with open(path, "rb") as fh:
+                        tar.addfile(_tarinfo(f"{prefix}/{path.name}", epoch,
+                                             path.stat().st_size), fh)
 
 
 def archive_members(archive: Path) -> dict:
@@ -259,7 +249,6 @@ def make_release(cfg: BuildConfig, layout: Layout, overrides: dict, log=print) -
 
 
 def _write_text(path: Path, text: str) -> None:
-    from .bundle import write_atomic
     write_atomic(path, text.encode())
 
 

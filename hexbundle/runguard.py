@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -224,19 +223,9 @@ def set_aside_damaged_db(db: Path, root: Path) -> Optional[Path]:
 
 def atomic_dump(self) -> None:
     """doit's JsonDB.dump, but temp + fsync + rename: a kill never leaves half a DB."""
-    path = Path(self.name)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.codec.encode(self._db))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from .atomic import atomic_output
+    with atomic_output(self.name, "w", user_errors=False) as fh:
+        fh.write(self.codec.encode(self._db))
 
 
 def make_doit_db_durable() -> None:

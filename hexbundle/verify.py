@@ -475,7 +475,7 @@ def code_digest() -> str:
 def run_verify(cfg: BuildConfig, layout: Layout):
     """doit action: print the table, write the JSON report; a failure names the first bad part."""
     from doit.exceptions import TaskFailed
-    from . import bundle as bundle_mod
+    from .atomic import write_atomic
     if cfg.backend != "reference":
         return TaskFailed(f"verify runs the open-format context binaries of the reference backend; "
                           f"backend {cfg.backend!r} bins are QNN binaries that only a device runs. "
@@ -487,7 +487,7 @@ def run_verify(cfg: BuildConfig, layout: Layout):
     print(report.table(), flush=True)
     path = report_path(layout)
     path.parent.mkdir(parents=True, exist_ok=True)
-    bundle_mod.write_atomic(path, (json.dumps(report.to_json(), indent=2) + "\n").encode())
+    write_atomic(path, (json.dumps(report.to_json(), indent=2) + "\n").encode())
     if not report.ok:
         return TaskFailed(report.failure_message())
     return True
