@@ -83,7 +83,9 @@ from pathlib import Path
 from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, get_backend
 spec = json.loads(sys.argv[1])
 backend = get_backend("reference")
-if spec["step"] == "convert":
+if spec["step"] == "none":   # the interpreter and imports alone: the baseline
+    pass
+elif spec["step"] == "convert":
     backend.convert(Path(spec["onnx"]), Path(spec["encodings"]), Path(spec["out"]), spec["graph"],
                     ConvertOptions(), lambda m: None)
 else:
@@ -116,5 +118,10 @@ def test_memory_stays_below_the_tensor_size(tmp_path):
                        "graph": g.name}) for g, dlc in zip(graphs, dlcs)]
     peaks.append(peak_rss({"step": "compile", "dlcs": [str(p) for p in dlcs],
                            "out": str(tmp_path / "p.bin"), "graphs": [g.name for g in graphs]}))
-    assert max(peaks) < tensor_bytes, [f"{p / 2**20:.0f} MiB" for p in peaks]
+    # Measured over the interpreter's own footprint (imports, allocator arenas), which is not
+    # what the steps are accountable for and varies with the machine.
+    baseline = peak_rss({"step": "none"})
+    grown = [p - baseline for p in peaks]
+    assert max(grown) < tensor_bytes, [f"{p / 2**20:.0f} MiB over {baseline / 2**20:.0f} MiB"
+                                       for p in peaks]
     assert (tmp_path / "p.bin").stat().st_size > tensor_bytes // 2   # 16-bit codes, stored once
