@@ -39,8 +39,10 @@ def step(task, stage, **extra):
 
 
 def task_inputs():
-    """Model inputs: generated for embedded models (ONNX + .data + AIMET .encodings per graph,
-    tokenizer.json); for exported models, checks the user's export is where the config says."""
+    """Model inputs: generate them (embedded models) or check the user's export is present.
+
+    Generated: ONNX + .data + AIMET .encodings per graph, and tokenizer.json. Exported: every
+    file the plan needs must be where the model config's inputs.dir says."""
     if CFG.inputs["source"] == "export":
         yield {"name": "check", "doc": "check the exported inputs are present",
                "actions": [(require_export, [CFG, LAYOUT])],
@@ -98,7 +100,7 @@ def task_compile():
 
 
 def task_check_sizes():
-    """Check bin sizes against the size model, then re-hash the bundle against its manifest.
+    """Check bin sizes against the size model; re-hash the bundle against its manifest.
 
     The size model catches unpacked 4-bit weights; the re-hash catches any bundle file edited,
     removed or added after the build (no digest cache, no stat shortcut)."""
@@ -136,7 +138,7 @@ def task_verify_release():
 
 
 def task_verify():
-    """Run the bundle on the CPU as Genie chains it and compare with the float ONNX (onnxruntime).
+    """Run the bundle on the CPU as Genie chains it; compare with the float ONNX.
 
     The bins in ctx-bins order, prefill in AR-128 chunks, then AR-1 decode with the KV cache, vs
     the float ONNX on the same tokens: a table per part and end to end (cosine, max error, top-1);
@@ -151,8 +153,10 @@ def task_verify():
 
 
 def task_wheelhouse():
-    """Fetch the toolchain image's Python wheels (CPython 3.10, manylinux x86_64) named by
-    requirements/container.lock into build/wheelhouse, and verify every sha256. Needs PyPI for
+    """Fetch and verify the toolchain image's locked Python wheels (build/wheelhouse).
+
+    CPython 3.10, manylinux x86_64 wheels named by requirements/container.lock, every sha256
+    checked. Needs PyPI for
     missing wheels only: a complete wheelhouse brought offline is just verified."""
     return {"actions": [(wheelhouse.task_action, [ROOT])],
             "file_dep": [rel(ROOT / "requirements" / "container.lock")],
@@ -161,8 +165,9 @@ def task_wheelhouse():
 
 
 def task_image():
-    """Build the toolchain image through the docker SDK, with no network: CPython 3.10, the
-    hashed lock, and QAIRT when its archive is staged (configs/toolchain.toml; without it the
+    """Build the pinned toolchain image (docker SDK, no network); record its ID.
+
+    CPython 3.10, the hashed lock, and QAIRT when its archive is staged (configs/toolchain.toml; without it the
     image runs the reference backend only and its labels say so). `--base REF` builds on
     another base (no registry: scripts/make_base_image.sh makes one); `--network default` lets
     a base without python3.10 install it. Log: build/logs/image.log; ID: build/image/."""
@@ -179,8 +184,9 @@ def task_image():
 
 
 def task_gen_inputs():
-    """Write stand-in inputs (the model's real tensor shapes, I/O and encodings; random weights,
-    fixed seed; streamed tensor by tensor) where the build reads them, e.g. `doit gen_inputs
+    """Write stand-in inputs with the model's real shapes (random weights), streamed.
+
+    The model's real tensor shapes, I/O and encodings; random weights, fixed seed; streamed tensor by tensor) where the build reads them, e.g. `doit gen_inputs
     model=qwen2.5-7b-instruct` (~30 GB into its exports dir; `--part N` for one part). Checks
     free disk space first. Same files as scripts/gen_7b_inputs.py."""
     return {"actions": [(generate_action, [CFG, LAYOUT])],
@@ -190,8 +196,9 @@ def task_gen_inputs():
 
 
 def task_bench():
-    """Benchmark (scripts/bench.py): digests vs doit's MD5 checker, no-op run vs `doit list`,
-    touched inputs, one-part rebuild, reference backend GB/s and peak RSS, -n 2 vs -n 1, on the
+    """Benchmark the build (scripts/bench.py): one table of side-by-side ratios.
+
+    Digests vs doit's MD5 checker, no-op run vs `doit list`, touched inputs, one-part rebuild, reference backend GB/s and peak RSS, -n 2 vs -n 1, on the
     Qwen2.5-7B-shaped model (~17 GB of disk, ~10 min; `--small`: qwen2-tiny, seconds).
     Table printed, results in build/bench/results.json."""
     return {"actions": [(run_bench, [ROOT])],
