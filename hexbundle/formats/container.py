@@ -651,10 +651,30 @@ def activation_encodings_json(activations: dict) -> dict:
 
 
 class FormatReader:
-    """What the DLC and context-binary readers share: the container, digests, lifetime, and
-    parsing a topology blob into an ONNX GraphProto."""
+    """What the DLC and context-binary readers share: header fields, the container, digests,
+    lifetime, and parsing a topology blob into an ONNX GraphProto."""
 
     _container: "ContainerReader"
+
+    @property
+    def header(self) -> dict:
+        return self._container.header
+
+    @property
+    def producer(self) -> dict:
+        return self.header.get("producer", {})
+
+    @property
+    def deployable(self) -> bool:
+        return bool(self.header.get("deployable"))
+
+    @property
+    def size(self) -> int:
+        return self._container.size
+
+    @property
+    def blobs(self) -> dict:
+        return self._container.blobs
 
     def parse_topology(self, blob: str, what: str):
         import onnx

@@ -169,32 +169,12 @@ class CtxBinReader(FormatReader):
 
     # --- metadata ---
     @property
-    def header(self) -> dict:
-        return self._container.header
-
-    @property
     def options(self) -> dict:
         return self.header["options"]
 
     @property
     def device(self) -> dict:
         return self.header["device"]
-
-    @property
-    def producer(self) -> dict:
-        return self.header.get("producer", {})
-
-    @property
-    def deployable(self) -> bool:
-        return bool(self.header.get("deployable"))
-
-    @property
-    def size(self) -> int:
-        return self._container.size
-
-    @property
-    def blobs(self) -> dict:
-        return self._container.blobs
 
     @property
     def graph_names(self) -> list:

@@ -93,28 +93,8 @@ class DlcReader(FormatReader):
         return self.graph.name
 
     @property
-    def header(self) -> dict:
-        return self._container.header
-
-    @property
-    def producer(self) -> dict:
-        return self.header.get("producer", {})
-
-    @property
     def float_bitwidth(self) -> int:
         return self.header.get("float_bitwidth")
-
-    @property
-    def deployable(self) -> bool:
-        return bool(self.header.get("deployable"))
-
-    @property
-    def size(self) -> int:
-        return self._container.size
-
-    @property
-    def blobs(self) -> dict:
-        return self._container.blobs
 
     # --- data ---
     def record(self, name: str) -> TensorRecord:
