@@ -7,19 +7,19 @@ the hexbundle package.
 """
 from pathlib import Path
 
-from hexbundle.inputs import generator_digest, pinned, require_export
-from hexbundle.offline import load_kit_action, offline_kit_action
-from hexbundle.release import release_action, verify_release_action
-from hexbundle.doit_support import check_sizes, doit_config, load, options_key
-from hexbundle.executor import run_step
-from hexbundle import image, wheelhouse
-from hexbundle.toolchain import step_toolchain
-from hexbundle.stages import all_inputs, compile_options
-from hexbundle.integrity import check_bundle
-from hexbundle.biggen import generate_action
-from hexbundle.bench import run_bench
-from hexbundle.targets import targets_unchanged
-from hexbundle.verify import code_digest, report_path, run_verify
+from hexbundle.inputs.export import generator_digest, pinned, require_export
+from hexbundle.release.offline_kit import load_kit_action, offline_kit_action
+from hexbundle.release.reproducible import release_action, verify_release_action
+from hexbundle.graph.session import check_sizes, doit_config, load, options_key
+from hexbundle.steps.executor import run_step
+from hexbundle.toolchain import image, wheelhouse
+from hexbundle.config.toolchain import step_toolchain
+from hexbundle.steps.runner import all_inputs, compile_options
+from hexbundle.checks.integrity import check_bundle
+from hexbundle.inputs.generate import generate_action
+from hexbundle.bench.benchmark import run_bench
+from hexbundle.graph.targets import targets_unchanged
+from hexbundle.checks.verify import code_digest, report_path, run_verify
 
 ROOT = Path(__file__).resolve().parent
 CFG, LAYOUT, OVERRIDES = load(ROOT)

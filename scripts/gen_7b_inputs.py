@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hexbundle import biggen  # noqa: E402
-from hexbundle.errors import HexbundleError  # noqa: E402
+from hexbundle.inputs import generate as biggen  # noqa: E402
+from hexbundle.support.errors import HexbundleError  # noqa: E402
 
 
 def main() -> int:

@@ -18,10 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hexbundle.config import load_build  # noqa: E402
-from hexbundle.errors import HexbundleError  # noqa: E402
-from hexbundle.layout import Layout  # noqa: E402
-from hexbundle.verify import generate  # noqa: E402
+from hexbundle.config.build import load_build  # noqa: E402
+from hexbundle.support.errors import HexbundleError  # noqa: E402
+from hexbundle.config.layout import Layout  # noqa: E402
+from hexbundle.checks.verify import generate  # noqa: E402
 
 
 def parse(argv):

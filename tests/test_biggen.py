@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hexbundle import biggen, tinygen
-from hexbundle.config import load_model
-from hexbundle.errors import DiskSpaceError
-from hexbundle.model import Architecture, Model, Plan, Quantization
+from hexbundle.inputs import generate as biggen, synthetic as tinygen
+from hexbundle.config.build import load_model
+from hexbundle.support.errors import DiskSpaceError
+from hexbundle.config.model import Architecture, Model, Plan, Quantization
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 3

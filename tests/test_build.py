@@ -60,7 +60,7 @@ def test_bins_are_hard_linked_and_hold_both_graphs_in_order(built):
 
 
 def test_manifest_records_sizes_digests_inputs_and_configs(built):
-    from hexbundle.hashing import file_digest
+    from hexbundle.support.hashing import file_digest
     man = built.manifest()
     for name, entry in man["files"].items():
         path = built.bundle() / name

@@ -52,7 +52,7 @@ def docker_errors():
 
 def base_image(engine) -> str:
     """The base to build on: the pinned one if this engine has it, else the local one."""
-    from hexbundle.toolchain import load_toolchain
+    from hexbundle.config.toolchain import load_toolchain
     for ref in (os.environ.get("HEXBUNDLE_TEST_BASE"), load_toolchain(ROOT).base, LOCAL_BASE):
         if ref:
             try:
@@ -213,8 +213,8 @@ def test_a_missing_image_says_to_run_doit_image(engine, project):
 def test_a_step_container_is_isolated(engine, toolchain_image, tmp_path):
     """The run options of a step, on a probe command: read-only sources, writable build root,
     no network, no capabilities, the given uid, an environment of our own."""
-    from hexbundle import container
-    from hexbundle.config import load_build
+    from hexbundle.toolchain import docker as container
+    from hexbundle.config.build import load_build
     proj = copy_project(tmp_path / "proj")
     cfg = load_build(proj.root)
     (proj.root / "build").mkdir()
@@ -259,9 +259,9 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
     """A user's build dir owned by that user: the step writes as them (here uid 4321)."""
     if os.getuid() != 0:
         pytest.skip("needs root to hand a build directory to another uid")
-    from hexbundle import container
-    from hexbundle.config import load_build
-    from hexbundle.executor import stage_spec
+    from hexbundle.toolchain import docker as container
+    from hexbundle.config.build import load_build
+    from hexbundle.steps.executor import stage_spec
     proj = copy_project(tmp_path / "proj")
     shutil.copytree(built.root / "build", proj.root / "build", symlinks=True)
     subprocess.run(["chown", "-R", "4321:4321", str(proj.root / "build")], check=True)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hexbundle.encodings import load_encodings, parse_encodings
-from hexbundle.errors import EncodingsError
+from hexbundle.formats.encodings import load_encodings, parse_encodings
+from hexbundle.support.errors import EncodingsError
 
 LEGACY = {
     "version": "0.6.1",

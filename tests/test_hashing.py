@@ -3,7 +3,7 @@ import os
 
 import xxhash
 
-from hexbundle import hashing
+from hexbundle.support import hashing
 
 
 def test_file_digest_is_xxh3_128_of_the_bytes(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_container import engine, toolchain_image  # noqa: F401 -- session fixtures
 
-from hexbundle.kit import KitError, load_kit, safe_extract, verify_sums, write_sums
+from hexbundle.release.kit import KitError, load_kit, safe_extract, verify_sums, write_sums
 
 
 def small_kit(tmp_path: Path) -> Path:

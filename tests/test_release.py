@@ -83,7 +83,7 @@ def test_verify_release_reproduces_and_reports_differences(tmp_path):
     assert "WARNING" not in ok.out  # a clean commit: rebuilt from exactly that commit
 
     # A release whose bin is not what the recorded sources build: reported, named, non-zero.
-    from hexbundle.release import write_archive
+    from hexbundle.release.reproducible import write_archive
     doc = json.loads((out / "provenance.json").read_text())
     bundle = proj.root / "build" / "release-work" / "qwen2-tiny" / "iq9075" / "bundle"
     victim = bundle / "qwen2_tiny_part_2_of_4.bin"

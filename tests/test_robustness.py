@@ -25,11 +25,11 @@ from conftest import DoitRun, copy_project
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hexbundle import runguard
-from hexbundle.bundle import exchange_dirs, swap_in
-from hexbundle.config import BUILD_SCHEMA, ConfigError, load_build, read_toml
-from hexbundle.encodings import EncodingsError, load_encodings
-from hexbundle.integrity import BundleIntegrityError, verify_bundle
+from hexbundle.graph import runguard
+from hexbundle.steps.bundle import exchange_dirs, swap_in
+from hexbundle.config.build import BUILD_SCHEMA, ConfigError, load_build, read_toml
+from hexbundle.formats.encodings import EncodingsError, load_encodings
+from hexbundle.checks.integrity import BundleIntegrityError, verify_bundle
 
 BIN2 = "qwen2_tiny_part_2_of_4.bin"
 WAIT_S = 120   # upper bound for a held run to reach its pause point (a safety net, not a timing)

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from hexbundle import sizes
-from hexbundle.config import load_model
-from hexbundle.errors import SizeError
+from hexbundle.checks import sizes
+from hexbundle.config.build import load_model
+from hexbundle.support.errors import SizeError
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = sizes.MIB

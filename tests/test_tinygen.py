@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from onnx import numpy_helper
 
-from hexbundle import tinygen
-from hexbundle.model import Architecture, Model, Plan, Quantization
+from hexbundle.inputs import synthetic as tinygen
+from hexbundle.config.model import Architecture, Model, Plan, Quantization
 
 SEED = 7
 SPECIALS = {"bos": "<|im_start|>", "eos": "<|im_end|>", "eot": "<|endoftext|>"}

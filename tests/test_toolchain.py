@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hexbundle import image, toolchain, wheelhouse
+from hexbundle.toolchain import image, wheelhouse
+from hexbundle.config import toolchain
 from hexbundle.backends import describe
-from hexbundle.errors import ConfigError, ToolchainError
+from hexbundle.support.errors import ConfigError, ToolchainError
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN_SDK = Path(__file__).resolve().parent / "standin_qairt"

@@ -16,14 +16,14 @@ import onnxruntime
 import pytest
 from onnx import helper, numpy_helper
 
-from hexbundle.config import load_build
-from hexbundle.errors import ConfigError, VerifyError
+from hexbundle.config.build import load_build
+from hexbundle.support.errors import ConfigError, VerifyError
 from hexbundle.formats.container import QuantParams, Tensor
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
-from hexbundle.layout import Layout
-from hexbundle.runtime import GraphRunner, causal_mask, rope_inputs
-from hexbundle.verify import generate as library_generate
-from hexbundle.verify import verify_bundle
+from hexbundle.config.layout import Layout
+from hexbundle.runtime.interpreter import GraphRunner, causal_mask, rope_inputs
+from hexbundle.checks.verify import generate as library_generate
+from hexbundle.checks.verify import verify_bundle
 
 PARTS = 4
 

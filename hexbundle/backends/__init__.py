@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from ..errors import BackendError
+from hexbundle.support.errors import BackendError
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ _BACKENDS = {
 
 
 def reference_toolchain_version() -> str:
-    from .. import __version__
-    from ..formats.container import FORMAT_VERSION
+    from hexbundle import __version__
+    from hexbundle.formats.container import FORMAT_VERSION
     return f"hexbundle-reference {__version__} format {FORMAT_VERSION}"
 
 
@@ -68,7 +68,7 @@ def describe(name: str) -> tuple:
     if name == "reference":
         return reference_toolchain_version(), False
     if name == "qairt":
-        from ..toolchain import pinned_sdk_version
+        from hexbundle.config.toolchain import pinned_sdk_version
         return f"QAIRT {pinned_sdk_version()}", True
     raise BackendError(f"unknown backend {name!r}; choose reference or qairt")
 

@@ -48,9 +48,9 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import BackendError
-from ..toolchain import load_toolchain, require_pinned_sdk
-from . import CompileOptions, ConvertOptions
+from hexbundle.support.errors import BackendError
+from hexbundle.config.toolchain import load_toolchain, require_pinned_sdk
+from hexbundle.backends import CompileOptions, ConvertOptions
 
 MARKERS = ("Unknown Key", "[ ERROR ]")   # a line with either fails the step
 SHOWN_FLAGGED = 10

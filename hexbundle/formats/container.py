@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import numpy as np
 import xxhash
 
-from .. import testhooks
-from ..errors import FormatError, HexbundleError, output_error
+from hexbundle.support import testhooks
+from hexbundle.support.errors import FormatError, HexbundleError, output_error
 
 ALIGN = 4096
 FORMAT_VERSION = 1

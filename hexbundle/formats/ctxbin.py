@@ -16,9 +16,11 @@ import numpy as np
 import onnx
 import xxhash
 
-from ..errors import BackendError, FormatError
-from .container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo, QuantParams, TensorRecord, dequantize, encode_tensor, parse_graph_record,
-                        parse_tensor_record, tensor_quant_params, tensor_values)
+from hexbundle.support.errors import BackendError, FormatError
+from hexbundle.formats.container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo,
+                                        QuantParams, TensorRecord, dequantize, encode_tensor,
+                                        parse_graph_record, parse_tensor_record,
+                                        tensor_quant_params, tensor_values)
 
 CTXBIN_MAGIC = b"HXCTXBIN"
 

@@ -13,10 +13,11 @@ from typing import Iterable, Union
 import numpy as np
 import onnx
 
-from ..errors import FormatError
-from .container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo, Tensor, TensorRecord, TensorStream,
-                        dequantize, encode_tensor, parse_graph_record, parse_tensor_record,
-                        tensor_quant_params, tensor_values)
+from hexbundle.support.errors import FormatError
+from hexbundle.formats.container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo,
+                                        Tensor, TensorRecord, TensorStream, dequantize,
+                                        encode_tensor, parse_graph_record, parse_tensor_record,
+                                        tensor_quant_params, tensor_values)
 
 DLC_MAGIC = b"HXDLC\0\0\0"
 TOPOLOGY_BLOB = "topology"

@@ -1,0 +1,1 @@
+"""`doit bench`: side-by-side measurements of the build."""

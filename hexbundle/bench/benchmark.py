@@ -1,0 +1,576 @@
+"""The benchmark behind scripts/bench.py and `doit bench`: one table, every row measured side by
+side in the same run, on the same tree, written to build/bench/results.json.
+
+Rows (the issue's list; targets are reported, never asserted):
+1. file digests on the same multi-GB input files: the project's XXH3-128 vs doit's MD5Checker;
+2. a no-op `doit bundle` on the up-to-date tree vs the bare start-up of `doit list`;
+3. after touching every input (same bytes): first and second run, ours vs the stock MD5
+   checker (the same dodo.py run with HEXBUNDLE_BENCH_CHECKER=md5 and a DB of its own);
+4. one part's weights changed: rebuild vs full build;
+5. the reference backend on the part with the most layers: GB/s and peak RSS (subprocesses);
+6. a full build with `doit -n 2` vs `-n 1`.
+
+Full scale uses qwen2.5-7b-shape (Qwen2.5-7B's tensors, 4 layers, ~8 GB of inputs); --small
+uses qwen2-tiny (seconds; the tests run it). The tree lives in build/bench/<tree>/ (its own
+build root, hence its own doit DB and lock) and is deleted afterwards unless --keep.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from hexbundle.support import hashing
+from hexbundle.config.build import BUILD_ROOT_ENV, load_build
+from hexbundle.support.errors import HexbundleError
+from hexbundle.config.layout import Layout
+
+FULL_MODEL = "qwen2.5-7b-shape"
+SMALL_MODEL = "qwen2-tiny"
+# The seeds' measured context binary of a 3-layer Qwen2.5-7B part (11-split part 2, QAIRT 2.42
+# Python API, weights_packing=True).
+SEED_3_LAYER_PART_MIB = 337.3
+RESULTS_FORMAT = 1
+NOOP_REPEATS = 5
+CHANGED_BYTES = 1 << 20     # bytes of one weight negated to "change a part's weights"
+MIN_DIGEST_BYTES = 256 << 20   # the digest row times at least this much hashing
+MD5_DB = "doit-db-md5.json"
+TRACE_ENV = hashing.TRACE_ENV
+BUILD_TASKS = ("inputs", "convert", "compile", "bundle")   # what `doit bundle` runs
+MIB, GIB = 1 << 20, 1 << 30
+
+
+class BenchError(HexbundleError):
+    """A benchmark step failed (a doit run exited non-zero, or did work it should not have)."""
+
+
+# --------------------------------------------------------------------------- the MD5 baseline
+
+
+def comparison_checker(name: str):
+    """(checker, DB file name) for HEXBUNDLE_BENCH_CHECKER: doit's stock MD5 checker, unchanged,
+    with its hashing recorded in $HEXBUNDLE_HASH_TRACE like ours (to count what it hashes)."""
+    if name != "md5":
+        print(f"hexbundle: HEXBUNDLE_BENCH_CHECKER={name!r}: the only comparison checker is "
+              "'md5' (doit's stock MD5Checker); unset it for builds", file=sys.stderr)
+        sys.exit(3)
+    from doit import dependency
+    if os.environ.get(TRACE_ENV) and not getattr(dependency.get_file_md5, "traced", False):
+        original = dependency.get_file_md5
+
+        def get_file_md5(path):
+            with open(os.environ[TRACE_ENV], "a") as fh:
+                fh.write(os.path.abspath(path) + "\n")
+            return original(path)
+        get_file_md5.traced = True
+        dependency.get_file_md5 = get_file_md5   # MD5Checker looks it up at call time
+    return dependency.MD5Checker, MD5_DB
+
+
+# --------------------------------------------------------------------------- running doit
+
+
+@dataclass
+class Run:
+    """One doit invocation: wall time, peak RSS, what it ran, what it hashed."""
+
+    args: tuple
+    seconds: float
+    code: int
+    out: str
+    err: str
+    maxrss: int                      # bytes, of the doit process (steps run in it)
+    hashed: list = field(default_factory=list)
+
+    @property
+    def executed(self) -> list:
+        return re.findall(r"^\.  (\S+)$", self.out, re.M)
+
+    @property
+    def step_seconds(self) -> dict:
+        """task -> seconds, from the executor's "ok <task> [...] 1.2s" lines."""
+        return {t: float(s) for t, s in re.findall(r"^\s+ok (\S+) \[[^\]]*\] ([\d.]+)s", self.out, re.M)}
+
+    def hashed_bytes(self) -> int:
+        return sum(os.path.getsize(p) for p in self.hashed if os.path.exists(p))
+
+
+def run_measured(cmd: list, cwd: Path, env: dict) -> tuple:
+    """(seconds, exit code, stdout, stderr, peak RSS bytes) of a child process (wait4 rusage)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.monotonic() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return seconds, proc.returncode, out.read(), err.read(), usage.ru_maxrss * 1024
+
+
+class Bench:
+    def __init__(self, root: Path, small: bool, keep: bool, log: Callable[[str], None] = print):
+        self.root = Path(root).resolve()
+        self.small = small
+        self.keep = keep
+        self.log = log
+        self.model_name = SMALL_MODEL if small else FULL_MODEL
+        self.build_root = self.root / "build" / "bench" / ("small-tree" if small else "tree")
+        os.environ[BUILD_ROOT_ENV] = str(self.build_root)   # this process's Layout, and children's
+        self.cfg = load_build(self.root, {"model": self.model_name})
+        self.layout = Layout(self.cfg)
+        self.parts = self.cfg.plan.parts()
+        # The part the backend row and the one-part change use: the most decoder layers (for the
+        # 7B shape, the 3-layer part: the seeds' 11-split part 2).
+        self.part = max((p for p in self.parts if not (p.has_embedding or p.has_head)),
+                        key=lambda p: len(p.layers), default=self.parts[-1])
+        self._trace_dir = Path(tempfile.mkdtemp(prefix="hexbundle-bench-"))
+        self._traces = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def env(self, **extra) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in (TRACE_ENV, "HEXBUNDLE_BENCH_CHECKER")}
+        return {**env, BUILD_ROOT_ENV: str(self.build_root), **extra}
+
+    def doit(self, *args, md5: bool = False, trace: bool = False, check: bool = True) -> Run:
+        extra = {"HEXBUNDLE_BENCH_CHECKER": "md5"} if md5 else {}
+        trace_path = None
+        if trace:
+            self._traces += 1
+            trace_path = self._trace_dir / f"trace-{self._traces}.txt"
+            extra[TRACE_ENV] = str(trace_path)
+        cmd = [sys.executable, "-m", "doit", *args, f"model={self.model_name}"]
+        seconds, code, out, err, maxrss = run_measured(cmd, self.root, self.env(**extra))
+        hashed = trace_path.read_text().split() if trace_path and trace_path.exists() else []
+        run = Run(tuple(args), seconds, code, out, err, maxrss, hashed)
+        if check and code != 0:
+            raise BenchError(f"`doit {' '.join(args)} model={self.model_name}` exited {code}:\n"
+                             + "\n".join((out + err).splitlines()[-30:]))
+        return run
+
+    def expect_no_work(self, run: Run, what: str) -> None:
+        if run.executed:
+            raise BenchError(f"{what}: expected every task up to date, but doit ran "
+                             f"{', '.join(run.executed)}")
+
+    def input_files(self) -> list:
+        from hexbundle.steps.runner import all_inputs
+        return all_inputs(self.cfg, self.layout)
+
+    def distinct_data_files(self) -> list:
+        """The inputs' .data files, one name per inode (the token graph's is a hard link)."""
+        seen, out = set(), []
+        for path in self.input_files():
+            if path.suffix == ".data":
+                st = path.stat()
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    out.append(path)
+        return out
+
+    def remove_outputs(self) -> None:
+        for d in (self.layout.dlc_dir, self.layout.bin_dir, self.layout.bundle_dir):
+            shutil.rmtree(d, ignore_errors=True)
+
+    # ------------------------------------------------------------------ steps
+
+    def check_disk(self) -> None:
+        """Refuse before anything is written: inputs, DLCs, bins and the backend row's scratch."""
+        from hexbundle.inputs import generate as biggen
+        from hexbundle.checks import sizes
+        model = self.cfg.model
+        inputs = sum(biggen.part_disk_bytes(model, p)
+                     for p in biggen.missing_parts(model, self.parts, self.layout.inputs_dir))
+        dlcs = sum(2 * sizes.part_bytes(model, p, packed=False) for p in self.parts)
+        bins = sum(sizes.part_bytes(model, p) for p in self.parts)
+        scratch = 2 * sizes.part_bytes(model, self.part, packed=False) + sizes.part_bytes(model, self.part)
+        biggen.check_disk(self.build_root, inputs + dlcs + bins + scratch,
+                          f"the {self.model_name} benchmark tree (inputs, DLCs, bins)")
+
+    def generate_inputs(self) -> dict:
+        self.log(f"generating the inputs of {self.model_name} (skipped if up to date) ...")
+        run = self.doit("inputs")
+        files = self.input_files()
+        return {"files": len(files), "bytes": sum(p.stat().st_size for p in files),
+                "distinct_bytes": sum(p.stat().st_size for p in self.distinct_data_files()),
+                "generate_seconds": round(run.seconds, 2), "generated": bool(run.executed)}
+
+    def full_build(self, jobs: int) -> Run:
+        self.log(f"full build, doit -n {jobs} ...")
+        self.remove_outputs()
+        run = self.doit("-n", str(jobs), "bundle")
+        built = {t.split(":")[0] for t in run.executed}
+        if not {"convert", "compile", "bundle"} <= built:
+            raise BenchError(f"full build -n {jobs} did not rebuild everything: {run.executed}")
+        return run
+
+    def check_sizes(self) -> dict:
+        run = self.doit("check_sizes", check=False)
+        size = self.layout.bin(self.part).stat().st_size
+        row = {"passed": run.code == 0, "table": run.out.strip().splitlines()[-(len(self.parts) + 3):],
+               "part": self.part.index, "part_layers": len(self.part.layers),
+               "part_bin_mib": round(size / MIB, 2)}
+        if len(self.part.layers) == 3 and self.cfg.model.architecture.hidden_size == 3584:
+            row["seed_mib"] = SEED_3_LAYER_PART_MIB
+            row["ratio_to_seed"] = round(size / MIB / SEED_3_LAYER_PART_MIB, 4)
+        if run.code != 0:
+            raise BenchError("check_sizes failed on the benchmark tree:\n" + run.out + run.err)
+        return row
+
+    def backend_row(self) -> dict:
+        """Convert both graphs and compile the part, each in its own process (peak RSS from
+        wait4), writing to a scratch directory so the build tree stays untouched."""
+        self.log(f"reference backend on {self.part.tag} ({len(self.part.layers)} layers) ...")
+        scratch = self.build_root / "backend-scratch"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        steps = []
+        try:
+            for graph in self.cfg.model.graphs(self.part):
+                steps.append(self._backend_step({"step": "convert", "graph": graph.kind}, scratch))
+            steps.append(self._backend_step({"step": "compile"}, scratch))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        weights = sum(s["read_bytes"] for s in steps if s["step"] == "convert")
+        seconds = sum(s["seconds"] for s in steps)
+        largest = max(w.numel * 4 for w in _part_weights(self.cfg, self.part))
+        return {"part": self.part.index, "layers": len(self.part.layers), "steps": steps,
+                "fp32_weight_bytes": weights, "seconds": round(seconds, 2),
+                "gb_per_s": round(weights / max(seconds, 1e-9) / 1e9, 3),
+                "peak_rss_bytes": max(s["maxrss"] for s in steps),
+                "largest_tensor_bytes": largest}
+
+    def _backend_step(self, step: dict, scratch: Path) -> dict:
+        spec = {**step, "root": str(self.root), "model": self.model_name,
+                "part": self.part.index, "scratch": str(scratch)}
+        cmd = [sys.executable, "-c", "import json, sys; from hexbundle.bench.benchmark import backend_step; "
+               "print(json.dumps(backend_step(json.loads(sys.argv[1]))))", json.dumps(spec)]
+        wall, code, out, err, maxrss = run_measured(cmd, self.root, self.env())
+        if code != 0:
+            raise BenchError(f"backend step {step} failed (exit {code}):\n{out}{err}")
+        result = json.loads(out.strip().splitlines()[-1])
+        return {**result, "wall_seconds": round(wall, 2), "maxrss": maxrss}
+
+    def digest_row(self) -> dict:
+        """Both checkers on the same files, warm page cache (a warm-up pass first). Small
+        inputs are hashed several times over, so that at least MIN_DIGEST_BYTES are timed."""
+        from doit.dependency import MD5Checker
+        files = self.distinct_data_files()
+        size = sum(p.stat().st_size for p in files)
+        passes = max(1, -(-MIN_DIGEST_BYTES // max(size, 1)))
+        self.log(f"digests: {len(files)} files, {size / GIB:.2f} GiB (x{passes}), XXH3-128 vs MD5 ...")
+        for path in files:       # warm-up: both timed passes read from the page cache
+            hashing.file_digest(path)
+        started = time.monotonic()
+        for path in files * passes:
+            hashing.file_digest(path)
+        ours = max(time.monotonic() - started, 1e-9)
+        checker = MD5Checker()
+        started = time.monotonic()
+        for path in files * passes:
+            checker.get_state(str(path), None)
+        stock = max(time.monotonic() - started, 1e-9)
+        total = size * passes
+        return {"files": len(files), "bytes": total, "passes": passes, "ours_seconds": round(ours, 6),
+                "stock_seconds": round(stock, 6), "ours_gib_per_s": round(total / GIB / ours, 2),
+                "stock_gib_per_s": round(total / GIB / stock, 2), "ratio": round(stock / ours, 1)}
+
+    def noop_row(self) -> dict:
+        self.log(f"no-op doit bundle vs doit list, {NOOP_REPEATS} runs each ...")
+        noops, lists, hashed = [], [], 0
+        for _ in range(NOOP_REPEATS):   # interleaved, so a noisy moment hits both alike
+            lists.append(self.doit("list").seconds)
+            run = self.doit("bundle", trace=True)
+            self.expect_no_work(run, "no-op doit bundle")
+            noops.append(run.seconds)
+            hashed += len(run.hashed)
+        noop, bare = statistics.median(noops), statistics.median(lists)
+        return {"noop_seconds": round(noop, 3), "list_seconds": round(bare, 3),
+                "ratio": round(noop / bare, 2), "files_hashed": hashed,
+                "noop_all": [round(s, 3) for s in noops], "list_all": [round(s, 3) for s in lists]}
+
+    def prepare_md5_db(self) -> dict:
+        """The MD5 run's own DB, made up to date without rebuilding: a copy of ours (for the
+        tasks' saved option values), then `doit reset-dep`, which MD5-hashes every dependency."""
+        self.log("MD5 baseline: recording its state (reset-dep) ...")
+        state = self.layout.state_dir
+        shutil.copyfile(state / "doit-db.json", state / MD5_DB)
+        reset = self.doit("reset-dep", *BUILD_TASKS, md5=True, trace=True)
+        noop = self.doit("bundle", md5=True)
+        self.expect_no_work(noop, "no-op doit bundle with the MD5 checker")
+        return {"reset_dep_seconds": round(reset.seconds, 2), "files_hashed": len(reset.hashed),
+                "noop_seconds": round(noop.seconds, 3)}
+
+    def touch_row(self) -> dict:
+        files = self.input_files()
+        self.log(f"touching {len(files)} inputs (same bytes), then two runs each checker ...")
+        now = time.time_ns()
+        for path in files:
+            os.utime(path, ns=(now, now))
+        runs = {}
+        for name, md5 in (("ours_1", False), ("ours_2", False), ("md5_1", True), ("md5_2", True)):
+            run = self.doit("bundle", md5=md5, trace=True)
+            self.expect_no_work(run, f"doit bundle after a touch ({name})")
+            runs[name] = {"seconds": round(run.seconds, 3), "files_hashed": len(run.hashed),
+                          "bytes_hashed": run.hashed_bytes()}
+        return {"files_touched": len(files), **runs}
+
+    def one_part_row(self, full: Run) -> dict:
+        """Negate the first MiB of one weight of the part (its .data is shared by both graphs,
+        per-channel |max| unchanged so the encodings still fit), rebuild; undo, rebuild."""
+        name, offset, nbytes = self._first_matmul_weight()
+        data_files = {f"{g.name}.data" for g in self.cfg.model.graphs(self.part)}
+        paths = [p for p in self.distinct_data_files() if p.name in data_files]
+        self.log(f"changing {name} of {self.part.tag}, rebuilding (and back) ...")
+        runs = []
+        for _ in range(2):
+            for path in paths:
+                _negate(path, offset, min(nbytes, CHANGED_BYTES))
+            run = self.doit("bundle")
+            runs.append(run)
+        expected = {f"convert:{self.part.tag}_{g.kind}" for g in self.cfg.model.graphs(self.part)}
+        expected |= {f"compile:{self.part.tag}", "bundle"}
+        for run in runs:
+            if set(run.executed) != expected:
+                raise BenchError(f"after changing {name}, doit ran {sorted(run.executed)}; "
+                                 f"expected {sorted(expected)}")
+        seconds = statistics.mean(r.seconds for r in runs)
+        bundle_step = statistics.mean(r.step_seconds.get("bundle", 0.0) for r in runs)
+        budget = full.seconds / len(self.parts) + bundle_step
+        return {"weight": name, "part": self.part.index, "runs_seconds": [round(r.seconds, 2) for r in runs],
+                "seconds": round(seconds, 2), "full_seconds": round(full.seconds, 2),
+                "ratio": round(seconds / full.seconds, 3), "parts": len(self.parts),
+                "bundle_step_seconds": round(bundle_step, 2), "budget_seconds": round(budget, 2)}
+
+    def _first_matmul_weight(self) -> tuple:
+        from hexbundle.inputs.synthetic import data_layout
+        weights = _part_weights(self.cfg, self.part)
+        layout = data_layout({w.name: w.shape for w in weights})
+        name = next(w.name for w in weights if w.bitwidth == self.cfg.model.quantization.decoder_linear_bitwidth
+                    and w.channels > 1)
+        return (name, *layout[name])
+
+    def bundle_facts(self) -> dict:
+        bins = [self.layout.bundle_dir / self.layout.bin_name(p) for p in self.parts]
+        return {"bins_bytes": sum(b.stat().st_size for b in bins),
+                "bins_hard_linked": all(b.stat().st_nlink >= 2 for b in bins)}
+
+    # ------------------------------------------------------------------ the whole run
+
+    def run(self) -> dict:
+        started, load_before = time.monotonic(), _load_average()
+        self.check_disk()
+        try:
+            inputs = self.generate_inputs()
+            full_1 = self.full_build(1)
+            full_2 = self.full_build(2)
+            sizes_row = self.check_sizes()
+            bundle = self.bundle_facts()
+            backend = self.backend_row()
+            digests = self.digest_row()
+            noop = self.noop_row()
+            md5_db = self.prepare_md5_db()
+            touch = self.touch_row()
+            change = self.one_part_row(full_1)
+        finally:
+            shutil.rmtree(self._trace_dir, ignore_errors=True)
+            if not self.keep:
+                shutil.rmtree(self.build_root, ignore_errors=True)
+        results = {
+            "format": RESULTS_FORMAT,
+            "mode": "small" if self.small else "full",
+            "machine": {**machine(), "load_average_before": load_before,
+                        "load_average_after": _load_average()},
+            "model": self.model_name, "plan": self.cfg.plan.name, "parts": len(self.parts),
+            "inputs": inputs,
+            "full_build": {"n1_seconds": round(full_1.seconds, 2), "n2_seconds": round(full_2.seconds, 2),
+                           "n1_peak_rss_bytes": full_1.maxrss, "n2_peak_rss_bytes": full_2.maxrss,
+                           "bundle_step_seconds": full_1.step_seconds.get("bundle"),
+                           "n1_step_seconds": full_1.step_seconds, **bundle},
+            "sizes": sizes_row,
+            "md5_baseline": md5_db,
+            "rows": rows(digests, noop, touch, change, backend, full_1, full_2),
+            "bench_seconds": round(time.monotonic() - started, 1),
+        }
+        return results
+
+
+def _load_average() -> Optional[list]:
+    """1/5/15-minute load: other work on the machine skews every figure, so it is recorded."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _part_weights(cfg, part) -> list:
+    from hexbundle.config.model import part_weights
+    return part_weights(cfg.model.architecture, cfg.model.quantization, part)
+
+
+def _negate(path: Path, offset: int, nbytes: int) -> None:
+    """Flip the sign of float32 values in place (twice restores the bytes)."""
+    import numpy as np
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        values = np.frombuffer(fh.read(nbytes), dtype="<f4")
+        fh.seek(offset)
+        fh.write((-values).astype("<f4").tobytes())
+
+
+# --------------------------------------------------------------------------- subprocess worker
+
+
+def backend_step(spec: dict) -> dict:
+    """Run in a fresh process by Bench.backend_row: one convert or compile of the part, outputs
+    in the scratch directory. Returns its own timing (interpreter start-up excluded)."""
+    from hexbundle.backends import ConvertOptions, get_backend
+    from hexbundle.steps.runner import compile_options
+    cfg = load_build(Path(spec["root"]), {"model": spec["model"]})
+    layout = Layout(cfg)
+    part = cfg.plan.parts()[spec["part"] - 1]
+    graphs = cfg.model.graphs(part)
+    scratch = Path(spec["scratch"])
+    backend = get_backend("reference")
+    started = time.monotonic()
+    if spec["step"] == "convert":
+        graph = next(g for g in graphs if g.kind == spec["graph"])
+        out = scratch / f"{graph.name}.dlc"
+        backend.convert(layout.onnx(graph), layout.encodings(graph), out, graph.name,
+                        ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"]), lambda m: None)
+        read = layout.onnx_data(graph).stat().st_size
+    else:
+        dlcs = [scratch / f"{g.name}.dlc" for g in graphs]
+        out = scratch / layout.bin_name(part)
+        backend.compile(dlcs, out, compile_options(cfg, part), lambda m: None)
+        read = sum(p.stat().st_size for p in dlcs)
+    seconds = time.monotonic() - started
+    return {"step": spec["step"], "graph": spec.get("graph"), "seconds": round(seconds, 6),
+            "read_bytes": read, "written_bytes": out.stat().st_size}
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def rows(digests, noop, touch, change, backend, full_1, full_2) -> list:
+    n1, n2 = full_1.seconds, full_2.seconds
+    return [
+        {"id": 1, "what": "file digests, same files (XXH3-128 checker vs doit MD5Checker)",
+         "ours": f"{digests['ours_gib_per_s']} GiB/s", "baseline": f"{digests['stock_gib_per_s']} GiB/s",
+         "ratio": f"{digests['ratio']}x", "target": ">= 10x", "met": digests["ratio"] >= 10,
+         "detail": digests},
+        {"id": 2, "what": "no-op `doit bundle` vs bare `doit list` (median)",
+         "ours": f"{noop['noop_seconds']:.2f} s", "baseline": f"{noop['list_seconds']:.2f} s",
+         "ratio": f"{noop['ratio']}x", "target": "<= 1.5x", "met": noop["ratio"] <= 1.5,
+         "detail": noop},
+        {"id": 3, "what": "after touching every input: run 1 / run 2 (ours vs MD5 checker)",
+         "ours": f"{touch['ours_1']['seconds']:.2f} s / {touch['ours_2']['seconds']:.2f} s "
+                 f"(hashed {touch['ours_1']['files_hashed']} / {touch['ours_2']['files_hashed']} files)",
+         "baseline": f"{touch['md5_1']['seconds']:.2f} s / {touch['md5_2']['seconds']:.2f} s "
+                     f"(hashed {touch['md5_1']['files_hashed']} / {touch['md5_2']['files_hashed']} files)",
+         "ratio": f"{touch['md5_2']['seconds'] / touch['ours_2']['seconds']:.1f}x on run 2",
+         "target": "run 2 hashes nothing", "met": touch["ours_2"]["files_hashed"] == 0,
+         "detail": touch},
+        {"id": 4, "what": f"one part's weights changed: rebuild vs full build ({change['parts']} parts)",
+         "ours": f"{change['seconds']:.1f} s", "baseline": f"{change['full_seconds']:.1f} s",
+         "ratio": f"{change['ratio']:.2f}x",
+         "target": f"<= 1/{change['parts']} + bundle step ({change['budget_seconds']:.1f} s)",
+         "met": change["seconds"] <= change["budget_seconds"], "detail": change},
+        {"id": 5, "what": f"reference backend, part {backend['part']} ({backend['layers']} layers): "
+                          "convert x2 + compile",
+         "ours": f"{backend['gb_per_s']:.2f} GB/s fp32 weights",
+         "baseline": f"peak RSS {backend['peak_rss_bytes'] / GIB:.2f} GiB",
+         "ratio": f"RSS = {backend['peak_rss_bytes'] / backend['largest_tensor_bytes']:.2f}x largest tensor",
+         "target": "peak RSS < 3 GiB", "met": backend["peak_rss_bytes"] < 3 * GIB, "detail": backend},
+        {"id": 6, "what": "full build `doit -n 2` vs `-n 1`",
+         "ours": f"{n2:.1f} s", "baseline": f"{n1:.1f} s", "ratio": f"{n1 / n2:.2f}x faster",
+         "target": "(reported)", "met": None,
+         "detail": {"n1_seconds": round(n1, 2), "n2_seconds": round(n2, 2),
+                    "n1_peak_rss_bytes": full_1.maxrss, "n2_peak_rss_bytes": full_2.maxrss}},
+    ]
+
+
+def format_table(results: dict) -> str:
+    head = ("#", "measured", "hexbundle", "baseline", "ratio", "target", "met")
+    body = [(str(r["id"]), r["what"], r["ours"], r["baseline"], r["ratio"], r["target"],
+             {True: "yes", False: "NO", None: "-"}[r["met"]]) for r in results["rows"]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    m, s, f = results["machine"], results["sizes"], results["full_build"]
+    notes = [f"machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['os']}, "
+             f"Python {m['python']}, doit {m['doit']}, numpy {m['numpy']}; load average "
+             f"{m['load_average_before']} before, {m['load_average_after']} after",
+             f"model: {results['model']} (plan {results['plan']}, {results['parts']} parts); inputs "
+             f"{results['inputs']['bytes'] / GIB:.2f} GiB in {results['inputs']['files']} files "
+             f"({results['inputs']['distinct_bytes'] / GIB:.2f} GiB of distinct .data)",
+             f"full build -n 1: {f['n1_seconds']} s, peak RSS {f['n1_peak_rss_bytes'] / GIB:.2f} GiB "
+             f"(the whole build runs in the doit process); bundle step {f['bundle_step_seconds']} s "
+             f"for {f['bins_bytes'] / GIB:.2f} GiB of bins, hard-linked: "
+             f"{'yes' if f['bins_hard_linked'] else 'NO'}",
+             f"part {s['part']} ({s['part_layers']} layers): {s['part_bin_mib']} MiB"
+             + (f" vs the seed's {s['seed_mib']} MiB: ratio {s['ratio_to_seed']}" if "seed_mib" in s else "")
+             + f"; check_sizes {'passed' if s['passed'] else 'FAILED'}"]
+    return "\n".join(lines + [""] + notes)
+
+
+def machine() -> dict:
+    import doit
+    import numpy
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = 0
+    try:
+        ram = int(re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text()).group(1)) * 1024
+    except (OSError, AttributeError):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(ram / GIB, 1),
+            "os": platform.platform(), "python": platform.python_version(),
+            "doit": ".".join(map(str, doit.__version__)) if isinstance(doit.__version__, tuple) else str(doit.__version__), "numpy": numpy.__version__}
+
+
+def write_results(results: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def main(root: Path, small: bool, keep: bool, out: Optional[Path] = None) -> int:
+    try:
+        bench = Bench(root, small, keep)
+        results = bench.run()
+    except HexbundleError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    path = write_results(results, Path(out) if out else Path(root) / "build" / "bench" / "results.json")
+    print(format_table(results))
+    print(f"\nwritten: {path}")
+    return 0
+
+
+def run_bench(root: Path, small: bool = False, keep: bool = False):
+    """doit action for `doit bench`: the benchmark in its own process (it runs doit itself)."""
+    from doit.exceptions import TaskFailed
+    cmd = [sys.executable, str(Path(root) / "scripts" / "bench.py")]
+    cmd += ["--small"] if small else []
+    cmd += ["--keep"] if keep else []
+    code = subprocess.call(cmd, cwd=root, env={k: v for k, v in os.environ.items() if k != BUILD_ROOT_ENV})
+    return True if code == 0 else TaskFailed(f"scripts/bench.py exited {code}")

@@ -1,0 +1,612 @@
+"""`doit verify`: prove on the host that a built bundle computes what its float ONNX computes.
+
+The bundle's context binaries run on the CPU (hexbundle.runtime) chained as Genie chains them:
+the bins in genie_config.json's `ctx-bins` order, part i's main output feeding part i+1, the
+prompt prefilled through the prompt (AR 128) graphs in chunks, then tokens decoded one at a time
+through the token (AR 1) graphs with each part's KV cache carried between steps, the mask and
+RoPE cos/sin built from genie_config.json as the runtime builds them. The float ONNX sources run
+through onnxruntime on the same token sequence, and the two are compared per part and end to end.
+
+Checks, per part (a table row each):
+  prefill vs onnx       the prompt graph's outputs over the prompt positions
+  decode vs onnx        the token graph's outputs over the decode steps
+  token vs prompt       the bundle's token graph, fed the prefill's KV cache of the positions
+                        before p, against the bundle's prompt graph at position p (p = the last
+                        position of each prefill chunk): the two graphs of a part must agree,
+                        on the main output and ("... kv") on the KV entry each computes for p
+  onnx token vs prompt  the same for the float ONNX (checks the export and these conventions)
+and end to end: the logits over every position. Hidden states and logits are compared by
+cosine similarity per position (the minimum is judged) and max absolute error; the last part
+also by top-1 agreement of the next token. Thresholds: the model config's [verify] table.
+
+The sequence: `prompt_tokens` + `decode_steps` token ids drawn from a fixed seed, fed to both
+sides (teacher forcing), so the comparison does not depend on earlier argmax choices. It runs
+part by part -- the whole sequence through part 1 for both sides, then part 2, ... -- which gives
+exactly the numbers of a step-by-step run (part i at step t depends only on part i-1 up to t)
+while only one part (its mmap'd bin and its float ONNX) is open at a time.
+
+`generate` is the host-side `genie-t2t-run`: prompt text -> the bundle's tokenizer.json -> prefill
+-> sample N tokens with the bundle's sampler settings (or greedily) -> text and tokens/s, through
+the bundle or, for comparison, through the float ONNX.
+
+Heavy imports (onnx, onnxruntime, tokenizers) happen inside the functions: dodo.py imports this
+module and a no-op `doit` must stay fast.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from hexbundle.config.build import BuildConfig
+from hexbundle.support.errors import FormatError, VerifyError
+from hexbundle.config.layout import Layout
+
+RUNTIME_SOURCES = ("runtime/interpreter.py", "checks/verify.py")   # verify reruns when these change
+
+
+# ============================================================================ the bundle's runtime config
+
+
+@dataclass(frozen=True)
+class GenieSettings:
+    """What the host runtime takes from genie_config.json, as Genie would."""
+
+    path: Path
+    ctx_bins: list
+    context_size: int
+    n_vocab: int
+    stop_tokens: tuple            # eos, eot
+    rope_theta: float
+    pos_id_dim: int
+    kv_dim: int
+    sampler: dict                 # seed, temp, top-k, top-p
+    max_num_tokens: int
+    tokenizer: Path
+
+
+def read_genie_config(bundle_dir: Path) -> GenieSettings:
+    path = Path(bundle_dir) / "genie_config.json"
+    try:
+        dialog = json.loads(path.read_text())["dialog"]
+    except FileNotFoundError:
+        raise VerifyError(f"{path}: missing; build the bundle with `doit bundle`") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise VerifyError(f"{path}: not a Genie dialog config ({exc}); rebuild the bundle") from None
+
+    def get(*keys):
+        node = dialog
+        for key in keys:
+            if not isinstance(node, dict) or key not in node:
+                raise VerifyError(f"{path}: key 'dialog.{'.'.join(keys)}' is missing; rebuild the "
+                                  f"bundle with `doit bundle`")
+            node = node[key]
+        return node
+
+    bins = get("engine", "model", "binary", "ctx-bins")
+    if not isinstance(bins, list) or not all(isinstance(b, str) for b in bins):
+        raise VerifyError(f"{path}: key 'dialog.engine.model.binary.ctx-bins' must be a list of "
+                          f"file names")
+    htp = ("engine", "backend", "QnnHtp")
+    return GenieSettings(
+        path=path, ctx_bins=bins, context_size=int(get("context", "size")),
+        n_vocab=int(get("context", "n-vocab")),
+        stop_tokens=(int(get("context", "eos-token")), int(get("context", "eot-token"))),
+        rope_theta=float(get(*htp, "rope-theta")), pos_id_dim=int(get(*htp, "pos-id-dim")),
+        kv_dim=int(get(*htp, "kv-dim")),
+        sampler={k: get("sampler", k) for k in ("seed", "temp", "top-k", "top-p")},
+        max_num_tokens=int(get("max-num-tokens")),
+        tokenizer=path.parent / str(get("tokenizer", "path")))
+
+
+def check_runtime_settings(cfg: BuildConfig, genie: GenieSettings) -> None:
+    """The values the runtime builds its inputs from must be the ones the model was exported
+    with. (A wrong rope-theta barely moves a random-weight model's numbers, so it is compared
+    here rather than left to the cosines.)"""
+    a = cfg.model.architecture
+    htp = "dialog.engine.backend.QnnHtp"
+    pairs = [("dialog.context.size", genie.context_size, "graphs.context_length",
+              cfg.model.context_length),
+             ("dialog.context.n-vocab", genie.n_vocab, "architecture.vocab_size", a.vocab_size),
+             (f"{htp}.rope-theta", genie.rope_theta, "architecture.rope_theta", a.rope_theta),
+             (f"{htp}.pos-id-dim", genie.pos_id_dim, "architecture.head_dim / 2", a.pos_id_dim),
+             (f"{htp}.kv-dim", genie.kv_dim, "architecture.head_dim", a.head_dim)]
+    wrong = [f"'{key}' is {got} but {cfg.model_path.name} {source} is {want}"
+             for key, got, source, want in pairs if got != want]
+    if wrong:
+        raise VerifyError(f"{genie.path}: {'; '.join(wrong)}: the runtime would build its "
+                          f"inputs from the wrong values; rebuild the bundle with `doit bundle`")
+
+
+# ============================================================================ opening the parts
+
+
+def part_label(part) -> str:
+    return f"part {part.index} of {part.count}"
+
+
+@dataclass
+class BundlePart:
+    part: object                  # hexbundle.model.Part
+    path: Path
+    reader: object                # CtxBinReader
+
+    @property
+    def label(self) -> str:
+        return f"{part_label(self.part)} ({self.path.name})"
+
+
+def open_bundle_parts(cfg: BuildConfig, genie: GenieSettings) -> list:
+    """The bins of ctx-bins, checked to hold the plan's parts in pipeline order.
+
+    A bin is identified by the graphs it holds (not by its file name), so a renamed or
+    swapped file is caught as well as a misordered list."""
+    from hexbundle.formats.ctxbin import read_ctxbin
+    parts = cfg.plan.parts()
+    n = len(parts)
+    wanted = {tuple(g.name for g in cfg.model.graphs(p)): p for p in parts}
+    key = "'dialog.engine.model.binary.ctx-bins'"
+    opened = []
+    try:
+        for position, name in enumerate(genie.ctx_bins, start=1):
+            path = genie.path.parent / name
+            if Path(name).name != name or not path.is_file():
+                raise VerifyError(
+                    f"{genie.path}: {key}[{position - 1}] is {name!r}, but {genie.path.parent} has "
+                    f"no such file: part {position} of {n} is missing from the bundle; rebuild it "
+                    f"with `doit bundle`")
+            try:
+                reader = read_ctxbin(path)
+            except FormatError as exc:
+                raise VerifyError(f"part {position} of {n} ({name}) cannot be read: {exc}") from None
+            held = wanted.get(tuple(reader.graph_names))
+            opened.append(BundlePart(held, path, reader))
+            if held is None:
+                raise VerifyError(
+                    f"{path}: {key}[{position - 1}] holds graphs {reader.graph_names}, which are no "
+                    f"part of plan {cfg.plan.name!r} of {cfg.model.name} (at position {position} "
+                    f"the pipeline needs part {position} of {n}); rebuild with `doit bundle`")
+        present = {bp.part.index for bp in opened}
+        for part in parts:
+            if part.index not in present:
+                names = ", ".join(g.name for g in cfg.model.graphs(part))
+                raise VerifyError(f"{genie.path}: {part_label(part)} is missing: no bin listed in "
+                                  f"{key} holds its graphs ({names}); rebuild with `doit bundle`")
+        for position, bp in enumerate(opened, start=1):
+            if bp.part.index != position:
+                raise VerifyError(
+                    f"{genie.path}: {key} is out of order: entry {position - 1} is {bp.path.name}, "
+                    f"which holds {part_label(bp.part)}, but Genie feeds position {position} "
+                    f"with the output of position {position - 1}, so it must be part {position} of "
+                    f"{n} there; list the bins in pipeline order (rebuild with `doit bundle`)")
+        if len(opened) != n:
+            raise VerifyError(f"{genie.path}: {key} lists {len(opened)} bins for the {n} parts of "
+                              f"plan {cfg.plan.name!r}; rebuild with `doit bundle`")
+    except BaseException:
+        for bp in opened:
+            bp.reader.close()
+        raise
+    return opened
+
+
+# ============================================================================ the float reference
+
+
+class OnnxGraph:
+    """A float ONNX graph run by onnxruntime; the session is created on first use, dropped by close()."""
+
+    def __init__(self, path: Path):
+        import onnx
+        from hexbundle.runtime.interpreter import IoInfo
+        if not Path(path).is_file():
+            raise VerifyError(f"{path}: the float ONNX is missing; run `doit inputs` or put the "
+                              f"export there")
+        self.path = Path(path)
+        model = onnx.load(str(path), load_external_data=False)
+        self.name = model.graph.name
+        initializers = {i.name for i in model.graph.initializer}
+
+        def info(v):
+            t = v.type.tensor_type
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
+            return IoInfo(v.name, dtype, tuple(d.dim_value for d in t.shape.dim))
+
+        self.inputs = [info(v) for v in model.graph.input if v.name not in initializers]
+        self.outputs = [info(v) for v in model.graph.output]
+        self._session = None
+
+    def run(self, feeds: dict) -> dict:
+        if self._session is None:
+            try:
+                import onnxruntime
+            except ImportError:
+                raise VerifyError("the float reference needs onnxruntime: python3 -m pip "
+                                  "install -e '.[verify]'") from None
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = min(4, os.cpu_count() or 1)
+            # prepacking copies every MatMul weight while the session is created: 5.2 GB peak
+            # instead of 3.4 GB for a 7B-shaped part of 3.1 GB float weights
+            options.add_session_config_entry("session.disable_prepacking", "1")
+            self._session = onnxruntime.InferenceSession(str(self.path), options,
+                                                         providers=["CPUExecutionProvider"])
+        names = [o.name for o in self.outputs]
+        return dict(zip(names, self._session.run(names, feeds)))
+
+    def close(self) -> None:
+        self._session = None
+
+
+# ============================================================================ running a part
+
+
+def rope_settings(genie: GenieSettings):
+    from hexbundle.runtime.interpreter import RopeSettings
+    return RopeSettings(genie.rope_theta, genie.pos_id_dim)
+
+
+def bundle_session(bp: BundlePart, cfg: BuildConfig, rope):
+    from hexbundle.runtime.interpreter import GraphRunner, PartSession
+    graphs = {g.kind: GraphRunner(bp.reader, g.name) for g in cfg.model.graphs(bp.part)}
+    return PartSession(bp.label, graphs, rope)
+
+
+def onnx_session(part, cfg: BuildConfig, layout: Layout):
+    """The float reference of a part. Its RoPE settings come from the model config (what the
+    ONNX was exported for), not from genie_config.json: a wrong rope-theta there must show."""
+    from hexbundle.runtime.interpreter import PartSession, RopeSettings
+    a = cfg.model.architecture
+    graphs = {g.kind: OnnxGraph(layout.onnx(g)) for g in cfg.model.graphs(part)}
+    return PartSession(f"{part_label(part)} (float ONNX)", graphs,
+                       RopeSettings(a.rope_theta, a.pos_id_dim))
+
+
+@dataclass
+class SequenceRun:
+    outputs: np.ndarray           # (T, width): the main output at every position
+    prompt_rows: dict             # position -> (main output row, KV entry) of the prompt graph
+    token_rows: dict              # position -> the same from the token graph
+
+
+def run_sequence(session, x: np.ndarray, n_prompt: int) -> SequenceRun:
+    """Prefill x[:n_prompt] in chunks through the prompt graph, then decode the rest one token at
+    a time through the token graph; also run the token graph at the last position of each chunk
+    with the cache of the positions before it (the prompt-vs-token check). One graph is open at
+    a time (close() after its last use) so a part's two float graphs never coexist."""
+    ar = session.ar("prompt")
+    outputs, forks, prompt_kv = [], {}, {}
+    for start in range(0, n_prompt, ar):
+        n = min(ar, n_prompt - start)
+        outputs.append(session.run("prompt", x[start:start + n], n))
+        last = start + n - 1
+        forks[last] = session.fork(last)
+        prompt_kv[last] = session.kv_entry(last)
+    _close(session.graphs["prompt"])
+    token_rows = {}
+    for p, fork in forks.items():
+        row = fork.run("token", x[p:p + 1], 1)[0]
+        token_rows[p] = (row, fork.kv_entry(p))
+    for t in range(n_prompt, x.shape[0]):
+        outputs.append(session.run("token", x[t:t + 1], 1))
+    _close(session.graphs["token"])
+    out = np.concatenate(outputs)
+    return SequenceRun(out, {p: (out[p], prompt_kv[p]) for p in forks}, token_rows)
+
+
+def _close(executor) -> None:
+    close = getattr(executor, "close", None)
+    if close:
+        close()
+
+
+# ============================================================================ metrics and thresholds
+
+
+@dataclass
+class Row:
+    part: str                     # "part 2 of 4 (x.bin)" or "end to end"
+    check: str
+    what: str                     # "hidden" | "logits" | "kv"
+    positions: int
+    cos_min: float
+    cos_mean: float
+    max_abs: float
+    top1: Optional[float]         # logits only
+    min_cos: float
+    min_top1: Optional[float]
+    part_index: int = 0
+    problems: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def compare(got: np.ndarray, want: np.ndarray, logits: bool) -> dict:
+    got = got.reshape(got.shape[0], -1).astype(np.float64)
+    want = want.reshape(want.shape[0], -1).astype(np.float64)
+    dot = (got * want).sum(axis=1)
+    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
+    cos = np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), 0.0)
+    return {"cos_min": float(cos.min()), "cos_mean": float(cos.mean()),
+            "max_abs": float(np.abs(got - want).max()),
+            "top1": float((got.argmax(1) == want.argmax(1)).mean()) if logits else None}
+
+
+def judge(row: Row) -> Row:
+    if not (row.cos_min >= row.min_cos):      # also catches NaN
+        row.problems.append(f"{row.what} cosine {row.cos_min:.6f} < {row.min_cos}")
+    if row.top1 is not None and row.min_top1 is not None and not (row.top1 >= row.min_top1):
+        row.problems.append(f"top-1 agreement {row.top1:.3f} < {row.min_top1}")
+    return row
+
+
+def make_row(label: str, index: int, check: str, got, want, logits: bool, min_cos: float,
+             min_top1: Optional[float], what: str = "") -> Row:
+    m = compare(got, want, logits)
+    return judge(Row(label, check, what or ("logits" if logits else "hidden"), int(got.shape[0]),
+                     m["cos_min"], m["cos_mean"], m["max_abs"], m["top1"], min_cos,
+                     min_top1 if logits else None, part_index=index))
+
+
+def part_rows(label: str, index: int, logits: bool, n_prompt: int, bundle: SequenceRun,
+              ref: SequenceRun, v: dict) -> list:
+    min_cos = v["min_cosine_logits"] if logits else v["min_cosine_hidden"]
+    top1, paths = v["min_top1_agreement"], v["min_cosine_prompt_vs_token"]
+    rows = [make_row(label, index, "prefill vs onnx", bundle.outputs[:n_prompt],
+                     ref.outputs[:n_prompt], logits, min_cos, top1)]
+    if bundle.outputs.shape[0] > n_prompt:
+        rows.append(make_row(label, index, "decode vs onnx", bundle.outputs[n_prompt:],
+                             ref.outputs[n_prompt:], logits, min_cos, top1))
+    for check, run in (("token vs prompt", bundle), ("onnx token vs prompt", ref)):
+        positions = sorted(run.prompt_rows)
+        token = [run.token_rows[p] for p in positions]
+        prompt = [run.prompt_rows[p] for p in positions]
+        rows.append(make_row(label, index, check, np.stack([t[0] for t in token]),
+                             np.stack([p[0] for p in prompt]), logits, paths, top1))
+        if token[0][1].size:   # a part with layers: the new KV entries must agree too
+            rows.append(make_row(label, index, check + " kv", np.stack([t[1] for t in token]),
+                                 np.stack([p[1] for p in prompt]), False, paths, None, what="kv"))
+    return rows
+
+
+# ============================================================================ verify
+
+
+@dataclass
+class Report:
+    model: str
+    bundle: str
+    prompt_tokens: int
+    decode_steps: int
+    rows: list
+    seconds: float
+
+    @property
+    def failures(self) -> list:
+        return [r for r in self.rows if not r.ok]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def first_divergence(self) -> list:
+        """The failing rows of the earliest failing part (end to end only if no part failed)."""
+        failing = self.failures
+        if not failing:
+            return []
+        first = min(r.part_index or math.inf for r in failing)
+        return [r for r in failing if (r.part_index or math.inf) == first]
+
+    def table(self) -> str:
+        width = max(len(r.part) for r in self.rows)
+        checks = max(len(r.check) for r in self.rows)
+        lines = [f"verify {self.model}: {self.bundle}, {self.prompt_tokens} prompt tokens + "
+                 f"{self.decode_steps} decode steps vs the float ONNX (onnxruntime)",
+                 f"{'part':<{width}}  {'check':<{checks}} {'out':<6} {'pos':>4} {'cos min':>9} "
+                 f"{'cos mean':>9} {'max|err|':>9} {'top-1':>6}  verdict"]
+        for r in self.rows:
+            top1 = "" if r.top1 is None else f"{r.top1:.3f}"
+            verdict = "ok" if r.ok else "FAIL: " + "; ".join(r.problems)
+            lines.append(f"{r.part:<{width}}  {r.check:<{checks}} {r.what:<6} {r.positions:>4} "
+                         f"{r.cos_min:>9.6f} {r.cos_mean:>9.6f} {r.max_abs:>9.4f} {top1:>6}  "
+                         f"{verdict}")
+        lines.append(f"{'ok' if self.ok else 'FAILED'} in {self.seconds:.1f}s")
+        return "\n".join(lines)
+
+    def failure_message(self) -> str:
+        rows = self.first_divergence()
+        checks = "; ".join(f"{r.check}: {', '.join(r.problems)}" for r in rows)
+        return (f"verify failed: {rows[0].part} diverged first ({checks}). "
+                f"{len(self.failures)} check(s) failed in all; see the table above")
+
+    def to_json(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "rows"},
+                "ok": self.ok, "rows": [asdict(r) for r in self.rows]}
+
+
+def verify_bundle(cfg: BuildConfig, layout: Layout, bundle_dir: Optional[Path] = None,
+                  log: Callable[[str], None] = print) -> Report:
+    """Run the checks; return the report (callers decide what a failure means)."""
+    started = time.monotonic()
+    bundle_dir = Path(bundle_dir or layout.bundle_dir)
+    v = cfg.verify
+    genie = read_genie_config(bundle_dir)
+    check_runtime_settings(cfg, genie)
+    rope = rope_settings(genie)
+    opened = open_bundle_parts(cfg, genie)
+    n_prompt, total = v["prompt_tokens"], v["prompt_tokens"] + v["decode_steps"]
+    ids = np.random.default_rng(v["seed"]).integers(0, genie.n_vocab, total).astype(np.int32)
+    x_bundle = x_ref = ids
+    rows = []
+    try:
+        for bp in opened:
+            logits = bp.part.has_head
+            log(f"verify: {bp.label}")
+            b = run_sequence(bundle_session(bp, cfg, rope), x_bundle, n_prompt)
+            r = run_sequence(onnx_session(bp.part, cfg, layout), x_ref, n_prompt)
+            rows += part_rows(bp.label, bp.part.index, logits, n_prompt, b, r, v)
+            x_bundle, x_ref = b.outputs, r.outputs
+            bp.reader.close()
+    finally:
+        for bp in opened:
+            bp.reader.close()
+    rows.append(make_row("end to end", 0, "all positions vs onnx", x_bundle, x_ref, True,
+                         v["min_cosine_logits"], v["min_top1_agreement"]))
+    return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v["decode_steps"], rows,
+                  time.monotonic() - started)
+
+
+def report_path(layout: Layout) -> Path:
+    return layout.build_dir / "verify" / "report.json"
+
+
+def code_digest() -> str:
+    from hexbundle.support import hashing
+    here = Path(__file__).resolve().parents[1]
+    return hashing.bytes_digest("".join(hashing.digest(here / n) for n in RUNTIME_SOURCES).encode())
+
+
+def run_verify(cfg: BuildConfig, layout: Layout):
+    """doit action: print the table, write the JSON report; a failure names the first bad part."""
+    from doit.exceptions import TaskFailed
+    from hexbundle.support.atomic import write_atomic
+    if cfg.backend != "reference":
+        return TaskFailed(f"verify runs the open-format context binaries of the reference backend; "
+                          f"backend {cfg.backend!r} bins are QNN binaries that only a device runs. "
+                          f"Verify the same model with backend=reference")
+    try:
+        report = verify_bundle(cfg, layout)
+    except VerifyError as exc:
+        return TaskFailed(f"verify failed: {exc}")
+    print(report.table(), flush=True)
+    path = report_path(layout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, (json.dumps(report.to_json(), indent=2) + "\n").encode())
+    if not report.ok:
+        return TaskFailed(report.failure_message())
+    return True
+
+
+# ============================================================================ generate
+
+
+@dataclass
+class Generation:
+    prompt_ids: list
+    token_ids: list
+    text: str
+    prefill_seconds: float
+    decode_seconds: float
+    stopped: str                  # "max tokens" | "eos" | "context full"
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+class Sampler:
+    """Genie's sampler settings: temperature, top-k, top-p, seeded; greedy when temp is 0."""
+
+    def __init__(self, settings: dict, greedy: bool):
+        self.greedy = greedy or float(settings["temp"]) == 0.0
+        self.temp, self.top_k = float(settings["temp"]), int(settings["top-k"])
+        self.top_p = float(settings["top-p"])
+        self.rng = np.random.default_rng(int(settings["seed"]))
+
+    def __call__(self, logits: np.ndarray) -> int:
+        logits = logits.astype(np.float64).reshape(-1)
+        if self.greedy:
+            return int(np.argmax(logits))
+        top = np.argsort(-logits, kind="stable")[:max(1, self.top_k)]
+        p = np.exp((logits[top] - logits[top[0]]) / self.temp)
+        p /= p.sum()
+        keep = max(1, int(np.searchsorted(np.cumsum(p), self.top_p) + 1))
+        p = p[:keep] / p[:keep].sum()
+        return int(top[self.rng.choice(keep, p=p)])
+
+
+def load_tokenizer(path: Path):
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise VerifyError("tokenizing a prompt needs the `tokenizers` package: python3 -m pip "
+                          "install -e '.[verify]'") from None
+    if not path.is_file():
+        raise VerifyError(f"{path}: the bundle's tokenizer is missing; rebuild with `doit bundle`")
+    return Tokenizer.from_file(str(path))
+
+
+def generate(cfg: BuildConfig, layout: Layout, prompt: str, max_tokens: Optional[int] = None,
+             engine: str = "bundle", greedy: bool = False, bundle_dir: Optional[Path] = None,
+             on_text: Optional[Callable[[str], None]] = None) -> Generation:
+    """Tokenize `prompt` with the bundle's tokenizer, prefill, then sample up to max_tokens
+    (default: the bundle's max-num-tokens) through every part, step by step as Genie does.
+    engine "bundle" runs the context binaries; "onnx" the float ONNX (the reference)."""
+    if engine not in ("bundle", "onnx"):
+        raise VerifyError(f"engine {engine!r}: use 'bundle' or 'onnx'")
+    genie = read_genie_config(Path(bundle_dir or layout.bundle_dir))
+    tokenizer = load_tokenizer(genie.tokenizer)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+    if not prompt_ids:
+        raise VerifyError("the prompt is empty after tokenization; give some text")
+    rope = rope_settings(genie)
+    opened = open_bundle_parts(cfg, genie)
+    try:
+        if engine == "bundle":
+            sessions = [bundle_session(bp, cfg, rope) for bp in opened]
+        else:
+            sessions = [onnx_session(bp.part, cfg, layout) for bp in opened]
+        return _generate(sessions, genie, tokenizer, prompt_ids,
+                         genie.max_num_tokens if max_tokens is None else max_tokens,
+                         Sampler(genie.sampler, greedy), on_text)
+    finally:
+        for bp in opened:
+            bp.reader.close()
+
+
+def _through_parts(sessions: list, kind: str, x: np.ndarray, n: int) -> np.ndarray:
+    for session in sessions:
+        x = session.run(kind, x, n)
+    return x
+
+
+def _generate(sessions, genie, tokenizer, prompt_ids, max_tokens, sample, on_text) -> Generation:
+    ids = np.asarray(prompt_ids, dtype=np.int32)
+    if ids.size >= genie.context_size:
+        raise VerifyError(f"the prompt has {ids.size} tokens; the context holds "
+                          f"{genie.context_size}")
+    ar = sessions[0].ar("prompt")
+    started = time.monotonic()
+    for start in range(0, ids.size, ar):
+        n = min(ar, ids.size - start)
+        logits = _through_parts(sessions, "prompt", ids[start:start + n], n)[-1]
+    prefill = time.monotonic() - started
+    out, stopped, shown, started = [], "max tokens", "", time.monotonic()
+    while len(out) < max_tokens:
+        token = sample(logits)
+        if token in genie.stop_tokens:
+            stopped = "eos"
+            break
+        out.append(token)
+        if on_text:
+            # byte-level BPE: a character may span tokens; show text once it is whole
+            text = tokenizer.decode(out, skip_special_tokens=False)
+            if not text.endswith("\ufffd") and text.startswith(shown):
+                on_text(text[len(shown):])
+                shown = text
+        if ids.size + len(out) >= genie.context_size:
+            stopped = "context full"
+            break
+        if len(out) < max_tokens:
+            logits = _through_parts(sessions, "token", np.array([token], np.int32), 1)[-1]
+    seconds = time.monotonic() - started
+    text = tokenizer.decode(out, skip_special_tokens=False)
+    if on_text and text != shown:
+        on_text(text[len(shown):] if text.startswith(shown) else "\n" + text)
+    return Generation(list(map(int, prompt_ids)), out, text, prefill, seconds, stopped)

@@ -1,0 +1,541 @@
+"""TOML configs, validated on load.
+
+An unknown key, a wrong type or an out-of-range value is an error naming the file, the key and
+what is allowed -- the opposite of the QAIRT CLI, which logs "Unknown Key" and carries on.
+
+Files (under <project>/configs):
+  build.toml            what `doit bundle` builds by default (model, device, backend, executor)
+  models/<name>.toml    a model: architecture, graphs, quantization, tokenizer, inputs, plans
+  devices/<name>.toml   a device: soc_model/dsp_arch (the one source for compile and runtime)
+  socs.toml             which soc_model goes with which dsp_arch
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import tomli
+
+from hexbundle.support.errors import ConfigError
+from hexbundle.config.model import Architecture, Model, Plan, Quantization, pipeline_order_problem
+
+BUILD_ROOT_ENV = "HEXBUNDLE_BUILD_ROOT"
+BACKENDS = ("reference", "qairt")
+EXECUTORS = ("local", "docker")
+
+
+# ---------------------------------------------------------------------------------------------
+# A small declarative schema: enough to validate and to explain.
+
+@dataclass(frozen=True)
+class Field:
+    type: Any                      # bool, int, float, str, list (of `item`), or a dict schema
+    default: Any = ...             # ... = required
+    choices: tuple = ()
+    min: Optional[float] = None
+    max: Optional[float] = None
+    item: Any = None               # element type for lists
+    pattern: str = ""              # regex a str must fully match
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is ...
+
+
+def _describe(f: Field) -> str:
+    if isinstance(f.type, dict):
+        return "a table"
+    name = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            list: f"a list of {_describe(Field(f.item)) if f.item else 'values'}"}[f.type]
+    if f.choices:
+        name += " (one of " + ", ".join(repr(c) for c in f.choices) + ")"
+    if f.min is not None or f.max is not None:
+        name += f" in [{f.min if f.min is not None else '-inf'}, {f.max if f.max is not None else 'inf'}]"
+    if f.pattern:
+        name += f" matching {f.pattern}"
+    return name
+
+
+def _type_ok(value: Any, t: Any) -> bool:
+    if t is bool:
+        return isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t is str:
+        return isinstance(value, str)
+    if t is list:
+        return isinstance(value, list)
+    if isinstance(t, dict):
+        return isinstance(value, dict)
+    return False
+
+
+def _check_value(value: Any, f: Field, where: str, key: str) -> Any:
+    if not _type_ok(value, f.type):
+        raise ConfigError(f"{where}: key '{key}' is {type(value).__name__} {value!r}; "
+                          f"expected {_describe(f)}")
+    if f.type is float:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: key '{key}' must be finite, got {value!r}")
+    if isinstance(f.type, dict):
+        return validate(value, f.type, where, key + ".")
+    if f.type is list:
+        if f.item is not None:
+            value = [_check_value(v, Field(f.item, min=f.min, max=f.max), where, f"{key}[{i}]")
+                     for i, v in enumerate(value)]
+        return value
+    if f.choices and value not in f.choices:
+        raise ConfigError(f"{where}: key '{key}' is {value!r}; allowed: "
+                          + ", ".join(repr(c) for c in f.choices))
+    if f.min is not None and value < f.min or f.max is not None and value > f.max:
+        raise ConfigError(f"{where}: key '{key}' is {value!r}; expected {_describe(f)}")
+    if f.pattern and not re.fullmatch(f.pattern, value):
+        raise ConfigError(f"{where}: key '{key}' is {value!r}; expected {_describe(f)}")
+    return value
+
+
+def validate(data: dict, schema: dict, where: str, prefix: str = "") -> dict:
+    """Check `data` against `schema`; return a copy with defaults filled in."""
+    out = {}
+    for key in data:
+        if key not in schema and "*" not in schema:
+            hint = difflib.get_close_matches(key, list(schema), n=1)
+            allowed = ", ".join(k for k in schema)
+            raise ConfigError(f"{where}: unknown key '{prefix}{key}'"
+                              + (f" (did you mean '{prefix}{hint[0]}'?)" if hint else "")
+                              + f"; allowed here: {allowed}")
+    for key, f in schema.items():
+        if key == "*":
+            for k, v in data.items():
+                if k not in schema:
+                    out[k] = _check_value(v, f, where, prefix + k)
+            continue
+        if key not in data:
+            if isinstance(f.type, dict) and f.required and not _has_required(f.type):
+                f = Field(f.type, {})  # a table whose keys all have defaults may be left out
+            if f.required:
+                raise ConfigError(f"{where}: missing key '{prefix}{key}' ({_describe(f)}"
+                                  + (f": {f.doc}" if f.doc else "") + ")")
+            # an optional table (default {}) still gets its own defaults filled in
+            out[key] = validate(f.default, f.type, where, prefix + key + ".") \
+                if isinstance(f.type, dict) else f.default
+            continue
+        out[key] = _check_value(data[key], f, where, prefix + key)
+    return out
+
+
+def _has_required(schema: dict) -> bool:
+    return any(k != "*" and f.required for k, f in schema.items())
+
+
+def read_toml(path: Path, schema: dict) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        with open(path, "rb") as fh:
+            data = tomli.load(fh)
+    except tomli.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}; fix it there") from None
+    except RecursionError:   # tomli refuses inline arrays/tables nested > 400 deep this way
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply; fix it") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save "
+                          "it as UTF-8 TOML") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return validate(data, schema, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Schemas
+
+NAME = r"[a-z0-9][a-z0-9._-]*"
+PIN = r"sha256:[0-9a-f]{64}|xxh3_128:[0-9a-f]{32}"
+
+COMPILE_SCHEMA = {
+    "weights_packing": Field(bool, True, doc="pack two 4-bit weights per byte"),
+    "weight_sharing": Field(bool, True, doc="prompt and token graphs share one copy of weights"),
+    "optimization_type": Field(int, 3, min=1, max=3, doc="HTP graph optimization level (JSON 'O')"),
+    "float_bitwidth": Field(int, 16, choices=(16, 32), doc="float fallback width at convert"),
+}
+
+BUILD_SCHEMA = {
+    "model": Field(str, pattern=NAME, doc="a file in configs/models, without .toml"),
+    "device": Field(str, pattern=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+                    doc="a device name or alias from configs/devices (any case)"),
+    "backend": Field(str, "reference", choices=BACKENDS),
+    "executor": Field(str, "local", choices=EXECUTORS),
+    "plan": Field(str, "", doc="a plan of the model; empty for the model's default_plan"),
+    "compile": Field(COMPILE_SCHEMA, {}),
+}
+
+PLAN_SCHEMA = {
+    "layers_per_part": Field(list, item=int, min=0,
+                             doc="decoder layers per part; part 1 is the embedding (0 layers)"),
+    "expected_total_mib": Field(float, 0.0, min=0, doc="measured total of a known-good build"),
+    "expected_part_mib": Field(list, [], item=float, min=0, doc="measured size of each part"),
+    "tolerance_pct": Field(float, 2.0, min=0.01, max=50),
+    "known_to_fail_on": Field(list, [], item=str, doc="devices this plan fails to load on"),
+    "failure_note": Field(str, ""),
+}
+
+# `doit verify`: how long a sequence to run and how close the bundle must stay to the float ONNX.
+VERIFY_SCHEMA = {
+    "prompt_tokens": Field(int, 160, min=1, doc="prefilled through the prompt graphs, in chunks"),
+    "decode_steps": Field(int, 32, min=0, doc="then decoded one by one through the token graphs"),
+    "seed": Field(int, 0, min=0, doc="seed of the random token ids fed to both sides"),
+    "min_cosine_hidden": Field(float, 0.99, min=-1, max=1,
+                               doc="hidden state between parts, per position (minimum)"),
+    "min_cosine_logits": Field(float, 0.99, min=-1, max=1, doc="logits, per position (minimum)"),
+    "min_top1_agreement": Field(float, 0.9, min=0, max=1,
+                                doc="fraction of positions whose argmax matches the float ONNX"),
+    "min_cosine_prompt_vs_token": Field(float, 0.9999, min=-1, max=1,
+                                        doc="a part's token graph vs its prompt graph, same input"),
+}
+
+MODEL_SCHEMA = {
+    "model": Field({
+        "name": Field(str, pattern=NAME),
+        "slug": Field(str, pattern=r"[a-z0-9_]+", doc="file-name stem of the bins"),
+        "description": Field(str, ""),
+        "default_plan": Field(str),
+    }),
+    "architecture": Field({
+        "family": Field(str, "qwen2", choices=("qwen2",)),
+        "num_layers": Field(int, min=1, max=512),
+        "hidden_size": Field(int, min=8, max=65536),
+        "num_attention_heads": Field(int, min=1, max=1024),
+        "num_kv_heads": Field(int, min=1, max=1024),
+        "head_dim": Field(int, min=2, max=1024),
+        "intermediate_size": Field(int, min=8, max=1 << 20),
+        "vocab_size": Field(int, min=16, max=1 << 22),
+        "rope_theta": Field(float, min=1.0),
+        "rms_norm_eps": Field(float, min=0, max=1),
+    }),
+    "graphs": Field({
+        "context_length": Field(int, min=2, max=1 << 20),
+        "prompt_ar": Field(int, min=1, max=1 << 16),
+        "token_ar": Field(int, 1, min=1, max=1 << 16),
+    }),
+    "quantization": Field({
+        "decoder_linear_bitwidth": Field(int, 4, choices=(4, 8, 16)),
+        "lm_head_bitwidth": Field(int, 8, choices=(4, 8, 16)),
+        "embedding_bitwidth": Field(int, 16, choices=(8, 16)),
+        "activation_bitwidth": Field(int, 16, choices=(8, 16)),
+    }),
+    "tokenizer": Field({
+        "bos": Field(str, doc="content of the BOS special token in tokenizer.json"),
+        "eos": Field(str),
+        "eot": Field(str),
+    }),
+    "inputs": Field({
+        "source": Field(str, choices=("generated", "export")),
+        "seed": Field(int, 0, min=0, doc="generated inputs: random seed"),
+        "dir": Field(str, "", doc="export inputs: directory with <graph>.onnx/.data/.encodings"),
+        "how_to_export": Field(str, "", doc="printed when an export input is missing"),
+        "pins": Field({"*": Field(str, pattern=PIN)}, {},
+                      doc="file name in the inputs dir -> 'sha256:<hex>' or 'xxh3_128:<hex>'"),
+    }),
+    "genie": Field({
+        "max_num_tokens": Field(int, 200, min=1),
+        "sampler_seed": Field(int, 42, min=0),
+        "temp": Field(float, 0.8, min=0),
+        "top_k": Field(int, 40, min=1),
+        "top_p": Field(float, 0.95, min=0, max=1),
+    }),
+    "plans": Field({"*": Field(PLAN_SCHEMA)}, {}),
+    "verify": Field(VERIFY_SCHEMA),
+}
+
+DEVICE_SCHEMA = {
+    "device": Field({
+        "name": Field(str, pattern=NAME),
+        "aliases": Field(list, [], item=str),
+        "description": Field(str, ""),
+        "soc_model": Field(int, min=0, max=1000),
+        "dsp_arch": Field(str, pattern=r"v[0-9]{2}"),
+    }),
+    "htp": Field({
+        "cores": Field(list, [0], item=int, min=0, max=7, doc="HTP core ids"),
+        "perf_profile": Field(str, "burst", choices=("burst", "sustained_high_performance",
+                                                     "high_performance", "balanced",
+                                                     "power_saver", "default")),
+        "rpc_control_latency": Field(int, 100, min=0, max=100000),
+        "vtcm_mb": Field(int, 8, min=0, max=64),
+        "mem_type": Field(str, "shared_buffer", choices=("shared_buffer",)),
+    }),
+    "runtime": Field({
+        "n_threads": Field(int, 3, min=1, max=64),
+        "cpu_mask": Field(str, "0xe0", pattern=r"0x[0-9a-fA-F]+"),
+        "poll": Field(bool, True),
+        "use_mmap": Field(bool, True, doc="must stay true: a 4.7 GB model only maps on demand"),
+        "mmap_budget": Field(int, 0, min=0),
+        "spill_fill_bufsize": Field(int, 0, min=0),
+    }),
+}
+
+SOCS_SCHEMA = {"soc": Field({"*": Field({
+    "dsp_arch": Field(str, pattern=r"v[0-9]{2}"),
+    "chips": Field(list, [], item=str),
+})})}
+
+
+# ---------------------------------------------------------------------------------------------
+# Loaded configs
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    aliases: tuple
+    description: str
+    soc_model: int
+    dsp_arch: str
+    htp: dict
+    runtime: dict
+    path: Path
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """What one `doit` run builds: everything resolved, validated and cross-checked."""
+
+    root: Path
+    model: Model
+    device: Device
+    plan: Plan
+    backend: str
+    executor: str
+    compile: dict
+    tokenizer_specials: dict
+    inputs: dict
+    genie: dict
+    config_files: tuple    # every config file read, for file_dep and the manifest
+    build_root: Path       # build/ of the project, or $HEXBUNDLE_BUILD_ROOT (scratch builds)
+    verify: Optional[dict] = None   # the model's [verify] table (thresholds of `doit verify`)
+
+    @property
+    def build_dir(self) -> Path:
+        return self.build_root / self.model.name / self.device.name
+
+    @property
+    def inputs_dir(self) -> Path:
+        if self.inputs["source"] == "generated":
+            return self.build_root / self.model.name / "inputs"
+        return resolve_inside(self.root, self.inputs["dir"], self.model_path, "inputs.dir")
+
+    @property
+    def model_path(self) -> Path:
+        return self.root / "configs" / "models" / f"{self.model.name}.toml"
+
+
+def resolve_inside(root: Path, value: str, where: Path, key: str) -> Path:
+    """A path from a config, relative to the project root; it must stay inside the project."""
+    if not value:
+        raise ConfigError(f"{where}: key '{key}' is empty; give a directory relative to {root}")
+    path = (root / value).resolve()
+    if root.resolve() not in (path, *path.parents):
+        raise ConfigError(f"{where}: key '{key}' = {value!r} points outside the project "
+                          f"({root}); put the files under it (a symlink to elsewhere is refused)")
+    return path
+
+
+def check_export_dir(root: Path, value: str, where: Path, build_root: Path) -> Path:
+    """inputs.dir is checked when the config loads, not when a task first needs it (that would
+    surface as a traceback from dodo.py): inside the project, and not under the build root,
+    which holds outputs only (`doit clean` and the clean-up after a killed run act there)."""
+    path = resolve_inside(root, value, where, "inputs.dir")
+    if build_root in (path, *path.parents):
+        raise ConfigError(f"{where}: key 'inputs.dir' = {value!r} is inside the build directory "
+                          f"{build_root}, which holds outputs only; keep the export elsewhere "
+                          "in the project (e.g. exports/<model>)")
+    return path
+
+
+def load_socs(root: Path) -> dict:
+    path = root / "configs" / "socs.toml"
+    data = read_toml(path, SOCS_SCHEMA)["soc"]
+    out = {}
+    for key, value in data.items():
+        if not key.isdigit():
+            raise ConfigError(f"{path}: key 'soc.{key}' must be a soc_model number")
+        out[int(key)] = value
+    return out
+
+
+def load_device(root: Path, name: str) -> Device:
+    """Find a device by name or alias; check its soc_model / dsp_arch pair."""
+    files = sorted((root / "configs" / "devices").glob("*.toml"))
+    known = []
+    for path in files:
+        d = read_toml(path, DEVICE_SCHEMA)
+        dev = d["device"]
+        if dev["name"] != path.stem:
+            raise ConfigError(f"{path}: key 'device.name' is {dev['name']!r}; it must equal the "
+                              f"file name {path.stem!r}")
+        names = [dev["name"], *dev["aliases"]]
+        known += names
+        if name.lower() in (n.lower() for n in names):
+            check_soc_pair(root, path, dev["soc_model"], dev["dsp_arch"])
+            return Device(dev["name"], tuple(dev["aliases"]), dev["description"],
+                          dev["soc_model"], dev["dsp_arch"], d["htp"], d["runtime"], path)
+    raise ConfigError(f"unknown device {name!r}; known: {', '.join(sorted(known))} "
+                      f"(files in {root / 'configs' / 'devices'})")
+
+
+def check_soc_pair(root: Path, path: Path, soc_model: int, dsp_arch: str) -> None:
+    """A soc_model compiled for the wrong Hexagon arch gives err 1008 or garbage on the device."""
+    socs = load_socs(root)
+    socs_path = root / "configs" / "socs.toml"
+    if soc_model not in socs:
+        raise ConfigError(f"{path}: soc_model {soc_model} is not in {socs_path}; add it there "
+                          f"with its dsp_arch (known: {', '.join(map(str, sorted(socs)))})")
+    want = socs[soc_model]["dsp_arch"]
+    if want != dsp_arch:
+        chips = ", ".join(socs[soc_model]["chips"]) or "?"
+        raise ConfigError(f"{path}: soc_model {soc_model} ({chips}) has dsp_arch {want!r}, not "
+                          f"{dsp_arch!r}; fix device.soc_model or device.dsp_arch")
+
+
+def load_model(root: Path, name: str) -> tuple:
+    """Return (Model, raw sections) for configs/models/<name>.toml."""
+    path = root / "configs" / "models" / f"{name}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (root / "configs" / "models").glob("*.toml"))
+        raise ConfigError(f"unknown model {name!r}: no {path}; known: {', '.join(known)}")
+    d = read_toml(path, MODEL_SCHEMA)
+    m, a, g, q = d["model"], d["architecture"], d["graphs"], d["quantization"]
+    where = str(path)
+    if m["name"] != name:
+        raise ConfigError(f"{where}: key 'model.name' is {m['name']!r}; it must equal the file "
+                          f"name {name!r}")
+    if a["num_attention_heads"] % a["num_kv_heads"]:
+        raise ConfigError(f"{where}: architecture.num_attention_heads ({a['num_attention_heads']})"
+                          f" must be a multiple of num_kv_heads ({a['num_kv_heads']})")
+    if a["head_dim"] % 2:
+        raise ConfigError(f"{where}: architecture.head_dim must be even (RoPE rotates pairs)")
+    if g["prompt_ar"] >= g["context_length"] or g["token_ar"] >= g["context_length"]:
+        raise ConfigError(f"{where}: graphs.prompt_ar and token_ar must be < context_length")
+    arch = Architecture(a["num_layers"], a["hidden_size"], a["num_attention_heads"],
+                        a["num_kv_heads"], a["head_dim"], a["intermediate_size"],
+                        a["vocab_size"], a["rope_theta"], a["rms_norm_eps"])
+    quant = Quantization(q["decoder_linear_bitwidth"], q["lm_head_bitwidth"],
+                         q["embedding_bitwidth"], q["activation_bitwidth"])
+    plans = {pname: make_plan(where, pname, p, arch) for pname, p in d["plans"].items()}
+    if m["default_plan"] not in plans:
+        raise ConfigError(f"{where}: model.default_plan {m['default_plan']!r} is not one of the "
+                          f"[plans.*] tables: {', '.join(sorted(plans)) or 'none'}")
+    model = Model(m["name"], m["slug"], arch, quant, g["context_length"], g["prompt_ar"],
+                  g["token_ar"], plans, m["default_plan"])
+    v = d["verify"]
+    if v["prompt_tokens"] + v["decode_steps"] > g["context_length"]:
+        raise ConfigError(f"{where}: verify.prompt_tokens + verify.decode_steps = "
+                          f"{v['prompt_tokens'] + v['decode_steps']} exceeds graphs.context_length "
+                          f"{g['context_length']}; lower them")
+    if d["inputs"]["source"] == "export" and not d["inputs"]["dir"]:
+        raise ConfigError(f"{where}: inputs.source is 'export' but inputs.dir is empty")
+    return model, d
+
+
+def make_plan(where: str, name: str, p: dict, arch: Architecture) -> Plan:
+    layers = tuple(p["layers_per_part"])
+    key = f"plans.{name}.layers_per_part"
+    if len(layers) < 2:
+        raise ConfigError(f"{where}: {key} needs at least 2 parts (embedding, then layers+head)")
+    if layers[0] != 0:
+        raise ConfigError(f"{where}: {key}[0] must be 0: part 1 is the embedding gather")
+    if any(n == 0 for n in layers[1:]):
+        raise ConfigError(f"{where}: {key}: every part after the first needs >= 1 layer")
+    if sum(layers) != arch.num_layers:
+        raise ConfigError(f"{where}: {key} sums to {sum(layers)} layers, but "
+                          f"architecture.num_layers is {arch.num_layers}")
+    parts_mib = tuple(p["expected_part_mib"])
+    if parts_mib and len(parts_mib) != len(layers):
+        raise ConfigError(f"{where}: plans.{name}.expected_part_mib has {len(parts_mib)} values "
+                          f"for {len(layers)} parts")
+    return Plan(name, layers, p["expected_total_mib"] or None, parts_mib, p["tolerance_pct"],
+                tuple(p["known_to_fail_on"]), p["failure_note"])
+
+
+def parse_override(key: str, text: str, f: Field) -> Any:
+    """Command-line `key=value` strings, typed by the schema."""
+    if f.type is bool:
+        low = text.lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"command line: {key}={text!r}: expected true or false")
+    if f.type is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"command line: {key}={text!r}: expected an integer") from None
+    return text
+
+
+def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
+    """configs/build.toml + command-line overrides -> a fully resolved BuildConfig."""
+    root = Path(root).resolve()
+    path = root / "configs" / "build.toml"
+    with_defaults = read_toml(path, BUILD_SCHEMA)
+    for key, text in (overrides or {}).items():
+        section, _, sub = key.partition(".")
+        if key in COMPILE_SCHEMA:
+            section, sub = "compile", key
+        if sub:
+            if section != "compile" or sub not in COMPILE_SCHEMA:
+                raise ConfigError(f"command line: unknown setting {key!r}")
+            with_defaults["compile"][sub] = _check_value(
+                parse_override(key, text, COMPILE_SCHEMA[sub]), COMPILE_SCHEMA[sub],
+                "command line", key)
+        elif key in BUILD_SCHEMA and key != "compile":
+            with_defaults[key] = _check_value(parse_override(key, text, BUILD_SCHEMA[key]),
+                                              BUILD_SCHEMA[key], "command line", key)
+        else:
+            allowed = [k for k in BUILD_SCHEMA if k != "compile"] + list(COMPILE_SCHEMA)
+            raise ConfigError(f"command line: unknown setting {key!r}; allowed: "
+                              + ", ".join(allowed))
+    b = with_defaults
+    try:
+        model, raw = load_model(root, b["model"])
+        device = load_device(root, b["device"])
+    except ConfigError as exc:   # an unknown name: say where it was given
+        given = {k: "command line" for k in overrides or {}}
+        if str(exc).startswith("unknown model"):
+            raise ConfigError(f"{given.get('model', path)}: model = {b['model']!r}: {exc}") \
+                from None
+        if str(exc).startswith("unknown device"):
+            raise ConfigError(f"{given.get('device', path)}: device = {b['device']!r}: {exc}") \
+                from None
+        raise
+    plan_name = b["plan"] or model.default_plan
+    if plan_name not in model.plans:
+        raise ConfigError(f"plan {plan_name!r} is not in {root}/configs/models/{model.name}.toml;"
+                          f" known: {', '.join(sorted(model.plans))}")
+    plan = model.plans[plan_name]
+    if device.name in plan.known_to_fail_on:
+        raise ConfigError(f"plan {plan_name!r} of {model.name} is known to fail on {device.name}: "
+                          f"{plan.failure_note or 'see the model config'}; choose another plan "
+                          f"(known: {', '.join(sorted(model.plans))})")
+    problem = pipeline_order_problem(model, plan)
+    if problem:
+        raise ConfigError(f"plan {plan_name!r} of {model.name}: {problem}. Graph names must sort "
+                          "in pipeline order (Genie and the seeds' loader order them by name); "
+                          "use fewer than 10 parts")
+    files = (path, root / "configs" / "models" / f"{model.name}.toml", device.path,
+             root / "configs" / "socs.toml")
+    build_root = Path(os.environ.get(BUILD_ROOT_ENV) or root / "build").resolve()
+    if raw["inputs"]["source"] == "export":
+        check_export_dir(root, raw["inputs"]["dir"], files[1], build_root)
+    return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],
+                       raw["tokenizer"], raw["inputs"], raw["genie"], files, build_root,
+                       verify=raw["verify"])

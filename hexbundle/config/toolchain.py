@@ -1,0 +1,230 @@
+"""The pinned toolchain: the QAIRT SDK version and archive, the container image, its Python lock.
+
+All of it comes from configs/toolchain.toml (validated like every config). This module answers
+three questions without docker or the SDK installed:
+  - which SDK version the qairt backend needs (`pinned_sdk_version`, used by every doit run);
+  - whether a staged SDK archive is the pinned one (`staged_sdk`): missing -> the image is built
+    without it; present with another digest -> an error naming both digests and where it goes;
+  - which SDK this process actually sees (`installed_sdk`, `require_pinned_sdk`): the SDK root's
+    sdk.yaml `version`, from QAIRT_SDK_ROOT or QNN_SDK_ROOT.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from hexbundle.config.build import Field, read_toml
+from hexbundle.support.errors import HexbundleError, ToolchainError
+from hexbundle.support.hashing import sha256_file
+
+CONFIG = Path("configs") / "toolchain.toml"
+SHA256 = r"(|[0-9a-f]{64})"
+SDK_ROOT_VARS = ("QAIRT_SDK_ROOT", "QNN_SDK_ROOT")   # newer qairt reads the first, QNN the second
+
+SCHEMA = {
+    "sdk": Field({
+        "version": Field(str, pattern=r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+",
+                         doc="the QAIRT version the qairt backend requires"),
+        "archive": Field(str, doc="where the SDK archive is staged, relative to the project"),
+        "sha256": Field(str, "", pattern=SHA256, doc="the archive's sha256 (64 hex digits)"),
+        "install_dir": Field(str, pattern=r"/[A-Za-z0-9._/-]+", doc="the SDK root in the image"),
+    }),
+    "image": Field({
+        "tag": Field(str, pattern=r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?"),
+        "base": Field(str, doc="the base image reference, pinned by digest"),
+        "dockerfile": Field(str),
+        "user": Field(str, "hexbundle", pattern=r"[a-z_][a-z0-9_-]*"),
+    }),
+    "python": Field({
+        "version": Field(str, "3.10", pattern=r"3\.[0-9]+"),
+        "requirements": Field(str),
+        "lock": Field(str),
+        "wheelhouse": Field(str),
+        "platforms": Field(list, item=str),
+    }),
+}
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    root: Path
+    path: Path                     # configs/toolchain.toml
+    sdk_version: str
+    sdk_archive: Path
+    sdk_sha256: str                # "" = not pinned yet
+    sdk_install_dir: str
+    image_tag: str
+    base: str
+    dockerfile: Path
+    image_user: str
+    python_version: str
+    requirements: Path
+    lock: Path
+    wheelhouse: Path
+    platforms: tuple
+
+
+def project_root() -> Path:
+    """The source tree this package belongs to (the project is used from its tree)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def load_toolchain(root: Path | None = None) -> Toolchain:
+    root = Path(root or project_root()).resolve()
+    path = root / CONFIG
+    d = read_toml(path, SCHEMA)
+    s, i, p = d["sdk"], d["image"], d["python"]
+    inside = lambda key, value: _inside(root, path, key, value)
+    return Toolchain(root, path, s["version"], inside("sdk.archive", s["archive"]), s["sha256"],
+                     s["install_dir"], i["tag"], i["base"],
+                     inside("image.dockerfile", i["dockerfile"]), i["user"], p["version"],
+                     inside("python.requirements", p["requirements"]),
+                     inside("python.lock", p["lock"]),
+                     inside("python.wheelhouse", p["wheelhouse"]), tuple(p["platforms"]))
+
+
+def _inside(root: Path, where: Path, key: str, value: str) -> Path:
+    path = (root / value).resolve()
+    if root not in (path, *path.parents):
+        raise ToolchainError(f"{where}: key '{key}' = {value!r} points outside the project "
+                             f"({root}); give a path relative to it")
+    return path
+
+
+def pinned_sdk_version(root: Path | None = None) -> str:
+    return load_toolchain(root).sdk_version
+
+
+# ---------------------------------------------------------------------------------------------
+# the staged SDK archive
+
+def staged_sdk(tc: Toolchain) -> str | None:
+    """The staged archive's sha256 when it is the pinned one; None when nothing is staged (the
+    image is then built without the SDK). Anything else is an error saying what to do."""
+    archive = tc.sdk_archive
+    if not archive.exists():
+        return None
+    if not archive.is_file():
+        raise ToolchainError(f"{archive}: expected the QAIRT SDK archive (a file), found a "
+                             "directory or something else; put Qualcomm's archive there")
+    actual = sha256_file(archive)
+    if not tc.sdk_sha256:
+        raise ToolchainError(
+            f"{archive}: the QAIRT {tc.sdk_version} archive is staged but {tc.path} pins no "
+            f"sha256 for it (key 'sdk.sha256' is empty). Its sha256 is {actual}: check it against "
+            "the digest Qualcomm publishes for this release, then write it into sdk.sha256")
+    if actual != tc.sdk_sha256:
+        raise ToolchainError(
+            f"{archive}: sha256 is {actual}, but {tc.path} pins {tc.sdk_sha256} (sdk.sha256) "
+            f"for QAIRT {tc.sdk_version}. This is not the pinned SDK archive: put the archive of "
+            f"QAIRT {tc.sdk_version} at {archive} (or remove it to build the image without the "
+            "SDK, for the reference backend only)")
+    return actual
+
+
+# ---------------------------------------------------------------------------------------------
+# the SDK this process sees
+
+@dataclass(frozen=True)
+class InstalledSdk:
+    root: Path
+    version: str
+    variable: str                  # which environment variable named the root
+
+
+def read_sdk_version(sdk_yaml: Path) -> str:
+    """The top-level `version:` of the SDK's sdk.yaml (a plain key; no YAML library needed)."""
+    try:
+        text = sdk_yaml.read_text(errors="replace")
+    except OSError as exc:
+        raise ToolchainError(f"{sdk_yaml}: cannot read the SDK's version file ({exc.strerror}); "
+                             "is this the root of a QAIRT SDK?") from None
+    m = re.search(r"^version:\s*['\"]?([0-9][0-9A-Za-z.\-]*)['\"]?\s*$", text, re.MULTILINE)
+    if not m:
+        raise ToolchainError(f"{sdk_yaml}: no top-level 'version:' line; is this the sdk.yaml of "
+                             "a QAIRT SDK?")
+    return m.group(1)
+
+
+def installed_sdk(env=None) -> InstalledSdk:
+    env = os.environ if env is None else env
+    for var in SDK_ROOT_VARS:
+        if env.get(var):
+            root = Path(env[var])
+            return InstalledSdk(root, read_sdk_version(root / "sdk.yaml"), var)
+    raise ToolchainError("no QAIRT SDK: neither QAIRT_SDK_ROOT nor QNN_SDK_ROOT is set. The "
+                         "qairt backend runs in the toolchain image built with the SDK (stage the "
+                         "archive, run `doit image`, build with executor=docker), or set "
+                         "QAIRT_SDK_ROOT to an SDK install")
+
+
+def require_pinned_sdk(tc: Toolchain, env=None) -> InstalledSdk:
+    """Refuse any SDK but the pinned one, before anything else is done with it."""
+    sdk = installed_sdk(env)
+    if sdk.version != tc.sdk_version:
+        raise ToolchainError(f"{sdk.root / 'sdk.yaml'} (from {sdk.variable}): QAIRT version is "
+                             f"{sdk.version}, but {tc.path} pins {tc.sdk_version} (sdk.version). "
+                             f"Use the QAIRT {tc.sdk_version} SDK, or change the pin deliberately")
+    return sdk
+
+
+# ---------------------------------------------------------------------------------------------
+# what a build records about its toolchain
+
+def image_used(cfg, layout) -> dict:
+    """The toolchain image a docker build ran in: the ID its build-info.json records (else the
+    image now under the tag) and, when the engine answers, that image's labels."""
+    import json
+    tc = load_toolchain(cfg.root)
+    try:
+        image_id = json.loads(layout.build_info.read_text()).get("image", "")
+    except (OSError, ValueError):
+        image_id = ""
+    labels = {}
+    try:
+        from docker.errors import DockerException
+    except ImportError:
+        return {"tag": tc.image_tag, "id": image_id, "labels": labels}
+    from hexbundle.toolchain.docker import docker_client
+    try:
+        image = docker_client().images.get(image_id or tc.image_tag)
+        image_id, labels = image.id, dict(image.labels or {})
+    except (HexbundleError, DockerException):
+        labels = {}   # no engine here (e.g. verifying elsewhere): the recorded ID alone
+    return {"tag": tc.image_tag, "id": image_id, "labels": labels}
+
+
+def provenance_materials(cfg, layout) -> list:
+    """Materials for a release's provenance: the image a docker build ran in (with its labels:
+    base, SDK, lock), the SDK pin of a qairt build, the lock file."""
+    tc = load_toolchain(cfg.root)
+    out = []
+    if cfg.executor == "docker":
+        used = image_used(cfg, layout)
+        out.append({"name": f"docker-image:{used['tag']}",
+                    "digest": {"sha256": used["id"].removeprefix("sha256:")} if used["id"] else {},
+                    "annotations": {k: v for k, v in sorted(used["labels"].items())
+                                    if k.startswith("hexbundle.")}})
+        out.append({"name": layout.rel(tc.lock), "digest": {"sha256": sha256_file(tc.lock)}})
+    if cfg.backend == "qairt":
+        out.append({"name": f"qairt-sdk:{tc.sdk_version}",
+                    "digest": {"sha256": tc.sdk_sha256} if tc.sdk_sha256 else {},
+                    "annotations": {"archive": layout.rel(tc.sdk_archive)}})
+    return out
+
+
+def step_toolchain(cfg) -> str:
+    """The toolchain as the steps' up-to-date keys name it: the backend's version, plus the image
+    ID when the steps run in the container (so a rebuilt image reruns them, and switching
+    executor does too)."""
+    from hexbundle.backends import describe
+    version, _ = describe(cfg.backend)
+    if cfg.executor != "docker":
+        return version
+    try:
+        from hexbundle.toolchain.docker import docker_client, find_image
+        return f"{version} in image {find_image(docker_client(), load_toolchain(cfg.root)).id}"
+    except HexbundleError:   # the step itself then fails, saying why
+        return f"{version} in image (unavailable)"

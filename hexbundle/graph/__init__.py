@@ -1,0 +1,1 @@
+"""Everything doit: the checker, up-to-date keys, target records, run guard, reporter."""

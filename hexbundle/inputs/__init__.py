@@ -1,0 +1,1 @@
+"""What produces model inputs: the synthetic Qwen2 generator, and the user's exports."""

@@ -1,0 +1,248 @@
+"""Full-size generated inputs (e.g. Qwen2.5-7B-shaped), streamed to disk tensor by tensor.
+
+Writes exactly the files `hexbundle.tinygen.generate_part` writes -- same names, graphs,
+encodings and weight bytes for the same (model, part, seed) -- but never holds a whole tensor:
+each weight is drawn in blocks of rows from its own random stream (drawing in blocks continues
+the same stream, so the values equal a whole-tensor draw), each block is scaled, folded into the
+weight's encoding range (per-channel |max| or min/max) and written to the .data file, then
+dropped. The 152064 x 3584 float32 embedding (2.2 GB) costs one block (CHUNK_BYTES) of memory.
+
+The prompt and token graphs of a part hold the same weights, so the token graph's .data is a
+hard link to the prompt graph's: the same bytes once on disk (a real export has two copies).
+
+Before writing anything the free disk space is checked against what will be written; too little
+is a DiskSpaceError saying how much is needed and how much is free.
+
+`onnx` is imported only when files are written (through tinygen): dodo.py imports this module.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+
+from hexbundle.support.errors import DiskSpaceError, InputError
+from hexbundle.config.model import Model, Part
+
+CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
+DATA_ALIGNMENT = 64             # = tinygen.DATA_ALIGNMENT (kept here so sizing needs no onnx)
+# Besides the .data: per graph the .onnx (topology; weights are external) and the .encodings
+# (JSON: ~50 bytes per quantization channel). Generous bounds, for the disk check only.
+GRAPH_FILES_BYTES = 2 << 20
+ENCODING_BYTES_PER_CHANNEL = 64
+DISK_HEADROOM_BYTES = 256 << 20  # keep this much free: logs, doit's database, other writers
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def data_bytes(model: Model, part: Part) -> int:
+    """Size of one graph's .data file of the part: float32 weights, DATA_ALIGNMENT-aligned."""
+    from hexbundle.config.model import part_weights
+    end = 0
+    for w in part_weights(model.architecture, model.quantization, part):
+        end = -(-end // DATA_ALIGNMENT) * DATA_ALIGNMENT + 4 * math.prod(w.shape)
+    return end
+
+
+def part_disk_bytes(model: Model, part: Part) -> int:
+    """Disk space the part's generated files take (the token .data is a hard link: counted once)."""
+    from hexbundle.config.model import part_weights
+    channels = sum(w.channels for w in part_weights(model.architecture, model.quantization, part))
+    graphs = len(model.graphs(part))
+    return data_bytes(model, part) + graphs * (GRAPH_FILES_BYTES + ENCODING_BYTES_PER_CHANNEL * channels)
+
+
+def free_bytes(directory: Path) -> int:
+    """Free space of the file system `directory` is (or will be) on."""
+    directory = Path(directory).resolve()
+    while not directory.exists():
+        directory = directory.parent
+    return shutil.disk_usage(directory).free
+
+
+def check_disk(directory: Path, needed: int, what: str) -> None:
+    """Refuse before the first byte is written when the file system cannot take `needed`."""
+    free = free_bytes(directory)
+    if needed + DISK_HEADROOM_BYTES > free:
+        raise DiskSpaceError(
+            f"{directory}: writing {what} needs {gib(needed)} of free disk space (plus "
+            f"{gib(DISK_HEADROOM_BYTES)} headroom), but only {gib(free)} is free there; free some "
+            f"space, generate one part at a time, or write somewhere else")
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def missing_parts(model: Model, parts: Iterable, out_dir: Path) -> list:
+    """The parts whose .data files are not (all) on disk yet."""
+    out_dir = Path(out_dir)
+    return [p for p in parts
+            if not all((out_dir / f"{g.name}.data").is_file() for g in model.graphs(p))]
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def weight_blocks(spec, seed: int, chunk_bytes: int = CHUNK_BYTES):
+    """Yield the weight's values as consecutive blocks of rows (views of one reused buffer)."""
+    from hexbundle.inputs import synthetic as tinygen
+    rng = tinygen.weight_rng(spec.name, seed)
+    rows = spec.shape[0]
+    row_shape = tuple(spec.shape[1:])
+    rows_per_block = max(1, chunk_bytes // (4 * max(1, math.prod(row_shape))))
+    buffer = np.empty((min(rows, rows_per_block), *row_shape), dtype=np.float32)
+    for start in range(0, rows, rows_per_block):
+        block = buffer[:min(rows_per_block, rows - start)]
+        rng.standard_normal(dtype=np.float32, out=block)
+        yield tinygen.finish_weight(spec, block)
+
+
+def write_data(path: Path, model: Model, part: Part, seed: int,
+               chunk_bytes: int = CHUNK_BYTES) -> dict:
+    """Stream the part's weights into `path` (atomically); return name -> tinygen.WeightRange."""
+    from hexbundle.inputs import synthetic as tinygen
+    specs = tinygen.weight_specs(model, part)
+    layout = tinygen.data_layout({s.name: s.shape for s in specs})
+    ranges = {}
+    with tinygen._atomic_open(path) as f:
+        for spec in specs:
+            f.write(bytes(layout[spec.name][0] - f.tell()))
+            ranges[spec.name] = tinygen.WeightRange(spec)
+            for block in weight_blocks(spec, seed, chunk_bytes):
+                ranges[spec.name].update(block)
+                f.write(memoryview(np.ascontiguousarray(block, dtype="<f4")).cast("B"))
+    return ranges
+
+
+def link_same_bytes(src: Path, dst: Path) -> None:
+    """dst becomes a hard link to src, replacing any old dst atomically."""
+    tmp = dst.with_name(f".{dst.name}.link-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError as exc:
+        raise InputError(f"{dst}: cannot hard-link it to {src.name} ({exc.strerror}); generate "
+                         "the inputs on a file system with hard links") from None
+    os.replace(tmp, dst)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def generate_part(model: Model, part: Part, out_dir: Path, seed: int,
+                  log: Callable[[str], None] = lambda msg: None,
+                  chunk_bytes: int = CHUNK_BYTES, also_needed: int = 0) -> list:
+    """Write the part's <graph>.onnx/.data/.encodings (tinygen's files and bytes), streamed.
+
+    `also_needed`: bytes other pending work will write (counted in the disk check)."""
+    from hexbundle.inputs import synthetic as tinygen
+    out_dir = Path(out_dir)
+    check_disk(out_dir, part_disk_bytes(model, part) + also_needed,
+               f"the inputs of {model.name} {part.tag}"
+               + (f" and {gib(also_needed)} of other pending inputs" if also_needed else ""))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    graphs = model.graphs(part)
+    first_data = out_dir / f"{graphs[0].name}.data"
+    started = time.monotonic()
+    ranges = write_data(first_data, model, part, seed, chunk_bytes)
+    elapsed = time.monotonic() - started
+    size = first_data.stat().st_size
+    log(f"wrote {first_data.name}: {len(ranges)} weights, {size / 2**20:.1f} MiB in "
+        f"{elapsed:.1f}s ({size / 2**20 / max(elapsed, 1e-9):.0f} MiB/s)")
+    shapes = {name: r.spec.shape for name, r in ranges.items()}
+    for graph in graphs:
+        data = out_dir / f"{graph.name}.data"
+        if data != first_data:
+            link_same_bytes(first_data, data)
+            log(f"linked {data.name} -> {first_data.name} (same weights, same bytes)")
+        proto = tinygen.build_graph(model, graph, tinygen.external_tensors(shapes, data.name))
+        tinygen._write_bytes(out_dir / f"{graph.name}.onnx", proto.SerializeToString(deterministic=True))
+        text = json_text(tinygen.encodings_from_ranges(model, graph, ranges))
+        tinygen._write_bytes(out_dir / f"{graph.name}.encodings", text)
+    return tinygen.part_files(model, part, out_dir)
+
+
+def json_text(obj) -> bytes:
+    import json
+    return (json.dumps(obj, indent=2) + "\n").encode("utf-8")   # = tinygen's encodings files
+
+
+def generate(model: Model, parts: list, out_dir: Path, seed: int,
+             specials: Optional[dict] = None, log: Callable[[str], None] = print) -> list:
+    """Several parts (and tokenizer.json if `specials`): the disk check covers all of them first."""
+    from hexbundle.inputs import synthetic as tinygen
+    out_dir = Path(out_dir)
+    total = sum(part_disk_bytes(model, p) for p in parts)
+    check_disk(out_dir, total, f"the inputs of {model.name} parts "
+               f"{', '.join(str(p.index) for p in parts)}")
+    written = []
+    for i, part in enumerate(parts):
+        pending = sum(part_disk_bytes(model, p) for p in parts[i + 1:])
+        written += generate_part(model, part, out_dir, seed, log, also_needed=pending)
+    if specials is not None:
+        written.append(tinygen.generate_tokenizer(model, out_dir / "tokenizer.json", specials))
+        log(f"wrote {written[-1].name}")
+    return written
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def generate_for_config(root: Path, model_name: str, plan_name: str = "", part_indexes=(),
+                        out: Optional[Path] = None, seed: Optional[int] = None,
+                        tokenizer: bool = True, log: Callable[[str], None] = print) -> list:
+    """scripts/gen_7b_inputs.py: a model config's parts (all, or the chosen ones) + tokenizer,
+    into `out` or where the config expects its inputs. Any plan, even one a device refuses."""
+    from hexbundle.config.build import BUILD_ROOT_ENV, load_model, resolve_inside
+    from hexbundle.support.errors import ConfigError
+    root = Path(root).resolve()
+    model, raw = load_model(root, model_name)
+    where = root / "configs" / "models" / f"{model_name}.toml"
+    plan_name = plan_name or model.default_plan
+    if plan_name not in model.plans:
+        raise ConfigError(f"{where}: no plan {plan_name!r}; known: {', '.join(sorted(model.plans))}")
+    parts = model.plans[plan_name].parts()
+    bad = [i for i in part_indexes if not 1 <= i <= len(parts)]
+    if bad:
+        raise ConfigError(f"part {bad[0]}: plan {plan_name!r} of {model_name} has parts 1..{len(parts)}")
+    if part_indexes:
+        parts = [parts[i - 1] for i in sorted(set(part_indexes))]
+    if out is None:
+        if raw["inputs"]["source"] == "generated":
+            override = os.environ.get(BUILD_ROOT_ENV)
+            out = (Path(override).resolve() if override else root / "build") / model.name / "inputs"
+        else:
+            out = resolve_inside(root, raw["inputs"]["dir"], where, "inputs.dir")
+    seed = raw["inputs"]["seed"] if seed is None else seed
+    log(f"{model_name}, plan {plan_name}: parts {', '.join(str(p.index) for p in parts)} "
+        f"-> {out} (seed {seed})")
+    return generate(model, parts, out, seed, raw["tokenizer"] if tokenizer else None, log)
+
+
+def generate_action(cfg, layout, part: int = 0):
+    """doit action of `doit gen_inputs [--part N]`: stand-in inputs for the configured model
+    where the build reads them (for an exported model, its inputs.dir)."""
+    from doit.exceptions import TaskFailed
+    from hexbundle.support.errors import HexbundleError
+    parts = cfg.plan.parts()
+    if part:
+        if not 1 <= part <= len(parts):
+            return TaskFailed(f"--part {part}: plan {cfg.plan.name} of {cfg.model.name} has parts "
+                              f"1..{len(parts)}")
+        parts = [parts[part - 1]]
+    started = time.monotonic()
+    try:
+        paths = generate(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
+                         cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
+    except HexbundleError as exc:
+        return TaskFailed(str(exc))
+    print(f"{len(paths)} files in {layout.rel(layout.inputs_dir)} in "
+          f"{time.monotonic() - started:.1f}s", flush=True)
+    return True

@@ -1,0 +1,636 @@
+"""Generate the input files of a small Qwen2-architecture model, laid out like a qai-hub-models export.
+
+For every graph of a part (prompt, then token) this writes `<graph>.onnx` (float32, opset 17,
+standard ops only), its external weights `<graph>.data` and its AIMET v1.0.0 `<graph>.encodings`,
+plus a byte-level BPE `tokenizer.json`. Everything is a pure function of (model, part, seed):
+generating twice gives byte-identical files, so doit can trust file hashes.
+
+Conventions (shared with the verifier and the runtime side of the project)
+--------------------------------------------------------------------------
+* KV window. A graph with AR = S and context CL sees CL key/value slots: slots [0, P) with
+  P = CL - S hold the past (the `past_*_in` inputs), slots [P, CL) hold the S new entries
+  computed by this call. Valid past entries are RIGHT-aligned: with `n_past` valid entries they
+  sit in slots [P - n_past, P), right before the new ones; the slots before are padding.
+  The `past_*_out` outputs carry only the S new entries (as the real export); the caller
+  appends them to its cache.
+* Layouts. past_key (nkv, 1, d, T) (keys pre-transposed for q @ K), past_value (nkv, 1, T, d).
+  Keys are stored AFTER RoPE. Query head h is served by kv head h // (nh / nkv) (HF repeat_kv).
+* attention_mask (1, 1, S, CL) is ADDITIVE: 0.0 where a query may attend, MASK_VALUE (-10000.0)
+  where it may not. See `causal_mask` (hexbundle.runtime, re-exported here).
+* position_ids_cos / _sin (1, 1, S, d/2): cos/sin of position * inv_freq, inv_freq_i =
+  theta^(-2i/d). The graph duplicates them to width d (concat([c, c])) and applies RoPE with the
+  rotate-half convention of HF Qwen2. See `rope_inputs` (hexbundle.runtime).
+* Weights are a function of (seed, initializer name) only, so every split plan cuts the SAME
+  model and the prompt and token graphs of a part hold identical weight bytes. All HF weights
+  (even small biases and norms) live in the external .data file, 64-byte aligned, in
+  `weight_names` order; the small helper constants (reshape shapes, slice bounds, eps, 1/sqrt(d))
+  are inline initializers named "/const/...".
+* Encodings. Every HF weight has exactly one param encoding: decoder linears INT per output
+  channel symmetric (decoder_linear_bitwidth), lm_head INT per output channel symmetric
+  (lm_head_bitwidth), embedding INT per tensor asymmetric (embedding_bitwidth); biases and norm
+  weights are listed as {"dtype": "FLOAT", "bw": float_bitwidth}. The "/const/..." helpers are not
+  listed. Activation encodings: every float graph input and output, 16-bit per tensor, from fixed
+  ranges (ACTIVATION_RANGES), never from a calibration run (that would tie bytes to onnxruntime).
+  Convention: q in [0, 2^bw - 1], real = (q + offset) * scale.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from hexbundle.support.errors import output_error
+from hexbundle.config.model import Graph, Model, Part, boundary_tensor, part_weights
+# The runtime owns the mask / RoPE conventions; re-exported here because the graphs obey them.
+from hexbundle.runtime.interpreter import MASK_VALUE, causal_mask, rope_inputs  # noqa: F401
+
+OPSET = 17
+IR_VERSION = 8              # pinned: onnx.helper would stamp the installed onnx's newest IR
+DATA_ALIGNMENT = 64         # byte alignment of each weight in the .data file (mmap friendly)
+PRODUCER = "hexbundle.tinygen"
+
+# Symmetric activation ranges [-r, r] by tensor role; generous for the generated weights.
+ACTIVATION_RANGES = {"hidden": 64.0, "logits": 32.0, "past_key": 16.0, "past_value": 16.0,
+                     "rope": 1.0}
+
+_DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+# --------------------------------------------------------------------------- specs
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    name: str
+    shape: tuple
+    kind: str   # "linear" | "bias" | "norm" | "embedding" | "lm_head"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: type  # numpy scalar type
+    shape: tuple
+
+
+def weight_specs(model: Model, part: Part) -> list:
+    """The part's weights (names and shapes from hexbundle.model.part_weights, the one place the
+    architecture's tensors are listed), each with the role that decides how it is drawn."""
+    return [WeightSpec(w.name, w.shape, _role(w.name))
+            for w in part_weights(model.architecture, model.quantization, part)]
+
+
+def _role(name: str) -> str:
+    if name == "model.embed_tokens.weight":
+        return "embedding"
+    if name == "lm_head.weight":
+        return "lm_head"
+    if name.endswith(".bias"):
+        return "bias"
+    return "norm" if "norm" in name else "linear"
+
+
+def weight_names(model: Model, part: Part) -> list:
+    """Initializer names of the part's weights (shared by both graphs), in .data file order."""
+    return [w.name for w in weight_specs(model, part)]
+
+
+def input_hidden_name(model: Model, part: Part) -> str:
+    """Name of the hidden state this part receives: the previous part's boundary tensor."""
+    _check_part(part)
+    first = part.layers[0] if part.layers else model.architecture.num_layers
+    previous = Part(index=part.index - 1, count=part.count, layers=(first - 1,) if first else (),
+                    has_embedding=(part.index - 1 == 1), has_head=False)
+    return boundary_tensor(previous)
+
+
+def graph_inputs(model: Model, graph: Graph) -> list:
+    """The graph's inputs in order, as the real export declares them."""
+    a, part, s = model.architecture, graph.part, graph.ar
+    past = graph.context_length - s
+    if part.has_embedding:
+        specs = [TensorSpec("input_ids", np.int32, (1, s))]
+    else:
+        specs = [TensorSpec(input_hidden_name(model, part), np.float32, (1, s, a.hidden_size))]
+    if part.layers:
+        specs += [TensorSpec("attention_mask", np.float32, (1, 1, s, graph.context_length)),
+                  TensorSpec("position_ids_cos", np.float32, (1, 1, s, a.pos_id_dim)),
+                  TensorSpec("position_ids_sin", np.float32, (1, 1, s, a.pos_id_dim))]
+    for layer in part.layers:
+        specs += [TensorSpec(f"past_key_{layer}_in", np.float32, (a.num_kv_heads, 1, a.head_dim, past)),
+                  TensorSpec(f"past_value_{layer}_in", np.float32, (a.num_kv_heads, 1, past, a.head_dim))]
+    return specs
+
+
+def graph_outputs(model: Model, graph: Graph) -> list:
+    """The graph's outputs in order: new KV entries per layer, then the hidden state or logits."""
+    a, part, s = model.architecture, graph.part, graph.ar
+    specs = []
+    for layer in part.layers:
+        specs += [TensorSpec(f"past_key_{layer}_out", np.float32, (a.num_kv_heads, 1, a.head_dim, s)),
+                  TensorSpec(f"past_value_{layer}_out", np.float32, (a.num_kv_heads, 1, s, a.head_dim))]
+    if part.has_head:
+        specs.append(TensorSpec("logits", np.float32, (1, s, a.vocab_size)))
+    else:
+        specs.append(TensorSpec(boundary_tensor(part), np.float32, (1, s, a.hidden_size)))
+    return specs
+
+
+def _check_part(part: Part) -> None:
+    if not (part.has_embedding or part.layers or part.has_head):
+        raise ValueError(f"{part.tag}: a part needs the embedding, decoder layers or the head")
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def make_weights(model: Model, part: Part, seed: int) -> dict:
+    """name -> float32 array. Depends only on (seed, name, shape): plan- and graph-independent."""
+    return {spec.name: _draw_weight(spec, model, seed) for spec in weight_specs(model, part)}
+
+
+def _draw_weight(spec: WeightSpec, model: Model, seed: int) -> np.ndarray:
+    noise = weight_rng(spec.name, seed).standard_normal(spec.shape, dtype=np.float32)
+    return finish_weight(spec, noise)
+
+
+def weight_rng(name: str, seed: int) -> np.random.Generator:
+    """The weight's own random stream. Drawing a tensor in row chunks from it gives the same
+    values as drawing it whole (hexbundle.biggen streams full-size weights that way)."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode("utf-8"))])
+
+
+def finish_weight(spec: WeightSpec, noise: np.ndarray) -> np.ndarray:
+    """Standard-normal float32 noise (the whole tensor or a block of its rows) -> the weight's
+    values, in place. Element-wise, so a block gives exactly the values of the whole tensor."""
+    if spec.kind == "norm":
+        noise *= np.float32(0.1)
+        noise += np.float32(1.0)
+    elif spec.kind == "bias":
+        noise *= np.float32(0.1)
+    elif spec.kind != "embedding":
+        # 1/sqrt(fan_in) keeps q.k and the MLP at unit scale; the residual writers (o, down)
+        # are halved so the residual stream grows slowly with depth.
+        gain = 0.5 if spec.name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0
+        noise *= np.float32(gain / math.sqrt(spec.shape[0]))
+    return noise
+
+
+# --------------------------------------------------------------------------- ONNX graph
+
+
+class _GraphBuilder:
+    """Accumulates nodes and inline constants with unique, readable names."""
+
+    def __init__(self):
+        self.nodes = []
+        self.constants = {}
+        self._counter = Counter()
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        full = f"/const/{name}"
+        if full not in self.constants:
+            self.constants[full] = onnx.numpy_helper.from_array(np.asarray(value), full)
+        return full
+
+    def op(self, op_type: str, inputs: list, scope: str, out: str | None = None, **attrs) -> str:
+        self._counter[(scope, op_type)] += 1
+        node_name = f"/{scope}/{op_type}_{self._counter[(scope, op_type)]}"
+        out = out or f"{node_name}_output_0"
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=node_name, **attrs))
+        return out
+
+
+def _rms_norm(b: _GraphBuilder, x: str, weight: str, eps: float, scope: str, out=None) -> str:
+    squared = b.op("Pow", [x, b.const("two", np.array(2.0, np.float32))], scope)
+    mean = b.op("ReduceMean", [squared], scope, axes=[-1], keepdims=1)
+    var = b.op("Add", [mean, b.const("rms_eps", np.array(eps, np.float32))], scope)
+    normed = b.op("Div", [x, b.op("Sqrt", [var], scope)], scope)
+    return b.op("Mul", [normed, weight], scope, out=out)
+
+
+def _linear(b: _GraphBuilder, x: str, prefix: str, scope: str, bias: bool) -> str:
+    y = b.op("MatMul", [x, f"{prefix}.weight"], scope)
+    return b.op("Add", [y, f"{prefix}.bias"], scope) if bias else y
+
+
+def _rotate(b: _GraphBuilder, t: str, cos: str, sin: str, half: int, scope: str) -> str:
+    """RoPE, rotate-half: t * cos + concat(-t2, t1) * sin, on the last axis (width 2 * half)."""
+    axis = b.const("axis_last", np.array([3], np.int64))
+    zero, mid = b.const("zero", np.array([0], np.int64)), b.const("half", np.array([half], np.int64))
+    end = b.const("full", np.array([2 * half], np.int64))
+    t1 = b.op("Slice", [t, zero, mid, axis], scope)
+    t2 = b.op("Slice", [t, mid, end, axis], scope)
+    rotated = b.op("Concat", [b.op("Neg", [t2], scope), t1], scope, axis=-1)
+    return b.op("Add", [b.op("Mul", [t, cos], scope), b.op("Mul", [rotated, sin], scope)], scope)
+
+
+def _attention(b, model: Model, x: str, layer: int, rope: tuple, out_names: tuple) -> str:
+    """Self-attention of one layer on normed x (1,S,H); returns the o_proj output (1,S,H)."""
+    a = model.architecture
+    nkv, group, d = a.num_kv_heads, a.num_attention_heads // a.num_kv_heads, a.head_dim
+    p, scope = f"model.layers.{layer}.self_attn", f"model/layers.{layer}/self_attn"
+    q = _linear(b, x, f"{p}.q_proj", scope, bias=True)
+    k = _linear(b, x, f"{p}.k_proj", scope, bias=True)
+    v = _linear(b, x, f"{p}.v_proj", scope, bias=True)
+    # q -> (nkv, group, S, d): query head h = kv * group + g, so MatMul broadcasts over the
+    # kv layout (nkv, 1, ...) -- GQA without materialising repeated keys.
+    q = b.op("Reshape", [q, b.const("q_heads", np.array([-1, nkv, group, d], np.int64))], scope)
+    q = b.op("Transpose", [q], scope, perm=[1, 2, 0, 3])
+    k = b.op("Reshape", [k, b.const("kv_heads", np.array([1, -1, nkv, d], np.int64))], scope)
+    k = b.op("Transpose", [k], scope, perm=[2, 0, 1, 3])                       # (nkv,1,S,d)
+    v = b.op("Reshape", [v, b.const("kv_heads", np.array([1, -1, nkv, d], np.int64))], scope)
+    key_out, value_out = out_names
+    v = b.op("Transpose", [v], scope, out=value_out, perm=[2, 0, 1, 3])        # (nkv,1,S,d)
+    cos, sin = rope
+    q = _rotate(b, q, cos, sin, d // 2, scope)
+    k = _rotate(b, k, cos, sin, d // 2, scope)
+    k = b.op("Transpose", [k], scope, out=key_out, perm=[0, 1, 3, 2])          # (nkv,1,d,S)
+    keys = b.op("Concat", [f"past_key_{layer}_in", k], scope, axis=3)          # (nkv,1,d,CL)
+    values = b.op("Concat", [f"past_value_{layer}_in", v], scope, axis=2)      # (nkv,1,CL,d)
+    scores = b.op("MatMul", [q, keys], scope)                                  # (nkv,g,S,CL)
+    scores = b.op("Mul", [scores, b.const("attn_scale", np.array(1.0 / math.sqrt(d), np.float32))], scope)
+    scores = b.op("Add", [scores, "attention_mask"], scope)
+    probs = b.op("Softmax", [scores], scope, axis=-1)
+    context = b.op("MatMul", [probs, values], scope)                           # (nkv,g,S,d)
+    context = b.op("Transpose", [context], scope, perm=[2, 0, 1, 3])           # (S,nkv,g,d)
+    merged = b.op("Reshape", [context, b.const("merge_heads", np.array([1, -1, nkv * group * d], np.int64))], scope)
+    return _linear(b, merged, f"{p}.o_proj", scope, bias=False)
+
+
+def _decoder_layer(b, model: Model, x: str, layer: int, rope: tuple, out: str | None) -> str:
+    eps, p, scope = model.architecture.rms_norm_eps, f"model.layers.{layer}", f"model/layers.{layer}"
+    normed = _rms_norm(b, x, f"{p}.input_layernorm.weight", eps, f"{scope}/input_layernorm")
+    attn = _attention(b, model, normed, layer, rope, (f"past_key_{layer}_out", f"past_value_{layer}_out"))
+    x = b.op("Add", [x, attn], scope)
+    normed = _rms_norm(b, x, f"{p}.post_attention_layernorm.weight", eps, f"{scope}/post_attention_layernorm")
+    mlp = f"{scope}/mlp"
+    gate = b.op("MatMul", [normed, f"{p}.mlp.gate_proj.weight"], mlp)
+    silu = b.op("Mul", [gate, b.op("Sigmoid", [gate], mlp)], mlp)
+    up = b.op("MatMul", [normed, f"{p}.mlp.up_proj.weight"], mlp)
+    down = b.op("MatMul", [b.op("Mul", [silu, up], mlp), f"{p}.mlp.down_proj.weight"], mlp)
+    return b.op("Add", [x, down], scope, out=out)
+
+
+def build_graph(model: Model, graph: Graph, weight_tensors: list) -> onnx.ModelProto:
+    """The ONNX model of one graph; `weight_tensors` are the (external) weight initializers."""
+    part, a = graph.part, model.architecture
+    _check_part(part)
+    b = _GraphBuilder()
+    final_name = "logits" if part.has_head else boundary_tensor(part)
+    n_stages = int(part.has_embedding) + len(part.layers) + int(part.has_head)
+    stage = 0
+
+    def out_name():   # the last stage writes the graph output, the others internal tensors
+        return final_name if stage == n_stages else None
+
+    if part.has_embedding:
+        stage += 1
+        x = b.op("Gather", ["model.embed_tokens.weight", "input_ids"], "model/embed_tokens",
+                 out=out_name(), axis=0)
+    else:
+        x = input_hidden_name(model, part)
+    if part.layers:
+        # cos/sin come at width d/2; every layer uses them duplicated to width d.
+        rope = (b.op("Concat", ["position_ids_cos", "position_ids_cos"], "model/rotary_emb", axis=-1),
+                b.op("Concat", ["position_ids_sin", "position_ids_sin"], "model/rotary_emb", axis=-1))
+    for layer in part.layers:
+        stage += 1
+        x = _decoder_layer(b, model, x, layer, rope, out_name())
+    if part.has_head:
+        stage += 1
+        x = _rms_norm(b, x, "model.norm.weight", a.rms_norm_eps, "model/norm")
+        b.op("MatMul", [x, "lm_head.weight"], "lm_head", out=out_name())
+
+    def value_info(spec):
+        return helper.make_tensor_value_info(spec.name, helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype)),
+                                             list(spec.shape))
+
+    g = helper.make_graph(b.nodes, graph.name,
+                          [value_info(s) for s in graph_inputs(model, graph)],
+                          [value_info(s) for s in graph_outputs(model, graph)],
+                          initializer=list(weight_tensors) + list(b.constants.values()))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=PRODUCER)
+    m.ir_version = IR_VERSION
+    return m
+
+
+def external_tensors(shapes: dict, location: str) -> list:
+    """TensorProtos (float32, shapes: name -> shape) pointing into `location`, at the offsets
+    `data_layout` gives."""
+    tensors = []
+    for name, (offset, nbytes) in data_layout(shapes).items():
+        t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shapes[name]))
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        tensors.append(t)
+    return tensors
+
+
+def data_layout(shapes: dict) -> dict:
+    """name -> (offset, nbytes) of float32 weights in the .data file: in the given order, each
+    DATA_ALIGNMENT-aligned, no padding after the last."""
+    layout, offset = {}, 0
+    for name, shape in shapes.items():
+        offset = -(-offset // DATA_ALIGNMENT) * DATA_ALIGNMENT
+        nbytes = 4 * math.prod(shape)
+        layout[name] = (offset, nbytes)
+        offset += nbytes
+    return layout
+
+
+def _shapes(weights: dict) -> dict:
+    return {name: array.shape for name, array in weights.items()}
+
+
+def _write_data(path: Path, weights: dict) -> None:
+    layout = data_layout(_shapes(weights))
+    with _atomic_open(path) as f:
+        for name, array in weights.items():
+            f.write(b"\0" * (layout[name][0] - f.tell()))
+            f.write(np.ascontiguousarray(array, dtype="<f4").tobytes())
+
+
+# --------------------------------------------------------------------------- encodings
+
+
+def _symmetric_per_channel(amax: np.ndarray, bw: int) -> dict:
+    """One scale per output channel (last axis of the [in, out] weight; `amax` its largest
+    |value| per channel), offset -2^(bw-1)."""
+    qmax = 2 ** (bw - 1) - 1
+    scales = np.maximum(np.asarray(amax, np.float32).astype(np.float64) / qmax,
+                        np.finfo(np.float32).tiny)
+    return {"enc_type": "PER_CHANNEL", "is_sym": True, "bw": bw,
+            "scale": [float(s) for s in scales], "offset": [-(2 ** (bw - 1))] * len(scales)}
+
+
+def _asymmetric_per_tensor(lo: float, hi: float, bw: int) -> dict:
+    """Range [lo, hi] widened to include 0; offset = round(lo / scale) (so q = 0 is ~lo)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    scale = max((hi - lo) / (2 ** bw - 1), float(np.finfo(np.float32).tiny))
+    return {"enc_type": "PER_TENSOR", "is_sym": False, "bw": bw,
+            "scale": [scale], "offset": [int(round(lo / scale))]}
+
+
+def _symmetric_per_tensor(r: float, bw: int) -> dict:
+    return {"enc_type": "PER_TENSOR", "is_sym": True, "bw": bw,
+            "scale": [r / (2 ** (bw - 1) - 1)], "offset": [-(2 ** (bw - 1))]}
+
+
+class WeightRange:
+    """What a weight's encoding is computed from, accumulated over blocks of rows: the largest
+    |value| per output channel (linear, lm_head: the last axis) or min and max (embedding)."""
+
+    def __init__(self, spec: WeightSpec):
+        self.spec = spec
+        self.amax = self.lo = self.hi = None
+
+    def update(self, rows: np.ndarray) -> None:
+        if self.spec.kind in ("linear", "lm_head"):
+            block = np.abs(rows).max(axis=0)
+            self.amax = block if self.amax is None else np.maximum(self.amax, block)
+        elif self.spec.kind == "embedding":
+            lo, hi = rows.min(), rows.max()
+            self.lo = lo if self.lo is None else min(self.lo, lo)
+            self.hi = hi if self.hi is None else max(self.hi, hi)
+
+
+def weight_range(spec: WeightSpec, w: np.ndarray) -> WeightRange:
+    r = WeightRange(spec)
+    r.update(w)
+    return r
+
+
+def _param_encoding(r: WeightRange, model: Model) -> dict:
+    spec, q = r.spec, model.quantization
+    if spec.kind == "linear":
+        enc = _symmetric_per_channel(r.amax, q.decoder_linear_bitwidth)
+    elif spec.kind == "lm_head":
+        enc = _symmetric_per_channel(r.amax, q.lm_head_bitwidth)
+    elif spec.kind == "embedding":
+        enc = _asymmetric_per_tensor(r.lo, r.hi, q.embedding_bitwidth)
+    else:   # biases and norm weights stay float
+        return {"name": spec.name, "dtype": "FLOAT", "enc_type": "PER_TENSOR", "bw": q.float_bitwidth}
+    return {"name": spec.name, "dtype": "INT", **enc}
+
+
+def _activation_role(name: str) -> str:
+    if name == "logits":
+        return "logits"
+    if name.startswith(("past_key_", "past_value_")):
+        return "past_key" if name.startswith("past_key_") else "past_value"
+    if name.startswith("position_ids_"):
+        return "rope"
+    return "hidden"
+
+
+def _activation_encoding(spec: TensorSpec, model: Model) -> dict:
+    bw = model.quantization.activation_bitwidth
+    if spec.name == "attention_mask":
+        enc = _asymmetric_per_tensor(MASK_VALUE, 0.0, bw)
+    else:
+        enc = _symmetric_per_tensor(ACTIVATION_RANGES[_activation_role(spec.name)], bw)
+    return {"name": spec.name, "dtype": "INT", **enc}
+
+
+def build_encodings(model: Model, graph: Graph, weights: dict) -> dict:
+    """The AIMET v1.0.0 encodings of one graph."""
+    return encodings_from_ranges(model, graph, {spec.name: weight_range(spec, weights[spec.name])
+                                                for spec in weight_specs(model, graph.part)})
+
+
+def encodings_from_ranges(model: Model, graph: Graph, ranges: dict) -> dict:
+    """The AIMET v1.0.0 encodings of one graph from its weights' ranges (name -> WeightRange)."""
+    q = model.quantization
+    params = [_param_encoding(ranges[spec.name], model) for spec in weight_specs(model, graph.part)]
+    io = [s for s in graph_inputs(model, graph) + graph_outputs(model, graph) if s.dtype == np.float32]
+    return {
+        "version": "1.0.0",
+        "activation_encodings": [_activation_encoding(s, model) for s in io],
+        "param_encodings": params,
+        "excluded_layers": [],
+        "quantizer_args": {"activation_bitwidth": q.activation_bitwidth, "dtype": "int",
+                           "is_symmetric": True, "param_bitwidth": q.decoder_linear_bitwidth,
+                           "per_channel_quantization": True, "quant_scheme": "post_training_tf"},
+    }
+
+
+# --------------------------------------------------------------------------- files
+
+
+@contextlib.contextmanager
+def _atomic_open(path: Path) -> Iterator:
+    """Write to a temp file in the same directory, then os.replace: readers never see halves."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except OSError as exc:   # disk full: a clean error naming the file, nothing partial kept
+        raise output_error(path, exc) from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with _atomic_open(path) as f:
+        f.write(data)
+
+
+def part_files(model: Model, part: Part, out_dir: Path) -> list:
+    """The paths generate_part writes, in its order: per graph .onnx, .data, .encodings."""
+    out_dir = Path(out_dir)
+    return [out_dir / f"{g.name}{ext}" for g in model.graphs(part) for ext in (".onnx", ".data", ".encodings")]
+
+
+def generate_part(model: Model, part: Part, out_dir: Path, seed: int) -> list:
+    """Write <graph>.onnx, <graph>.data and <graph>.encodings for each graph of the part."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = make_weights(model, part, seed)
+    for graph in model.graphs(part):
+        data_name = f"{graph.name}.data"
+        _write_data(out_dir / data_name, weights)   # first: the .onnx refers to it
+        proto = build_graph(model, graph, external_tensors(_shapes(weights), data_name))
+        _write_bytes(out_dir / f"{graph.name}.onnx", proto.SerializeToString(deterministic=True))
+        text = json.dumps(build_encodings(model, graph, weights), indent=2) + "\n"
+        _write_bytes(out_dir / f"{graph.name}.encodings", text.encode("utf-8"))
+    return part_files(model, part, out_dir)
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+# Training text for the BPE merges: plain English and Chinese, so both scripts get real merges.
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. A small model can still say hello to the world.
+Hello, how are you today? I am fine, thank you. What is the weather like in the city this morning?
+Large language models predict the next token from the tokens that came before it.
+The prompt is processed in chunks of one hundred and twenty eight tokens, then one token at a time.
+Each decoder layer has attention and a feed forward network with a gated linear unit.
+The key and value cache keeps the past so that every new token only needs one pass.
+Quantization stores weights with four bits and activations with sixteen bits on the device.
+Please answer the question in English or in Chinese, and keep the answer short and clear.
+There are three apples on the table, and she gives two of them to her brother.
+Today is a good day to learn something new about computers, numbers and language.
+The river flows through the valley, past the old bridge and the green fields of rice.
+He wrote a letter to his friend, telling her about the mountains and the long winter.
+Numbers such as 1, 2, 3, 42, 100 and 2024 appear in text as well as words do.
+Where is the train station? Turn left at the second street and walk for five minutes.
+你好，世界！今天天气很好，我们一起去公园散步吧。
+大语言模型根据前面的词预测下一个词，一次生成一个词。
+请用中文回答这个问题，回答要简短清楚。
+我喜欢读书，也喜欢听音乐和看电影。
+这个模型很小，但是它的结构和真正的大模型一样。
+每一层都有注意力机制和前馈网络，最后输出每个词的概率。
+量化以后，权重只用四位存储，激活值用十六位表示。
+北京是中国的首都，上海是一个很大的城市。
+桌子上有三个苹果，她给了弟弟两个，还剩一个。
+春天来了，花开了，小鸟在树上唱歌，孩子们在草地上玩耍。
+学习一门新的语言需要时间和耐心，每天练习一点就会进步。
+谢谢你的帮助，我们明天见。
+"""
+
+_PRETOKENIZE = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
+
+
+def _byte_to_unicode() -> dict:
+    """GPT-2's byte -> printable character map used by byte-level BPE (bytes in id order)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def _learn_merges(text: str, max_merges: int) -> list:
+    """Greedy BPE: merge the most frequent adjacent pair; ties go to the smallest pair string."""
+    to_char = _byte_to_unicode()
+    words = Counter(tuple(to_char[b] for b in piece.encode("utf-8")) for piece in _PRETOKENIZE.findall(text))
+    merges = []
+    while len(merges) < max_merges:
+        pairs = Counter()
+        for word, freq in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += freq
+        if not pairs:
+            break   # every pre-token is a single symbol: the corpus is used up
+        best = min(pairs, key=lambda pair: (-pairs[pair], pair))
+        merges.append(best)
+        words = Counter({_merge_pair(word, best): freq for word, freq in words.items()})
+    return merges
+
+
+def _merge_pair(word: tuple, pair: tuple) -> tuple:
+    out, i = [], 0
+    while i < len(word):
+        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
+            out.append(word[i] + word[i + 1])
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return tuple(out)
+
+
+def special_token_ids(model: Model, special_tokens: dict) -> dict:
+    """{role: id}: the specials take the top ids, in the dict's order, ending at vocab_size - 1."""
+    first = model.architecture.vocab_size - len(special_tokens)
+    return {role: first + i for i, role in enumerate(special_tokens)}
+
+
+def tokenizer_json(model: Model, special_tokens: dict) -> dict:
+    """The Hugging Face tokenizer.json content (byte-level BPE) for the model."""
+    budget = model.architecture.vocab_size - len(special_tokens) - 256
+    if budget < 0:
+        raise ValueError(f"vocab_size {model.architecture.vocab_size} leaves no room for 256 byte "
+                         f"tokens and {len(special_tokens)} special tokens")
+    vocab = {ch: i for i, ch in enumerate(_byte_to_unicode().values())}
+    merges = _learn_merges(_CORPUS, budget)
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    ids = special_token_ids(model, special_tokens)
+    added = [{"id": ids[role], "content": content, "single_word": False, "lstrip": False,
+              "rstrip": False, "normalized": False, "special": True}
+             for role, content in special_tokens.items()]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": {**byte_level, "trim_offsets": False},
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": False, "vocab": vocab,
+                  "merges": [f"{left} {right}" for left, right in merges]},
+    }
+
+
+def generate_tokenizer(model: Model, path: Path, special_tokens: dict) -> Path:
+    """Write a byte-level BPE tokenizer.json: every id < vocab_size, specials at the top ids."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(tokenizer_json(model, special_tokens), ensure_ascii=False, indent=2) + "\n"
+    _write_bytes(path, text.encode("utf-8"))
+    return path

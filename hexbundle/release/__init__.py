@@ -1,0 +1,1 @@
+"""Release builds: reproducible archive, provenance, verification; the offline kit."""

@@ -1,0 +1,191 @@
+"""`doit offline_kit`: write the kit an air-gapped machine needs (see hexbundle/kit.py for its
+layout and the offline side). Runs on a connected machine that has built the image."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from hexbundle import __version__
+from hexbundle.config.build import BuildConfig
+from hexbundle.support.console import say
+from hexbundle.support.errors import HexbundleError
+from hexbundle.support.hashing import sha256_file
+from hexbundle.release.kit import KIT_FORMAT, KIT_JSON, KitError, write_sums
+from hexbundle.config.layout import Layout
+
+# Not carried into the kit's source/: outputs and caches.
+SOURCE_EXCLUDE = {"build", "exports", "toolchain", ".git", "__pycache__", ".pytest_cache",
+                  ".hypothesis", ".doit.db", "hexbundle.egg-info"}
+
+
+def source_files(root: Path) -> list:
+    """The project's files: git's tracked files where git knows them, else a filtered walk."""
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+                          "--exclude-standard"], capture_output=True)
+    if out.returncode == 0 and out.stdout:
+        names = [n for n in out.stdout.decode().split("\0") if n]
+        return sorted(n for n in names if (root / n).is_file())
+    found = []
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if path.is_file() and not set(rel.parts) & SOURCE_EXCLUDE:
+            found.append(rel.as_posix())
+    return sorted(found)
+
+
+def host_requirements(root: Path) -> list:
+    """hexbundle's own dependencies and test tools, plus what an editable install builds with."""
+    import tomli
+    try:
+        project = tomli.loads((root / "pyproject.toml").read_text())["project"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise KitError(f"{root / 'pyproject.toml'}: cannot read the project's dependencies "
+                       f"({exc}); the kit needs it to install hexbundle offline") from None
+    reqs = list(project["dependencies"]) + list(project["optional-dependencies"]["test"])
+    return reqs + ["setuptools>=61", "wheel"]
+
+
+def download_host_wheels(root: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+           "--only-binary=:all:", "--dest", str(dest), *host_requirements(root)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise KitError(f"pip download of the host wheels failed (a connected machine is needed "
+                       f"for `doit offline_kit`):\n{proc.stderr[-2000:]}")
+
+
+def save_image(client, ref: str, out: Path) -> str:
+    image = client.images.get(ref)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as fh:
+        for chunk in image.save(named=True):
+            fh.write(chunk)
+    return image.id
+
+
+def write_tar(directory: Path, out: Path) -> None:
+    """A plain tar of the kit directory: sorted, fixed times and owners (its bytes depend only on
+    the files)."""
+    tmp = out.with_name(out.name + ".tmp")
+    with tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
+        paths = sorted(directory.rglob("*"), key=lambda p: p.relative_to(directory).as_posix())
+        for path in [directory, *paths]:
+            info = tar.gettarinfo(str(path), arcname=(Path(directory.name) / path.relative_to(
+                directory)).as_posix())
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 315532800, 0, 0, "", ""
+            info.mode = 0o755 if path.is_dir() else 0o644
+            if path.is_file():
+                with open(path, "rb") as fh:
+                    tar.addfile(info, fh)
+            else:
+                tar.addfile(info)
+    os.replace(tmp, out)
+
+
+def make_kit(cfg: BuildConfig, layout: Layout, include_sdk: bool, include_inputs: bool) -> Path:
+    from hexbundle.toolchain.docker import docker_client
+    from hexbundle.toolchain.image import read_record
+    from hexbundle.config.toolchain import load_toolchain
+    tc = load_toolchain(cfg.root)
+    record = read_record(cfg.root)
+    if not record:
+        raise KitError("no toolchain image recorded: run `doit image` first")
+    out = cfg.build_root / "offline-kit"
+    staging = cfg.build_root / ".offline-kit.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+
+    files = source_files(cfg.root)
+    for rel in files:
+        (staging / "source" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(cfg.root / rel, staging / "source" / rel)
+    say(f"offline_kit: source: {len(files)} files")
+
+    client = docker_client()
+    images = []
+    for name, ref, tag in (("toolchain", record["id"], record["tag"]),
+                           ("base", record["base"], record["base"])):
+        image_id = save_image(client, ref, staging / "images" / f"{name}.tar")
+        images.append({"file": f"images/{name}.tar", "id": image_id, "tag": tag})
+        say(f"offline_kit: image {tag} ({image_id[:19]}) saved")
+
+    container_wheels = staging / "wheels" / "container"
+    container_wheels.mkdir(parents=True)
+    for wheel in sorted(tc.wheelhouse.glob("*.whl")):
+        shutil.copy2(wheel, container_wheels / wheel.name)
+    shutil.copy2(tc.lock, container_wheels / tc.lock.name)
+    download_host_wheels(cfg.root, staging / "wheels" / "host")
+    say(f"offline_kit: wheels for the image and for Python "
+        f"{sys.version_info.major}.{sys.version_info.minor} on the host")
+
+    bring = bring_list(cfg, layout, tc, staging, include_sdk, include_inputs)
+    from hexbundle.release.reproducible import source_state
+    doc = {"format": KIT_FORMAT, "hexbundle": __version__, "images": images,
+           "source": source_state(cfg.root), "host_python":
+           f"{sys.version_info.major}.{sys.version_info.minor}", "bring": bring,
+           "model": cfg.model.name}
+    (staging / KIT_JSON).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    write_sums(staging)
+    if out.exists():
+        shutil.rmtree(out)
+    os.rename(staging, out)
+    write_tar(out, cfg.build_root / "offline-kit.tar")
+    shutil.copy2(Path(__file__).with_name("kit.py"), cfg.build_root / "load_kit.py")
+    return out
+
+
+def bring_list(cfg, layout, tc, staging: Path, include_sdk: bool, include_inputs: bool) -> list:
+    """Big or licensed files: included on request, else listed with their digest to bring."""
+    from hexbundle.steps.runner import all_inputs
+    bring = []
+    (staging / "bring").mkdir(exist_ok=True)
+    if tc.sdk_archive.is_file():
+        if include_sdk:
+            shutil.copy2(tc.sdk_archive, staging / "bring" / tc.sdk_archive.name)
+        else:
+            bring.append({"path": layout.rel(tc.sdk_archive), "what": "QAIRT SDK archive",
+                          "sha256": sha256_file(tc.sdk_archive)})
+    if cfg.inputs["source"] == "export":
+        for path in all_inputs(cfg, layout):
+            if include_inputs and path.is_file():
+                dest = staging / "bring" / layout.rel(path)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, dest)
+            else:
+                bring.append({"path": layout.rel(path), "what": "model input",
+                              "sha256": sha256_file(path) if path.is_file() else None})
+    return bring
+
+
+def offline_kit_action(cfg: BuildConfig, layout: Layout):
+    from doit.exceptions import TaskFailed
+    include_sdk = os.environ.get("HEXBUNDLE_KIT_INCLUDE_SDK") == "1"
+    include_inputs = os.environ.get("HEXBUNDLE_KIT_INCLUDE_INPUTS") == "1"
+    try:
+        kit = make_kit(cfg, layout, include_sdk, include_inputs)
+    except (HexbundleError, KitError) as exc:
+        return TaskFailed(str(exc))
+    size = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
+    say(f"offline_kit: {layout.rel(kit)} ({size / 1e6:.0f} MB), "
+        f"{layout.rel(cfg.build_root / 'offline-kit.tar')}, and {layout.rel(cfg.build_root / 'load_kit.py')}"
+        " to unpack it: carry both to the offline machine and run "
+        "`python3 load_kit.py offline-kit.tar --venv kit-venv`")
+    return True
+
+
+def load_kit_action(kit: list):
+    from doit.exceptions import TaskFailed
+    from hexbundle.release.kit import load_kit
+    if len(kit) != 1:
+        return TaskFailed("usage: doit load_kit build/offline-kit.tar (or an unpacked kit dir)")
+    try:
+        load_kit(Path(kit[0]), log=say)
+    except KitError as exc:
+        return TaskFailed(str(exc))
+    return True

@@ -1,0 +1,390 @@
+"""Release builds: a clean rebuild, one deterministic archive, SHA256SUMS and an in-toto / SLSA
+provenance statement; and `verify_release`, which rebuilds from what the provenance records and
+compares file by file.
+
+Determinism of the archive: entries sorted, every mtime = SOURCE_DATE_EPOCH (or the source
+commit's time), uid/gid 0 with empty owner names, fixed modes, and a gzip header with no name and
+mtime 0. sha256 is used in SHA256SUMS and the provenance for interoperability; xxh3_128 stays the
+internal key (recorded alongside).
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from hexbundle import __version__
+from hexbundle.support import hashing
+from hexbundle.support.atomic import atomic_output, write_atomic
+from hexbundle.support.hashing import sha256_file
+from hexbundle.config.build import BUILD_ROOT_ENV, BuildConfig
+from hexbundle.support.errors import HexbundleError
+from hexbundle.config.layout import Layout
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
+BUILD_TYPE = "urn:hexbundle:release:v1"
+BUILDER_ID = "urn:hexbundle:builder"
+PROVENANCE = "provenance.json"
+SUMS = "SHA256SUMS"
+MIN_ZIP_EPOCH = 315532800  # 1980-01-01: the earliest time zip and some tar tools can hold
+
+
+class ReleaseError(HexbundleError):
+    """A release could not be built or does not reproduce."""
+
+
+# ---------------------------------------------------------------------------------------------
+# source state and time
+
+def _git(root: Path, *args) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def source_state(root: Path) -> dict:
+    """The commit the build came from, whether the tree was dirty, and the commit's time."""
+    commit = _git(root, "rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None, "commit_time": None}
+    # build/ and other ignored outputs do not make a tree dirty.
+    dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=normal"))
+    when = _git(root, "log", "-1", "--format=%ct", commit)
+    return {"commit": commit, "dirty": dirty, "commit_time": int(when) if when else None}
+
+
+def release_epoch(source: dict) -> int:
+    text = os.environ.get("SOURCE_DATE_EPOCH")
+    if text is not None:
+        try:
+            epoch = int(text)
+        except ValueError:
+            raise ReleaseError(f"SOURCE_DATE_EPOCH={text!r} is not an integer number of "
+                               "seconds") from None
+    elif source["commit_time"] is not None:
+        epoch = source["commit_time"]
+    else:
+        raise ReleaseError("no time for the release's files: the project is not a git checkout "
+                           "and SOURCE_DATE_EPOCH is not set; set SOURCE_DATE_EPOCH=<seconds>")
+    if epoch < MIN_ZIP_EPOCH:
+        raise ReleaseError(f"SOURCE_DATE_EPOCH={epoch} is before 1980-01-01, which archive "
+                           f"formats cannot all hold; use a value >= {MIN_ZIP_EPOCH}")
+    return epoch
+
+
+# ---------------------------------------------------------------------------------------------
+# digests and the archive
+
+def archive_name(cfg: BuildConfig) -> str:
+    return f"{cfg.model.name}-{cfg.device.name}-{cfg.plan.name}"
+
+
+def _tarinfo(name: str, epoch: int, size: int = 0, directory: bool = False) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.mtime = epoch
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if directory:
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+    else:
+        info.size, info.mode = size, 0o644
+    return info
+
+
+def write_archive(bundle_dir: Path, out: Path, prefix: str, epoch: int) -> None:
+    """A .tar.gz whose bytes depend only on the files' names and contents, the prefix and epoch."""
+    with atomic_output(out) as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+            with tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
+                tar.addfile(_tarinfo(prefix, epoch, directory=True))
+                for path in sorted(bundle_dir.iterdir(), key=lambda p: p.name):
+                    if not path.is_file():
+                        raise ReleaseError(f"{path}: not a regular file in the bundle")
+                    with open(path, "rb") as fh:
+                        tar.addfile(_tarinfo(f"{prefix}/{path.name}", epoch,
+                                             path.stat().st_size), fh)
+
+
+def archive_members(archive: Path) -> dict:
+    """member name (without the prefix) -> sha256, read from the archive."""
+    out = {}
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for member in tar:
+                if member.isdir():
+                    continue
+                if not member.isfile():
+                    raise ReleaseError(f"{archive}: member {member.name!r} is not a regular file")
+                h = hashlib.sha256()
+                fh = tar.extractfile(member)
+                while chunk := fh.read(hashing.CHUNK):
+                    h.update(chunk)
+                out[member.name.split("/", 1)[-1]] = h.hexdigest()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise ReleaseError(f"{archive}: cannot read the archive ({exc})") from None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# provenance
+
+def _file_material(layout: Layout, path: Path) -> dict:
+    return {"name": layout.logical(path),
+            "digest": {"sha256": sha256_file(path), "xxh3_128": hashing.digest(path)}}
+
+
+def toolchain_materials(cfg: BuildConfig, layout: Layout) -> list:
+    """The container image, the SDK and the lock file, where this build used or pinned them."""
+    out = []
+    try:
+        from hexbundle.config import toolchain
+    except ImportError:
+        return out
+    for item in getattr(toolchain, "provenance_materials", lambda c, l: [])(cfg, layout):
+        out.append(item)
+    return out
+
+
+def provenance(cfg: BuildConfig, layout: Layout, overrides: dict, source: dict, epoch: int,
+               subjects: list, inputs: list) -> dict:
+    from hexbundle.backends import describe
+    toolchain, deployable = describe(cfg.backend)
+    deps = [{"name": "source", "digest": {"gitCommit": source["commit"]} if source["commit"]
+             else {}, "annotations": {"dirty": source["dirty"]}}]
+    deps += [_file_material(layout, p) for p in cfg.config_files]
+    deps += [_file_material(layout, p) for p in inputs]
+    deps += toolchain_materials(cfg, layout)
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {
+                    "model": cfg.model.name, "device": cfg.device.name, "plan": cfg.plan.name,
+                    "backend": cfg.backend, "executor": cfg.executor, "compile": cfg.compile,
+                    "overrides": dict(sorted(overrides.items())),
+                    "source_date_epoch": epoch},
+                "internalParameters": {"toolchain": toolchain, "deployable": deployable},
+                "resolvedDependencies": deps,
+            },
+            "runDetails": {"builder": {"id": BUILDER_ID, "version": {"hexbundle": __version__}}},
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the clean build
+
+def clean_build(cfg: BuildConfig, root: Path, overrides: dict, scratch: Path, log) -> Path:
+    """`doit bundle` from nothing, in a scratch build root; returns the bundle directory."""
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    args = [sys.executable, "-m", "doit", "-f", str(root / "dodo.py"), "--dir", str(root),
+            "bundle", *[f"{k}={v}" for k, v in sorted(overrides.items())]]
+    env = {**os.environ, BUILD_ROOT_ENV: str(scratch)}
+    log(f"release: clean build of {cfg.model.name} for {cfg.device.name} in "
+        f"{Layout(cfg).rel(scratch)}")
+    proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
+    (scratch / "release-build.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise ReleaseError(f"the clean build failed (exit {proc.returncode}); log: "
+                           f"{scratch / 'release-build.log'}\n{proc.stdout[-3000:]}"
+                           f"{proc.stderr[-3000:]}")
+    return scratch / cfg.model.name / cfg.device.name / "bundle"
+
+
+def scratch_config(cfg: BuildConfig, scratch: Path) -> BuildConfig:
+    """The same build, seen with the scratch build root (for paths of generated inputs)."""
+    return dataclasses.replace(cfg, build_root=scratch.resolve())
+
+
+def _overrides_of(cfg: BuildConfig) -> dict:
+    out = {"model": cfg.model.name, "device": cfg.device.name, "plan": cfg.plan.name,
+           "backend": cfg.backend, "executor": cfg.executor}
+    out.update({k: str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in cfg.compile.items()})
+    return out
+
+
+def make_release(cfg: BuildConfig, layout: Layout, overrides: dict, log=print) -> Path:
+    from hexbundle.steps.runner import all_inputs
+    source = source_state(cfg.root)
+    epoch = release_epoch(source)
+    if source["dirty"]:
+        log("release: WARNING: the source tree has uncommitted changes; the provenance says so")
+    scratch = cfg.build_root / "release-work"
+    bundle_dir = clean_build(cfg, cfg.root, _overrides_of(cfg), scratch, log)
+    scfg = scratch_config(cfg, scratch)
+    slayout = Layout(scfg)
+    out_dir = cfg.build_root / "release"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = archive_name(cfg)
+    archive = out_dir / f"{name}.tar.gz"
+    write_archive(bundle_dir, archive, name, epoch)
+    subjects = [{"name": archive.name, "digest": {"sha256": sha256_file(archive)}}]
+    subjects += [{"name": f"{name}/{p.name}", "digest": {"sha256": sha256_file(p)}}
+                 for p in sorted(bundle_dir.iterdir())]
+    doc = provenance(scfg, slayout, overrides, source, epoch, subjects, all_inputs(scfg, slayout))
+    _write_text(out_dir / PROVENANCE, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    _write_text(out_dir / SUMS, f"{subjects[0]['digest']['sha256']}  {archive.name}\n")
+    log(f"release: {layout.rel(archive)} ({archive.stat().st_size / (1 << 20):.2f} MiB), "
+        f"sha256 {subjects[0]['digest']['sha256']}")
+    log(f"release: {layout.rel(out_dir / SUMS)}, {layout.rel(out_dir / PROVENANCE)}")
+    return archive
+
+
+def _write_text(path: Path, text: str) -> None:
+    write_atomic(path, text.encode())
+
+
+# ---------------------------------------------------------------------------------------------
+# verify_release
+
+def load_provenance(archive: Path) -> dict:
+    path = archive.parent / PROVENANCE
+    try:
+        doc = json.loads(path.read_text())
+        doc["predicate"]["buildDefinition"]["externalParameters"]["model"]
+    except FileNotFoundError:
+        raise ReleaseError(f"{path}: no provenance next to {archive.name}; keep the release "
+                           "directory's files together") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ReleaseError(f"{path}: not a hexbundle provenance statement ({exc})") from None
+    return doc
+
+
+def source_tree_for(root: Path, recorded: dict, workdir: Path, log) -> Path:
+    """The source the release was built from: this tree if it is that commit and clean, else a
+    `git archive` of the recorded commit."""
+    commit = recorded.get("digest", {}).get("gitCommit")
+    here = source_state(root)
+    if not commit:
+        log("verify_release: WARNING: the release recorded no commit; rebuilding from this tree")
+        return root
+    if recorded.get("annotations", {}).get("dirty"):
+        log("verify_release: WARNING: the release was built from a dirty tree; rebuilding from "
+            "this tree, whose uncommitted changes may differ")
+        return root
+    if here["commit"] == commit and not here["dirty"]:
+        return root
+    src = workdir / "source"
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", commit],
+                             capture_output=True)
+    if archive.returncode != 0:
+        raise ReleaseError(f"source commit {commit} is not in {root}: fetch it, then retry")
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    log(f"verify_release: source = commit {commit[:12]} (git archive)")
+    return src
+
+
+def check_materials(deps: list, root: Path, log) -> list:
+    """Configs and exported inputs must still have the recorded bytes; returns problems."""
+    problems = []
+    for dep in deps:
+        name, digest = dep.get("name", ""), dep.get("digest", {})
+        if name == "source" or "sha256" not in digest or name.startswith("build/"):
+            continue  # generated inputs are rebuilt; the rest is checked by the comparison
+        path = root / name
+        if not path.is_file():
+            problems.append(f"{name}: recorded in the provenance but missing")
+            continue
+        got = sha256_file(path)
+        if got != digest["sha256"]:
+            problems.append(f"{name}: sha256 {got} differs from the recorded {digest['sha256']}")
+    return problems
+
+
+def verify_release(root: Path, archive: Path, log=print) -> bool:
+    archive = archive.resolve()
+    if not archive.is_file():
+        raise ReleaseError(f"{archive}: no such release archive")
+    doc = load_provenance(archive)
+    want = {s["name"]: s["digest"]["sha256"] for s in doc["subject"]}
+    if want.get(archive.name) != sha256_file(archive):
+        raise ReleaseError(f"{archive}: its sha256 is not the one its provenance records")
+    params = doc["predicate"]["buildDefinition"]["externalParameters"]
+    deps = doc["predicate"]["buildDefinition"]["resolvedDependencies"]
+    with tempfile.TemporaryDirectory(prefix="hexbundle-verify-") as tmp:
+        workdir = Path(tmp)
+        source = next((d for d in deps if d.get("name") == "source"), {})
+        src = source_tree_for(root, source, workdir, log)
+        problems = check_materials(deps, src if src != root else root, log)
+        if problems:
+            raise ReleaseError("the recorded materials are not what this tree has:\n  "
+                               + "\n  ".join(problems))
+        overrides = {k: params[k] for k in ("model", "device", "plan", "backend", "executor")}
+        overrides.update({k: str(v).lower() if isinstance(v, bool) else str(v)
+                          for k, v in params["compile"].items()})
+        from hexbundle.config.build import load_build
+        cfg = load_build(src, overrides)
+        bundle_dir = clean_build(cfg, src, overrides, workdir / "build", log)
+        rebuilt = {p.name: sha256_file(p) for p in bundle_dir.iterdir()}
+        recorded = archive_members(archive)
+        prefix = archive.name[:-len(".tar.gz")]
+        again = workdir / archive.name
+        write_archive(bundle_dir, again, prefix, params["source_date_epoch"])
+        return report_comparison(recorded, rebuilt, sha256_file(again) == want[archive.name],
+                                 params["backend"], log)
+
+
+def report_comparison(recorded: dict, rebuilt: dict, archive_same: bool, backend: str,
+                      log) -> bool:
+    names = sorted(set(recorded) | set(rebuilt))
+    width = max(len(n) for n in names)
+    ok = True
+    log(f"{'file':<{width}}  result")
+    for name in names:
+        if name not in rebuilt:
+            verdict, ok = "MISSING from the rebuild", False
+        elif name not in recorded:
+            verdict, ok = "EXTRA in the rebuild", False
+        elif recorded[name] == rebuilt[name]:
+            verdict = "identical"
+        else:
+            verdict, ok = "DIFFERS", False
+            if backend == "qairt" and name.endswith(".bin"):
+                verdict += " (context binary from the QAIRT SDK: the compiler is not bit-for-bit " \
+                           "reproducible here; inspect before trusting)"
+        log(f"{name:<{width}}  {verdict}")
+    log(f"{'archive':<{width}}  {'identical' if archive_same else 'DIFFERS'}")
+    return ok and archive_same
+
+
+# ---------------------------------------------------------------------------------------------
+# doit actions
+
+def release_action(cfg: BuildConfig, layout: Layout, overrides: dict):
+    from doit.exceptions import TaskFailed
+    try:
+        make_release(cfg, layout, overrides)
+    except HexbundleError as exc:
+        return TaskFailed(str(exc))
+    return True
+
+
+def verify_release_action(root: Path, archive: list):
+    from doit.exceptions import TaskFailed
+    if len(archive) != 1:
+        return TaskFailed("usage: doit verify_release build/release/<name>.tar.gz")
+    try:
+        ok = verify_release(root, Path(archive[0]))
+    except HexbundleError as exc:
+        return TaskFailed(str(exc))
+    return True if ok else TaskFailed("the release does not reproduce: see the table above")

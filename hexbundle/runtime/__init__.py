@@ -1,0 +1,1 @@
+"""The CPU interpreter that runs a context binary's graphs as Genie chains them."""

@@ -1,0 +1,1 @@
+"""The pinned toolchain: the docker client, the toolchain image, the Python wheelhouse."""
