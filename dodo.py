@@ -7,14 +7,15 @@ the hexbundle package.
 """
 from pathlib import Path
 
-from hexbundle.inputs.export import generator_digest, pinned, require_export
+from hexbundle.inputs.export import require_export
 from hexbundle.release.offline_kit import load_kit_action, offline_kit_action
 from hexbundle.release.reproducible import release_action, verify_release_action
-from hexbundle.graph.session import check_sizes, doit_config, load, options_key
+from hexbundle.graph.session import check_sizes, doit_config, load
 from hexbundle.steps.executor import run_step
 from hexbundle.toolchain import image, wheelhouse
-from hexbundle.config.toolchain import step_toolchain
-from hexbundle.steps.runner import all_inputs, compile_options
+from hexbundle.graph.actions import action
+from hexbundle.graph.keys import generator_digest, options_key, pinned, toolchain_key
+from hexbundle.steps.runner import compile_options
 from hexbundle.checks.integrity import check_bundle
 from hexbundle.inputs.generate import generate_action
 from hexbundle.bench.benchmark import run_bench
@@ -27,7 +28,13 @@ DOIT_CONFIG = doit_config(LAYOUT)
 
 PARTS = CFG.plan.parts()
 CONFIG_FILES = [LAYOUT.rel(p) for p in CFG.config_files]
-TOOLCHAIN = step_toolchain(CFG)   # the backend's version (+ the image ID under docker)
+
+
+def toolchain():
+    """The backend's version (+ the image ID under docker): asked when doit checks a task."""
+    return toolchain_key(CFG)
+
+
 rel = LAYOUT.rel
 # Steps run in threads under `doit -n 2`: don't let doit swap sys.stdout per action (racy).
 NO_CAPTURE = {"capture": False}
@@ -45,8 +52,8 @@ def task_inputs():
     file the plan needs must be where the model config's inputs.dir says."""
     if CFG.inputs["source"] == "export":
         yield {"name": "check", "doc": "check the exported inputs are present",
-               "actions": [(require_export, [CFG, LAYOUT])],
-               "targets": [rel(p) for p in all_inputs(CFG, LAYOUT)],
+               "actions": [action(require_export, LAYOUT)],
+               "targets": [rel(p) for p in LAYOUT.all_inputs()],
                "uptodate": [True]}
         return
     generator = options_key(architecture=repr(CFG.model.architecture),
@@ -54,7 +61,7 @@ def task_inputs():
                             graphs=[CFG.model.context_length, CFG.model.prompt_ar,
                                     CFG.model.token_ar],
                             plan=CFG.plan.layers_per_part, seed=CFG.inputs["seed"],
-                            generator=generator_digest())
+                            generator=generator_digest)
     for part in PARTS:
         yield {"name": part.tag, "doc": f"generate the ONNX, weights and encodings of {part.tag}",
                "actions": [step(f"inputs:{part.tag}", "generate", part=part.index)],
@@ -65,7 +72,7 @@ def task_inputs():
            "targets": [rel(LAYOUT.tokenizer)],
            "uptodate": [options_key(vocab=CFG.model.architecture.vocab_size,
                                     specials=CFG.tokenizer_specials,
-                                    generator=generator_digest())],
+                                    generator=generator_digest)],
            "clean": True, "io": NO_CAPTURE}
 
 
@@ -79,7 +86,7 @@ def task_convert():
                                     graph=graph.kind)],
                    "file_dep": [rel(p) for p in LAYOUT.graph_inputs(graph)],
                    "targets": [rel(LAYOUT.dlc(graph))],
-                   "uptodate": [options_key(backend=CFG.backend, toolchain=TOOLCHAIN,
+                   "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
                                             float_bitwidth=CFG.compile["float_bitwidth"],
                                             pins=pinned(CFG, LAYOUT.graph_inputs(graph))),
                                targets_unchanged()],
@@ -94,7 +101,7 @@ def task_compile():
                "actions": [step(f"compile:{part.tag}", "compile", part=part.index)],
                "file_dep": [rel(LAYOUT.dlc(g)) for g in CFG.model.graphs(part)],
                "targets": [rel(LAYOUT.bin(part))],
-               "uptodate": [options_key(backend=CFG.backend, toolchain=TOOLCHAIN,
+               "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
                                         options=repr(options)), targets_unchanged()],
                "clean": True, "io": NO_CAPTURE}
 
@@ -115,7 +122,7 @@ def task_bundle():
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS] + [rel(LAYOUT.tokenizer)]
             + CONFIG_FILES,
             "targets": [rel(p) for p in LAYOUT.bundle_files()],
-            "uptodate": [options_key(backend=CFG.backend, toolchain=TOOLCHAIN,
+            "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
                                      device=[CFG.device.name, CFG.device.soc_model,
                                              CFG.device.dsp_arch, CFG.device.htp,
                                              CFG.device.runtime], genie=CFG.genie,
@@ -145,7 +152,7 @@ def task_verify():
     fails naming the first part that diverges. Thresholds: the model config's [verify] table."""
     return {"actions": [(run_verify, [CFG, LAYOUT])],
             "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
-            + [rel(p) for p in all_inputs(CFG, LAYOUT)] + CONFIG_FILES,
+            + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
             "targets": [rel(report_path(LAYOUT))],
             "uptodate": [options_key(verify=CFG.verify, backend=CFG.backend,
                                      runtime=code_digest())],

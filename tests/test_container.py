@@ -91,7 +91,9 @@ def toolchain_image(engine, tmp_path_factory):
 
 
 def step_containers(engine, proj):
-    return engine.containers.list(all=True,
+    # sparse: one list call, no inspect per container (a step container removed between the
+    # list and its inspect would raise NotFound: seen once in CI)
+    return engine.containers.list(all=True, sparse=True,
                                   filters={"label": f"org.hexbundle.root={proj.root}"})
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from hexbundle.support import hashing
+from hexbundle.graph.checker import MD5_DB
 from hexbundle.config.build import BUILD_ROOT_ENV, load_build
 from hexbundle.support.errors import HexbundleError
 from hexbundle.config.layout import Layout
@@ -44,7 +45,6 @@ RESULTS_FORMAT = 1
 NOOP_REPEATS = 5
 CHANGED_BYTES = 1 << 20     # bytes of one weight negated to "change a part's weights"
 MIN_DIGEST_BYTES = 256 << 20   # the digest row times at least this much hashing
-MD5_DB = "doit-db-md5.json"
 TRACE_ENV = hashing.TRACE_ENV
 BUILD_TASKS = ("inputs", "convert", "compile", "bundle")   # what `doit bundle` runs
 MIB, GIB = 1 << 20, 1 << 30
@@ -55,26 +55,6 @@ class BenchError(HexbundleError):
 
 
 # --------------------------------------------------------------------------- the MD5 baseline
-
-
-def comparison_checker(name: str):
-    """(checker, DB file name) for HEXBUNDLE_BENCH_CHECKER: doit's stock MD5 checker, unchanged,
-    with its hashing recorded in $HEXBUNDLE_HASH_TRACE like ours (to count what it hashes)."""
-    if name != "md5":
-        print(f"hexbundle: HEXBUNDLE_BENCH_CHECKER={name!r}: the only comparison checker is "
-              "'md5' (doit's stock MD5Checker); unset it for builds", file=sys.stderr)
-        sys.exit(3)
-    from doit import dependency
-    if os.environ.get(TRACE_ENV) and not getattr(dependency.get_file_md5, "traced", False):
-        original = dependency.get_file_md5
-
-        def get_file_md5(path):
-            with open(os.environ[TRACE_ENV], "a") as fh:
-                fh.write(os.path.abspath(path) + "\n")
-            return original(path)
-        get_file_md5.traced = True
-        dependency.get_file_md5 = get_file_md5   # MD5Checker looks it up at call time
-    return dependency.MD5Checker, MD5_DB
 
 
 # --------------------------------------------------------------------------- running doit
@@ -165,8 +145,7 @@ class Bench:
                              f"{', '.join(run.executed)}")
 
     def input_files(self) -> list:
-        from hexbundle.steps.runner import all_inputs
-        return all_inputs(self.cfg, self.layout)
+        return self.layout.all_inputs()
 
     def distinct_data_files(self) -> list:
         """The inputs' .data files, one name per inode (the token graph's is a hard link)."""

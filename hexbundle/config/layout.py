@@ -89,6 +89,14 @@ class Layout:
     def graph_inputs(self, graph: Graph) -> list:
         return [self.onnx(graph), self.onnx_data(graph), self.encodings(graph)]
 
+    def all_inputs(self) -> list:
+        """Every input file of the build: each graph's ONNX, .data, .encodings; the tokenizer."""
+        out = []
+        for part in self.cfg.plan.parts():
+            for graph in self.cfg.model.graphs(part):
+                out += self.graph_inputs(graph)
+        return out + [self.tokenizer]
+
     @property
     def tokenizer(self) -> Path:
         return self.inputs_dir / "tokenizer.json"

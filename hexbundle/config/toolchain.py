@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hexbundle.config.build import Field, read_toml
-from hexbundle.support.errors import HexbundleError, ToolchainError
+from hexbundle.support.errors import ToolchainError
 from hexbundle.support.hashing import sha256_file
 
 CONFIG = Path("configs") / "toolchain.toml"
@@ -169,62 +169,3 @@ def require_pinned_sdk(tc: Toolchain, env=None) -> InstalledSdk:
                              f"Use the QAIRT {tc.sdk_version} SDK, or change the pin deliberately")
     return sdk
 
-
-# ---------------------------------------------------------------------------------------------
-# what a build records about its toolchain
-
-def image_used(cfg, layout) -> dict:
-    """The toolchain image a docker build ran in: the ID its build-info.json records (else the
-    image now under the tag) and, when the engine answers, that image's labels."""
-    import json
-    tc = load_toolchain(cfg.root)
-    try:
-        image_id = json.loads(layout.build_info.read_text()).get("image", "")
-    except (OSError, ValueError):
-        image_id = ""
-    labels = {}
-    try:
-        from docker.errors import DockerException
-    except ImportError:
-        return {"tag": tc.image_tag, "id": image_id, "labels": labels}
-    from hexbundle.toolchain.docker import docker_client
-    try:
-        image = docker_client().images.get(image_id or tc.image_tag)
-        image_id, labels = image.id, dict(image.labels or {})
-    except (HexbundleError, DockerException):
-        labels = {}   # no engine here (e.g. verifying elsewhere): the recorded ID alone
-    return {"tag": tc.image_tag, "id": image_id, "labels": labels}
-
-
-def provenance_materials(cfg, layout) -> list:
-    """Materials for a release's provenance: the image a docker build ran in (with its labels:
-    base, SDK, lock), the SDK pin of a qairt build, the lock file."""
-    tc = load_toolchain(cfg.root)
-    out = []
-    if cfg.executor == "docker":
-        used = image_used(cfg, layout)
-        out.append({"name": f"docker-image:{used['tag']}",
-                    "digest": {"sha256": used["id"].removeprefix("sha256:")} if used["id"] else {},
-                    "annotations": {k: v for k, v in sorted(used["labels"].items())
-                                    if k.startswith("hexbundle.")}})
-        out.append({"name": layout.rel(tc.lock), "digest": {"sha256": sha256_file(tc.lock)}})
-    if cfg.backend == "qairt":
-        out.append({"name": f"qairt-sdk:{tc.sdk_version}",
-                    "digest": {"sha256": tc.sdk_sha256} if tc.sdk_sha256 else {},
-                    "annotations": {"archive": layout.rel(tc.sdk_archive)}})
-    return out
-
-
-def step_toolchain(cfg) -> str:
-    """The toolchain as the steps' up-to-date keys name it: the backend's version, plus the image
-    ID when the steps run in the container (so a rebuilt image reruns them, and switching
-    executor does too)."""
-    from hexbundle.backends import describe
-    version, _ = describe(cfg.backend)
-    if cfg.executor != "docker":
-        return version
-    try:
-        from hexbundle.toolchain.docker import docker_client, find_image
-        return f"{version} in image {find_image(docker_client(), load_toolchain(cfg.root)).id}"
-    except HexbundleError:   # the step itself then fails, saying why
-        return f"{version} in image (unavailable)"

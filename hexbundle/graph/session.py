@@ -10,7 +10,6 @@ from pathlib import Path
 
 from doit import doit_cmd
 from doit.reporter import ConsoleReporter
-from doit.tools import config_changed
 
 from hexbundle import __version__
 from hexbundle.support import hashing
@@ -20,6 +19,7 @@ from hexbundle.config.build import BuildConfig, load_build
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError
 from hexbundle.config.layout import Layout
+from hexbundle.graph.checker import XXH3Checker, comparison_checker
 
 _banner = ""
 # Benchmark only: "md5" runs the same task graph with doit's stock MD5 checker and a DB of its
@@ -42,13 +42,13 @@ def load(root: Path):
         print(f"hexbundle: {exc}", file=sys.stderr)
         sys.exit(3)
     layout = Layout(cfg)
-    layout.state_dir.mkdir(parents=True, exist_ok=True)
-    try:   # the build lock, clean-up after a killed run, a crash-safe dependency DB
+    try:   # for commands that run tasks: the build lock, clean-up after a killed run, a crash-safe dependency DB
         runguard.guard_run(layout, sys.argv)
     except HexbundleError as exc:
         print(f"hexbundle: {exc}", file=sys.stderr)
         sys.exit(3)
-    hashing.use_cache(layout.digest_cache)
+    if runguard.command_writes(sys.argv):   # list, help, info: digests stay in memory
+        hashing.use_cache(layout.digest_cache)
     _banner = banner(cfg)
     return cfg, layout, overrides
 
@@ -80,9 +80,8 @@ class Reporter(ConsoleReporter):
 
 
 def doit_config(layout: Layout) -> dict:
-    checker, db = hashing.XXH3Checker, "doit-db.json"
+    checker, db = XXH3Checker, "doit-db.json"
     if os.environ.get(BENCH_CHECKER_ENV):   # scripts/bench.py only: the stock checker to compare
-        from hexbundle.bench.benchmark import comparison_checker
         checker, db = comparison_checker(os.environ[BENCH_CHECKER_ENV])
     return {
         "default_tasks": ["bundle"],
@@ -93,11 +92,6 @@ def doit_config(layout: Layout) -> dict:
         "reporter": Reporter,
         "verbosity": 2,            # show the steps' progress lines as they happen
     }
-
-
-def options_key(**values) -> config_changed:
-    """uptodate item: the task reruns when any of these options changes."""
-    return config_changed(values)
 
 
 def check_sizes(cfg: BuildConfig, layout: Layout):

@@ -142,7 +142,6 @@ def make_kit(cfg: BuildConfig, layout: Layout, include_sdk: bool, include_inputs
 
 def bring_list(cfg, layout, tc, staging: Path, include_sdk: bool, include_inputs: bool) -> list:
     """Big or licensed files: included on request, else listed with their digest to bring."""
-    from hexbundle.steps.runner import all_inputs
     bring = []
     (staging / "bring").mkdir(exist_ok=True)
     if tc.sdk_archive.is_file():
@@ -152,7 +151,7 @@ def bring_list(cfg, layout, tc, staging: Path, include_sdk: bool, include_inputs
             bring.append({"path": layout.rel(tc.sdk_archive), "what": "QAIRT SDK archive",
                           "sha256": sha256_file(tc.sdk_archive)})
     if cfg.inputs["source"] == "export":
-        for path in all_inputs(cfg, layout):
+        for path in layout.all_inputs():
             if include_inputs and path.is_file():
                 dest = staging / "bring" / layout.rel(path)
                 dest.parent.mkdir(parents=True, exist_ok=True)

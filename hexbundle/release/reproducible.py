@@ -22,18 +22,14 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from hexbundle import __version__
 from hexbundle.support import hashing
 from hexbundle.support.atomic import atomic_output, write_atomic
 from hexbundle.support.hashing import sha256_file
 from hexbundle.config.build import BUILD_ROOT_ENV, BuildConfig
 from hexbundle.support.errors import HexbundleError
 from hexbundle.config.layout import Layout
+from hexbundle.release.provenance import provenance
 
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
-BUILD_TYPE = "urn:hexbundle:release:v1"
-BUILDER_ID = "urn:hexbundle:builder"
 PROVENANCE = "provenance.json"
 SUMS = "SHA256SUMS"
 MIN_ZIP_EPOCH = 315532800  # 1980-01-01: the earliest time zip and some tar tools can hold
@@ -139,55 +135,6 @@ def archive_members(archive: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# provenance
-
-def _file_material(layout: Layout, path: Path) -> dict:
-    return {"name": layout.logical(path),
-            "digest": {"sha256": sha256_file(path), "xxh3_128": hashing.digest(path)}}
-
-
-def toolchain_materials(cfg: BuildConfig, layout: Layout) -> list:
-    """The container image, the SDK and the lock file, where this build used or pinned them."""
-    out = []
-    try:
-        from hexbundle.config import toolchain
-    except ImportError:
-        return out
-    for item in getattr(toolchain, "provenance_materials", lambda c, l: [])(cfg, layout):
-        out.append(item)
-    return out
-
-
-def provenance(cfg: BuildConfig, layout: Layout, overrides: dict, source: dict, epoch: int,
-               subjects: list, inputs: list) -> dict:
-    from hexbundle.backends import describe
-    toolchain, deployable = describe(cfg.backend)
-    deps = [{"name": "source", "digest": {"gitCommit": source["commit"]} if source["commit"]
-             else {}, "annotations": {"dirty": source["dirty"]}}]
-    deps += [_file_material(layout, p) for p in cfg.config_files]
-    deps += [_file_material(layout, p) for p in inputs]
-    deps += toolchain_materials(cfg, layout)
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": subjects,
-        "predicateType": PREDICATE_TYPE,
-        "predicate": {
-            "buildDefinition": {
-                "buildType": BUILD_TYPE,
-                "externalParameters": {
-                    "model": cfg.model.name, "device": cfg.device.name, "plan": cfg.plan.name,
-                    "backend": cfg.backend, "executor": cfg.executor, "compile": cfg.compile,
-                    "overrides": dict(sorted(overrides.items())),
-                    "source_date_epoch": epoch},
-                "internalParameters": {"toolchain": toolchain, "deployable": deployable},
-                "resolvedDependencies": deps,
-            },
-            "runDetails": {"builder": {"id": BUILDER_ID, "version": {"hexbundle": __version__}}},
-        },
-    }
-
-
-# ---------------------------------------------------------------------------------------------
 # the clean build
 
 def clean_build(cfg: BuildConfig, root: Path, overrides: dict, scratch: Path, log) -> Path:
@@ -223,7 +170,6 @@ def _overrides_of(cfg: BuildConfig) -> dict:
 
 
 def make_release(cfg: BuildConfig, layout: Layout, overrides: dict, log=print) -> Path:
-    from hexbundle.steps.runner import all_inputs
     source = source_state(cfg.root)
     epoch = release_epoch(source)
     if source["dirty"]:
@@ -240,7 +186,7 @@ def make_release(cfg: BuildConfig, layout: Layout, overrides: dict, log=print) -
     subjects = [{"name": archive.name, "digest": {"sha256": sha256_file(archive)}}]
     subjects += [{"name": f"{name}/{p.name}", "digest": {"sha256": sha256_file(p)}}
                  for p in sorted(bundle_dir.iterdir())]
-    doc = provenance(scfg, slayout, overrides, source, epoch, subjects, all_inputs(scfg, slayout))
+    doc = provenance(scfg, slayout, overrides, source, epoch, subjects, slayout.all_inputs())
     _write_text(out_dir / PROVENANCE, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     _write_text(out_dir / SUMS, f"{subjects[0]['digest']['sha256']}  {archive.name}\n")
     log(f"release: {layout.rel(archive)} ({archive.stat().st_size / (1 << 20):.2f} MiB), "

@@ -61,7 +61,7 @@ def run_step(cfg: BuildConfig, overrides: dict, task: str, stage: str, **extra):
     threading.Thread(target=_progress, args=(label, started, done), daemon=True).start()
     try:
         if cfg.executor == "docker":
-            from hexbundle.toolchain.docker import run_in_container
+            from hexbundle.steps.docker_executor import run_in_container
             code = run_in_container(cfg, spec, log_path)
         else:
             code = run_local(cfg, spec, log_path)

@@ -59,7 +59,7 @@ def run_convert(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
     graph = _graph(cfg, spec["part"], spec["graph"])
     backend = backend_for(cfg)
     log(f"convert {graph.name}: backend {cfg.backend} ({backend.toolchain_version()})")
-    check_pins(cfg, layout.graph_inputs(graph))
+    check_pins(layout, layout.graph_inputs(graph))
     layout.dlc_dir.mkdir(parents=True, exist_ok=True)
     backend.convert(layout.onnx(graph), layout.encodings(graph), layout.dlc(graph), graph.name,
                     ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"]), log)
@@ -92,20 +92,12 @@ def run_compile(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
          f"({layout.bin(part).stat().st_size / sizes.MIB:.2f} MiB)")
 
 
-def all_inputs(cfg: BuildConfig, layout: Layout) -> list:
-    out = []
-    for part in cfg.plan.parts():
-        for graph in cfg.model.graphs(part):
-            out += layout.graph_inputs(graph)
-    return out + [layout.tokenizer]
-
-
 def run_bundle(cfg: BuildConfig, layout: Layout, spec: dict, log) -> None:
     from hexbundle.steps.bundle import assemble, write_build_info
-    check_pins(cfg, [layout.tokenizer])
+    check_pins(layout, [layout.tokenizer])
     expected = {layout.bin_name(e.part): e.packed
                 for e in sizes.expect(cfg.model, cfg.plan, cfg.compile["float_bitwidth"])}
-    final = assemble(cfg, layout, backend_for(cfg).toolchain_version(), all_inputs(cfg, layout),
+    final = assemble(cfg, layout, backend_for(cfg).toolchain_version(), layout.all_inputs(),
                      expected, log)
     write_build_info(layout, cfg.executor, spec.get("image", ""))   # set by the docker executor
     log(f"bundle ready: {layout.rel(final)}")

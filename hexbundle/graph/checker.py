@@ -1,0 +1,53 @@
+"""doit's file checkers: hexbundle's XXH3 checker, and doit's stock MD5 checker for `doit bench`."""
+from __future__ import annotations
+
+import os
+import sys
+
+from doit.dependency import FileChangedChecker
+
+from hexbundle.support.hashing import TRACE_ENV, stat_key
+from hexbundle.support import hashing
+
+MD5_DB = "doit-db-md5.json"   # the stock checker's own DB (its states differ from ours)
+
+
+class XXH3Checker(FileChangedChecker):
+    """doit checker: stat fast path, then XXH3-128 through the shared digest cache.
+
+    State saved per (task, file): [size, mtime_ns, inode, digest] (a list: it goes through JSON).
+    """
+
+    def check_modified(self, file_path, file_stat, state):
+        if not isinstance(state, list) or len(state) != 4:
+            return True  # state from another checker: treat as changed
+        if stat_key(file_stat) == state[:3]:
+            return False
+        if file_stat.st_size != state[0]:
+            return True
+        return hashing.cache().digest(file_path, file_stat) != state[3]
+
+    def get_state(self, dep, current_state):
+        st = os.stat(dep)
+        new = stat_key(st) + [hashing.cache().digest(dep, st)]
+        return None if new == current_state else new
+
+
+def comparison_checker(name: str):
+    """(checker, DB file name) for HEXBUNDLE_BENCH_CHECKER: doit's stock MD5 checker, unchanged,
+    with its hashing recorded in $HEXBUNDLE_HASH_TRACE like ours (to count what it hashes)."""
+    if name != "md5":
+        print(f"hexbundle: HEXBUNDLE_BENCH_CHECKER={name!r}: the only comparison checker is "
+              "'md5' (doit's stock MD5Checker); unset it for builds", file=sys.stderr)
+        sys.exit(3)
+    from doit import dependency
+    if os.environ.get(TRACE_ENV) and not getattr(dependency.get_file_md5, "traced", False):
+        original = dependency.get_file_md5
+
+        def get_file_md5(path):
+            with open(os.environ[TRACE_ENV], "a") as fh:
+                fh.write(os.path.abspath(path) + "\n")
+            return original(path)
+        get_file_md5.traced = True
+        dependency.get_file_md5 = get_file_md5   # MD5Checker looks it up at call time
+    return dependency.MD5Checker, MD5_DB

@@ -1,0 +1,63 @@
+"""doit up-to-date keys: a task reruns when the options, toolchain, generator or pins it uses change.
+
+Keys are computed when doit checks a task, not when dodo.py is loaded: `doit list` asks nothing
+of the Docker engine, and a build asks it once.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from doit.tools import config_changed
+
+from hexbundle.backends import describe
+from hexbundle.config.build import BuildConfig
+from hexbundle.config.toolchain import load_toolchain
+from hexbundle.support import hashing
+from hexbundle.support.errors import HexbundleError
+
+# The generator's sources: generated inputs are regenerated when either changes. (Hashed, not
+# imported: importing onnx costs ~1 s, which a no-op `doit bundle` must not pay.)
+INPUTS_PACKAGE = Path(__file__).resolve().parents[1] / "inputs"
+GENERATOR_SOURCES = (INPUTS_PACKAGE / "synthetic.py", INPUTS_PACKAGE / "generate.py")
+
+
+class options_key(config_changed):
+    """uptodate item: the task reruns when any of these values changes. A value may be a
+    callable (e.g. `lambda: toolchain_key(cfg)`): it is called only when doit checks the task."""
+
+    def __init__(self, **values):
+        super().__init__(values)
+
+    def _calc_digest(self):
+        resolved = {k: (v() if callable(v) else v) for k, v in self.config.items()}
+        return config_changed(resolved)._calc_digest()
+
+
+@functools.lru_cache(maxsize=None)
+def _toolchain_key(backend: str, executor: str, root: Path) -> str:
+    version, _ = describe(backend)
+    if executor != "docker":
+        return version
+    try:
+        from hexbundle.toolchain.docker import docker_client, find_image
+        return f"{version} in image {find_image(docker_client(), load_toolchain(root)).id}"
+    except HexbundleError:   # the step itself then fails, saying why
+        return f"{version} in image (unavailable)"
+
+
+def toolchain_key(cfg: BuildConfig) -> str:
+    """The toolchain as the steps' up-to-date keys name it: the backend's version, plus the image
+    ID when the steps run in the container (so a rebuilt image reruns them, and switching
+    executor does too). Asked of the engine once per run."""
+    return _toolchain_key(cfg.backend, cfg.executor, cfg.root)
+
+
+def generator_digest() -> list:
+    return [hashing.digest(p) for p in GENERATOR_SOURCES]
+
+
+def pinned(cfg: BuildConfig, paths: list) -> dict:
+    """The pins (from the model config's [inputs.pins]) that apply to these files."""
+    pins = cfg.inputs.get("pins", {})
+    return {p.name: pins[p.name] for p in paths if p.name in pins}

@@ -1,0 +1,100 @@
+"""What a release records about how it was built: the toolchain image, the SDK pin, the lock."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hexbundle import __version__
+from hexbundle.backends import describe
+from hexbundle.config.build import BuildConfig
+from hexbundle.config.layout import Layout
+from hexbundle.config.toolchain import load_toolchain
+from hexbundle.support import hashing
+from hexbundle.support.errors import HexbundleError
+from hexbundle.support.hashing import sha256_file
+
+
+def image_used(cfg, layout) -> dict:
+    """The toolchain image a docker build ran in: the ID its build-info.json records (else the
+    image now under the tag) and, when the engine answers, that image's labels."""
+    tc = load_toolchain(cfg.root)
+    try:
+        image_id = json.loads(layout.build_info.read_text()).get("image", "")
+    except (OSError, ValueError):
+        image_id = ""
+    labels = {}
+    try:
+        from docker.errors import DockerException
+    except ImportError:
+        return {"tag": tc.image_tag, "id": image_id, "labels": labels}
+    from hexbundle.toolchain.docker import docker_client   # the docker SDK is optional here
+    try:
+        image = docker_client().images.get(image_id or tc.image_tag)
+        image_id, labels = image.id, dict(image.labels or {})
+    except (HexbundleError, DockerException):
+        labels = {}   # no engine here (e.g. verifying elsewhere): the recorded ID alone
+    return {"tag": tc.image_tag, "id": image_id, "labels": labels}
+
+
+def provenance_materials(cfg, layout) -> list:
+    """Materials for a release's provenance: the image a docker build ran in (with its labels:
+    base, SDK, lock), the SDK pin of a qairt build, the lock file."""
+    tc = load_toolchain(cfg.root)
+    out = []
+    if cfg.executor == "docker":
+        used = image_used(cfg, layout)
+        out.append({"name": f"docker-image:{used['tag']}",
+                    "digest": {"sha256": used["id"].removeprefix("sha256:")} if used["id"] else {},
+                    "annotations": {k: v for k, v in sorted(used["labels"].items())
+                                    if k.startswith("hexbundle.")}})
+        out.append({"name": layout.rel(tc.lock), "digest": {"sha256": sha256_file(tc.lock)}})
+    if cfg.backend == "qairt":
+        out.append({"name": f"qairt-sdk:{tc.sdk_version}",
+                    "digest": {"sha256": tc.sdk_sha256} if tc.sdk_sha256 else {},
+                    "annotations": {"archive": layout.rel(tc.sdk_archive)}})
+    return out
+
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+
+
+PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
+
+
+BUILD_TYPE = "urn:hexbundle:release:v1"
+
+
+BUILDER_ID = "urn:hexbundle:builder"
+
+
+def _file_material(layout: Layout, path: Path) -> dict:
+    return {"name": layout.logical(path),
+            "digest": {"sha256": sha256_file(path), "xxh3_128": hashing.digest(path)}}
+
+
+def provenance(cfg: BuildConfig, layout: Layout, overrides: dict, source: dict, epoch: int,
+               subjects: list, inputs: list) -> dict:
+    toolchain, deployable = describe(cfg.backend)
+    deps = [{"name": "source", "digest": {"gitCommit": source["commit"]} if source["commit"]
+             else {}, "annotations": {"dirty": source["dirty"]}}]
+    deps += [_file_material(layout, p) for p in cfg.config_files]
+    deps += [_file_material(layout, p) for p in inputs]
+    deps += provenance_materials(cfg, layout)
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {
+                    "model": cfg.model.name, "device": cfg.device.name, "plan": cfg.plan.name,
+                    "backend": cfg.backend, "executor": cfg.executor, "compile": cfg.compile,
+                    "overrides": dict(sorted(overrides.items())),
+                    "source_date_epoch": epoch},
+                "internalParameters": {"toolchain": toolchain, "deployable": deployable},
+                "resolvedDependencies": deps,
+            },
+            "runDetails": {"builder": {"id": BUILDER_ID, "version": {"hexbundle": __version__}}},
+        },
+    }
