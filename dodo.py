@@ -8,9 +8,10 @@ the hexbundle package.
 from pathlib import Path
 
 from hexbundle.inputs.export import require_export
-from hexbundle.release.offline_kit import load_kit_action, offline_kit_action
-from hexbundle.release.reproducible import release_action, verify_release_action
-from hexbundle.graph.session import check_sizes, doit_config, load
+from hexbundle.release.offline_kit import load_kit_command, offline_kit_command
+from hexbundle.release.reproducible import make_release, verify_release_command
+from hexbundle.graph.session import doit_config, load
+from hexbundle.checks.sizes import check_built_sizes
 from hexbundle.steps.executor import run_step
 from hexbundle.toolchain import image, wheelhouse
 from hexbundle.graph.actions import action
@@ -42,7 +43,7 @@ NO_CAPTURE = {"capture": False}
 
 def step(task, stage, **extra):
     """The action that runs one build step through the configured executor."""
-    return (run_step, [CFG, OVERRIDES, task, stage], extra)
+    return action(run_step, CFG, OVERRIDES, task, stage, **extra)
 
 
 def task_inputs():
@@ -111,14 +112,14 @@ def task_check_sizes():
 
     The size model catches unpacked 4-bit weights; the re-hash catches any bundle file edited,
     removed or added after the build (no digest cache, no stat shortcut)."""
-    return {"actions": [(check_sizes, [CFG, LAYOUT]), (check_bundle, [LAYOUT])],
+    return {"actions": [action(check_built_sizes, LAYOUT), action(check_bundle, LAYOUT)],
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS],
             "uptodate": [False], "verbosity": 2}
 
 
 def task_bundle():
     """Check sizes, then assemble the Genie bundle: configs, tokenizer, bins, manifest."""
-    return {"actions": [(check_sizes, [CFG, LAYOUT]), step("bundle", "bundle")],
+    return {"actions": [action(check_built_sizes, LAYOUT), step("bundle", "bundle")],
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS] + [rel(LAYOUT.tokenizer)]
             + CONFIG_FILES,
             "targets": [rel(p) for p in LAYOUT.bundle_files()],
@@ -134,13 +135,13 @@ def task_bundle():
 
 def task_release():
     """Clean rebuild -> build/release/: deterministic .tar.gz, SHA256SUMS, provenance.json."""
-    return {"actions": [(release_action, [CFG, LAYOUT, OVERRIDES])], "uptodate": [False],
+    return {"actions": [action(make_release, CFG, LAYOUT, OVERRIDES)], "uptodate": [False],
             "verbosity": 2}
 
 
 def task_verify_release():
     """Rebuild a release from its provenance and compare: doit verify_release ARCHIVE."""
-    return {"actions": [(verify_release_action, [ROOT])], "pos_arg": "archive",
+    return {"actions": [action(verify_release_command, ROOT)], "pos_arg": "archive",
             "uptodate": [False], "verbosity": 2}
 
 
@@ -150,7 +151,7 @@ def task_verify():
     The bins in ctx-bins order, prefill in AR-128 chunks, then AR-1 decode with the KV cache, vs
     the float ONNX on the same tokens: a table per part and end to end (cosine, max error, top-1);
     fails naming the first part that diverges. Thresholds: the model config's [verify] table."""
-    return {"actions": [(run_verify, [CFG, LAYOUT])],
+    return {"actions": [action(run_verify, CFG, LAYOUT)],
             "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
             + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
             "targets": [rel(report_path(LAYOUT))],
@@ -165,7 +166,7 @@ def task_wheelhouse():
     CPython 3.10, manylinux x86_64 wheels named by requirements/container.lock, every sha256
     checked. Needs PyPI for
     missing wheels only: a complete wheelhouse brought offline is just verified."""
-    return {"actions": [(wheelhouse.task_action, [ROOT])],
+    return {"actions": [action(wheelhouse.fetch, ROOT)],
             "file_dep": [rel(ROOT / "requirements" / "container.lock")],
             "targets": [rel(ROOT / "build" / "wheelhouse" / wheelhouse.SUMS)],
             "verbosity": 2}
@@ -178,7 +179,7 @@ def task_image():
     image runs the reference backend only and its labels say so). `--base REF` builds on
     another base (no registry: scripts/make_base_image.sh makes one); `--network default` lets
     a base without python3.10 install it. Log: build/logs/image.log; ID: build/image/."""
-    return {"actions": [(image.task_action, [ROOT])],
+    return {"actions": [action(image.build, ROOT)],
             "params": [{"name": "base", "long": "base", "default": "",
                         "help": "base image reference (default: configs/toolchain.toml)"},
                        {"name": "network", "long": "network", "default": "none",
@@ -196,7 +197,7 @@ def task_gen_inputs():
     The model's real tensor shapes, I/O and encodings; random weights, fixed seed; streamed tensor by tensor) where the build reads them, e.g. `doit gen_inputs
     model=qwen2.5-7b-instruct` (~30 GB into its exports dir; `--part N` for one part). Checks
     free disk space first. Same files as scripts/gen_7b_inputs.py."""
-    return {"actions": [(generate_action, [CFG, LAYOUT])],
+    return {"actions": [action(generate_action, CFG, LAYOUT)],
             "params": [{"name": "part", "long": "part", "type": int, "default": 0,
                         "help": "only this part of the plan (1-based; 0 = every part)"}],
             "uptodate": [False], "verbosity": 2}
@@ -208,7 +209,7 @@ def task_bench():
     Digests vs doit's MD5 checker, no-op run vs `doit list`, touched inputs, one-part rebuild, reference backend GB/s and peak RSS, -n 2 vs -n 1, on the
     Qwen2.5-7B-shaped model (~17 GB of disk, ~10 min; `--small`: qwen2-tiny, seconds).
     Table printed, results in build/bench/results.json."""
-    return {"actions": [(run_bench, [ROOT])],
+    return {"actions": [action(run_bench, ROOT)],
             "params": [{"name": "small", "long": "small", "type": bool, "default": False,
                         "help": "qwen2-tiny instead of the 7B shape"},
                        {"name": "keep", "long": "keep", "type": bool, "default": False,
@@ -218,11 +219,11 @@ def task_bench():
 
 def task_offline_kit():
     """Write build/offline-kit(.tar) + build/load_kit.py: image, wheels, source, checksums."""
-    return {"actions": [(offline_kit_action, [CFG, LAYOUT])], "uptodate": [False],
+    return {"actions": [action(offline_kit_command, CFG, LAYOUT)], "uptodate": [False],
             "verbosity": 2}
 
 
 def task_load_kit():
     """Verify every checksum of an offline kit, then load its images: doit load_kit KIT."""
-    return {"actions": [(load_kit_action,)], "pos_arg": "kit", "uptodate": [False],
+    return {"actions": [action(load_kit_command)], "pos_arg": "kit", "uptodate": [False],
             "verbosity": 2}

@@ -244,7 +244,7 @@ class Bench:
     def digest_row(self) -> dict:
         """Both checkers on the same files, warm page cache (a warm-up pass first). Small
         inputs are hashed several times over, so that at least MIN_DIGEST_BYTES are timed."""
-        from doit.dependency import MD5Checker
+        from hexbundle.graph.checker import stock_checker
         files = self.distinct_data_files()
         size = sum(p.stat().st_size for p in files)
         passes = max(1, -(-MIN_DIGEST_BYTES // max(size, 1)))
@@ -255,7 +255,7 @@ class Bench:
         for path in files * passes:
             hashing.file_digest(path)
         ours = max(time.monotonic() - started, 1e-9)
-        checker = MD5Checker()
+        checker = stock_checker()()
         started = time.monotonic()
         for path in files * passes:
             checker.get_state(str(path), None)
@@ -504,7 +504,7 @@ def format_table(results: dict) -> str:
 
 
 def machine() -> dict:
-    import doit
+    from importlib.metadata import version
     import numpy
     cpu = platform.processor() or "?"
     try:
@@ -521,7 +521,7 @@ def machine() -> dict:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(ram / GIB, 1),
             "os": platform.platform(), "python": platform.python_version(),
-            "doit": ".".join(map(str, doit.__version__)) if isinstance(doit.__version__, tuple) else str(doit.__version__), "numpy": numpy.__version__}
+            "doit": version("doit"), "numpy": numpy.__version__}
 
 
 def write_results(results: dict, path: Path) -> Path:
@@ -546,10 +546,10 @@ def main(root: Path, small: bool, keep: bool, out: Optional[Path] = None) -> int
 
 
 def run_bench(root: Path, small: bool = False, keep: bool = False):
-    """doit action for `doit bench`: the benchmark in its own process (it runs doit itself)."""
-    from doit.exceptions import TaskFailed
+    """`doit bench`: the benchmark in its own process (it runs doit itself)."""
     cmd = [sys.executable, str(Path(root) / "scripts" / "bench.py")]
     cmd += ["--small"] if small else []
     cmd += ["--keep"] if keep else []
     code = subprocess.call(cmd, cwd=root, env={k: v for k, v in os.environ.items() if k != BUILD_ROOT_ENV})
-    return True if code == 0 else TaskFailed(f"scripts/bench.py exited {code}")
+    if code != 0:
+        raise BenchError(f"scripts/bench.py exited {code}")

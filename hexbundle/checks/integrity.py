@@ -58,15 +58,13 @@ def verify_bundle(bundle: Path, where=str) -> int:
 
 
 def check_bundle(layout: Layout):
-    """doit action: verify the current bundle, if there is one; TaskFailed naming the file."""
-    from doit.exceptions import TaskFailed
+    """Verify the current bundle, if there is one; BundleIntegrityError naming the file."""
     bundle = layout.bundle_dir
     if not bundle.is_dir():
         print(f"bundle check: no bundle yet in {layout.rel(bundle)}", flush=True)
-        return True
+        return
     try:
         count = verify_bundle(bundle, where=layout.rel)
     except HexbundleError as exc:
-        return TaskFailed(f"bundle check: {exc}")
+        raise BundleIntegrityError(f"bundle check: {exc}") from None
     print(f"bundle check: {count} files of {layout.rel(bundle)} match {MANIFEST}", flush=True)
-    return True

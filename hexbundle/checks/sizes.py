@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from hexbundle.config.layout import Layout
+from hexbundle.support.console import say
 from hexbundle.support.errors import SizeError
 from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, container_size,
                                         tensor_blob_nbytes)
@@ -178,3 +180,14 @@ def raise_on_failure(model: Model, plan: Plan, rows: list, table: str) -> None:
     raise SizeError("sizes outside tolerance (expected vs actual below); a changed "
                     "architecture or quantization scheme must be reflected in the model config."
                     "\n" + table)
+
+
+def check_built_sizes(layout: Layout) -> None:
+    """Size every part's context binary against the size model; a SizeError explains itself."""
+    cfg = layout.cfg
+    actual = {p.index: (layout.bin(p).stat().st_size if layout.bin(p).is_file() else None)
+              for p in cfg.plan.parts()}
+    rows = judge(cfg.model, cfg.plan, actual, cfg.compile["float_bitwidth"])
+    table = format_table(cfg.model, cfg.plan, rows)
+    raise_on_failure(cfg.model, cfg.plan, rows, table)
+    say(table)

@@ -473,24 +473,22 @@ def code_digest() -> str:
 
 
 def run_verify(cfg: BuildConfig, layout: Layout):
-    """doit action: print the table, write the JSON report; a failure names the first bad part."""
-    from doit.exceptions import TaskFailed
+    """Print the table, write the JSON report; a failure names the first bad part."""
     from hexbundle.support.atomic import write_atomic
     if cfg.backend != "reference":
-        return TaskFailed(f"verify runs the open-format context binaries of the reference backend; "
+        raise VerifyError(f"verify runs the open-format context binaries of the reference backend; "
                           f"backend {cfg.backend!r} bins are QNN binaries that only a device runs. "
                           f"Verify the same model with backend=reference")
     try:
         report = verify_bundle(cfg, layout)
     except VerifyError as exc:
-        return TaskFailed(f"verify failed: {exc}")
+        raise VerifyError(f"verify failed: {exc}") from None
     print(report.table(), flush=True)
     path = report_path(layout)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(report.to_json(), indent=2) + "\n").encode())
     if not report.ok:
-        return TaskFailed(report.failure_message())
-    return True
+        raise VerifyError(report.failure_message())
 
 
 # ============================================================================ generate

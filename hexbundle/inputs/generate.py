@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
-from hexbundle.support.errors import DiskSpaceError, InputError
+from hexbundle.support.errors import ConfigError, DiskSpaceError, InputError
 from hexbundle.config.model import Model, Part
 
 CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
@@ -227,22 +227,16 @@ def generate_for_config(root: Path, model_name: str, plan_name: str = "", part_i
 
 
 def generate_action(cfg, layout, part: int = 0):
-    """doit action of `doit gen_inputs [--part N]`: stand-in inputs for the configured model
-    where the build reads them (for an exported model, its inputs.dir)."""
-    from doit.exceptions import TaskFailed
-    from hexbundle.support.errors import HexbundleError
+    """`doit gen_inputs [--part N]`: stand-in inputs for the configured model where the build
+    reads them (for an exported model, its inputs.dir)."""
     parts = cfg.plan.parts()
     if part:
         if not 1 <= part <= len(parts):
-            return TaskFailed(f"--part {part}: plan {cfg.plan.name} of {cfg.model.name} has parts "
+            raise ConfigError(f"--part {part}: plan {cfg.plan.name} of {cfg.model.name} has parts "
                               f"1..{len(parts)}")
         parts = [parts[part - 1]]
     started = time.monotonic()
-    try:
-        paths = generate(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
-                         cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
-    except HexbundleError as exc:
-        return TaskFailed(str(exc))
+    paths = generate(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
+                     cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
     print(f"{len(paths)} files in {layout.rel(layout.inputs_dir)} in "
           f"{time.monotonic() - started:.1f}s", flush=True)
-    return True

@@ -162,29 +162,27 @@ def bring_list(cfg, layout, tc, staging: Path, include_sdk: bool, include_inputs
     return bring
 
 
-def offline_kit_action(cfg: BuildConfig, layout: Layout):
-    from doit.exceptions import TaskFailed
+def offline_kit_command(cfg: BuildConfig, layout: Layout) -> None:
+    """`doit offline_kit`."""
     include_sdk = os.environ.get("HEXBUNDLE_KIT_INCLUDE_SDK") == "1"
     include_inputs = os.environ.get("HEXBUNDLE_KIT_INCLUDE_INPUTS") == "1"
     try:
         kit = make_kit(cfg, layout, include_sdk, include_inputs)
-    except (HexbundleError, KitError) as exc:
-        return TaskFailed(str(exc))
+    except KitError as exc:   # kit.py runs alone, without hexbundle: its own error class
+        raise HexbundleError(str(exc)) from None
     size = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
     say(f"offline_kit: {layout.rel(kit)} ({size / 1e6:.0f} MB), "
         f"{layout.rel(cfg.build_root / 'offline-kit.tar')}, and {layout.rel(cfg.build_root / 'load_kit.py')}"
         " to unpack it: carry both to the offline machine and run "
         "`python3 load_kit.py offline-kit.tar --venv kit-venv`")
-    return True
 
 
-def load_kit_action(kit: list):
-    from doit.exceptions import TaskFailed
+def load_kit_command(kit: list) -> None:
+    """`doit load_kit KIT`."""
     from hexbundle.release.kit import load_kit
     if len(kit) != 1:
-        return TaskFailed("usage: doit load_kit build/offline-kit.tar (or an unpacked kit dir)")
+        raise HexbundleError("usage: doit load_kit build/offline-kit.tar (or an unpacked kit dir)")
     try:
         load_kit(Path(kit[0]), log=say)
     except KitError as exc:
-        return TaskFailed(str(exc))
-    return True
+        raise HexbundleError(str(exc)) from None

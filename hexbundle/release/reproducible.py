@@ -316,21 +316,9 @@ def report_comparison(recorded: dict, rebuilt: dict, archive_same: bool, backend
 # ---------------------------------------------------------------------------------------------
 # doit actions
 
-def release_action(cfg: BuildConfig, layout: Layout, overrides: dict):
-    from doit.exceptions import TaskFailed
-    try:
-        make_release(cfg, layout, overrides)
-    except HexbundleError as exc:
-        return TaskFailed(str(exc))
-    return True
-
-
-def verify_release_action(root: Path, archive: list):
-    from doit.exceptions import TaskFailed
+def verify_release_command(root: Path, archive: list) -> None:
+    """`doit verify_release ARCHIVE`: ReleaseError unless the release reproduces."""
     if len(archive) != 1:
-        return TaskFailed("usage: doit verify_release build/release/<name>.tar.gz")
-    try:
-        ok = verify_release(root, Path(archive[0]))
-    except HexbundleError as exc:
-        return TaskFailed(str(exc))
-    return True if ok else TaskFailed("the release does not reproduce: see the table above")
+        raise ReleaseError("usage: doit verify_release build/release/<name>.tar.gz")
+    if not verify_release(root, Path(archive[0])):
+        raise ReleaseError("the release does not reproduce: see the table above")

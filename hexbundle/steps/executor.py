@@ -12,10 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-from doit.exceptions import TaskFailed
-
 from hexbundle.config.build import BuildConfig
 from hexbundle.support.console import say
+from hexbundle.support.errors import StepFailed
 from hexbundle.config.layout import Layout
 
 PROGRESS_EVERY_S = 15.0
@@ -50,7 +49,7 @@ def run_local(cfg: BuildConfig, spec: dict, log_path: Path) -> int:
 
 
 def run_step(cfg: BuildConfig, overrides: dict, task: str, stage: str, **extra):
-    """A doit python-action: run the step, report, return TaskFailed (shown by doit) on failure."""
+    """Run the step, report it; StepFailed (with the log's last lines) on failure."""
     layout = Layout(cfg)
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
     log_path = layout.log(task)
@@ -69,7 +68,6 @@ def run_step(cfg: BuildConfig, overrides: dict, task: str, stage: str, **extra):
         done.set()
     elapsed = time.monotonic() - started
     if code != 0:
-        return TaskFailed(f"{label} failed (exit {code}) after {elapsed:.1f}s; log: "
+        raise StepFailed(f"{label} failed (exit {code}) after {elapsed:.1f}s; log: "
                           f"{layout.rel(log_path)}\n--- last lines ---\n{_tail(log_path)}")
     say(f"  ok {label} {elapsed:.1f}s  (log: {layout.rel(log_path)})")
-    return True

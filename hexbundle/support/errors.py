@@ -49,6 +49,10 @@ class DiskSpaceError(HexbundleError):
     """Not enough free disk space for what is about to be written (checked before writing)."""
 
 
+class StepFailed(HexbundleError):
+    """A build step exited non-zero: the message names the step and shows its log's last lines."""
+
+
 class ToolchainError(HexbundleError):
     """The toolchain is not the pinned one or cannot be reached: SDK archive or version, the
     container image, the docker engine, the Python lock or wheelhouse."""

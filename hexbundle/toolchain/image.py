@@ -270,10 +270,3 @@ def is_current(task, values, root: Path) -> bool:
     return image.id == record["id"] and base_id == record["labels"].get("hexbundle.base.id")
 
 
-def task_action(root: Path, base: str, network: str):
-    from doit.exceptions import TaskFailed
-    try:
-        build(root, base or None, network)
-    except HexbundleError as exc:
-        return TaskFailed(str(exc))
-    return True

@@ -193,16 +193,9 @@ def write_sums(directory: Path, wheels: list) -> None:
     os.replace(tmp, directory / SUMS)
 
 
-def task_action(root: Path):
-    """doit action for `doit wheelhouse`."""
-    from doit.exceptions import TaskFailed
-
-    from hexbundle.support.errors import HexbundleError
-    try:
-        download(load_toolchain(root))
-    except HexbundleError as exc:
-        return TaskFailed(str(exc))
-    return True
+def fetch(root: Path) -> dict:
+    """`doit wheelhouse`: download the locked wheels that are missing, verify them all."""
+    return download(load_toolchain(root))
 
 
 def main(argv: list) -> int:

@@ -1,0 +1,42 @@
+"""doit's console reporter, plus the banner: what is built, with which backend, executor, device."""
+from __future__ import annotations
+
+from doit.reporter import ConsoleReporter
+
+from hexbundle import __version__
+from hexbundle.backends import describe
+from hexbundle.config.build import BuildConfig
+from hexbundle.config.layout import Layout
+from hexbundle.graph import runguard
+
+_banner = ""
+
+
+def set_banner(cfg: BuildConfig) -> None:
+    global _banner
+    _banner = banner(cfg)
+
+
+def banner(cfg: BuildConfig) -> str:
+    version, deployable = describe(cfg.backend)
+    note = "" if deployable else "  [reference backend: open formats, NOT deployable]"
+    d = cfg.device
+    return (f"hexbundle {__version__}: {cfg.model.name}, plan {cfg.plan.name} "
+            f"({len(cfg.plan.layers_per_part)} parts) for {d.name} (soc_model {d.soc_model}, "
+            f"{d.dsp_arch})\n  backend {cfg.backend} ({version}), executor "
+            f"{cfg.executor}, weights_packing {cfg.compile['weights_packing']}, weight_sharing "
+            f"{cfg.compile['weight_sharing']}{note}\n  output: "
+            f"{Layout(cfg).rel(cfg.build_dir)}")
+
+
+class Reporter(ConsoleReporter):
+    """doit's console reporter, plus the banner saying what is built and how, first thing."""
+
+    def initialize(self, tasks, selected_tasks):
+        super().initialize(tasks, selected_tasks)
+        if _banner:
+            self.outstream.write(_banner + "\n")
+
+    def add_success(self, task):
+        super().add_success(task)
+        runguard.save_progress()   # a run killed later keeps this task's record
