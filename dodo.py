@@ -16,8 +16,8 @@ from hexbundle.steps.executor import run_step
 from hexbundle.toolchain import image, wheelhouse
 from hexbundle.graph.actions import action
 from hexbundle.graph.keys import generator_digest, options_key, pinned, toolchain_key
-from hexbundle.steps.runner import compile_options
-from hexbundle.checks.integrity import check_bundle
+from hexbundle.steps.compile import compile_options
+from hexbundle.checks.integrity import check_bundle_integrity
 from hexbundle.inputs.generate import generate_action
 from hexbundle.bench.benchmark import run_bench
 from hexbundle.graph.targets import targets_unchanged
@@ -112,7 +112,7 @@ def task_check_sizes():
 
     The size model catches unpacked 4-bit weights; the re-hash catches any bundle file edited,
     removed or added after the build (no digest cache, no stat shortcut)."""
-    return {"actions": [action(check_built_sizes, LAYOUT), action(check_bundle, LAYOUT)],
+    return {"actions": [action(check_built_sizes, LAYOUT), action(check_bundle_integrity, LAYOUT)],
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS],
             "uptodate": [False], "verbosity": 2}
 

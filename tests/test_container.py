@@ -215,7 +215,7 @@ def test_a_missing_image_says_to_run_doit_image(engine, project):
 def test_a_step_container_is_isolated(engine, toolchain_image, tmp_path):
     """The run options of a step, on a probe command: read-only sources, writable build root,
     no network, no capabilities, the given uid, an environment of our own."""
-    from hexbundle.toolchain import docker as container
+    from hexbundle.steps import docker_executor as container
     from hexbundle.config.build import load_build
     proj = copy_project(tmp_path / "proj")
     cfg = load_build(proj.root)
@@ -261,7 +261,7 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
     """A user's build dir owned by that user: the step writes as them (here uid 4321)."""
     if os.getuid() != 0:
         pytest.skip("needs root to hand a build directory to another uid")
-    from hexbundle.toolchain import docker as container
+    from hexbundle.steps import docker_executor as container
     from hexbundle.config.build import load_build
     from hexbundle.steps.executor import stage_spec
     proj = copy_project(tmp_path / "proj")

@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hexbundle.graph import runguard
-from hexbundle.steps.bundle import exchange_dirs, swap_in
+from hexbundle.support.atomic import exchange_dirs, swap_in
 from hexbundle.config.build import BUILD_SCHEMA, ConfigError, load_build, read_toml
 from hexbundle.formats.encodings import EncodingsError, load_encodings
-from hexbundle.checks.integrity import BundleIntegrityError, verify_bundle
+from hexbundle.formats.manifest import BundleIntegrityError, verify_bundle_files
 
 BIN2 = "qwen2_tiny_part_2_of_4.bin"
 WAIT_S = 120   # upper bound for a held run to reach its pause point (a safety net, not a timing)
@@ -199,10 +199,10 @@ def copy_bundle(src: Path, dest: Path) -> Path:
 ], ids=["edited-bin", "missing-file", "extra-file", "no-manifest", "bad-manifest"])
 def test_verify_bundle_names_the_file(built, tmp_path, damage, named):
     bundle = copy_bundle(built.bundle(), tmp_path / "bundle")
-    assert verify_bundle(bundle) == len(built.manifest()["files"])
+    assert verify_bundle_files(bundle) == len(built.manifest()["files"])
     damage(bundle)
     with pytest.raises(BundleIntegrityError, match=re.escape(named)):
-        verify_bundle(bundle)
+        verify_bundle_files(bundle)
 
 
 # ---------------------------------------------------------------------------------------------

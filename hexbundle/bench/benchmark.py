@@ -415,7 +415,7 @@ def backend_step(spec: dict) -> dict:
     """Run in a fresh process by Bench.backend_row: one convert or compile of the part, outputs
     in the scratch directory. Returns its own timing (interpreter start-up excluded)."""
     from hexbundle.backends import ConvertOptions, get_backend
-    from hexbundle.steps.runner import compile_options
+    from hexbundle.steps.compile import compile_options
     cfg = load_build(Path(spec["root"]), {"model": spec["model"]})
     layout = Layout(cfg)
     part = cfg.plan.parts()[spec["part"] - 1]

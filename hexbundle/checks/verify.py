@@ -47,62 +47,12 @@ import numpy as np
 from hexbundle.config.build import BuildConfig
 from hexbundle.support.errors import FormatError, VerifyError
 from hexbundle.config.layout import Layout
+from hexbundle.formats.genie import GenieSettings, read_genie_config
 
 RUNTIME_SOURCES = ("runtime/interpreter.py", "checks/verify.py")   # verify reruns when these change
 
 
 # ============================================================================ the bundle's runtime config
-
-
-@dataclass(frozen=True)
-class GenieSettings:
-    """What the host runtime takes from genie_config.json, as Genie would."""
-
-    path: Path
-    ctx_bins: list
-    context_size: int
-    n_vocab: int
-    stop_tokens: tuple            # eos, eot
-    rope_theta: float
-    pos_id_dim: int
-    kv_dim: int
-    sampler: dict                 # seed, temp, top-k, top-p
-    max_num_tokens: int
-    tokenizer: Path
-
-
-def read_genie_config(bundle_dir: Path) -> GenieSettings:
-    path = Path(bundle_dir) / "genie_config.json"
-    try:
-        dialog = json.loads(path.read_text())["dialog"]
-    except FileNotFoundError:
-        raise VerifyError(f"{path}: missing; build the bundle with `doit bundle`") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise VerifyError(f"{path}: not a Genie dialog config ({exc}); rebuild the bundle") from None
-
-    def get(*keys):
-        node = dialog
-        for key in keys:
-            if not isinstance(node, dict) or key not in node:
-                raise VerifyError(f"{path}: key 'dialog.{'.'.join(keys)}' is missing; rebuild the "
-                                  f"bundle with `doit bundle`")
-            node = node[key]
-        return node
-
-    bins = get("engine", "model", "binary", "ctx-bins")
-    if not isinstance(bins, list) or not all(isinstance(b, str) for b in bins):
-        raise VerifyError(f"{path}: key 'dialog.engine.model.binary.ctx-bins' must be a list of "
-                          f"file names")
-    htp = ("engine", "backend", "QnnHtp")
-    return GenieSettings(
-        path=path, ctx_bins=bins, context_size=int(get("context", "size")),
-        n_vocab=int(get("context", "n-vocab")),
-        stop_tokens=(int(get("context", "eos-token")), int(get("context", "eot-token"))),
-        rope_theta=float(get(*htp, "rope-theta")), pos_id_dim=int(get(*htp, "pos-id-dim")),
-        kv_dim=int(get(*htp, "kv-dim")),
-        sampler={k: get("sampler", k) for k in ("seed", "temp", "top-k", "top-p")},
-        max_num_tokens=int(get("max-num-tokens")),
-        tokenizer=path.parent / str(get("tokenizer", "path")))
 
 
 def check_runtime_settings(cfg: BuildConfig, genie: GenieSettings) -> None:

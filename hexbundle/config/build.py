@@ -22,7 +22,8 @@ from typing import Any, Optional
 import tomli
 
 from hexbundle.support.errors import ConfigError
-from hexbundle.config.model import Architecture, Model, Plan, Quantization, pipeline_order_problem
+from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
+                                    pipeline_order_problem)
 
 BUILD_ROOT_ENV = "HEXBUNDLE_BUILD_ROOT"
 BACKENDS = ("reference", "qairt")
@@ -321,6 +322,14 @@ class BuildConfig:
     config_files: tuple    # every config file read, for file_dep and the manifest
     build_root: Path       # build/ of the project, or $HEXBUNDLE_BUILD_ROOT (scratch builds)
     verify: Optional[dict] = None   # the model's [verify] table (thresholds of `doit verify`)
+
+    def part(self, index: int) -> Part:
+        """Part `index` (1-based) of the plan."""
+        return self.plan.parts()[index - 1]
+
+    def graph(self, part_index: int, kind: str) -> Graph:
+        """The `kind` ("prompt" or "token") graph of part `part_index`."""
+        return {g.kind: g for g in self.model.graphs(self.part(part_index))}[kind]
 
     @property
     def build_dir(self) -> Path:

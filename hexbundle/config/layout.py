@@ -14,7 +14,10 @@ from pathlib import Path
 from hexbundle.config.build import BuildConfig
 from hexbundle.config.model import Graph, Part
 
-BUNDLE_CONFIG_FILES = ("genie_config.json", "htp_backend_ext_config.json", "tokenizer.json")
+GENIE_CONFIG = "genie_config.json"
+HTP_EXT_CONFIG = "htp_backend_ext_config.json"
+TOKENIZER = "tokenizer.json"
+BUNDLE_CONFIG_FILES = (GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER)
 MANIFEST = "manifest.json"
 
 
@@ -99,7 +102,7 @@ class Layout:
 
     @property
     def tokenizer(self) -> Path:
-        return self.inputs_dir / "tokenizer.json"
+        return self.inputs_dir / TOKENIZER
 
     def dlc(self, graph: Graph) -> Path:
         return self.dlc_dir / f"{graph.name}.dlc"

@@ -1,0 +1,112 @@
+"""The Genie runtime configs: genie_config.json and htp_backend_ext_config.json.
+
+Writers (`genie_config`, `htp_backend_ext_config`) derive every value from the build config: the
+model's architecture, the tokenizer's special ids, and the one device file whose soc_model /
+dsp_arch also fed the compile. The reader (`read_genie_config`) takes back what a host runtime
+needs, as Genie would (`doit verify` runs the bundle with it).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hexbundle.config.build import BuildConfig
+from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER
+from hexbundle.support.errors import VerifyError
+
+
+def htp_backend_ext_config(cfg: BuildConfig) -> dict:
+    """Runtime HTP settings. soc_model / dsp_arch come from the same device file as the compile."""
+    d, htp = cfg.device, cfg.device.htp
+    cores = [{"core_id": c, "perf_profile": htp["perf_profile"],
+              "rpc_control_latency": htp["rpc_control_latency"]} for c in htp["cores"]]
+    return {"devices": [{"soc_model": d.soc_model, "dsp_arch": d.dsp_arch, "cores": cores}],
+            "memory": {"mem_type": htp["mem_type"]},
+            "context": {"weight_sharing_enabled": cfg.compile["weight_sharing"]}}
+
+
+def genie_config(cfg: BuildConfig, token_ids: dict, bin_names: list) -> dict:
+    a, rt, g = cfg.model.architecture, cfg.device.runtime, cfg.genie
+    return {"dialog": {
+        "version": 1,
+        "type": "basic",
+        "max-num-tokens": g["max_num_tokens"],
+        "context": {"version": 1, "size": cfg.model.context_length, "n-vocab": a.vocab_size,
+                    "bos-token": token_ids["bos"], "eos-token": token_ids["eos"],
+                    "eot-token": token_ids["eot"]},
+        "sampler": {"version": 1, "seed": g["sampler_seed"], "temp": g["temp"],
+                    "top-k": g["top_k"], "top-p": g["top_p"]},
+        "tokenizer": {"version": 1, "path": TOKENIZER},
+        "engine": {
+            "version": 1,
+            "n-threads": rt["n_threads"],
+            "backend": {
+                "version": 1,
+                "type": "QnnHtp",
+                "QnnHtp": {"version": 1, "use-mmap": rt["use_mmap"],
+                           "spill-fill-bufsize": rt["spill_fill_bufsize"],
+                           "mmap-budget": rt["mmap_budget"], "poll": rt["poll"],
+                           "cpu-mask": rt["cpu_mask"], "kv-dim": a.head_dim,
+                           "pos-id-dim": a.pos_id_dim, "rope-theta": _number(a.rope_theta),
+                           "allow-async-init": False},
+                "extensions": HTP_EXT_CONFIG},
+            "model": {"version": 1, "type": "binary",
+                      "binary": {"version": 1, "ctx-bins": bin_names}},
+        },
+    }}
+
+
+def _number(x: float):
+    return int(x) if float(x).is_integer() else x
+
+
+@dataclass(frozen=True)
+class GenieSettings:
+    """What the host runtime takes from genie_config.json, as Genie would."""
+
+    path: Path
+    ctx_bins: list
+    context_size: int
+    n_vocab: int
+    stop_tokens: tuple            # eos, eot
+    rope_theta: float
+    pos_id_dim: int
+    kv_dim: int
+    sampler: dict                 # seed, temp, top-k, top-p
+    max_num_tokens: int
+    tokenizer: Path
+
+
+def read_genie_config(bundle_dir: Path) -> GenieSettings:
+    path = Path(bundle_dir) / GENIE_CONFIG
+    try:
+        dialog = json.loads(path.read_text())["dialog"]
+    except FileNotFoundError:
+        raise VerifyError(f"{path}: missing; build the bundle with `doit bundle`") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise VerifyError(f"{path}: not a Genie dialog config ({exc}); rebuild the bundle") from None
+
+    def get(*keys):
+        node = dialog
+        for key in keys:
+            if not isinstance(node, dict) or key not in node:
+                raise VerifyError(f"{path}: key 'dialog.{'.'.join(keys)}' is missing; rebuild the "
+                                  f"bundle with `doit bundle`")
+            node = node[key]
+        return node
+
+    bins = get("engine", "model", "binary", "ctx-bins")
+    if not isinstance(bins, list) or not all(isinstance(b, str) for b in bins):
+        raise VerifyError(f"{path}: key 'dialog.engine.model.binary.ctx-bins' must be a list of "
+                          f"file names")
+    htp = ("engine", "backend", "QnnHtp")
+    return GenieSettings(
+        path=path, ctx_bins=bins, context_size=int(get("context", "size")),
+        n_vocab=int(get("context", "n-vocab")),
+        stop_tokens=(int(get("context", "eos-token")), int(get("context", "eot-token"))),
+        rope_theta=float(get(*htp, "rope-theta")), pos_id_dim=int(get(*htp, "pos-id-dim")),
+        kv_dim=int(get(*htp, "kv-dim")),
+        sampler={k: get("sampler", k) for k in ("seed", "temp", "top-k", "top-p")},
+        max_num_tokens=int(get("max-num-tokens")),
+        tokenizer=path.parent / str(get("tokenizer", "path")))

@@ -1,0 +1,87 @@
+"""manifest.json, the bundle's table of contents: writer (`bundle_manifest`) and reader
+(`verify_bundle_files`). Documented in docs/formats.md."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hexbundle.config.layout import MANIFEST, Layout
+from hexbundle.support import hashing
+from hexbundle.support.errors import HexbundleError
+from hexbundle.support.hashing import file_digest
+
+
+MANIFEST_FORMAT = 1
+
+
+def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
+                    sizes_expected: dict) -> dict:
+    """What the bundle holds. It says nothing about HOW it was built (executor, image, host):
+    that goes to build-info.json and a release's provenance, so the bundle's bytes do not depend
+    on the executor."""
+    cfg = layout.cfg
+    files = {}
+    for path in sorted(bundle_dir.iterdir()):
+        if path.name != MANIFEST:
+            files[path.name] = {"size": path.stat().st_size, "xxh3_128": hashing.digest(path)}
+    bins = [n for n in files if n.endswith(".bin")]
+    return {
+        "format": MANIFEST_FORMAT,
+        "model": cfg.model.name,
+        "device": cfg.device.name,
+        "plan": cfg.plan.name,
+        "backend": cfg.backend,
+        "deployable": cfg.backend == "qairt",
+        "toolchain": backend_version,
+        "compile": cfg.compile,
+        "files": files,
+        "total_bytes": sum(f["size"] for f in files.values()),
+        "bins_total_bytes": sum(files[n]["size"] for n in bins),
+        "expected_bins_bytes": sizes_expected,
+        "expected_bins_total_bytes": sum(sizes_expected.values()),
+        "inputs": {layout.logical(p): hashing.digest(p) for p in layout.all_inputs()},
+        "configs": {layout.logical(p): hashing.digest(p) for p in cfg.config_files},
+    }
+
+
+class BundleIntegrityError(HexbundleError):
+    """A bundle file differs from what its manifest.json records."""
+
+
+def verify_bundle_files(bundle: Path, where=str) -> int:
+    """Check `bundle` against its manifest.json; returns the number of files checked.
+
+    `where` renders a path for messages (e.g. project-relative).
+    """
+    manifest_path = bundle / MANIFEST
+    rebuild = "run `doit bundle` to rebuild it"
+    try:
+        doc = json.loads(manifest_path.read_bytes())
+        files = doc["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+    except FileNotFoundError:
+        raise BundleIntegrityError(f"{where(manifest_path)}: missing, so the bundle cannot be "
+                                   f"verified; {rebuild}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BundleIntegrityError(f"{where(manifest_path)}: unreadable ({exc}); {rebuild}") \
+            from None
+    present = sorted(p.name for p in bundle.iterdir() if p.name != MANIFEST)
+    extra = sorted(set(present) - set(files))
+    if extra:
+        raise BundleIntegrityError(f"{where(bundle / extra[0])}: not listed in {MANIFEST} "
+                                   f"({len(extra)} such file(s)); {rebuild}")
+    for name, entry in sorted(files.items()):
+        path = bundle / name
+        if not path.is_file():
+            raise BundleIntegrityError(f"{where(path)}: listed in {MANIFEST} but missing; {rebuild}")
+        recorded = entry.get("xxh3_128") if isinstance(entry, dict) else None
+        size = path.stat().st_size
+        if isinstance(entry, dict) and entry.get("size") != size:
+            raise BundleIntegrityError(f"{where(path)}: {size} bytes, {MANIFEST} records "
+                                       f"{entry.get('size')}: changed since it was built; {rebuild}")
+        actual = file_digest(path)
+        if actual != recorded:
+            raise BundleIntegrityError(f"{where(path)}: XXH3-128 {actual}, {MANIFEST} records "
+                                       f"{recorded}: changed since it was built; {rebuild}")
+    return len(files)

@@ -1,0 +1,22 @@
+"""Step `inputs`: write a generated model's inputs (one part's ONNX + .data + .encodings, or the
+tokenizer), streamed tensor by tensor so full-size models fit in memory."""
+from __future__ import annotations
+
+from hexbundle.config.layout import Layout
+from hexbundle.inputs import generate, synthetic
+
+
+def generate_inputs(layout: Layout, spec: dict, log) -> None:
+    cfg = layout.cfg
+    if spec.get("what") == "tokenizer":
+        synthetic.generate_tokenizer(cfg.model, layout.tokenizer, cfg.tokenizer_specials)
+        log(f"wrote {layout.rel(layout.tokenizer)}")
+        return
+    part = cfg.part(spec["part"])
+    # Refuse early: the disk must also hold the parts still to be generated after this one.
+    others = [p for p in generate.missing_parts(cfg.model, cfg.plan.parts(), layout.inputs_dir)
+              if p.index != part.index]
+    pending = sum(generate.part_disk_bytes(cfg.model, p) for p in others)
+    for path in generate.generate_part(cfg.model, part, layout.inputs_dir, cfg.inputs["seed"],
+                                       log, also_needed=pending):
+        log(f"wrote {layout.rel(path)} ({path.stat().st_size} bytes)")

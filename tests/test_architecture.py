@@ -1,0 +1,160 @@
+"""The package's shape: layers import downward only, no import cycles, doit stays in graph/.
+
+Every import is counted, at module level and inside functions alike (an import inside a function
+is still a dependency; it only hides a cycle from Python's import machinery).
+"""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "hexbundle"
+# Lowest first: a package may import itself and the packages before it, nothing after it.
+LAYERS = ("support", "config", "formats", "runtime", "inputs", "backends", "checks", "toolchain",
+          "steps", "release", "graph", "bench")
+# Modules that also run alone, with the standard library only (copied into the offline kit).
+STANDALONE = ("hexbundle.release.kit",)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported_names(path: Path, name: str) -> list:
+    """(module imported, line) for every import in the file, relative ones resolved."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            out.append((source, node.lineno))
+            out += [(f"{source}.{alias.name}", node.lineno) for alias in node.names]
+    return out
+
+
+def internal_edges() -> dict:
+    """module -> {module it imports: line}, for hexbundle's own modules."""
+    modules = all_modules()
+    edges = {}
+    for name, path in modules.items():
+        targets = {}
+        for imported, line in imported_names(path, name):
+            if imported in modules and imported != name and not name.startswith(imported + "."):
+                targets.setdefault(imported, line)
+        edges[name] = targets
+    return edges
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def find_cycle(edges: dict):
+    """A list of modules forming a cycle, or None (iterative DFS, colours)."""
+    state, stack_path = {}, []
+
+    def visit(start):
+        stack = [(start, iter(sorted(edges[start])))]
+        state[start] = "open"
+        stack_path.append(start)
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = "done"
+                stack_path.pop()
+                stack.pop()
+            elif state.get(child) == "open":
+                return stack_path[stack_path.index(child):] + [child]
+            elif child not in state:
+                state[child] = "open"
+                stack_path.append(child)
+                stack.append((child, iter(sorted(edges[child]))))
+        return None
+
+    for module in sorted(edges):
+        if module not in state:
+            cycle = visit(module)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_walker_sees_imports_inside_functions_and_relative_ones(tmp_path):
+    source = tmp_path / "hexbundle" / "steps" / "x.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("from . import runner\n\ndef f():\n    from ..graph import keys\n")
+    names = {n for n, _ in imported_names(source, "hexbundle.steps.x")}
+    assert {"hexbundle.steps.runner", "hexbundle.graph.keys"} <= names
+
+
+def test_find_cycle_finds_one_and_only_one():
+    assert find_cycle({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": 1}, "b": {"c": 1}, "c": {}}) is None
+
+
+def test_every_package_has_a_layer():
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert packages == set(LAYERS), "add the package to LAYERS (and the README's layout)"
+    assert not [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"], \
+        "modules belong in a subpackage"
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(internal_edges())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_layers_import_downward_only():
+    wrong = []
+    for module, targets in internal_edges().items():
+        here = layer_of(module)
+        if not here:
+            continue
+        for target, line in targets.items():
+            there = layer_of(target)
+            if there and LAYERS.index(there) > LAYERS.index(here):
+                wrong.append(f"{module}:{line} imports {target} ({there} is above {here})")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: module_name(p))
+def test_doit_is_imported_only_by_graph(path):
+    name = module_name(path)
+    if layer_of(name) == "graph":
+        return
+    doit_imports = [line for imported, line in imported_names(path, name)
+                    if imported == "doit" or imported.startswith("doit.")]
+    assert not doit_imports, f"{name} imports doit at line(s) {doit_imports}: use hexbundle.graph"
+
+
+def test_standalone_modules_import_only_the_standard_library():
+    import sys
+    for name in STANDALONE:
+        path = all_modules()[name]
+        for imported, line in imported_names(path, name):
+            top = imported.split(".")[0]
+            assert top in sys.stdlib_module_names or top in ("docker", "__future__"), \
+                f"{name}:{line} imports {imported}"
+
+
+def test_readme_layout_lists_every_package():
+    readme = (ROOT / "README.md").read_text()
+    for package in LAYERS:
+        assert re.search(rf"^\s+{package}/\s+\S", readme, re.M), \
+            f"README.md's layout has no line for hexbundle/{package}/"
