@@ -14,6 +14,7 @@ from hexbundle.graph.session import doit_config, load
 from hexbundle.checks.sizes import check_built_sizes
 from hexbundle.steps.executor import run_step
 from hexbundle.toolchain import image, wheelhouse
+from hexbundle.config.toolchain import load_toolchain
 from hexbundle.graph.actions import action
 from hexbundle.graph.keys import generator_digest, options_key, pinned, toolchain_key
 from hexbundle.steps.compile import compile_options
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parent
 CFG, LAYOUT, OVERRIDES = load(ROOT)
 DOIT_CONFIG = doit_config(LAYOUT)
 
+TOOLCHAIN = load_toolchain(ROOT)
 PARTS = CFG.plan.parts()
 CONFIG_FILES = [LAYOUT.rel(p) for p in CFG.config_files]
 
@@ -135,7 +137,7 @@ def task_bundle():
 
 def task_release():
     """Clean rebuild -> build/release/: deterministic .tar.gz, SHA256SUMS, provenance.json."""
-    return {"actions": [action(make_release, CFG, LAYOUT, OVERRIDES)], "uptodate": [False],
+    return {"actions": [action(make_release, LAYOUT, OVERRIDES)], "uptodate": [False],
             "verbosity": 2}
 
 
@@ -167,8 +169,8 @@ def task_wheelhouse():
     checked. Needs PyPI for
     missing wheels only: a complete wheelhouse brought offline is just verified."""
     return {"actions": [action(wheelhouse.fetch, ROOT)],
-            "file_dep": [rel(ROOT / "requirements" / "container.lock")],
-            "targets": [rel(ROOT / "build" / "wheelhouse" / wheelhouse.SUMS)],
+            "file_dep": [rel(TOOLCHAIN.lock)],
+            "targets": [rel(TOOLCHAIN.wheelhouse / wheelhouse.SUMS)],
             "verbosity": 2}
 
 
@@ -186,7 +188,7 @@ def task_image():
                         "help": "network of the build's RUN steps (default: none)"}],
             "task_dep": ["wheelhouse"],
             "file_dep": image.file_deps(ROOT),
-            "targets": [rel(image.image_dir(ROOT) / "image-id.txt")],
+            "targets": [rel(LAYOUT.image_id_file)],
             "uptodate": [(image.is_current, [ROOT])],
             "verbosity": 2}
 
@@ -197,7 +199,7 @@ def task_gen_inputs():
     The model's real tensor shapes, I/O and encodings; random weights, fixed seed; streamed tensor by tensor) where the build reads them, e.g. `doit gen_inputs
     model=qwen2.5-7b-instruct` (~30 GB into its exports dir; `--part N` for one part). Checks
     free disk space first. Same files as scripts/gen_7b_inputs.py."""
-    return {"actions": [action(generate_action, CFG, LAYOUT)],
+    return {"actions": [action(generate_action, LAYOUT)],
             "params": [{"name": "part", "long": "part", "type": int, "default": 0,
                         "help": "only this part of the plan (1-based; 0 = every part)"}],
             "uptodate": [False], "verbosity": 2}
@@ -219,7 +221,7 @@ def task_bench():
 
 def task_offline_kit():
     """Write build/offline-kit(.tar) + build/load_kit.py: image, wheels, source, checksums."""
-    return {"actions": [action(offline_kit_command, CFG, LAYOUT)], "uptodate": [False],
+    return {"actions": [action(offline_kit_command, LAYOUT)], "uptodate": [False],
             "verbosity": 2}
 
 

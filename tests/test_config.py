@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hexbundle.config.build import BUILD_SCHEMA, MODEL_SCHEMA, load_build, validate
+from hexbundle.config.build import BUILD_SCHEMA, MODEL_SCHEMA, load_build
+from hexbundle.config.schema import validate
 from hexbundle.support.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

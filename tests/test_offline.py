@@ -116,3 +116,14 @@ def test_build_from_a_kit_with_no_network_gives_the_connected_bytes(toolchain_im
     assert f"image {record['tag']} = {record['id'][:19]} loaded" in proc.stdout
     offline_bundle = out / "offline-kit" / "source" / "build" / "qwen2-tiny" / "iq9075" / "bundle"
     assert files(offline_bundle) == bundle
+
+
+def test_kit_source_keeps_packages_named_like_excluded_top_level_dirs(tmp_path):
+    """Outside git, the walk drops build/, exports/, toolchain/ (the staged SDK) at the top only:
+    hexbundle/toolchain/ is source and must reach the kit (a kit without it cannot build)."""
+    from hexbundle.release.offline_kit import source_files
+    for rel in ("dodo.py", "hexbundle/toolchain/image.py", "toolchain/qairt.zip",
+                "build/x.bin", "exports/m/a.onnx", "hexbundle/__pycache__/a.pyc"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    assert source_files(tmp_path) == ["dodo.py", "hexbundle/toolchain/image.py"]

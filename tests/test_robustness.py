@@ -27,7 +27,9 @@ from hypothesis import strategies as st
 
 from hexbundle.graph import runguard
 from hexbundle.support.atomic import exchange_dirs, swap_in
-from hexbundle.config.build import BUILD_SCHEMA, ConfigError, load_build, read_toml
+from hexbundle.config.build import BUILD_SCHEMA, load_build
+from hexbundle.config.schema import read_toml
+from hexbundle.support.errors import ConfigError
 from hexbundle.formats.encodings import EncodingsError, load_encodings
 from hexbundle.formats.manifest import BundleIntegrityError, verify_bundle_files
 

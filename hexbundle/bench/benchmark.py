@@ -32,9 +32,9 @@ from typing import Callable, Optional
 
 from hexbundle.support import hashing
 from hexbundle.graph.checker import MD5_DB
-from hexbundle.config.build import BUILD_ROOT_ENV, load_build
+from hexbundle.config.build import load_build
+from hexbundle.config.layout import BUILD_ROOT_ENV, Layout, ProjectLayout
 from hexbundle.support.errors import HexbundleError
-from hexbundle.config.layout import Layout
 
 FULL_MODEL = "qwen2.5-7b-shape"
 SMALL_MODEL = "qwen2-tiny"
@@ -105,7 +105,7 @@ class Bench:
         self.keep = keep
         self.log = log
         self.model_name = SMALL_MODEL if small else FULL_MODEL
-        self.build_root = self.root / "build" / "bench" / ("small-tree" if small else "tree")
+        self.build_root = ProjectLayout(self.root).bench_tree(small)
         os.environ[BUILD_ROOT_ENV] = str(self.build_root)   # this process's Layout, and children's
         self.cfg = load_build(self.root, {"model": self.model_name})
         self.layout = Layout(self.cfg)
@@ -211,7 +211,7 @@ class Bench:
         """Convert both graphs and compile the part, each in its own process (peak RSS from
         wait4), writing to a scratch directory so the build tree stays untouched."""
         self.log(f"reference backend on {self.part.tag} ({len(self.part.layers)} layers) ...")
-        scratch = self.build_root / "backend-scratch"
+        scratch = self.build_root / "backend-scratch"   # a build root's own scratch space
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
         steps = []
@@ -283,8 +283,7 @@ class Bench:
         """The MD5 run's own DB, made up to date without rebuilding: a copy of ours (for the
         tasks' saved option values), then `doit reset-dep`, which MD5-hashes every dependency."""
         self.log("MD5 baseline: recording its state (reset-dep) ...")
-        state = self.layout.state_dir
-        shutil.copyfile(state / "doit-db.json", state / MD5_DB)
+        shutil.copyfile(self.layout.doit_db(), self.layout.doit_db(MD5_DB))
         reset = self.doit("reset-dep", *BUILD_TASKS, md5=True, trace=True)
         noop = self.doit("bundle", md5=True)
         self.expect_no_work(noop, "no-op doit bundle with the MD5 checker")
@@ -539,7 +538,7 @@ def main(root: Path, small: bool, keep: bool, out: Optional[Path] = None) -> int
     except HexbundleError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
-    path = write_results(results, Path(out) if out else Path(root) / "build" / "bench" / "results.json")
+    path = write_results(results, Path(out) if out else ProjectLayout(root).bench_results)
     print(format_table(results))
     print(f"\nwritten: {path}")
     return 0
@@ -547,7 +546,7 @@ def main(root: Path, small: bool, keep: bool, out: Optional[Path] = None) -> int
 
 def run_bench(root: Path, small: bool = False, keep: bool = False):
     """`doit bench`: the benchmark in its own process (it runs doit itself)."""
-    cmd = [sys.executable, str(Path(root) / "scripts" / "bench.py")]
+    cmd = [sys.executable, str(ProjectLayout(root).script("bench.py"))]
     cmd += ["--small"] if small else []
     cmd += ["--keep"] if keep else []
     code = subprocess.call(cmd, cwd=root, env={k: v for k, v in os.environ.items() if k != BUILD_ROOT_ENV})

@@ -11,149 +11,18 @@ Files (under <project>/configs):
 """
 from __future__ import annotations
 
-import difflib
-import math
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import tomli
-
+from hexbundle.config.layout import ProjectLayout
+from hexbundle.config.schema import Field, check_value, read_toml
 from hexbundle.support.errors import ConfigError
 from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
                                     pipeline_order_problem)
 
-BUILD_ROOT_ENV = "HEXBUNDLE_BUILD_ROOT"
 BACKENDS = ("reference", "qairt")
 EXECUTORS = ("local", "docker")
-
-
-# ---------------------------------------------------------------------------------------------
-# A small declarative schema: enough to validate and to explain.
-
-@dataclass(frozen=True)
-class Field:
-    type: Any                      # bool, int, float, str, list (of `item`), or a dict schema
-    default: Any = ...             # ... = required
-    choices: tuple = ()
-    min: Optional[float] = None
-    max: Optional[float] = None
-    item: Any = None               # element type for lists
-    pattern: str = ""              # regex a str must fully match
-    doc: str = ""
-
-    @property
-    def required(self) -> bool:
-        return self.default is ...
-
-
-def _describe(f: Field) -> str:
-    if isinstance(f.type, dict):
-        return "a table"
-    name = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-            list: f"a list of {_describe(Field(f.item)) if f.item else 'values'}"}[f.type]
-    if f.choices:
-        name += " (one of " + ", ".join(repr(c) for c in f.choices) + ")"
-    if f.min is not None or f.max is not None:
-        name += f" in [{f.min if f.min is not None else '-inf'}, {f.max if f.max is not None else 'inf'}]"
-    if f.pattern:
-        name += f" matching {f.pattern}"
-    return name
-
-
-def _type_ok(value: Any, t: Any) -> bool:
-    if t is bool:
-        return isinstance(value, bool)
-    if t is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if t is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if t is str:
-        return isinstance(value, str)
-    if t is list:
-        return isinstance(value, list)
-    if isinstance(t, dict):
-        return isinstance(value, dict)
-    return False
-
-
-def _check_value(value: Any, f: Field, where: str, key: str) -> Any:
-    if not _type_ok(value, f.type):
-        raise ConfigError(f"{where}: key '{key}' is {type(value).__name__} {value!r}; "
-                          f"expected {_describe(f)}")
-    if f.type is float:
-        value = float(value)
-        if not math.isfinite(value):
-            raise ConfigError(f"{where}: key '{key}' must be finite, got {value!r}")
-    if isinstance(f.type, dict):
-        return validate(value, f.type, where, key + ".")
-    if f.type is list:
-        if f.item is not None:
-            value = [_check_value(v, Field(f.item, min=f.min, max=f.max), where, f"{key}[{i}]")
-                     for i, v in enumerate(value)]
-        return value
-    if f.choices and value not in f.choices:
-        raise ConfigError(f"{where}: key '{key}' is {value!r}; allowed: "
-                          + ", ".join(repr(c) for c in f.choices))
-    if f.min is not None and value < f.min or f.max is not None and value > f.max:
-        raise ConfigError(f"{where}: key '{key}' is {value!r}; expected {_describe(f)}")
-    if f.pattern and not re.fullmatch(f.pattern, value):
-        raise ConfigError(f"{where}: key '{key}' is {value!r}; expected {_describe(f)}")
-    return value
-
-
-def validate(data: dict, schema: dict, where: str, prefix: str = "") -> dict:
-    """Check `data` against `schema`; return a copy with defaults filled in."""
-    out = {}
-    for key in data:
-        if key not in schema and "*" not in schema:
-            hint = difflib.get_close_matches(key, list(schema), n=1)
-            allowed = ", ".join(k for k in schema)
-            raise ConfigError(f"{where}: unknown key '{prefix}{key}'"
-                              + (f" (did you mean '{prefix}{hint[0]}'?)" if hint else "")
-                              + f"; allowed here: {allowed}")
-    for key, f in schema.items():
-        if key == "*":
-            for k, v in data.items():
-                if k not in schema:
-                    out[k] = _check_value(v, f, where, prefix + k)
-            continue
-        if key not in data:
-            if isinstance(f.type, dict) and f.required and not _has_required(f.type):
-                f = Field(f.type, {})  # a table whose keys all have defaults may be left out
-            if f.required:
-                raise ConfigError(f"{where}: missing key '{prefix}{key}' ({_describe(f)}"
-                                  + (f": {f.doc}" if f.doc else "") + ")")
-            # an optional table (default {}) still gets its own defaults filled in
-            out[key] = validate(f.default, f.type, where, prefix + key + ".") \
-                if isinstance(f.type, dict) else f.default
-            continue
-        out[key] = _check_value(data[key], f, where, prefix + key)
-    return out
-
-
-def _has_required(schema: dict) -> bool:
-    return any(k != "*" and f.required for k, f in schema.items())
-
-
-def read_toml(path: Path, schema: dict) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
-    try:
-        with open(path, "rb") as fh:
-            data = tomli.load(fh)
-    except tomli.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}; fix it there") from None
-    except RecursionError:   # tomli refuses inline arrays/tables nested > 400 deep this way
-        raise ConfigError(f"{path}: not valid TOML: nested too deeply; fix it") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save "
-                          "it as UTF-8 TOML") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return validate(data, schema, str(path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,6 +191,7 @@ class BuildConfig:
     config_files: tuple    # every config file read, for file_dep and the manifest
     build_root: Path       # build/ of the project, or $HEXBUNDLE_BUILD_ROOT (scratch builds)
     verify: Optional[dict] = None   # the model's [verify] table (thresholds of `doit verify`)
+    export_dir: Optional[Path] = None   # inputs.dir, resolved, for an exported model
 
     def part(self, index: int) -> Part:
         """Part `index` (1-based) of the plan."""
@@ -331,19 +201,6 @@ class BuildConfig:
         """The `kind` ("prompt" or "token") graph of part `part_index`."""
         return {g.kind: g for g in self.model.graphs(self.part(part_index))}[kind]
 
-    @property
-    def build_dir(self) -> Path:
-        return self.build_root / self.model.name / self.device.name
-
-    @property
-    def inputs_dir(self) -> Path:
-        if self.inputs["source"] == "generated":
-            return self.build_root / self.model.name / "inputs"
-        return resolve_inside(self.root, self.inputs["dir"], self.model_path, "inputs.dir")
-
-    @property
-    def model_path(self) -> Path:
-        return self.root / "configs" / "models" / f"{self.model.name}.toml"
 
 
 def resolve_inside(root: Path, value: str, where: Path, key: str) -> Path:
@@ -370,7 +227,7 @@ def check_export_dir(root: Path, value: str, where: Path, build_root: Path) -> P
 
 
 def load_socs(root: Path) -> dict:
-    path = root / "configs" / "socs.toml"
+    path = ProjectLayout(root).socs_config
     data = read_toml(path, SOCS_SCHEMA)["soc"]
     out = {}
     for key, value in data.items():
@@ -382,7 +239,8 @@ def load_socs(root: Path) -> dict:
 
 def load_device(root: Path, name: str) -> Device:
     """Find a device by name or alias; check its soc_model / dsp_arch pair."""
-    files = sorted((root / "configs" / "devices").glob("*.toml"))
+    devices_dir = ProjectLayout(root).devices_dir
+    files = sorted(devices_dir.glob("*.toml"))
     known = []
     for path in files:
         d = read_toml(path, DEVICE_SCHEMA)
@@ -397,13 +255,13 @@ def load_device(root: Path, name: str) -> Device:
             return Device(dev["name"], tuple(dev["aliases"]), dev["description"],
                           dev["soc_model"], dev["dsp_arch"], d["htp"], d["runtime"], path)
     raise ConfigError(f"unknown device {name!r}; known: {', '.join(sorted(known))} "
-                      f"(files in {root / 'configs' / 'devices'})")
+                      f"(files in {devices_dir})")
 
 
 def check_soc_pair(root: Path, path: Path, soc_model: int, dsp_arch: str) -> None:
     """A soc_model compiled for the wrong Hexagon arch gives err 1008 or garbage on the device."""
     socs = load_socs(root)
-    socs_path = root / "configs" / "socs.toml"
+    socs_path = ProjectLayout(root).socs_config
     if soc_model not in socs:
         raise ConfigError(f"{path}: soc_model {soc_model} is not in {socs_path}; add it there "
                           f"with its dsp_arch (known: {', '.join(map(str, sorted(socs)))})")
@@ -416,9 +274,10 @@ def check_soc_pair(root: Path, path: Path, soc_model: int, dsp_arch: str) -> Non
 
 def load_model(root: Path, name: str) -> tuple:
     """Return (Model, raw sections) for configs/models/<name>.toml."""
-    path = root / "configs" / "models" / f"{name}.toml"
+    project = ProjectLayout(root)
+    path = project.model_config(name)
     if not path.is_file():
-        known = sorted(p.stem for p in (root / "configs" / "models").glob("*.toml"))
+        known = sorted(p.stem for p in project.models_dir.glob("*.toml"))
         raise ConfigError(f"unknown model {name!r}: no {path}; known: {', '.join(known)}")
     d = read_toml(path, MODEL_SCHEMA)
     m, a, g, q = d["model"], d["architecture"], d["graphs"], d["quantization"]
@@ -493,8 +352,8 @@ def parse_override(key: str, text: str, f: Field) -> Any:
 
 def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
     """configs/build.toml + command-line overrides -> a fully resolved BuildConfig."""
-    root = Path(root).resolve()
-    path = root / "configs" / "build.toml"
+    project = ProjectLayout(root)
+    root, path = project.root, project.build_config
     with_defaults = read_toml(path, BUILD_SCHEMA)
     for key, text in (overrides or {}).items():
         section, _, sub = key.partition(".")
@@ -503,11 +362,11 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
         if sub:
             if section != "compile" or sub not in COMPILE_SCHEMA:
                 raise ConfigError(f"command line: unknown setting {key!r}")
-            with_defaults["compile"][sub] = _check_value(
+            with_defaults["compile"][sub] = check_value(
                 parse_override(key, text, COMPILE_SCHEMA[sub]), COMPILE_SCHEMA[sub],
                 "command line", key)
         elif key in BUILD_SCHEMA and key != "compile":
-            with_defaults[key] = _check_value(parse_override(key, text, BUILD_SCHEMA[key]),
+            with_defaults[key] = check_value(parse_override(key, text, BUILD_SCHEMA[key]),
                                               BUILD_SCHEMA[key], "command line", key)
         else:
             allowed = [k for k in BUILD_SCHEMA if k != "compile"] + list(COMPILE_SCHEMA)
@@ -528,7 +387,7 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
         raise
     plan_name = b["plan"] or model.default_plan
     if plan_name not in model.plans:
-        raise ConfigError(f"plan {plan_name!r} is not in {root}/configs/models/{model.name}.toml;"
+        raise ConfigError(f"plan {plan_name!r} is not in {project.model_config(model.name)};"
                           f" known: {', '.join(sorted(model.plans))}")
     plan = model.plans[plan_name]
     if device.name in plan.known_to_fail_on:
@@ -540,11 +399,10 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
         raise ConfigError(f"plan {plan_name!r} of {model.name}: {problem}. Graph names must sort "
                           "in pipeline order (Genie and the seeds' loader order them by name); "
                           "use fewer than 10 parts")
-    files = (path, root / "configs" / "models" / f"{model.name}.toml", device.path,
-             root / "configs" / "socs.toml")
-    build_root = Path(os.environ.get(BUILD_ROOT_ENV) or root / "build").resolve()
+    files = (path, project.model_config(model.name), device.path, project.socs_config)
+    export_dir = None
     if raw["inputs"]["source"] == "export":
-        check_export_dir(root, raw["inputs"]["dir"], files[1], build_root)
+        export_dir = check_export_dir(root, raw["inputs"]["dir"], files[1], project.build_root)
     return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],
-                       raw["tokenizer"], raw["inputs"], raw["genie"], files, build_root,
-                       verify=raw["verify"])
+                       raw["tokenizer"], raw["inputs"], raw["genie"], files, project.build_root,
+                       verify=raw["verify"], export_dir=export_dir)

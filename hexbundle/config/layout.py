@@ -1,30 +1,47 @@
-"""Where every file of a build lives. Paths handed to doit are project-relative strings, so a
-target of one task and the file_dep of the next are the same string (doit matches them exactly).
+"""Where every file lives: the project's configs and scripts, hexbundle's state, and each build's
+outputs. Nothing else in hexbundle spells a path; it asks a layout.
 
-build/<model>/inputs/                  generated inputs (tiny models), device-independent
-build/<model>/<device>/dlc/            one DLC per graph
-build/<model>/<device>/bin/            one context binary per part
-build/<model>/<device>/bundle/         the Genie bundle
-build/<model>/<device>/logs/           one log per step
+ProjectLayout (the project alone):
+  configs/{build,socs,toolchain}.toml, configs/models/<name>.toml, configs/devices/*.toml
+  <build root>/.hexbundle/               digest cache, doit database, lock
+  <build root>/release/, release-work/   `doit release`
+  <build root>/offline-kit/, offline-kit.tar, load_kit.py    `doit offline_kit`
+  build/image/, build/logs/image.log     `doit image` (always the project's own build/)
+Layout (one model on one device), under the build root:
+  <model>/inputs/                        generated inputs, device-independent
+  <model>/<device>/dlc/                  one DLC per graph
+  <model>/<device>/bin/                  one context binary per part
+  <model>/<device>/bundle/               the Genie bundle
+  <model>/<device>/logs/                 one log per step
+  <model>/<device>/verify/report.json    `doit verify`
+
+The build root is <project>/build, or $HEXBUNDLE_BUILD_ROOT (scratch and release builds). Paths
+handed to doit are project-relative strings (`rel`), so a target of one task and the file_dep of
+the next are the same string (doit matches them exactly).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from hexbundle.config.build import BuildConfig
 from hexbundle.config.model import Graph, Part
 
+BUILD_ROOT_ENV = "HEXBUNDLE_BUILD_ROOT"
 GENIE_CONFIG = "genie_config.json"
 HTP_EXT_CONFIG = "htp_backend_ext_config.json"
 TOKENIZER = "tokenizer.json"
 BUNDLE_CONFIG_FILES = (GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER)
 MANIFEST = "manifest.json"
+DOIT_DB = "doit-db.json"
 
 
-class Layout:
-    def __init__(self, cfg: BuildConfig):
-        self.cfg = cfg
-        self.root = cfg.root
+class ProjectLayout:
+    """Paths that depend on the project alone."""
+
+    def __init__(self, root: Path, build_root: Path | None = None):
+        self.root = Path(root).resolve()
+        self.build_root = Path(build_root or os.environ.get(BUILD_ROOT_ENV)
+                               or self.root / "build").resolve()
 
     def rel(self, path: Path) -> str:
         """Project-relative when inside the project (stable doit keys), else absolute."""
@@ -41,18 +58,143 @@ class Layout:
         "build/" wherever it really is, so the record does not depend on where the build ran."""
         path = Path(path).resolve()
         try:
-            return "build/" + str(path.relative_to(self.cfg.build_root.resolve()))
+            return "build/" + str(path.relative_to(self.build_root))
         except ValueError:
             return self.rel(path)
+
+    # configs ----------------------------------------------------------------------------
+    @property
+    def configs_dir(self) -> Path:
+        return self.root / "configs"
+
+    @property
+    def build_config(self) -> Path:
+        return self.configs_dir / "build.toml"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.configs_dir / "models"
+
+    def model_config(self, name: str) -> Path:
+        return self.models_dir / f"{name}.toml"
+
+    @property
+    def devices_dir(self) -> Path:
+        return self.configs_dir / "devices"
+
+    @property
+    def socs_config(self) -> Path:
+        return self.configs_dir / "socs.toml"
+
+    @property
+    def toolchain_config(self) -> Path:
+        return self.configs_dir / "toolchain.toml"
+
+    # scripts ----------------------------------------------------------------------------
+    def script(self, name: str) -> Path:
+        return self.root / "scripts" / name
+
+    def generated_inputs_dir(self, model_name: str) -> Path:
+        """Where a generated model's inputs go (device-independent)."""
+        return self.build_root / model_name / "inputs"
+
+    # hexbundle's state --------------------------------------------------------------------
+    @property
+    def state_dir(self) -> Path:
+        """hexbundle's own state: digest cache, doit database, lock."""
+        return self.build_root / ".hexbundle"
+
+    @property
+    def digest_cache(self) -> Path:
+        return self.state_dir / "digests.json"
+
+    def doit_db(self, name: str = DOIT_DB) -> Path:
+        return self.state_dir / name
+
+    @property
+    def lock(self) -> Path:
+        return self.state_dir / "lock"
+
+    # project-wide outputs -----------------------------------------------------------------
+    @property
+    def image_dir(self) -> Path:
+        """The toolchain image's record: the project's own build/, whatever the build root (one
+        image serves every build root, scratch and release builds included)."""
+        return self.root / "build" / "image"
+
+    @property
+    def image_record(self) -> Path:
+        return self.image_dir / "image.json"
+
+    @property
+    def image_id_file(self) -> Path:
+        return self.image_dir / "image-id.txt"
+
+    @property
+    def image_log(self) -> Path:
+        return self.root / "build" / "logs" / "image.log"
+
+    @property
+    def bench_dir(self) -> Path:
+        """`doit bench`: its build trees (build roots of their own) and results.json."""
+        return self.root / "build" / "bench"
+
+    def bench_tree(self, small: bool) -> Path:
+        return self.bench_dir / ("small-tree" if small else "tree")
+
+    @property
+    def bench_results(self) -> Path:
+        return self.bench_dir / "results.json"
+
+    @property
+    def release_dir(self) -> Path:
+        return self.build_root / "release"
+
+    @property
+    def release_work_dir(self) -> Path:
+        return self.build_root / "release-work"
+
+    @property
+    def clean_build_log(self) -> Path:
+        """The log of a release's clean build, in its scratch build root."""
+        return self.build_root / "release-build.log"
+
+    @property
+    def offline_kit_dir(self) -> Path:
+        return self.build_root / "offline-kit"
+
+    @property
+    def offline_kit_tar(self) -> Path:
+        return self.build_root / "offline-kit.tar"
+
+    @property
+    def load_kit_script(self) -> Path:
+        return self.build_root / "load_kit.py"
+
+
+class Layout(ProjectLayout):
+    """Paths of one build: a model on a device (a BuildConfig)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg.root, cfg.build_root)
+        self.cfg = cfg
+
+    @property
+    def model_config_path(self) -> Path:
+        return self.model_config(self.cfg.model.name)
 
     # directories ------------------------------------------------------------------------
     @property
     def inputs_dir(self) -> Path:
-        return self.cfg.inputs_dir
+        """Generated inputs under the build root; an export where the model config's inputs.dir
+        says (resolved and checked when the config loaded)."""
+        if self.cfg.export_dir is not None:
+            return self.cfg.export_dir
+        return self.generated_inputs_dir(self.cfg.model.name)
 
     @property
     def build_dir(self) -> Path:
-        return self.cfg.build_dir
+        return self.build_root / self.cfg.model.name / self.cfg.device.name
 
     @property
     def dlc_dir(self) -> Path:
@@ -71,13 +213,8 @@ class Layout:
         return self.build_dir / "logs"
 
     @property
-    def digest_cache(self) -> Path:
-        return self.state_dir / "digests.json"
-
-    @property
-    def state_dir(self) -> Path:
-        """hexbundle's own state: digest cache, doit database, lock."""
-        return self.cfg.build_root / ".hexbundle"
+    def verify_report(self) -> Path:
+        return self.build_dir / "verify" / "report.json"
 
     # files ------------------------------------------------------------------------------
     def onnx(self, graph: Graph) -> Path:

@@ -15,11 +15,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hexbundle.config.build import Field, read_toml
+from hexbundle.config.layout import ProjectLayout
+from hexbundle.config.schema import Field, read_toml
 from hexbundle.support.errors import ToolchainError
 from hexbundle.support.hashing import sha256_file
 
-CONFIG = Path("configs") / "toolchain.toml"
 SHA256 = r"(|[0-9a-f]{64})"
 SDK_ROOT_VARS = ("QAIRT_SDK_ROOT", "QNN_SDK_ROOT")   # newer qairt reads the first, QNN the second
 
@@ -72,8 +72,8 @@ def project_root() -> Path:
 
 
 def load_toolchain(root: Path | None = None) -> Toolchain:
-    root = Path(root or project_root()).resolve()
-    path = root / CONFIG
+    project = ProjectLayout(root or project_root())
+    root, path = project.root, project.toolchain_config
     d = read_toml(path, SCHEMA)
     s, i, p = d["sdk"], d["image"], d["python"]
     inside = lambda key, value: _inside(root, path, key, value)

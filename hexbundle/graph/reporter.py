@@ -26,7 +26,7 @@ def banner(cfg: BuildConfig) -> str:
             f"{d.dsp_arch})\n  backend {cfg.backend} ({version}), executor "
             f"{cfg.executor}, weights_packing {cfg.compile['weights_packing']}, weight_sharing "
             f"{cfg.compile['weight_sharing']}{note}\n  output: "
-            f"{Layout(cfg).rel(cfg.build_dir)}")
+            f"{Layout(cfg).rel(Layout(cfg).build_dir)}")
 
 
 class Reporter(ConsoleReporter):

@@ -61,12 +61,12 @@ def guard_run(layout, argv: list) -> None:
     """Everything above, for this doit process (a no-op for read-only commands)."""
     if not command_writes(argv):
         return
-    root, build, state = layout.root, layout.cfg.build_root, layout.state_dir
+    root, build = layout.root, layout.build_root
     report_interrupts_cleanly()   # first: Ctrl-C while waiting for the lock is clean too
-    hold_lock(state / "lock", root)
+    hold_lock(layout.lock, root)
     restore_interrupted_swaps(build, root)
     sweep_temp_files(build, root)
-    set_aside_damaged_db(state / "doit-db.json", root)
+    set_aside_damaged_db(layout.doit_db(), root)
     make_doit_db_durable()
 
 

@@ -14,7 +14,7 @@ from hexbundle.support import hashing
 from hexbundle.graph import runguard
 from hexbundle.config.build import load_build
 from hexbundle.support.errors import HexbundleError
-from hexbundle.config.layout import Layout
+from hexbundle.config.layout import DOIT_DB, Layout
 from hexbundle.graph.checker import XXH3Checker, comparison_checker
 from hexbundle.graph.reporter import Reporter, set_banner
 
@@ -49,13 +49,13 @@ def load(root: Path):
 
 
 def doit_config(layout: Layout) -> dict:
-    checker, db = XXH3Checker, "doit-db.json"
+    checker, db = XXH3Checker, DOIT_DB
     if os.environ.get(BENCH_CHECKER_ENV):   # scripts/bench.py only: the stock checker to compare
         checker, db = comparison_checker(os.environ[BENCH_CHECKER_ENV])
     return {
         "default_tasks": ["bundle"],
         "check_file_uptodate": checker,
-        "dep_file": str(layout.state_dir / db),
+        "dep_file": str(layout.doit_db(db)),
         "backend": "json",
         "par_type": "thread",      # steps are subprocesses or containers: threads suffice
         "reporter": Reporter,

@@ -36,6 +36,6 @@ def check_pins(layout: Layout, paths: list) -> None:
         algorithm, want = pin.split(":", 1)
         got = hashing.sha256_file(path) if algorithm == "sha256" else hashing.digest(path)
         if got != want:
-            raise InputError(f"{path}: {algorithm} is {got}, but {cfg.model_path} pins "
+            raise InputError(f"{path}: {algorithm} is {got}, but {layout.model_config_path} pins "
                              f"[inputs.pins] {path.name!r} = \"{pin}\"; re-export the model or "
                              "update the pin if this change is intended")

@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 
 from hexbundle.support.errors import ConfigError, DiskSpaceError, InputError
+from hexbundle.config.layout import Layout, ProjectLayout
 from hexbundle.config.model import Model, Part
 
 CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
@@ -200,11 +201,11 @@ def generate_for_config(root: Path, model_name: str, plan_name: str = "", part_i
                         tokenizer: bool = True, log: Callable[[str], None] = print) -> list:
     """scripts/gen_7b_inputs.py: a model config's parts (all, or the chosen ones) + tokenizer,
     into `out` or where the config expects its inputs. Any plan, even one a device refuses."""
-    from hexbundle.config.build import BUILD_ROOT_ENV, load_model, resolve_inside
-    from hexbundle.support.errors import ConfigError
-    root = Path(root).resolve()
+    from hexbundle.config.build import load_model, resolve_inside
+    project = ProjectLayout(root)
+    root = project.root
     model, raw = load_model(root, model_name)
-    where = root / "configs" / "models" / f"{model_name}.toml"
+    where = project.model_config(model_name)
     plan_name = plan_name or model.default_plan
     if plan_name not in model.plans:
         raise ConfigError(f"{where}: no plan {plan_name!r}; known: {', '.join(sorted(model.plans))}")
@@ -216,8 +217,7 @@ def generate_for_config(root: Path, model_name: str, plan_name: str = "", part_i
         parts = [parts[i - 1] for i in sorted(set(part_indexes))]
     if out is None:
         if raw["inputs"]["source"] == "generated":
-            override = os.environ.get(BUILD_ROOT_ENV)
-            out = (Path(override).resolve() if override else root / "build") / model.name / "inputs"
+            out = project.generated_inputs_dir(model.name)
         else:
             out = resolve_inside(root, raw["inputs"]["dir"], where, "inputs.dir")
     seed = raw["inputs"]["seed"] if seed is None else seed
@@ -226,9 +226,10 @@ def generate_for_config(root: Path, model_name: str, plan_name: str = "", part_i
     return generate(model, parts, out, seed, raw["tokenizer"] if tokenizer else None, log)
 
 
-def generate_action(cfg, layout, part: int = 0):
+def generate_action(layout: Layout, part: int = 0) -> None:
     """`doit gen_inputs [--part N]`: stand-in inputs for the configured model where the build
     reads them (for an exported model, its inputs.dir)."""
+    cfg = layout.cfg
     parts = cfg.plan.parts()
     if part:
         if not 1 <= part <= len(parts):

@@ -11,16 +11,17 @@ import tarfile
 from pathlib import Path
 
 from hexbundle import __version__
-from hexbundle.config.build import BuildConfig
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import sha256_file
 from hexbundle.release.kit import KIT_FORMAT, KIT_JSON, KitError, write_sums
 from hexbundle.config.layout import Layout
 
-# Not carried into the kit's source/: outputs and caches.
-SOURCE_EXCLUDE = {"build", "exports", "toolchain", ".git", "__pycache__", ".pytest_cache",
-                  ".hypothesis", ".doit.db", "hexbundle.egg-info"}
+# Not carried into the kit's source/: outputs, exports and the staged SDK (top-level directories
+# only: hexbundle/toolchain/ is source), and caches wherever they are.
+SOURCE_EXCLUDE_TOP = {"build", "exports", "toolchain"}
+SOURCE_EXCLUDE = {".git", "__pycache__", ".pytest_cache", ".hypothesis", ".doit.db",
+                  "hexbundle.egg-info"}
 
 
 def source_files(root: Path) -> list:
@@ -33,7 +34,8 @@ def source_files(root: Path) -> list:
     found = []
     for path in root.rglob("*"):
         rel = path.relative_to(root)
-        if path.is_file() and not set(rel.parts) & SOURCE_EXCLUDE:
+        if path.is_file() and rel.parts[0] not in SOURCE_EXCLUDE_TOP \
+                and not set(rel.parts) & SOURCE_EXCLUDE:
             found.append(rel.as_posix())
     return sorted(found)
 
@@ -88,15 +90,16 @@ def write_tar(directory: Path, out: Path) -> None:
     os.replace(tmp, out)
 
 
-def make_kit(cfg: BuildConfig, layout: Layout, include_sdk: bool, include_inputs: bool) -> Path:
+def make_kit(layout: Layout, include_sdk: bool, include_inputs: bool) -> Path:
     from hexbundle.toolchain.docker import docker_client
     from hexbundle.toolchain.image import read_record
     from hexbundle.config.toolchain import load_toolchain
+    cfg = layout.cfg
     tc = load_toolchain(cfg.root)
     record = read_record(cfg.root)
     if not record:
         raise KitError("no toolchain image recorded: run `doit image` first")
-    out = cfg.build_root / "offline-kit"
+    out = layout.offline_kit_dir
     staging = cfg.build_root / ".offline-kit.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -124,7 +127,7 @@ def make_kit(cfg: BuildConfig, layout: Layout, include_sdk: bool, include_inputs
     say(f"offline_kit: wheels for the image and for Python "
         f"{sys.version_info.major}.{sys.version_info.minor} on the host")
 
-    bring = bring_list(cfg, layout, tc, staging, include_sdk, include_inputs)
+    bring = bring_list(layout, tc, staging, include_sdk, include_inputs)
     from hexbundle.release.reproducible import source_state
     doc = {"format": KIT_FORMAT, "hexbundle": __version__, "images": images,
            "source": source_state(cfg.root), "host_python":
@@ -135,13 +138,14 @@ def make_kit(cfg: BuildConfig, layout: Layout, include_sdk: bool, include_inputs
     if out.exists():
         shutil.rmtree(out)
     os.rename(staging, out)
-    write_tar(out, cfg.build_root / "offline-kit.tar")
-    shutil.copy2(Path(__file__).with_name("kit.py"), cfg.build_root / "load_kit.py")
+    write_tar(out, layout.offline_kit_tar)
+    shutil.copy2(Path(__file__).with_name("kit.py"), layout.load_kit_script)
     return out
 
 
-def bring_list(cfg, layout, tc, staging: Path, include_sdk: bool, include_inputs: bool) -> list:
+def bring_list(layout: Layout, tc, staging: Path, include_sdk: bool, include_inputs: bool) -> list:
     """Big or licensed files: included on request, else listed with their digest to bring."""
+    cfg = layout.cfg
     bring = []
     (staging / "bring").mkdir(exist_ok=True)
     if tc.sdk_archive.is_file():
@@ -162,17 +166,17 @@ def bring_list(cfg, layout, tc, staging: Path, include_sdk: bool, include_inputs
     return bring
 
 
-def offline_kit_command(cfg: BuildConfig, layout: Layout) -> None:
+def offline_kit_command(layout: Layout) -> None:
     """`doit offline_kit`."""
     include_sdk = os.environ.get("HEXBUNDLE_KIT_INCLUDE_SDK") == "1"
     include_inputs = os.environ.get("HEXBUNDLE_KIT_INCLUDE_INPUTS") == "1"
     try:
-        kit = make_kit(cfg, layout, include_sdk, include_inputs)
+        kit = make_kit(layout, include_sdk, include_inputs)
     except KitError as exc:   # kit.py runs alone, without hexbundle: its own error class
         raise HexbundleError(str(exc)) from None
     size = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
     say(f"offline_kit: {layout.rel(kit)} ({size / 1e6:.0f} MB), "
-        f"{layout.rel(cfg.build_root / 'offline-kit.tar')}, and {layout.rel(cfg.build_root / 'load_kit.py')}"
+        f"{layout.rel(layout.offline_kit_tar)}, and {layout.rel(layout.load_kit_script)}"
         " to unpack it: carry both to the offline machine and run "
         "`python3 load_kit.py offline-kit.tar --venv kit-venv`")
 

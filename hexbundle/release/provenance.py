@@ -6,7 +6,6 @@ from pathlib import Path
 
 from hexbundle import __version__
 from hexbundle.backends import describe
-from hexbundle.config.build import BuildConfig
 from hexbundle.config.layout import Layout
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.support import hashing
@@ -14,10 +13,10 @@ from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import sha256_file
 
 
-def image_used(cfg, layout) -> dict:
+def image_used(layout: Layout) -> dict:
     """The toolchain image a docker build ran in: the ID its build-info.json records (else the
     image now under the tag) and, when the engine answers, that image's labels."""
-    tc = load_toolchain(cfg.root)
+    tc = load_toolchain(layout.root)
     try:
         image_id = json.loads(layout.build_info.read_text()).get("image", "")
     except (OSError, ValueError):
@@ -36,13 +35,14 @@ def image_used(cfg, layout) -> dict:
     return {"tag": tc.image_tag, "id": image_id, "labels": labels}
 
 
-def provenance_materials(cfg, layout) -> list:
+def provenance_materials(layout: Layout) -> list:
     """Materials for a release's provenance: the image a docker build ran in (with its labels:
     base, SDK, lock), the SDK pin of a qairt build, the lock file."""
+    cfg = layout.cfg
     tc = load_toolchain(cfg.root)
     out = []
     if cfg.executor == "docker":
-        used = image_used(cfg, layout)
+        used = image_used(layout)
         out.append({"name": f"docker-image:{used['tag']}",
                     "digest": {"sha256": used["id"].removeprefix("sha256:")} if used["id"] else {},
                     "annotations": {k: v for k, v in sorted(used["labels"].items())
@@ -72,14 +72,15 @@ def _file_material(layout: Layout, path: Path) -> dict:
             "digest": {"sha256": sha256_file(path), "xxh3_128": hashing.digest(path)}}
 
 
-def provenance(cfg: BuildConfig, layout: Layout, overrides: dict, source: dict, epoch: int,
+def provenance(layout: Layout, overrides: dict, source: dict, epoch: int,
                subjects: list, inputs: list) -> dict:
+    cfg = layout.cfg
     toolchain, deployable = describe(cfg.backend)
     deps = [{"name": "source", "digest": {"gitCommit": source["commit"]} if source["commit"]
              else {}, "annotations": {"dirty": source["dirty"]}}]
     deps += [_file_material(layout, p) for p in cfg.config_files]
     deps += [_file_material(layout, p) for p in inputs]
-    deps += provenance_materials(cfg, layout)
+    deps += provenance_materials(layout)
     return {
         "_type": STATEMENT_TYPE,
         "subject": subjects,

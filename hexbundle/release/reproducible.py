@@ -25,7 +25,8 @@ from typing import Optional
 from hexbundle.support import hashing
 from hexbundle.support.atomic import atomic_output, write_atomic
 from hexbundle.support.hashing import sha256_file
-from hexbundle.config.build import BUILD_ROOT_ENV, BuildConfig
+from hexbundle.config.build import BuildConfig
+from hexbundle.config.layout import BUILD_ROOT_ENV
 from hexbundle.support.errors import HexbundleError
 from hexbundle.config.layout import Layout
 from hexbundle.release.provenance import provenance
@@ -137,28 +138,29 @@ def archive_members(archive: Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 # the clean build
 
-def clean_build(cfg: BuildConfig, root: Path, overrides: dict, scratch: Path, log) -> Path:
-    """`doit bundle` from nothing, in a scratch build root; returns the bundle directory."""
-    if scratch.exists():
-        shutil.rmtree(scratch)
-    scratch.mkdir(parents=True)
+def clean_build(scratch: Layout, overrides: dict, log) -> Path:
+    """`doit bundle` from nothing, in the scratch layout's build root; returns its bundle dir."""
+    cfg, root, build_root = scratch.cfg, scratch.root, scratch.build_root
+    if build_root.exists():
+        shutil.rmtree(build_root)
+    build_root.mkdir(parents=True)
     args = [sys.executable, "-m", "doit", "-f", str(root / "dodo.py"), "--dir", str(root),
             "bundle", *[f"{k}={v}" for k, v in sorted(overrides.items())]]
-    env = {**os.environ, BUILD_ROOT_ENV: str(scratch)}
+    env = {**os.environ, BUILD_ROOT_ENV: str(build_root)}
     log(f"release: clean build of {cfg.model.name} for {cfg.device.name} in "
-        f"{Layout(cfg).rel(scratch)}")
+        f"{scratch.rel(build_root)}")
     proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
-    (scratch / "release-build.log").write_text(proc.stdout + proc.stderr)
+    scratch.clean_build_log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise ReleaseError(f"the clean build failed (exit {proc.returncode}); log: "
-                           f"{scratch / 'release-build.log'}\n{proc.stdout[-3000:]}"
+                           f"{scratch.clean_build_log}\n{proc.stdout[-3000:]}"
                            f"{proc.stderr[-3000:]}")
-    return scratch / cfg.model.name / cfg.device.name / "bundle"
+    return scratch.bundle_dir
 
 
-def scratch_config(cfg: BuildConfig, scratch: Path) -> BuildConfig:
-    """The same build, seen with the scratch build root (for paths of generated inputs)."""
-    return dataclasses.replace(cfg, build_root=scratch.resolve())
+def scratch_layout(cfg: BuildConfig, build_root: Path) -> Layout:
+    """The same build, laid out under a scratch build root."""
+    return Layout(dataclasses.replace(cfg, build_root=build_root.resolve()))
 
 
 def _overrides_of(cfg: BuildConfig) -> dict:
@@ -169,16 +171,15 @@ def _overrides_of(cfg: BuildConfig) -> dict:
     return out
 
 
-def make_release(cfg: BuildConfig, layout: Layout, overrides: dict, log=print) -> Path:
+def make_release(layout: Layout, overrides: dict, log=print) -> Path:
+    cfg = layout.cfg
     source = source_state(cfg.root)
     epoch = release_epoch(source)
     if source["dirty"]:
         log("release: WARNING: the source tree has uncommitted changes; the provenance says so")
-    scratch = cfg.build_root / "release-work"
-    bundle_dir = clean_build(cfg, cfg.root, _overrides_of(cfg), scratch, log)
-    scfg = scratch_config(cfg, scratch)
-    slayout = Layout(scfg)
-    out_dir = cfg.build_root / "release"
+    scratch = scratch_layout(cfg, layout.release_work_dir)
+    bundle_dir = clean_build(scratch, _overrides_of(cfg), log)
+    out_dir = layout.release_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     name = archive_name(cfg)
     archive = out_dir / f"{name}.tar.gz"
@@ -186,7 +187,8 @@ def make_release(cfg: BuildConfig, layout: Layout, overrides: dict, log=print) -
     subjects = [{"name": archive.name, "digest": {"sha256": sha256_file(archive)}}]
     subjects += [{"name": f"{name}/{p.name}", "digest": {"sha256": sha256_file(p)}}
                  for p in sorted(bundle_dir.iterdir())]
-    doc = provenance(scfg, slayout, overrides, source, epoch, subjects, slayout.all_inputs())
+    doc = provenance(scratch, overrides, source, epoch, subjects,
+                     scratch.all_inputs())
     _write_text(out_dir / PROVENANCE, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     _write_text(out_dir / SUMS, f"{subjects[0]['digest']['sha256']}  {archive.name}\n")
     log(f"release: {layout.rel(archive)} ({archive.stat().st_size / (1 << 20):.2f} MiB), "
@@ -280,7 +282,7 @@ def verify_release(root: Path, archive: Path, log=print) -> bool:
                           for k, v in params["compile"].items()})
         from hexbundle.config.build import load_build
         cfg = load_build(src, overrides)
-        bundle_dir = clean_build(cfg, src, overrides, workdir / "build", log)
+        bundle_dir = clean_build(scratch_layout(cfg, workdir / "build"), overrides, log)
         rebuilt = {p.name: sha256_file(p) for p in bundle_dir.iterdir()}
         recorded = archive_members(archive)
         prefix = archive.name[:-len(".tar.gz")]

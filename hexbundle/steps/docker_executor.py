@@ -18,13 +18,13 @@ import json
 import os
 from pathlib import Path
 
-from hexbundle.config.build import BUILD_ROOT_ENV, BuildConfig
+from hexbundle.config.build import BuildConfig
+from hexbundle.config.layout import BUILD_ROOT_ENV, ProjectLayout
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.support.errors import HexbundleError
 from hexbundle.toolchain.docker import LONG_TIMEOUT_S, docker_client, find_image, require_sdk_image
 
 
-STAGE_SCRIPT = Path("scripts") / "stage.py"
 
 
 PYTHON = "python3.10"
@@ -83,7 +83,7 @@ def run_in_container(cfg: BuildConfig, spec: dict, log_path: Path, user: str = "
 
 def _run(client, image, cfg: BuildConfig, spec: dict, log, user: str) -> int:
     from docker.errors import APIError, NotFound
-    command = [PYTHON, str(cfg.root / STAGE_SCRIPT), json.dumps(spec, sort_keys=True)]
+    command = [PYTHON, str(ProjectLayout(cfg.root).script("stage.py")), json.dumps(spec, sort_keys=True)]
     name = container_name(spec)
     container = None
     try:

@@ -30,24 +30,18 @@ from pathlib import Path
 
 from hexbundle.support.errors import HexbundleError, ToolchainError
 from hexbundle.support.hashing import sha256_file
-from hexbundle.config.toolchain import Toolchain, load_toolchain, staged_sdk
+from hexbundle.config.layout import ProjectLayout
+from hexbundle.config.toolchain import Toolchain, load_toolchain, project_root, staged_sdk
 
 CONTEXT_MTIME = 315532800          # 1980-01-01: fixed entry times in the context tar
-INSTALLER = Path(__file__).resolve().parents[2] / "scripts" / "install_sdk.py"
+# The installer of the source tree this package runs from (a project root may hold configs only).
+INSTALLER = ProjectLayout(project_root()).script("install_sdk.py")
 TAIL_LINES = 30
-
-
-def image_dir(root: Path) -> Path:
-    return Path(root) / "build" / "image"
-
-
-def log_path(root: Path) -> Path:
-    return Path(root) / "build" / "logs" / "image.log"
 
 
 def read_record(root: Path) -> dict | None:
     try:
-        return json.loads((image_dir(root) / "image.json").read_text())
+        return json.loads(ProjectLayout(root).image_record.read_text())
     except (OSError, ValueError):
         return None
 
@@ -207,9 +201,10 @@ def build(root: Path, base: str | None = None, network: str = "none") -> dict:
         f"{tc.sdk_version + ' from ' + tc.sdk_archive.name if ctx.sdk_sha256 else 'none'}, "
         f"{sum(1 for n, _ in ctx.files if n.startswith('wheelhouse/'))} wheels, network "
         f"{network}")
-    image_dir(root).mkdir(parents=True, exist_ok=True)
-    log_path(root).parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile(dir=image_dir(root)) as fh, open(log_path(root), "w") as log:
+    project = ProjectLayout(root)
+    project.image_dir.mkdir(parents=True, exist_ok=True)
+    project.image_log.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=project.image_dir) as fh, open(project.image_log, "w") as log:
         context_sha256 = write_context(ctx, fh)
         fh.seek(0)
         say(f"context {fh.seek(0, os.SEEK_END) / (1 << 20):.1f} MiB, sha256 "
@@ -233,9 +228,10 @@ def build(root: Path, base: str | None = None, network: str = "none") -> dict:
 
 def write_record(root: Path, record: dict) -> None:
     from hexbundle.support.atomic import write_atomic
-    write_atomic(image_dir(root) / "image.json",
+    project = ProjectLayout(root)
+    write_atomic(project.image_record,
                  (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
-    write_atomic(image_dir(root) / "image-id.txt", (record["id"] + "\n").encode())
+    write_atomic(project.image_id_file, (record["id"] + "\n").encode())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,7 +242,7 @@ def file_deps(root: Path) -> list:
     script, and the SDK archive when one is staged."""
     tc = load_toolchain(root)
     deps = [tc.dockerfile, INSTALLER, tc.lock, tc.path,
-            Path(root) / "scripts" / "make_base_image.sh"]
+            ProjectLayout(root).script("make_base_image.sh")]
     if tc.sdk_archive.is_file():
         deps.append(tc.sdk_archive)
     return [str(Path(p).resolve().relative_to(Path(root).resolve())) for p in deps]

@@ -1,0 +1,141 @@
+"""A small declarative TOML schema: enough to validate and to explain.
+
+An unknown key, a wrong type or an out-of-range value is an error naming the file, the key and
+what is allowed (with a "did you mean" for a near miss) -- the opposite of the QAIRT CLI, which
+logs "Unknown Key" and carries on.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import tomli
+
+from hexbundle.support.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Field:
+    type: Any                      # bool, int, float, str, list (of `item`), or a dict schema
+    default: Any = ...             # ... = required
+    choices: tuple = ()
+    min: Optional[float] = None
+    max: Optional[float] = None
+    item: Any = None               # element type for lists
+    pattern: str = ""              # regex a str must fully match
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is ...
+
+
+def _describe(f: Field) -> str:
+    if isinstance(f.type, dict):
+        return "a table"
+    name = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            list: f"a list of {_describe(Field(f.item)) if f.item else 'values'}"}[f.type]
+    if f.choices:
+        name += " (one of " + ", ".join(repr(c) for c in f.choices) + ")"
+    if f.min is not None or f.max is not None:
+        name += f" in [{f.min if f.min is not None else '-inf'}, {f.max if f.max is not None else 'inf'}]"
+    if f.pattern:
+        name += f" matching {f.pattern}"
+    return name
+
+
+def _type_ok(value: Any, t: Any) -> bool:
+    if t is bool:
+        return isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t is str:
+        return isinstance(value, str)
+    if t is list:
+        return isinstance(value, list)
+    if isinstance(t, dict):
+        return isinstance(value, dict)
+    return False
+
+
+def check_value(value: Any, f: Field, where: str, key: str) -> Any:
+    if not _type_ok(value, f.type):
+        raise ConfigError(f"{where}: key '{key}' is {type(value).__name__} {value!r}; "
+                          f"expected {_describe(f)}")
+    if f.type is float:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: key '{key}' must be finite, got {value!r}")
+    if isinstance(f.type, dict):
+        return validate(value, f.type, where, key + ".")
+    if f.type is list:
+        if f.item is not None:
+            value = [check_value(v, Field(f.item, min=f.min, max=f.max), where, f"{key}[{i}]")
+                     for i, v in enumerate(value)]
+        return value
+    if f.choices and value not in f.choices:
+        raise ConfigError(f"{where}: key '{key}' is {value!r}; allowed: "
+                          + ", ".join(repr(c) for c in f.choices))
+    if f.min is not None and value < f.min or f.max is not None and value > f.max:
+        raise ConfigError(f"{where}: key '{key}' is {value!r}; expected {_describe(f)}")
+    if f.pattern and not re.fullmatch(f.pattern, value):
+        raise ConfigError(f"{where}: key '{key}' is {value!r}; expected {_describe(f)}")
+    return value
+
+
+def validate(data: dict, schema: dict, where: str, prefix: str = "") -> dict:
+    """Check `data` against `schema`; return a copy with defaults filled in."""
+    out = {}
+    for key in data:
+        if key not in schema and "*" not in schema:
+            hint = difflib.get_close_matches(key, list(schema), n=1)
+            allowed = ", ".join(k for k in schema)
+            raise ConfigError(f"{where}: unknown key '{prefix}{key}'"
+                              + (f" (did you mean '{prefix}{hint[0]}'?)" if hint else "")
+                              + f"; allowed here: {allowed}")
+    for key, f in schema.items():
+        if key == "*":
+            for k, v in data.items():
+                if k not in schema:
+                    out[k] = check_value(v, f, where, prefix + k)
+            continue
+        if key not in data:
+            if isinstance(f.type, dict) and f.required and not _has_required(f.type):
+                f = Field(f.type, {})  # a table whose keys all have defaults may be left out
+            if f.required:
+                raise ConfigError(f"{where}: missing key '{prefix}{key}' ({_describe(f)}"
+                                  + (f": {f.doc}" if f.doc else "") + ")")
+            # an optional table (default {}) still gets its own defaults filled in
+            out[key] = validate(f.default, f.type, where, prefix + key + ".") \
+                if isinstance(f.type, dict) else f.default
+            continue
+        out[key] = check_value(data[key], f, where, prefix + key)
+    return out
+
+
+def _has_required(schema: dict) -> bool:
+    return any(k != "*" and f.required for k, f in schema.items())
+
+
+def read_toml(path: Path, schema: dict) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        with open(path, "rb") as fh:
+            data = tomli.load(fh)
+    except tomli.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}; fix it there") from None
+    except RecursionError:   # tomli refuses inline arrays/tables nested > 400 deep this way
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply; fix it") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save "
+                          "it as UTF-8 TOML") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return validate(data, schema, str(path))
