@@ -1,28 +1,46 @@
-"""hexbundle task graph: ONNX -> DLC -> context binary -> Genie bundle.
+"""hexbundle's task graph: ONNX -> DLC -> context binary -> Genie bundle. Nothing else lives here.
 
-Run `doit list` for the manual, `doit bundle` to build, `doit check_sizes` to re-check sizes.
-Settings come from configs/build.toml; override them as `doit bundle model=... device=...`.
-This file declares what each task reads, writes and which function does it; the work lives in
-the hexbundle package.
+`doit list` is the manual, `doit bundle` (the default) builds. Settings come from
+configs/build.toml; override them as `doit bundle model=... device=... weights_packing=...`.
+
+Each task and the module that does its work, under hexbundle/:
+  inputs          steps/inputs.py          generate a model's inputs (inputs/synthetic.py);
+                                           inputs/export.py for an exported model's files
+  convert         steps/convert.py         ONNX + AIMET encodings -> DLC (backends/)
+  compile         steps/compile.py         a part's DLCs -> one context binary (backends/)
+  check_sizes     checks/sizes.py          bins vs the size model; checks/integrity.py re-hashes
+  bundle          steps/bundle.py          Genie configs (formats/genie.py), manifest, bins
+  verify          checks/verify.py         the bundle on the CPU (runtime/) vs the float ONNX
+  release         release/reproducible.py  clean rebuild, deterministic archive, provenance
+  verify_release  release/reproducible.py  rebuild from a release's provenance and compare
+  wheelhouse      toolchain/wheelhouse.py  the image's locked Python wheels
+  image           toolchain/image.py       the pinned toolchain image
+  gen_inputs      inputs/generate.py       full-size stand-in inputs, streamed
+  bench           bench/benchmark.py       side-by-side measurements
+  offline_kit     release/offline_kit.py   everything an air-gapped machine needs
+  load_kit        release/kit.py           verify and load a kit
+The build steps (inputs, convert, compile, bundle) run through steps/executor.py, in this process
+or in the toolchain container (steps/docker_executor.py). doit's side -- checker, up-to-date keys,
+run guard, reporter, the action wrapper -- is graph/.
 """
 from pathlib import Path
 
-from hexbundle.inputs.export import require_export
-from hexbundle.release.offline_kit import load_kit_command, offline_kit_command
-from hexbundle.release.reproducible import make_release, verify_release_command
-from hexbundle.graph.session import doit_config, load
+from hexbundle.bench.benchmark import run_bench
+from hexbundle.checks.integrity import check_bundle_integrity
 from hexbundle.checks.sizes import check_built_sizes
-from hexbundle.steps.executor import run_step
-from hexbundle.toolchain import image, wheelhouse
+from hexbundle.checks.verify import code_digest, report_path, run_verify
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.graph.actions import action
 from hexbundle.graph.keys import generator_digest, options_key, pinned, toolchain_key
-from hexbundle.steps.compile import compile_options
-from hexbundle.checks.integrity import check_bundle_integrity
-from hexbundle.inputs.generate import generate_action
-from hexbundle.bench.benchmark import run_bench
+from hexbundle.graph.session import doit_config, load
 from hexbundle.graph.targets import targets_unchanged
-from hexbundle.checks.verify import code_digest, report_path, run_verify
+from hexbundle.inputs.export import require_export
+from hexbundle.inputs.generate import generate_action
+from hexbundle.release.offline_kit import load_kit_command, offline_kit_command
+from hexbundle.release.reproducible import make_release, verify_release_command
+from hexbundle.steps.compile import compile_options
+from hexbundle.steps.executor import run_step
+from hexbundle.toolchain import image, wheelhouse
 
 ROOT = Path(__file__).resolve().parent
 CFG, LAYOUT, OVERRIDES = load(ROOT)
@@ -67,11 +85,11 @@ def task_inputs():
                             generator=generator_digest)
     for part in PARTS:
         yield {"name": part.tag, "doc": f"generate the ONNX, weights and encodings of {part.tag}",
-               "actions": [step(f"inputs:{part.tag}", "generate", part=part.index)],
+               "actions": [step(f"inputs:{part.tag}", "inputs", part=part.index)],
                "targets": [rel(p) for g in CFG.model.graphs(part) for p in LAYOUT.graph_inputs(g)],
                "uptodate": [generator], "clean": True, "io": NO_CAPTURE}
     yield {"name": "tokenizer", "doc": "generate the byte-level BPE tokenizer.json",
-           "actions": [step("inputs:tokenizer", "generate", what="tokenizer")],
+           "actions": [step("inputs:tokenizer", "inputs", what="tokenizer")],
            "targets": [rel(LAYOUT.tokenizer)],
            "uptodate": [options_key(vocab=CFG.model.architecture.vocab_size,
                                     specials=CFG.tokenizer_specials,

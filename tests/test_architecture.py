@@ -158,3 +158,25 @@ def test_readme_layout_lists_every_package():
     for package in LAYERS:
         assert re.search(rf"^\s+{package}/\s+\S", readme, re.M), \
             f"README.md's layout has no line for hexbundle/{package}/"
+
+
+def test_dodo_docstring_maps_every_task_to_a_module_that_exists():
+    dodo = ast.parse((ROOT / "dodo.py").read_text())
+    tasks = [n.name[len("task_"):] for n in dodo.body
+             if isinstance(n, ast.FunctionDef) and n.name.startswith("task_")]
+    doc = ast.get_docstring(dodo)
+    rows = dict(re.findall(r"^  (\w+)\s+(\S+\.py)\s", doc, re.M))
+    assert sorted(rows) == sorted(tasks), "dodo.py's docstring lists exactly the tasks"
+    for task, module in rows.items():
+        assert (PACKAGE / module).is_file(), f"task {task}: hexbundle/{module} does not exist"
+
+
+def test_dodo_declares_tasks_and_nothing_else():
+    """Module level: imports, constants from the config, and task_* / small helper functions;
+    no loops or calls that act (the only calls are the loaders that resolve the config)."""
+    dodo = ast.parse((ROOT / "dodo.py").read_text())
+    for node in dodo.body:
+        assert isinstance(node, (ast.Expr, ast.Import, ast.ImportFrom, ast.Assign,
+                                 ast.FunctionDef)), f"dodo.py line {node.lineno}: {type(node)}"
+        if isinstance(node, ast.Expr):
+            assert isinstance(node.value, ast.Constant), f"dodo.py line {node.lineno} acts"

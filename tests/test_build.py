@@ -82,6 +82,21 @@ def test_doit_list_reads_as_a_manual(built):
 
 # --- incremental behaviour ---------------------------------------------------------------------
 
+def test_reading_commands_create_nothing_and_ask_no_docker_engine(project):
+    """`doit list`, `help` and `info` in a fresh tree: no build/ (no lock, no directories, no
+    digest cache), and under executor=docker no engine is asked (none answers here: the
+    DOCKER_HOST points nowhere), so they work on a machine without one."""
+    nowhere = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    for args in (["list"], ["list", "--all"], ["help", "bundle"], ["list", "executor=docker"],
+                 ["help", "compile", "executor=docker"]):
+        run = project.doit(*args, env=nowhere)
+        assert "no Docker engine" not in run.out + run.err, args
+        assert not (project.root / "build").exists(), f"doit {' '.join(args)} created build/"
+    run = project.doit("info", "bundle", check=False)
+    assert run.code in (0, 1), run.err       # 1: "bundle" is not up to date, as it should be
+    assert not (project.root / "build").exists(), "doit info bundle created build/"
+
+
 def test_second_run_executes_nothing_and_touch_hashes_once(project, tmp_path):
     project.doit("bundle")
     again = project.doit("bundle")

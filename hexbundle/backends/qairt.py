@@ -323,8 +323,8 @@ def sdk_output(log: Callable[[str], None], what: str):
     if capture.flagged:
         raise BackendError(
             f"{what}: the SDK logged {len(capture.flagged)} error line(s) although the call "
-            "returned normally -- an option it did not apply is how the seeds got 2x binaries, "
-            "so the output was not kept:" + _flagged_text(capture))
+            "returned normally -- an option the SDK does not apply (e.g. weights_packing dropped "
+            "as an unknown key) silently doubles a 4-bit binary, so the output was not kept:" + _flagged_text(capture))
 
 
 def _flagged_text(capture: _Capture) -> str:

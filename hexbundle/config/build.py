@@ -397,8 +397,8 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
     problem = pipeline_order_problem(model, plan)
     if problem:
         raise ConfigError(f"plan {plan_name!r} of {model.name}: {problem}. Graph names must sort "
-                          "in pipeline order (Genie and the seeds' loader order them by name); "
-                          "use fewer than 10 parts")
+                          "in pipeline order (Genie and the on-device loaders take the context "
+                          "binaries in name order); use fewer than 10 parts")
     files = (path, project.model_config(model.name), device.path, project.socs_config)
     export_dir = None
     if raw["inputs"]["source"] == "export":

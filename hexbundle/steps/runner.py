@@ -21,7 +21,8 @@ from hexbundle.steps.inputs import generate_inputs
 from hexbundle.support import hashing, testhooks
 from hexbundle.support.errors import HexbundleError
 
-STAGES = {"generate": generate_inputs, "convert": convert_graph, "compile": compile_part,
+# The stage names are the doit tasks' names: task `compile` runs steps/compile.py, and so on.
+STAGES = {"inputs": generate_inputs, "convert": convert_graph, "compile": compile_part,
           "bundle": assemble_bundle}
 
 
