@@ -21,7 +21,8 @@ from hexbundle.support.errors import ConfigError, VerifyError
 from hexbundle.formats.container import QuantParams, Tensor
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
 from hexbundle.config.layout import Layout
-from hexbundle.runtime.interpreter import GraphRunner, causal_mask, rope_inputs
+from hexbundle.runtime.conventions import causal_mask, rope_inputs
+from hexbundle.runtime.interpreter import GraphRunner
 from hexbundle.checks.verify import generate as library_generate
 from hexbundle.checks.verify import verify_bundle
 

@@ -49,7 +49,9 @@ from hexbundle.support.errors import FormatError, VerifyError
 from hexbundle.config.layout import Layout
 from hexbundle.formats.genie import GenieSettings, read_genie_config
 
-RUNTIME_SOURCES = ("runtime/interpreter.py", "checks/verify.py")   # verify reruns when these change
+# verify reruns when these change: every runtime module it runs, and this one
+RUNTIME_SOURCES = ("runtime/conventions.py", "runtime/sessions.py", "runtime/interpreter.py",
+                   "checks/verify.py")
 
 
 # ============================================================================ the bundle's runtime config
@@ -153,7 +155,7 @@ class OnnxGraph:
 
     def __init__(self, path: Path):
         import onnx
-        from hexbundle.runtime.interpreter import IoInfo
+        from hexbundle.runtime.sessions import IoInfo
         if not Path(path).is_file():
             raise VerifyError(f"{path}: the float ONNX is missing; run `doit inputs` or put the "
                               f"export there")
@@ -196,12 +198,13 @@ class OnnxGraph:
 
 
 def rope_settings(genie: GenieSettings):
-    from hexbundle.runtime.interpreter import RopeSettings
+    from hexbundle.runtime.sessions import RopeSettings
     return RopeSettings(genie.rope_theta, genie.pos_id_dim)
 
 
 def bundle_session(bp: BundlePart, cfg: BuildConfig, rope):
-    from hexbundle.runtime.interpreter import GraphRunner, PartSession
+    from hexbundle.runtime.interpreter import GraphRunner
+    from hexbundle.runtime.sessions import PartSession
     graphs = {g.kind: GraphRunner(bp.reader, g.name) for g in cfg.model.graphs(bp.part)}
     return PartSession(bp.label, graphs, rope)
 
@@ -209,7 +212,7 @@ def bundle_session(bp: BundlePart, cfg: BuildConfig, rope):
 def onnx_session(part, cfg: BuildConfig, layout: Layout):
     """The float reference of a part. Its RoPE settings come from the model config (what the
     ONNX was exported for), not from genie_config.json: a wrong rope-theta there must show."""
-    from hexbundle.runtime.interpreter import PartSession, RopeSettings
+    from hexbundle.runtime.sessions import PartSession, RopeSettings
     a = cfg.model.architecture
     graphs = {g.kind: OnnxGraph(layout.onnx(g)) for g in cfg.model.graphs(part)}
     return PartSession(f"{part_label(part)} (float ONNX)", graphs,
