@@ -23,7 +23,7 @@ from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
 from hexbundle.config.layout import Layout
 from hexbundle.runtime.conventions import causal_mask, rope_inputs
 from hexbundle.runtime.interpreter import GraphRunner
-from hexbundle.checks.verify import RUNTIME_SOURCES, verify_bundle
+from hexbundle.checks.verify import RUNTIME_SOURCES, compare_bundle_with_onnx
 
 PARTS = 4
 PACKAGE = Path(__file__).resolve().parent.parent / "hexbundle"
@@ -50,7 +50,7 @@ def bundle_copy(built, tmp_path):
 
 def run_verify(tiny, bundle_dir):
     cfg, layout = tiny
-    return verify_bundle(cfg, layout, bundle_dir=bundle_dir, log=lambda line: None)
+    return compare_bundle_with_onnx(cfg, layout, bundle_dir=bundle_dir, log=lambda line: None)
 
 
 def rewrite_bin(path, alter_tensor=None, alter_topology=None, weight_sharing=None):

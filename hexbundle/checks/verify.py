@@ -243,8 +243,9 @@ class Report:
                 "ok": self.ok, "rows": [asdict(r) for r in self.rows]}
 
 
-def verify_bundle(cfg: BuildConfig, layout: Layout, bundle_dir: Optional[Path] = None,
-                  log: Callable[[str], None] = print) -> Report:
+def compare_bundle_with_onnx(cfg: BuildConfig, layout: Layout,
+                             bundle_dir: Optional[Path] = None,
+                             log: Callable[[str], None] = print) -> Report:
     """Run the checks; return the report (callers decide what a failure means)."""
     started = time.monotonic()
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
@@ -293,7 +294,7 @@ def run_verify(cfg: BuildConfig, layout: Layout):
                           f"backend {cfg.backend!r} bins are QNN binaries that only a device runs. "
                           f"Verify the same model with backend=reference")
     try:
-        report = verify_bundle(cfg, layout)
+        report = compare_bundle_with_onnx(cfg, layout)
     except VerifyError as exc:
         raise VerifyError(f"verify failed: {exc}") from None
     print(report.table(), flush=True)
