@@ -68,7 +68,7 @@ def check_runtime_settings(cfg: BuildConfig, genie: GenieSettings) -> None:
              ("dialog.context.n-vocab", genie.n_vocab, "architecture.vocab_size", a.vocab_size),
              (f"{htp}.rope-theta", genie.rope_theta, "architecture.rope_theta", a.rope_theta),
              (f"{htp}.pos-id-dim", genie.pos_id_dim, "architecture.head_dim / 2", a.pos_id_dim),
-             (f"{htp}.kv-dim", genie.kv_dim, "architecture.head_dim", a.head_dim)]
+             (f"{htp}.kv-dim", genie.head_dim, "architecture.head_dim", a.head_dim)]
     wrong = [f"'{key}' is {got} but {cfg.model_path.name} {source} is {want}"
              for key, got, source, want in pairs if got != want]
     if wrong:
