@@ -21,7 +21,7 @@ from hexbundle.checks.integrity import check_bundle_integrity
 from hexbundle.inputs.generate import generate_action
 from hexbundle.bench.benchmark import run_bench
 from hexbundle.graph.targets import targets_unchanged
-from hexbundle.checks.verify import code_digest, report_path, run_verify
+from hexbundle.checks.verify import code_digest, run_verify
 
 ROOT = Path(__file__).resolve().parent
 CFG, LAYOUT, OVERRIDES = load(ROOT)
@@ -154,7 +154,7 @@ def task_verify():
     return {"actions": [action(run_verify, CFG, LAYOUT)],
             "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
             + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
-            "targets": [rel(report_path(LAYOUT))],
+            "targets": [rel(LAYOUT.verify_report)],
             "uptodate": [options_key(verify=CFG.verify, backend=CFG.backend,
                                      runtime=code_digest())],
             "verbosity": 2}

@@ -276,10 +276,6 @@ def compare_bundle_with_onnx(cfg: BuildConfig, layout: Layout,
                   time.monotonic() - started)
 
 
-def report_path(layout: Layout) -> Path:
-    return layout.build_dir / "verify" / "report.json"
-
-
 def code_digest() -> str:
     from hexbundle.support import hashing
     here = Path(__file__).resolve().parents[1]
@@ -298,7 +294,7 @@ def run_verify(cfg: BuildConfig, layout: Layout):
     except VerifyError as exc:
         raise VerifyError(f"verify failed: {exc}") from None
     print(report.table(), flush=True)
-    path = report_path(layout)
+    path = layout.verify_report
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(report.to_json(), indent=2) + "\n").encode())
     if not report.ok:

@@ -6,6 +6,7 @@ build/<model>/<device>/dlc/            one DLC per graph
 build/<model>/<device>/bin/            one context binary per part
 build/<model>/<device>/bundle/         the Genie bundle
 build/<model>/<device>/logs/           one log per step
+build/<model>/<device>/verify/         `doit verify`'s report
 """
 from __future__ import annotations
 
@@ -125,6 +126,11 @@ class Layout:
     @property
     def manifest(self) -> Path:
         return self.bundle_dir / MANIFEST
+
+    @property
+    def verify_report(self) -> Path:
+        """`doit verify`'s JSON report."""
+        return self.build_dir / "verify" / "report.json"
 
     def log(self, task: str) -> Path:
         return self.logs_dir / (task.replace(":", "__") + ".log")
