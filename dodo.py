@@ -28,7 +28,7 @@ from pathlib import Path
 from hexbundle.bench.benchmark import run_bench
 from hexbundle.checks.integrity import check_bundle_integrity
 from hexbundle.checks.sizes import check_built_sizes
-from hexbundle.checks.verify import code_digest, report_path, run_verify
+from hexbundle.checks.verify import code_digest, run_verify
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.graph.actions import action
 from hexbundle.graph.keys import generator_digest, options_key, pinned, toolchain_key
@@ -174,7 +174,7 @@ def task_verify():
     return {"actions": [action(run_verify, CFG, LAYOUT)],
             "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
             + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
-            "targets": [rel(report_path(LAYOUT))],
+            "targets": [rel(LAYOUT.verify_report)],
             "uptodate": [options_key(verify=CFG.verify, backend=CFG.backend,
                                      runtime=code_digest())],
             "verbosity": 2}

@@ -8,7 +8,7 @@ yourself, as with genie-t2t-run), prefilled, and up to N tokens are sampled with
 sampler settings (genie_config.json), or greedily with --greedy. --engine onnx runs the float
 ONNX sources instead of the context binaries (the reference verify compares against).
 key=value settings are those of `doit bundle` (model=..., device=..., plan=...).
-The work is hexbundle.verify.generate.
+The work is hexbundle.runtime.generation.generate.
 """
 import argparse
 import json
@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 from hexbundle.config.build import load_build  # noqa: E402
 from hexbundle.support.errors import HexbundleError  # noqa: E402
 from hexbundle.config.layout import Layout  # noqa: E402
-from hexbundle.checks.verify import generate  # noqa: E402
+from hexbundle.runtime.generation import generate  # noqa: E402
 
 
 def parse(argv):

@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings, strategies as st
 from onnx import numpy_helper
 
 from hexbundle.inputs import synthetic as tinygen
+from hexbundle.runtime.conventions import MASK_VALUE, causal_mask, rope_inputs
 from hexbundle.config.model import Architecture, Model, Plan, Quantization
 
 SEED = 7
@@ -93,7 +93,7 @@ def reference_logits(model: Model, weights: dict, ids: np.ndarray) -> np.ndarray
     w = {k: v.astype(np.float64) for k, v in weights.items()}
     n = ids.size
     x = w["model.embed_tokens.weight"][ids]
-    cos, sin = tinygen.rope_inputs(np.arange(n), d, a.rope_theta)
+    cos, sin = rope_inputs(np.arange(n), d, a.rope_theta)
     cos = np.concatenate([cos[0, 0], cos[0, 0]], -1).astype(np.float64)
     sin = np.concatenate([sin[0, 0], sin[0, 0]], -1).astype(np.float64)
     causal = np.where(np.tri(n, dtype=bool), 0.0, -np.inf)
@@ -134,8 +134,8 @@ def run_pipeline(model, parts, sessions, kind, ids, positions, cache, rng):
     n_past = next(iter(cache.values()))[0].shape[-1] if cache else 0
     ids = np.pad(ids, (0, ar - ids.size))                 # right-pad a short prompt
     positions = np.pad(positions, (0, ar - positions.size), mode="edge")
-    cos, sin = tinygen.rope_inputs(positions, a.head_dim, a.rope_theta)
-    shared = {"attention_mask": tinygen.causal_mask(ar, model.context_length, n_past),
+    cos, sin = rope_inputs(positions, a.head_dim, a.rope_theta)
+    shared = {"attention_mask": causal_mask(ar, model.context_length, n_past),
               "position_ids_cos": cos, "position_ids_sin": sin}
     past = model.context_length - ar
     hidden, new_kv = {"input_ids": ids.astype(np.int32).reshape(1, ar)}, {}
@@ -181,7 +181,7 @@ def random_feeds(model, graph, rng):
         else:
             feeds[spec.name] = rng.standard_normal(spec.shape).astype(np.float32)
     if "attention_mask" in feeds:
-        feeds["attention_mask"] = tinygen.causal_mask(graph.ar, graph.context_length, 3)
+        feeds["attention_mask"] = causal_mask(graph.ar, graph.context_length, 3)
     return feeds
 
 
@@ -352,7 +352,7 @@ def test_activation_encodings_cover_every_float_input_and_output(model, parts, o
         if "attention_mask" in acts:
             mask = acts["attention_mask"]
             lowest = mask["offset"][0] * mask["scale"][0]
-            assert lowest == pytest.approx(tinygen.MASK_VALUE, rel=1e-4)
+            assert lowest == pytest.approx(MASK_VALUE, rel=1e-4)
 
 
 # --------------------------------------------------------------------------- 5. determinism
@@ -417,31 +417,3 @@ def test_tokenizer_specials_take_the_top_ids(model, tokenizer):
     assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids[0] == expected["bos"]
     assert max(content["model"]["vocab"].values()) < vocab - len(SPECIALS)
     assert len(content["model"]["vocab"]) == vocab - len(SPECIALS)   # the corpus fills the tiny vocab
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-@settings(max_examples=50, deadline=None)
-@given(st.integers(1, 16), st.integers(0, 32), st.data())
-def test_causal_mask_lets_row_i_see_the_valid_past_and_itself(ar, past, data):
-    n_past = data.draw(st.integers(0, past))
-    mask = tinygen.causal_mask(ar, ar + past, n_past)[0, 0]
-    allowed = mask == 0
-    assert set(np.unique(mask)) <= {0.0, np.float32(tinygen.MASK_VALUE)}
-    for i in range(ar):
-        assert allowed[i].sum() == n_past + i + 1
-        assert allowed[i, past - n_past:past].all() and allowed[i, past:past + i + 1].all()
-
-
-def test_causal_mask_refuses_more_past_than_slots():
-    with pytest.raises(ValueError):
-        tinygen.causal_mask(4, 8, 5)
-
-
-def test_rope_inputs_shape_and_values():
-    cos, sin = tinygen.rope_inputs(np.array([0, 1, 5]), 16, 10000.0)
-    assert cos.shape == sin.shape == (1, 1, 3, 8) and cos.dtype == np.float32
-    np.testing.assert_allclose(cos[0, 0, 0], 1.0)
-    np.testing.assert_allclose(sin[0, 0, 2, 0], math.sin(5.0), rtol=1e-6)
-    np.testing.assert_allclose(cos[0, 0, 1, 1], math.cos(10000.0 ** (-2 / 16)), rtol=1e-6)

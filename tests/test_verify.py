@@ -1,15 +1,15 @@
-"""`doit verify`, the CPU runner and scripts/generate.py.
+"""`doit verify` and the CPU runner.
 
 Every failure class verify must catch is injected into a COPY of a really built bundle (bins
 re-written through the format's own writer, so digests and records stay valid: only the numbers
 are wrong), and verify must fail naming the broken part while the parts before it pass.
 """
+import ast
 import json
 import re
 import shutil
-import subprocess
-import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import onnxruntime
@@ -21,11 +21,12 @@ from hexbundle.support.errors import ConfigError, VerifyError
 from hexbundle.formats.container import QuantParams, Tensor
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
 from hexbundle.config.layout import Layout
-from hexbundle.runtime.interpreter import GraphRunner, causal_mask, rope_inputs
-from hexbundle.checks.verify import generate as library_generate
-from hexbundle.checks.verify import verify_bundle
+from hexbundle.runtime.conventions import causal_mask, rope_inputs
+from hexbundle.runtime.interpreter import GraphRunner
+from hexbundle.checks.verify import RUNTIME_SOURCES, compare_bundle_with_onnx
 
 PARTS = 4
+PACKAGE = Path(__file__).resolve().parent.parent / "hexbundle"
 
 
 def bin_name(index):
@@ -49,7 +50,7 @@ def bundle_copy(built, tmp_path):
 
 def run_verify(tiny, bundle_dir):
     cfg, layout = tiny
-    return verify_bundle(cfg, layout, bundle_dir=bundle_dir, log=lambda line: None)
+    return compare_bundle_with_onnx(cfg, layout, bundle_dir=bundle_dir, log=lambda line: None)
 
 
 def rewrite_bin(path, alter_tensor=None, alter_topology=None, weight_sharing=None):
@@ -151,6 +152,28 @@ def test_verify_config_refuses_a_sequence_longer_than_the_context(project):
     with pytest.raises(ConfigError, match=r"verify.prompt_tokens \+ verify.decode_steps = 282 "
                                           r"exceeds graphs.context_length 256"):
         load_build(project.root)
+
+
+def test_runtime_sources_list_every_runtime_module_verify_runs():
+    """`doit verify` reruns when a file of RUNTIME_SOURCES changes (code_digest): the list must
+    hold every hexbundle.runtime module checks/verify.py reaches through its imports."""
+    seen, todo = set(), ["hexbundle.checks.verify"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = PACKAGE.joinpath(*name.split(".")[1:]).with_suffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            todo += [n for n in names if n.startswith("hexbundle.runtime.")]
+    reached = {"/".join(name.split(".")[1:]) + ".py" for name in seen}
+    assert reached == set(RUNTIME_SOURCES)
 
 
 # ------------------------------------------------------------------------------ injected failures
@@ -334,47 +357,3 @@ def test_runner_memory_is_bounded_by_the_largest_weight_not_the_part(built):
         finally:
             tracemalloc.stop()
     assert max(sizes) < peak < sum(sizes) / 2, (peak, max(sizes), sum(sizes))
-
-
-# ------------------------------------------------------------------------------ generate.py
-
-
-def generate(project, *args):
-    proc = subprocess.run([sys.executable, "scripts/generate.py", *args], cwd=project.root,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def test_generate_greedy_equals_the_float_onnx_when_quantization_error_is_small(project):
-    """With 4-bit weights the random tiny model's argmax often flips (top-1 agreement ~0.75);
-    with 16-bit weights the error is far below the logit gaps, and the bundle must then
-    generate exactly what the float ONNX generates."""
-    set_toml(project.root / "configs/models/qwen2-tiny.toml", decoder_linear_bitwidth="16",
-             lm_head_bitwidth="16")
-    project.doit("bundle")
-    runs = {engine: json.loads(generate(project, "-p", "Hello, how are you today?", "-n", "32",
-                                        "--greedy", "--json", "--engine", engine))
-            for engine in ("bundle", "onnx")}
-    assert runs["bundle"]["prompt_ids"] == runs["onnx"]["prompt_ids"]
-    assert len(runs["bundle"]["token_ids"]) == 32
-    assert runs["bundle"]["token_ids"] == runs["onnx"]["token_ids"]
-    assert runs["bundle"]["text"] == runs["onnx"]["text"]
-    cfg = load_build(project.root)
-    chinese = {engine: library_generate(cfg, Layout(cfg), "你好，世界", 32, engine=engine,
-                                        greedy=True).token_ids for engine in ("bundle", "onnx")}
-    assert len(chinese["bundle"]) == 32 and chinese["bundle"] == chinese["onnx"]
-
-
-def test_generate_samples_deterministically_with_the_bundle_settings_and_reports_speed(built):
-    """The bundle's sampler (temp 0.8, top-k 40, top-p 0.95, seed 42): the same text in two
-    processes, and the genie-t2t-run-like summary line."""
-    out = generate(built, "-p", "The quick brown fox", "-n", "16")
-    text, summary = out.rsplit("\n[", 1)
-    assert re.fullmatch(r"bundle: \d+ prompt tokens in [\d.]+s; 16 tokens in [\d.]+s = [\d.]+ "
-                        r"tokens/s; stopped: max tokens\]\n", summary), out
-    cfg = load_build(built.root)
-    again = library_generate(cfg, Layout(cfg), "The quick brown fox", 16)
-    assert text == again.text and len(again.token_ids) == 16
-    greedy = library_generate(cfg, Layout(cfg), "The quick brown fox", 16, greedy=True)
-    assert greedy.token_ids != again.token_ids     # the sampler really samples

@@ -25,18 +25,17 @@ part by part -- the whole sequence through part 1 for both sides, then part 2, .
 exactly the numbers of a step-by-step run (part i at step t depends only on part i-1 up to t)
 while only one part (its mmap'd bin and its float ONNX) is open at a time.
 
-`generate` is the host-side `genie-t2t-run`: prompt text -> the bundle's tokenizer.json -> prefill
--> sample N tokens with the bundle's sampler settings (or greedily) -> text and tokens/s, through
-the bundle or, for comparison, through the float ONNX.
+The runtime that runs both sides is hexbundle.runtime: `parts` opens the bins and makes a part
+session over a bin or over the float ONNX (`onnx_graph`); host-side text generation, which uses
+the same sessions, is hexbundle.runtime.generation. This module compares and reports.
 
-Heavy imports (onnx, onnxruntime, tokenizers) happen inside the functions: dodo.py imports this
+Heavy imports (onnx, onnxruntime) happen inside the runtime's functions: dodo.py imports this
 module and a no-op `doit` must stay fast.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,11 +44,14 @@ from typing import Callable, Optional
 import numpy as np
 
 from hexbundle.config.build import BuildConfig
-from hexbundle.support.errors import FormatError, VerifyError
+from hexbundle.support.errors import VerifyError
 from hexbundle.config.layout import Layout
 from hexbundle.formats.genie import GenieSettings, read_genie_config
+from hexbundle.runtime.parts import bundle_session, onnx_session, open_bundle_parts, rope_settings
 
-RUNTIME_SOURCES = ("runtime/interpreter.py", "checks/verify.py")   # verify reruns when these change
+# verify reruns when these change: every runtime module it runs, and this one
+RUNTIME_SOURCES = ("runtime/conventions.py", "runtime/sessions.py", "runtime/interpreter.py",
+                   "runtime/onnx_graph.py", "runtime/parts.py", "checks/verify.py")
 
 
 # ============================================================================ the bundle's runtime config
@@ -66,7 +68,7 @@ def check_runtime_settings(cfg: BuildConfig, genie: GenieSettings) -> None:
              ("dialog.context.n-vocab", genie.n_vocab, "architecture.vocab_size", a.vocab_size),
              (f"{htp}.rope-theta", genie.rope_theta, "architecture.rope_theta", a.rope_theta),
              (f"{htp}.pos-id-dim", genie.pos_id_dim, "architecture.head_dim / 2", a.pos_id_dim),
-             (f"{htp}.kv-dim", genie.kv_dim, "architecture.head_dim", a.head_dim)]
+             (f"{htp}.kv-dim", genie.head_dim, "architecture.head_dim", a.head_dim)]
     wrong = [f"'{key}' is {got} but {Layout(cfg).model_config_path.name} {source} is {want}"
              for key, got, source, want in pairs if got != want]
     if wrong:
@@ -74,146 +76,7 @@ def check_runtime_settings(cfg: BuildConfig, genie: GenieSettings) -> None:
                           f"inputs from the wrong values; rebuild the bundle with `doit bundle`")
 
 
-# ============================================================================ opening the parts
-
-
-def part_label(part) -> str:
-    return f"part {part.index} of {part.count}"
-
-
-@dataclass
-class BundlePart:
-    part: object                  # hexbundle.model.Part
-    path: Path
-    reader: object                # CtxBinReader
-
-    @property
-    def label(self) -> str:
-        return f"{part_label(self.part)} ({self.path.name})"
-
-
-def open_bundle_parts(cfg: BuildConfig, genie: GenieSettings) -> list:
-    """The bins of ctx-bins, checked to hold the plan's parts in pipeline order.
-
-    A bin is identified by the graphs it holds (not by its file name), so a renamed or
-    swapped file is caught as well as a misordered list."""
-    from hexbundle.formats.ctxbin import read_ctxbin
-    parts = cfg.plan.parts()
-    n = len(parts)
-    wanted = {tuple(g.name for g in cfg.model.graphs(p)): p for p in parts}
-    key = "'dialog.engine.model.binary.ctx-bins'"
-    opened = []
-    try:
-        for position, name in enumerate(genie.ctx_bins, start=1):
-            path = genie.path.parent / name
-            if Path(name).name != name or not path.is_file():
-                raise VerifyError(
-                    f"{genie.path}: {key}[{position - 1}] is {name!r}, but {genie.path.parent} has "
-                    f"no such file: part {position} of {n} is missing from the bundle; rebuild it "
-                    f"with `doit bundle`")
-            try:
-                reader = read_ctxbin(path)
-            except FormatError as exc:
-                raise VerifyError(f"part {position} of {n} ({name}) cannot be read: {exc}") from None
-            held = wanted.get(tuple(reader.graph_names))
-            opened.append(BundlePart(held, path, reader))
-            if held is None:
-                raise VerifyError(
-                    f"{path}: {key}[{position - 1}] holds graphs {reader.graph_names}, which are no "
-                    f"part of plan {cfg.plan.name!r} of {cfg.model.name} (at position {position} "
-                    f"the pipeline needs part {position} of {n}); rebuild with `doit bundle`")
-        present = {bp.part.index for bp in opened}
-        for part in parts:
-            if part.index not in present:
-                names = ", ".join(g.name for g in cfg.model.graphs(part))
-                raise VerifyError(f"{genie.path}: {part_label(part)} is missing: no bin listed in "
-                                  f"{key} holds its graphs ({names}); rebuild with `doit bundle`")
-        for position, bp in enumerate(opened, start=1):
-            if bp.part.index != position:
-                raise VerifyError(
-                    f"{genie.path}: {key} is out of order: entry {position - 1} is {bp.path.name}, "
-                    f"which holds {part_label(bp.part)}, but Genie feeds position {position} "
-                    f"with the output of position {position - 1}, so it must be part {position} of "
-                    f"{n} there; list the bins in pipeline order (rebuild with `doit bundle`)")
-        if len(opened) != n:
-            raise VerifyError(f"{genie.path}: {key} lists {len(opened)} bins for the {n} parts of "
-                              f"plan {cfg.plan.name!r}; rebuild with `doit bundle`")
-    except BaseException:
-        for bp in opened:
-            bp.reader.close()
-        raise
-    return opened
-
-
-# ============================================================================ the float reference
-
-
-class OnnxGraph:
-    """A float ONNX graph run by onnxruntime; the session is created on first use, dropped by close()."""
-
-    def __init__(self, path: Path):
-        import onnx
-        from hexbundle.runtime.interpreter import IoInfo
-        if not Path(path).is_file():
-            raise VerifyError(f"{path}: the float ONNX is missing; run `doit inputs` or put the "
-                              f"export there")
-        self.path = Path(path)
-        model = onnx.load(str(path), load_external_data=False)
-        self.name = model.graph.name
-        initializers = {i.name for i in model.graph.initializer}
-
-        def info(v):
-            t = v.type.tensor_type
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
-            return IoInfo(v.name, dtype, tuple(d.dim_value for d in t.shape.dim))
-
-        self.inputs = [info(v) for v in model.graph.input if v.name not in initializers]
-        self.outputs = [info(v) for v in model.graph.output]
-        self._session = None
-
-    def run(self, feeds: dict) -> dict:
-        if self._session is None:
-            try:
-                import onnxruntime
-            except ImportError:
-                raise VerifyError("the float reference needs onnxruntime: python3 -m pip "
-                                  "install -e '.[verify]'") from None
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = min(4, os.cpu_count() or 1)
-            # prepacking copies every MatMul weight while the session is created: 5.2 GB peak
-            # instead of 3.4 GB for a 7B-shaped part of 3.1 GB float weights
-            options.add_session_config_entry("session.disable_prepacking", "1")
-            self._session = onnxruntime.InferenceSession(str(self.path), options,
-                                                         providers=["CPUExecutionProvider"])
-        names = [o.name for o in self.outputs]
-        return dict(zip(names, self._session.run(names, feeds)))
-
-    def close(self) -> None:
-        self._session = None
-
-
-# ============================================================================ running a part
-
-
-def rope_settings(genie: GenieSettings):
-    from hexbundle.runtime.interpreter import RopeSettings
-    return RopeSettings(genie.rope_theta, genie.pos_id_dim)
-
-
-def bundle_session(bp: BundlePart, cfg: BuildConfig, rope):
-    from hexbundle.runtime.interpreter import GraphRunner, PartSession
-    graphs = {g.kind: GraphRunner(bp.reader, g.name) for g in cfg.model.graphs(bp.part)}
-    return PartSession(bp.label, graphs, rope)
-
-
-def onnx_session(part, cfg: BuildConfig, layout: Layout):
-    """The float reference of a part. Its RoPE settings come from the model config (what the
-    ONNX was exported for), not from genie_config.json: a wrong rope-theta there must show."""
-    from hexbundle.runtime.interpreter import PartSession, RopeSettings
-    a = cfg.model.architecture
-    graphs = {g.kind: OnnxGraph(layout.onnx(g)) for g in cfg.model.graphs(part)}
-    return PartSession(f"{part_label(part)} (float ONNX)", graphs,
-                       RopeSettings(a.rope_theta, a.pos_id_dim))
+# ============================================================================ running a sequence
 
 
 @dataclass
@@ -380,8 +243,9 @@ class Report:
                 "ok": self.ok, "rows": [asdict(r) for r in self.rows]}
 
 
-def verify_bundle(cfg: BuildConfig, layout: Layout, bundle_dir: Optional[Path] = None,
-                  log: Callable[[str], None] = print) -> Report:
+def compare_bundle_with_onnx(cfg: BuildConfig, layout: Layout,
+                             bundle_dir: Optional[Path] = None,
+                             log: Callable[[str], None] = print) -> Report:
     """Run the checks; return the report (callers decide what a failure means)."""
     started = time.monotonic()
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
@@ -412,10 +276,6 @@ def verify_bundle(cfg: BuildConfig, layout: Layout, bundle_dir: Optional[Path] =
                   time.monotonic() - started)
 
 
-def report_path(layout: Layout) -> Path:
-    return layout.build_dir / "verify" / "report.json"
-
-
 def code_digest() -> str:
     from hexbundle.support import hashing
     here = Path(__file__).resolve().parents[1]
@@ -430,131 +290,12 @@ def run_verify(cfg: BuildConfig, layout: Layout):
                           f"backend {cfg.backend!r} bins are QNN binaries that only a device runs. "
                           f"Verify the same model with backend=reference")
     try:
-        report = verify_bundle(cfg, layout)
+        report = compare_bundle_with_onnx(cfg, layout)
     except VerifyError as exc:
         raise VerifyError(f"verify failed: {exc}") from None
     print(report.table(), flush=True)
-    path = report_path(layout)
+    path = layout.verify_report
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(report.to_json(), indent=2) + "\n").encode())
     if not report.ok:
         raise VerifyError(report.failure_message())
-
-
-# ============================================================================ generate
-
-
-@dataclass
-class Generation:
-    prompt_ids: list
-    token_ids: list
-    text: str
-    prefill_seconds: float
-    decode_seconds: float
-    stopped: str                  # "max tokens" | "eos" | "context full"
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.token_ids) / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-
-class Sampler:
-    """Genie's sampler settings: temperature, top-k, top-p, seeded; greedy when temp is 0."""
-
-    def __init__(self, settings: dict, greedy: bool):
-        self.greedy = greedy or float(settings["temp"]) == 0.0
-        self.temp, self.top_k = float(settings["temp"]), int(settings["top-k"])
-        self.top_p = float(settings["top-p"])
-        self.rng = np.random.default_rng(int(settings["seed"]))
-
-    def __call__(self, logits: np.ndarray) -> int:
-        logits = logits.astype(np.float64).reshape(-1)
-        if self.greedy:
-            return int(np.argmax(logits))
-        top = np.argsort(-logits, kind="stable")[:max(1, self.top_k)]
-        p = np.exp((logits[top] - logits[top[0]]) / self.temp)
-        p /= p.sum()
-        keep = max(1, int(np.searchsorted(np.cumsum(p), self.top_p) + 1))
-        p = p[:keep] / p[:keep].sum()
-        return int(top[self.rng.choice(keep, p=p)])
-
-
-def load_tokenizer(path: Path):
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise VerifyError("tokenizing a prompt needs the `tokenizers` package: python3 -m pip "
-                          "install -e '.[verify]'") from None
-    if not path.is_file():
-        raise VerifyError(f"{path}: the bundle's tokenizer is missing; rebuild with `doit bundle`")
-    return Tokenizer.from_file(str(path))
-
-
-def generate(cfg: BuildConfig, layout: Layout, prompt: str, max_tokens: Optional[int] = None,
-             engine: str = "bundle", greedy: bool = False, bundle_dir: Optional[Path] = None,
-             on_text: Optional[Callable[[str], None]] = None) -> Generation:
-    """Tokenize `prompt` with the bundle's tokenizer, prefill, then sample up to max_tokens
-    (default: the bundle's max-num-tokens) through every part, step by step as Genie does.
-    engine "bundle" runs the context binaries; "onnx" the float ONNX (the reference)."""
-    if engine not in ("bundle", "onnx"):
-        raise VerifyError(f"engine {engine!r}: use 'bundle' or 'onnx'")
-    genie = read_genie_config(Path(bundle_dir or layout.bundle_dir))
-    tokenizer = load_tokenizer(genie.tokenizer)
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-    if not prompt_ids:
-        raise VerifyError("the prompt is empty after tokenization; give some text")
-    rope = rope_settings(genie)
-    opened = open_bundle_parts(cfg, genie)
-    try:
-        if engine == "bundle":
-            sessions = [bundle_session(bp, cfg, rope) for bp in opened]
-        else:
-            sessions = [onnx_session(bp.part, cfg, layout) for bp in opened]
-        return _generate(sessions, genie, tokenizer, prompt_ids,
-                         genie.max_num_tokens if max_tokens is None else max_tokens,
-                         Sampler(genie.sampler, greedy), on_text)
-    finally:
-        for bp in opened:
-            bp.reader.close()
-
-
-def _through_parts(sessions: list, kind: str, x: np.ndarray, n: int) -> np.ndarray:
-    for session in sessions:
-        x = session.run(kind, x, n)
-    return x
-
-
-def _generate(sessions, genie, tokenizer, prompt_ids, max_tokens, sample, on_text) -> Generation:
-    ids = np.asarray(prompt_ids, dtype=np.int32)
-    if ids.size >= genie.context_size:
-        raise VerifyError(f"the prompt has {ids.size} tokens; the context holds "
-                          f"{genie.context_size}")
-    ar = sessions[0].ar("prompt")
-    started = time.monotonic()
-    for start in range(0, ids.size, ar):
-        n = min(ar, ids.size - start)
-        logits = _through_parts(sessions, "prompt", ids[start:start + n], n)[-1]
-    prefill = time.monotonic() - started
-    out, stopped, shown, started = [], "max tokens", "", time.monotonic()
-    while len(out) < max_tokens:
-        token = sample(logits)
-        if token in genie.stop_tokens:
-            stopped = "eos"
-            break
-        out.append(token)
-        if on_text:
-            # byte-level BPE: a character may span tokens; show text once it is whole
-            text = tokenizer.decode(out, skip_special_tokens=False)
-            if not text.endswith("\ufffd") and text.startswith(shown):
-                on_text(text[len(shown):])
-                shown = text
-        if ids.size + len(out) >= genie.context_size:
-            stopped = "context full"
-            break
-        if len(out) < max_tokens:
-            logits = _through_parts(sessions, "token", np.array([token], np.int32), 1)[-1]
-    seconds = time.monotonic() - started
-    text = tokenizer.decode(out, skip_special_tokens=False)
-    if on_text and text != shown:
-        on_text(text[len(shown):] if text.startswith(shown) else "\n" + text)
-    return Generation(list(map(int, prompt_ids)), out, text, prefill, seconds, stopped)

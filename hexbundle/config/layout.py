@@ -212,10 +212,6 @@ class Layout(ProjectLayout):
     def logs_dir(self) -> Path:
         return self.build_dir / "logs"
 
-    @property
-    def verify_report(self) -> Path:
-        return self.build_dir / "verify" / "report.json"
-
     # files ------------------------------------------------------------------------------
     def onnx(self, graph: Graph) -> Path:
         return self.inputs_dir / f"{graph.name}.onnx"
@@ -262,6 +258,11 @@ class Layout(ProjectLayout):
     @property
     def manifest(self) -> Path:
         return self.bundle_dir / MANIFEST
+
+    @property
+    def verify_report(self) -> Path:
+        """`doit verify`'s JSON report."""
+        return self.build_dir / "verify" / "report.json"
 
     def log(self, task: str) -> Path:
         return self.logs_dir / (task.replace(":", "__") + ".log")

@@ -72,7 +72,7 @@ class GenieSettings:
     stop_tokens: tuple            # eos, eot
     rope_theta: float
     pos_id_dim: int
-    kv_dim: int
+    head_dim: int                 # Genie's "kv-dim" (not Architecture.kv_dim, nkv * head_dim)
     sampler: dict                 # seed, temp, top-k, top-p
     max_num_tokens: int
     tokenizer: Path
@@ -106,7 +106,7 @@ def read_genie_config(bundle_dir: Path) -> GenieSettings:
         n_vocab=int(get("context", "n-vocab")),
         stop_tokens=(int(get("context", "eos-token")), int(get("context", "eot-token"))),
         rope_theta=float(get(*htp, "rope-theta")), pos_id_dim=int(get(*htp, "pos-id-dim")),
-        kv_dim=int(get(*htp, "kv-dim")),
+        head_dim=int(get(*htp, "kv-dim")),
         sampler={k: get("sampler", k) for k in ("seed", "temp", "top-k", "top-p")},
         max_num_tokens=int(get("max-num-tokens")),
         tokenizer=path.parent / str(get("tokenizer", "path")))

@@ -16,10 +16,12 @@ from hexbundle.config.toolchain import load_toolchain
 from hexbundle.support import hashing
 from hexbundle.support.errors import HexbundleError
 
-# The generator's sources: generated inputs are regenerated when either changes. (Hashed, not
-# imported: importing onnx costs ~1 s, which a no-op `doit bundle` must not pay.)
+# The generator's sources: generated inputs are regenerated when any changes (the graphs' runtime
+# inputs follow runtime/conventions.py). (Hashed, not imported: importing onnx costs ~1 s, which
+# a no-op `doit bundle` must not pay.)
 INPUTS_PACKAGE = Path(__file__).resolve().parents[1] / "inputs"
-GENERATOR_SOURCES = (INPUTS_PACKAGE / "synthetic.py", INPUTS_PACKAGE / "generate.py")
+GENERATOR_SOURCES = (INPUTS_PACKAGE / "synthetic.py", INPUTS_PACKAGE / "generate.py",
+                     INPUTS_PACKAGE.parent / "runtime" / "conventions.py")
 
 
 class options_key(config_changed):

@@ -5,21 +5,15 @@ standard ops only), its external weights `<graph>.data` and its AIMET v1.0.0 `<g
 plus a byte-level BPE `tokenizer.json`. Everything is a pure function of (model, part, seed):
 generating twice gives byte-identical files, so doit can trust file hashes.
 
-Conventions (shared with the verifier and the runtime side of the project)
---------------------------------------------------------------------------
-* KV window. A graph with AR = S and context CL sees CL key/value slots: slots [0, P) with
-  P = CL - S hold the past (the `past_*_in` inputs), slots [P, CL) hold the S new entries
-  computed by this call. Valid past entries are RIGHT-aligned: with `n_past` valid entries they
-  sit in slots [P - n_past, P), right before the new ones; the slots before are padding.
-  The `past_*_out` outputs carry only the S new entries (as the real export); the caller
-  appends them to its cache.
-* Layouts. past_key (nkv, 1, d, T) (keys pre-transposed for q @ K), past_value (nkv, 1, T, d).
-  Keys are stored AFTER RoPE. Query head h is served by kv head h // (nh / nkv) (HF repeat_kv).
-* attention_mask (1, 1, S, CL) is ADDITIVE: 0.0 where a query may attend, MASK_VALUE (-10000.0)
-  where it may not. See `causal_mask` (hexbundle.runtime, re-exported here).
-* position_ids_cos / _sin (1, 1, S, d/2): cos/sin of position * inv_freq, inv_freq_i =
-  theta^(-2i/d). The graph duplicates them to width d (concat([c, c])) and applies RoPE with the
-  rotate-half convention of HF Qwen2. See `rope_inputs` (hexbundle.runtime).
+Conventions
+-----------
+* The runtime conventions -- the KV window and layouts, the additive attention mask, the RoPE
+  cos/sin inputs and every input's name -- are written down once, in
+  hexbundle.runtime.conventions; the graphs declare their inputs and outputs with it
+  (`graph_inputs`, `graph_outputs`) and compute with them. Inside a graph: query head h is
+  served by kv head h // (nh / nkv) (HF repeat_kv); cos/sin are duplicated to width d
+  (concat([c, c])) and RoPE is applied with the rotate-half convention of HF Qwen2; the new keys
+  are stored after RoPE, pre-transposed for q @ K.
 * Weights are a function of (seed, initializer name) only, so every split plan cuts the SAME
   model and the prompt and token graphs of a part hold identical weight bytes. All HF weights
   (even small biases and norms) live in the external .data file, 64-byte aligned, in
@@ -52,8 +46,10 @@ from onnx import TensorProto, helper
 
 from hexbundle.support.errors import output_error
 from hexbundle.config.model import Graph, Model, Part, boundary_tensor, part_weights
-# The runtime owns the mask / RoPE conventions; re-exported here because the graphs obey them.
-from hexbundle.runtime.interpreter import MASK_VALUE, causal_mask, rope_inputs  # noqa: F401
+from hexbundle.runtime.conventions import (ATTENTION_MASK, KEY_PREFIX, KEY_SEQ_AXIS, MASK_VALUE,
+                                           POSITION_COS, POSITION_SIN, VALUE_SEQ_AXIS, is_kv,
+                                           key_shape, kv_names, mask_shape, past_slots,
+                                           rope_shape, value_shape)
 
 OPSET = 17
 IR_VERSION = 8              # pinned: onnx.helper would stamp the installed onnx's newest IR
@@ -118,18 +114,19 @@ def input_hidden_name(model: Model, part: Part) -> str:
 def graph_inputs(model: Model, graph: Graph) -> list:
     """The graph's inputs in order, as the real export declares them."""
     a, part, s = model.architecture, graph.part, graph.ar
-    past = graph.context_length - s
+    past = past_slots(s, graph.context_length)
     if part.has_embedding:
         specs = [TensorSpec("input_ids", np.int32, (1, s))]
     else:
         specs = [TensorSpec(input_hidden_name(model, part), np.float32, (1, s, a.hidden_size))]
     if part.layers:
-        specs += [TensorSpec("attention_mask", np.float32, (1, 1, s, graph.context_length)),
-                  TensorSpec("position_ids_cos", np.float32, (1, 1, s, a.pos_id_dim)),
-                  TensorSpec("position_ids_sin", np.float32, (1, 1, s, a.pos_id_dim))]
+        specs += [TensorSpec(ATTENTION_MASK, np.float32, mask_shape(s, graph.context_length)),
+                  TensorSpec(POSITION_COS, np.float32, rope_shape(s, a.pos_id_dim)),
+                  TensorSpec(POSITION_SIN, np.float32, rope_shape(s, a.pos_id_dim))]
     for layer in part.layers:
-        specs += [TensorSpec(f"past_key_{layer}_in", np.float32, (a.num_kv_heads, 1, a.head_dim, past)),
-                  TensorSpec(f"past_value_{layer}_in", np.float32, (a.num_kv_heads, 1, past, a.head_dim))]
+        key, value = kv_names(layer, "in")
+        specs += [TensorSpec(key, np.float32, key_shape(a.num_kv_heads, a.head_dim, past)),
+                  TensorSpec(value, np.float32, value_shape(a.num_kv_heads, a.head_dim, past))]
     return specs
 
 
@@ -138,8 +135,9 @@ def graph_outputs(model: Model, graph: Graph) -> list:
     a, part, s = model.architecture, graph.part, graph.ar
     specs = []
     for layer in part.layers:
-        specs += [TensorSpec(f"past_key_{layer}_out", np.float32, (a.num_kv_heads, 1, a.head_dim, s)),
-                  TensorSpec(f"past_value_{layer}_out", np.float32, (a.num_kv_heads, 1, s, a.head_dim))]
+        key, value = kv_names(layer, "out")
+        specs += [TensorSpec(key, np.float32, key_shape(a.num_kv_heads, a.head_dim, s)),
+                  TensorSpec(value, np.float32, value_shape(a.num_kv_heads, a.head_dim, s))]
     if part.has_head:
         specs.append(TensorSpec("logits", np.float32, (1, s, a.vocab_size)))
     else:
@@ -257,11 +255,12 @@ def _attention(b, model: Model, x: str, layer: int, rope: tuple, out_names: tupl
     q = _rotate(b, q, cos, sin, d // 2, scope)
     k = _rotate(b, k, cos, sin, d // 2, scope)
     k = b.op("Transpose", [k], scope, out=key_out, perm=[0, 1, 3, 2])          # (nkv,1,d,S)
-    keys = b.op("Concat", [f"past_key_{layer}_in", k], scope, axis=3)          # (nkv,1,d,CL)
-    values = b.op("Concat", [f"past_value_{layer}_in", v], scope, axis=2)      # (nkv,1,CL,d)
+    past_key, past_value = kv_names(layer, "in")
+    keys = b.op("Concat", [past_key, k], scope, axis=KEY_SEQ_AXIS)             # (nkv,1,d,CL)
+    values = b.op("Concat", [past_value, v], scope, axis=VALUE_SEQ_AXIS)       # (nkv,1,CL,d)
     scores = b.op("MatMul", [q, keys], scope)                                  # (nkv,g,S,CL)
     scores = b.op("Mul", [scores, b.const("attn_scale", np.array(1.0 / math.sqrt(d), np.float32))], scope)
-    scores = b.op("Add", [scores, "attention_mask"], scope)
+    scores = b.op("Add", [scores, ATTENTION_MASK], scope)
     probs = b.op("Softmax", [scores], scope, axis=-1)
     context = b.op("MatMul", [probs, values], scope)                           # (nkv,g,S,d)
     context = b.op("Transpose", [context], scope, perm=[2, 0, 1, 3])           # (S,nkv,g,d)
@@ -272,7 +271,7 @@ def _attention(b, model: Model, x: str, layer: int, rope: tuple, out_names: tupl
 def _decoder_layer(b, model: Model, x: str, layer: int, rope: tuple, out: str | None) -> str:
     eps, p, scope = model.architecture.rms_norm_eps, f"model.layers.{layer}", f"model/layers.{layer}"
     normed = _rms_norm(b, x, f"{p}.input_layernorm.weight", eps, f"{scope}/input_layernorm")
-    attn = _attention(b, model, normed, layer, rope, (f"past_key_{layer}_out", f"past_value_{layer}_out"))
+    attn = _attention(b, model, normed, layer, rope, kv_names(layer, "out"))
     x = b.op("Add", [x, attn], scope)
     normed = _rms_norm(b, x, f"{p}.post_attention_layernorm.weight", eps, f"{scope}/post_attention_layernorm")
     mlp = f"{scope}/mlp"
@@ -303,8 +302,8 @@ def build_graph(model: Model, graph: Graph, weight_tensors: list) -> onnx.ModelP
         x = input_hidden_name(model, part)
     if part.layers:
         # cos/sin come at width d/2; every layer uses them duplicated to width d.
-        rope = (b.op("Concat", ["position_ids_cos", "position_ids_cos"], "model/rotary_emb", axis=-1),
-                b.op("Concat", ["position_ids_sin", "position_ids_sin"], "model/rotary_emb", axis=-1))
+        rope = (b.op("Concat", [POSITION_COS, POSITION_COS], "model/rotary_emb", axis=-1),
+                b.op("Concat", [POSITION_SIN, POSITION_SIN], "model/rotary_emb", axis=-1))
     for layer in part.layers:
         stage += 1
         x = _decoder_layer(b, model, x, layer, rope, out_name())
@@ -430,16 +429,16 @@ def _param_encoding(r: WeightRange, model: Model) -> dict:
 def _activation_role(name: str) -> str:
     if name == "logits":
         return "logits"
-    if name.startswith(("past_key_", "past_value_")):
-        return "past_key" if name.startswith("past_key_") else "past_value"
-    if name.startswith("position_ids_"):
+    if is_kv(name):
+        return "past_key" if name.startswith(KEY_PREFIX) else "past_value"
+    if name in (POSITION_COS, POSITION_SIN):
         return "rope"
     return "hidden"
 
 
 def _activation_encoding(spec: TensorSpec, model: Model) -> dict:
     bw = model.quantization.activation_bitwidth
-    if spec.name == "attention_mask":
+    if spec.name == ATTENTION_MASK:
         enc = _asymmetric_per_tensor(MASK_VALUE, 0.0, bw)
     else:
         enc = _symmetric_per_tensor(ACTIVATION_RANGES[_activation_role(spec.name)], bw)

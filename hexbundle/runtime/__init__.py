@@ -1,1 +1,3 @@
-"""The CPU interpreter that runs a context binary's graphs as Genie chains them."""
+"""Running a bundle on the host as Genie does: the runtime conventions, the CPU interpreter of a
+context binary's graphs, the float ONNX reference, part sessions chained as Genie chains them,
+and text generation."""

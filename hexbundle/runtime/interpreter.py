@@ -1,4 +1,4 @@
-"""A CPU runner for hexbundle context binaries, and the runtime conventions Genie applies around them.
+"""A CPU runner for hexbundle context binaries: one graph of a bin, run by a numpy interpreter.
 
 Verify and `scripts/generate.py` run a bundle on the host with this module: each graph of a .bin
 is executed by a small numpy interpreter of the ONNX topology stored in the bin
@@ -24,33 +24,12 @@ The graph runner (`GraphRunner`)
   hidden states between parts, KV cache entries, mask, cos/sin and logits. Inside a graph the
   runner computes in float32.
 
-The runtime conventions (`PartSession`; tinygen generates graphs that obey them)
---------------------------------------------------------------------------------
-* KV window. A graph with AR = S and context CL sees CL key/value slots: slots [0, P) with
-  P = CL - S hold the past (the `past_key_<L>_in` / `past_value_<L>_in` inputs), slots [P, CL)
-  hold the S new entries computed by this call. Valid past entries are RIGHT-aligned: with
-  `n_past` valid entries they sit in slots [P - n_past, P), right before the new ones; the slots
-  before are padding (zeros; the mask hides them). `past_*_out` carry only the S new entries;
-  the runtime appends the first n_valid of them to its cache.
-* Layouts. past_key (nkv, 1, d, T): keys pre-transposed, the sequence on the LAST axis;
-  past_value (nkv, 1, T, d): the sequence on axis -2. Keys are stored after RoPE.
-* attention_mask (1, 1, S, CL) is ADDITIVE: 0.0 where a query may attend, MASK_VALUE where it
-  may not (`causal_mask`).
-* position_ids_cos / _sin (1, 1, S, d/2): cos/sin of position * theta^(-2i/d) (`rope_inputs`);
-  theta and d/2 come from the bundle's genie_config.json (`rope-theta`, `pos-id-dim`), as on
-  the device.
-* Prefill runs the prompt graph (AR 128) over the prompt in chunks of AR tokens; the last chunk
-  is right-padded (padding rows are causal too, their outputs and KV entries are dropped).
-  Decode runs the token graph (AR 1) one token at a time. Positions are absolute: token t of
-  the sequence has position t.
-* Chaining. A part's inputs are: its main input (input_ids for part 1, else the hidden state of
-  the previous part), the mask, cos/sin and the past KV of its own layers. Its main output (the
-  output that is not a `past_*_out`) feeds the next part's main input.
+A part session (`hexbundle.runtime.sessions`) drives the runner with the inputs the runtime
+conventions (`hexbundle.runtime.conventions`) define.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional
 
 import numpy as np
 from onnx import numpy_helper
@@ -58,47 +37,12 @@ from onnx import numpy_helper
 from hexbundle.support.errors import VerifyError
 from hexbundle.formats.container import QuantParams, dequantize
 from hexbundle.formats.ctxbin import CtxBinReader
+from hexbundle.runtime.sessions import IoInfo
 
-MASK_VALUE = -10000.0        # additive mask for "may not attend"; exp(-10000) == 0 in float32
 BLOCK_ELEMENTS = 1 << 22     # floats dequantized at a time for MatMul by a weight (16 MiB)
 
-KEY_PREFIX, VALUE_PREFIX = "past_key_", "past_value_"
-RUNTIME_INPUTS = ("attention_mask", "position_ids_cos", "position_ids_sin")
 
-
-# ============================================================================ runtime helpers
-
-
-def rope_inputs(positions: np.ndarray, head_dim: int, theta: float):
-    """(cos, sin), each float32 (1, 1, S, head_dim/2), for the given absolute positions (S,).
-
-    angle[s, i] = positions[s] * theta^(-2i/head_dim), i < head_dim/2 (computed in float64).
-    """
-    positions = np.asarray(positions, dtype=np.float64).reshape(-1)
-    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    angles = positions[:, None] * inv_freq[None, :]
-    shape = (1, 1, positions.size, head_dim // 2)
-    return (np.cos(angles).astype(np.float32).reshape(shape),
-            np.sin(angles).astype(np.float32).reshape(shape))
-
-
-def causal_mask(ar: int, context_length: int, n_past: int) -> np.ndarray:
-    """Additive attention mask float32 (1, 1, ar, context_length) for one call of a graph.
-
-    Window: slots [0, P) past (P = context_length - ar), slots [P, context_length) the `ar` new
-    entries. The n_past valid past entries are the LAST n_past past slots [P - n_past, P).
-    Query row i may attend to every valid past slot and to new slots P + j for j <= i: 0.0 there,
-    MASK_VALUE elsewhere. Padded query rows (a prompt shorter than ar, right-padded) are causal
-    too and their outputs are simply ignored by the caller.
-    """
-    past = context_length - ar
-    if not 0 <= n_past <= past:
-        raise ValueError(f"n_past={n_past} does not fit the {past} past slots of the window")
-    allowed = np.zeros((ar, context_length), dtype=bool)
-    allowed[:, past - n_past:past] = True
-    allowed[:, past:] = np.tri(ar, dtype=bool)
-    mask = np.where(allowed, np.float32(0.0), np.float32(MASK_VALUE)).astype(np.float32)
-    return mask.reshape(1, 1, ar, context_length)
+# ============================================================================ device I/O
 
 
 def fake_quantize(x: np.ndarray, encoding: dict) -> np.ndarray:
@@ -110,25 +54,6 @@ def fake_quantize(x: np.ndarray, encoding: dict) -> np.ndarray:
 
 
 # ============================================================================ the graph runner
-
-
-@dataclass(frozen=True)
-class IoInfo:
-    """A graph input or output as the session layer needs it."""
-
-    name: str
-    dtype: str            # numpy dtype name
-    shape: tuple
-
-
-class Executor(Protocol):
-    """What PartSession drives: a bin graph (GraphRunner) or a float ONNX (verify.OnnxGraph)."""
-
-    name: str
-    inputs: list          # IoInfo
-    outputs: list         # IoInfo
-
-    def run(self, feeds: dict) -> dict: ...
 
 
 class _Weight:
@@ -298,7 +223,8 @@ class GraphRunner:
                 raise VerifyError(
                     f"{self.where}: node {node.name} is a {node.domain + '.' if node.domain else ''}"
                     f"{node.op_type}, which the CPU runner does not implement (it runs "
-                    f"{', '.join(sorted(SUPPORTED_OPS))}); extend hexbundle/runtime.py for it")
+                    f"{', '.join(sorted(SUPPORTED_OPS))}); extend "
+                    f"hexbundle/runtime/interpreter.py for it")
 
     def _plan_lifetimes(self) -> dict:
         """name -> index of the last node reading it (graph outputs live to the end)."""
@@ -351,135 +277,3 @@ class GraphRunner:
         if encoding.get("dtype", "int") != "int" or len(encoding["scale"]) != 1:
             return x.astype(np.float32)
         return fake_quantize(x.astype(np.float32), encoding)
-
-
-# ============================================================================ the part session
-
-
-@dataclass(frozen=True)
-class RopeSettings:
-    """What the runtime needs to build cos/sin: from genie_config.json (`rope-theta`, `pos-id-dim`)."""
-
-    theta: float
-    pos_id_dim: int
-
-
-class PartSession:
-    """One part as the runtime drives it: its prompt and token graphs and the KV cache of its layers.
-
-    `run(kind, x, n_valid)` feeds x (the first n_valid rows are real, the rest padding) through
-    the `kind` graph with the mask, cos/sin and past KV built from the cache, appends the n_valid
-    new KV entries to the cache and returns the main output's n_valid rows.
-    """
-
-    def __init__(self, label: str, graphs: dict, rope: RopeSettings):
-        self.label = label
-        self.graphs = graphs                  # kind ("prompt" | "token") -> Executor
-        self.rope = rope
-        first = graphs["prompt"]
-        self.main_input = _main_name(first.inputs, label, "input")
-        self.main_output = _main_name(first.outputs, label, "output")
-        self.layers = [s.name[len(KEY_PREFIX):-3] for s in first.inputs
-                       if s.name.startswith(KEY_PREFIX) and s.name.endswith("_in")]
-        self.capacity = max(self._geometry(g)[1] for g in graphs.values())
-        self._keys, self._values, self.n_past = {}, {}, 0
-        for layer in self.layers:
-            k = _spec(first.inputs, f"{KEY_PREFIX}{layer}_in", label).shape
-            v = _spec(first.inputs, f"{VALUE_PREFIX}{layer}_in", label).shape
-            self._keys[layer] = np.zeros(tuple(k[:-1]) + (self.capacity,), np.float32)
-            self._values[layer] = np.zeros(tuple(v[:-2]) + (self.capacity, v[-1]), np.float32)
-
-    def _geometry(self, graph: Executor) -> tuple:
-        """(AR, CL) of a graph: AR from its main input, CL from its mask (no mask: no cache)."""
-        ar = int(_spec(graph.inputs, self.main_input, self.label).shape[1])
-        mask = [s for s in graph.inputs if s.name == "attention_mask"]
-        return ar, int(mask[0].shape[-1]) if mask else ar
-
-    def ar(self, kind: str) -> int:
-        return self._geometry(self.graphs[kind])[0]
-
-    def run(self, kind: str, x: np.ndarray, n_valid: int) -> np.ndarray:
-        graph = self.graphs[kind]
-        ar, cl = self._geometry(graph)
-        past = cl - ar
-        if not 0 < n_valid <= ar or x.shape[0] != n_valid:
-            raise ValueError(f"{self.label}: {x.shape[0]} rows, n_valid {n_valid}, AR {ar}")
-        if self.layers and self.n_past > past:
-            raise VerifyError(f"{self.label}: {self.n_past} cached tokens do not fit the {past} "
-                              f"past slots of {graph.name}; the context ({cl}) is full")
-        spec = _spec(graph.inputs, self.main_input, self.label)
-        padded = np.zeros((ar,) + x.shape[1:], dtype=np.dtype(spec.dtype))
-        padded[:n_valid] = x
-        feeds = {self.main_input: padded.reshape(spec.shape)}
-        if self.layers:
-            positions = self.n_past + np.arange(ar)
-            cos, sin = rope_inputs(positions, 2 * self.rope.pos_id_dim, self.rope.theta)
-            feeds.update(attention_mask=causal_mask(ar, cl, self.n_past),
-                         position_ids_cos=cos, position_ids_sin=sin)
-            for layer in self.layers:
-                feeds[f"{KEY_PREFIX}{layer}_in"] = self._past(self._keys[layer], -1, past)
-                feeds[f"{VALUE_PREFIX}{layer}_in"] = self._past(self._values[layer], -2, past)
-        outputs = graph.run(feeds)
-        for layer in self.layers:
-            self._append(self._keys[layer], outputs[f"{KEY_PREFIX}{layer}_out"], -1, n_valid)
-            self._append(self._values[layer], outputs[f"{VALUE_PREFIX}{layer}_out"], -2, n_valid)
-        self.n_past += n_valid if self.layers else 0
-        main = outputs[self.main_output]
-        return main.reshape((ar,) + main.shape[2:])[:n_valid]
-
-    def _past(self, cache: np.ndarray, axis: int, past: int) -> np.ndarray:
-        """The past input: zeros, with the n_past cached entries right-aligned before slot P."""
-        shape = list(cache.shape)
-        shape[axis] = past
-        window = np.zeros(shape, np.float32)
-        if self.n_past:
-            dst = [slice(None)] * cache.ndim
-            dst[axis] = slice(past - self.n_past, past)
-            src = [slice(None)] * cache.ndim
-            src[axis] = slice(0, self.n_past)
-            window[tuple(dst)] = cache[tuple(src)]
-        return window
-
-    def _append(self, cache: np.ndarray, new: np.ndarray, axis: int, n_valid: int) -> None:
-        dst = [slice(None)] * cache.ndim
-        dst[axis] = slice(self.n_past, self.n_past + n_valid)
-        src = [slice(None)] * new.ndim
-        src[axis] = slice(0, n_valid)
-        cache[tuple(dst)] = new[tuple(src)]
-
-    def kv_entry(self, position: int) -> np.ndarray:
-        """Every layer's cached key and value at `position`, flattened into one vector."""
-        if not self.layers:
-            return np.zeros(0, np.float32)
-        if not 0 <= position < self.n_past:
-            raise ValueError(f"{self.label}: position {position} is not cached ({self.n_past})")
-        return np.concatenate([np.concatenate([self._keys[layer][..., position].reshape(-1),
-                                               self._values[layer][..., position, :].reshape(-1)])
-                               for layer in self.layers])
-
-    def fork(self, n_past: int) -> "PartSession":
-        """A copy whose cache holds only the first n_past entries (for the prompt/token check)."""
-        if self.layers and not 0 <= n_past <= self.n_past:
-            raise ValueError(f"{self.label}: cannot fork at {n_past} of {self.n_past} entries")
-        other = object.__new__(PartSession)
-        other.__dict__.update(self.__dict__)
-        other._keys = {k: v.copy() for k, v in self._keys.items()}
-        other._values = {k: v.copy() for k, v in self._values.items()}
-        other.n_past = n_past if self.layers else 0
-        return other
-
-
-def _main_name(specs: list, label: str, what: str) -> str:
-    names = [s.name for s in specs if not s.name.startswith((KEY_PREFIX, VALUE_PREFIX))
-             and s.name not in RUNTIME_INPUTS]
-    if len(names) != 1:
-        raise VerifyError(f"{label}: expected exactly one {what} besides the mask, cos/sin and "
-                          f"the KV cache, found {names or 'none'}")
-    return names[0]
-
-
-def _spec(specs: list, name: str, label: str) -> IoInfo:
-    for s in specs:
-        if s.name == name:
-            return s
-    raise VerifyError(f"{label}: the graph has no '{name}'")
