@@ -171,7 +171,7 @@ def task_verify():
     The bins in ctx-bins order, prefill in AR-128 chunks, then AR-1 decode with the KV cache, vs
     the float ONNX on the same tokens: a table per part and end to end (cosine, max error, top-1);
     fails naming the first part that diverges. Thresholds: the model config's [verify] table."""
-    return {"actions": [action(run_verify, CFG, LAYOUT)],
+    return {"actions": [action(run_verify, LAYOUT)],
             "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
             + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
             "targets": [rel(LAYOUT.verify_report)],

@@ -50,7 +50,7 @@ def main(argv) -> int:
     try:
         cfg = load_build(ROOT, overrides)
         stream = None if args.json else (lambda text: print(text, end="", flush=True))
-        result = generate(cfg, Layout(cfg), args.prompt, args.max_tokens, engine=args.engine,
+        result = generate(Layout(cfg), args.prompt, args.max_tokens, engine=args.engine,
                           greedy=args.greedy, bundle_dir=args.bundle, on_text=stream)
     except HexbundleError as exc:
         print(f"generate: {exc}", file=sys.stderr)

@@ -33,7 +33,7 @@ def test_generate_greedy_equals_the_float_onnx_when_quantization_error_is_small(
     assert runs["bundle"]["token_ids"] == runs["onnx"]["token_ids"]
     assert runs["bundle"]["text"] == runs["onnx"]["text"]
     cfg = load_build(project.root)
-    chinese = {engine: library_generate(cfg, Layout(cfg), "你好，世界", 32, engine=engine,
+    chinese = {engine: library_generate(Layout(cfg), "你好，世界", 32, engine=engine,
                                         greedy=True).token_ids for engine in ("bundle", "onnx")}
     assert len(chinese["bundle"]) == 32 and chinese["bundle"] == chinese["onnx"]
 
@@ -46,7 +46,7 @@ def test_generate_samples_deterministically_with_the_bundle_settings_and_reports
     assert re.fullmatch(r"bundle: \d+ prompt tokens in [\d.]+s; 16 tokens in [\d.]+s = [\d.]+ "
                         r"tokens/s; stopped: max tokens\]\n", summary), out
     cfg = load_build(built.root)
-    again = library_generate(cfg, Layout(cfg), "The quick brown fox", 16)
+    again = library_generate(Layout(cfg), "The quick brown fox", 16)
     assert text == again.text and len(again.token_ids) == 16
-    greedy = library_generate(cfg, Layout(cfg), "The quick brown fox", 16, greedy=True)
+    greedy = library_generate(Layout(cfg), "The quick brown fox", 16, greedy=True)
     assert greedy.token_ids != again.token_ids     # the sampler really samples

@@ -50,7 +50,7 @@ def bundle_copy(built, tmp_path):
 
 def run_verify(tiny, bundle_dir):
     cfg, layout = tiny
-    return compare_bundle_with_onnx(cfg, layout, bundle_dir=bundle_dir, log=lambda line: None)
+    return compare_bundle_with_onnx(layout, bundle_dir=bundle_dir, log=lambda line: None)
 
 
 def rewrite_bin(path, alter_tensor=None, alter_topology=None, weight_sharing=None):

@@ -243,10 +243,10 @@ class Report:
                 "ok": self.ok, "rows": [asdict(r) for r in self.rows]}
 
 
-def compare_bundle_with_onnx(cfg: BuildConfig, layout: Layout,
-                             bundle_dir: Optional[Path] = None,
+def compare_bundle_with_onnx(layout: Layout, bundle_dir: Optional[Path] = None,
                              log: Callable[[str], None] = print) -> Report:
     """Run the checks; return the report (callers decide what a failure means)."""
+    cfg = layout.cfg
     started = time.monotonic()
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
     v = cfg.verify
@@ -263,7 +263,7 @@ def compare_bundle_with_onnx(cfg: BuildConfig, layout: Layout,
             logits = bp.part.has_head
             log(f"verify: {bp.label}")
             b = run_sequence(bundle_session(bp, cfg, rope), x_bundle, n_prompt)
-            r = run_sequence(onnx_session(bp.part, cfg, layout), x_ref, n_prompt)
+            r = run_sequence(onnx_session(bp.part, layout), x_ref, n_prompt)
             rows += part_rows(bp.label, bp.part.index, logits, n_prompt, b, r, v)
             x_bundle, x_ref = b.outputs, r.outputs
             bp.reader.close()
@@ -282,15 +282,16 @@ def code_digest() -> str:
     return hashing.bytes_digest("".join(hashing.digest(here / n) for n in RUNTIME_SOURCES).encode())
 
 
-def run_verify(cfg: BuildConfig, layout: Layout):
+def run_verify(layout: Layout) -> None:
     """Print the table, write the JSON report; a failure names the first bad part."""
+    cfg = layout.cfg
     from hexbundle.support.atomic import write_atomic
     if cfg.backend != "reference":
         raise VerifyError(f"verify runs the open-format context binaries of the reference backend; "
                           f"backend {cfg.backend!r} bins are QNN binaries that only a device runs. "
                           f"Verify the same model with backend=reference")
     try:
-        report = compare_bundle_with_onnx(cfg, layout)
+        report = compare_bundle_with_onnx(layout)
     except VerifyError as exc:
         raise VerifyError(f"verify failed: {exc}") from None
     print(report.table(), flush=True)

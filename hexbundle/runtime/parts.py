@@ -95,9 +95,10 @@ def bundle_session(bp: BundlePart, cfg: BuildConfig, rope: RopeSettings) -> Part
     return PartSession(bp.label, graphs, rope)
 
 
-def onnx_session(part, cfg: BuildConfig, layout: Layout) -> PartSession:
+def onnx_session(part, layout: Layout) -> PartSession:
     """The float reference of a part. Its RoPE settings come from the model config (what the
     ONNX was exported for), not from genie_config.json: a wrong rope-theta there must show."""
+    cfg = layout.cfg
     a = cfg.model.architecture
     graphs = {g.kind: OnnxGraph(layout.onnx(g)) for g in cfg.model.graphs(part)}
     return PartSession(f"{part_label(part)} (float ONNX)", graphs,
