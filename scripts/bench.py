@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The benchmark: one table, every row measured side by side in the same run; also written to
-build/bench/results.json. See hexbundle/bench.py for what each row measures.
+build/bench/results.json. See hexbundle/bench/benchmark.py for what each row measures.
 
   python3 scripts/bench.py           full scale: qwen2.5-7b-shape (Qwen2.5-7B's tensors, 4 layers;
                                      ~8 GB of inputs, ~17 GB of disk while it runs, ~10 minutes)

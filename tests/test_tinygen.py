@@ -1,4 +1,4 @@
-"""hexbundle.tinygen: the generated ONNX/encodings/tokenizer behave like a real Qwen2 export."""
+"""hexbundle.inputs.synthetic: the generated ONNX/encodings/tokenizer behave like a real Qwen2 export."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """Full-size generated inputs (e.g. Qwen2.5-7B-shaped), streamed to disk tensor by tensor.
 
-Writes exactly the files `hexbundle.tinygen.generate_part` writes -- same names, graphs,
+Writes exactly the files `hexbundle.inputs.synthetic.generate_part` writes -- same names, graphs,
 encodings and weight bytes for the same (model, part, seed) -- but never holds a whole tensor:
 each weight is drawn in blocks of rows from its own random stream (drawing in blocks continues
 the same stream, so the values equal a whole-tensor draw), each block is scaled, folded into the

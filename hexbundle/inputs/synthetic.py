@@ -54,7 +54,7 @@ from hexbundle.runtime.conventions import (ATTENTION_MASK, KEY_PREFIX, KEY_SEQ_A
 OPSET = 17
 IR_VERSION = 8              # pinned: onnx.helper would stamp the installed onnx's newest IR
 DATA_ALIGNMENT = 64         # byte alignment of each weight in the .data file (mmap friendly)
-PRODUCER = "hexbundle.tinygen"
+PRODUCER = "hexbundle.inputs.synthetic"
 
 # Symmetric activation ranges [-r, r] by tensor role; generous for the generated weights.
 ACTIVATION_RANGES = {"hidden": 64.0, "logits": 32.0, "past_key": 16.0, "past_value": 16.0,
@@ -67,7 +67,10 @@ _DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 
 
 @dataclass(frozen=True)
-class WeightSpec:
+class DrawnWeight:
+    """A weight of the part and the role that decides how it is drawn (config.model.WeightSpec
+    says how it is stored)."""
+
     name: str
     shape: tuple
     kind: str   # "linear" | "bias" | "norm" | "embedding" | "lm_head"
@@ -83,7 +86,7 @@ class TensorSpec:
 def weight_specs(model: Model, part: Part) -> list:
     """The part's weights (names and shapes from hexbundle.model.part_weights, the one place the
     architecture's tensors are listed), each with the role that decides how it is drawn."""
-    return [WeightSpec(w.name, w.shape, _role(w.name))
+    return [DrawnWeight(w.name, w.shape, _role(w.name))
             for w in part_weights(model.architecture, model.quantization, part)]
 
 
@@ -158,7 +161,7 @@ def make_weights(model: Model, part: Part, seed: int) -> dict:
     return {spec.name: _draw_weight(spec, model, seed) for spec in weight_specs(model, part)}
 
 
-def _draw_weight(spec: WeightSpec, model: Model, seed: int) -> np.ndarray:
+def _draw_weight(spec: DrawnWeight, model: Model, seed: int) -> np.ndarray:
     noise = weight_rng(spec.name, seed).standard_normal(spec.shape, dtype=np.float32)
     return finish_weight(spec, noise)
 
@@ -169,7 +172,7 @@ def weight_rng(name: str, seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode("utf-8"))])
 
 
-def finish_weight(spec: WeightSpec, noise: np.ndarray) -> np.ndarray:
+def finish_weight(spec: DrawnWeight, noise: np.ndarray) -> np.ndarray:
     """Standard-normal float32 noise (the whole tensor or a block of its rows) -> the weight's
     values, in place. Element-wise, so a block gives exactly the values of the whole tensor."""
     if spec.kind == "norm":
@@ -393,7 +396,7 @@ class WeightRange:
     """What a weight's encoding is computed from, accumulated over blocks of rows: the largest
     |value| per output channel (linear, lm_head: the last axis) or min and max (embedding)."""
 
-    def __init__(self, spec: WeightSpec):
+    def __init__(self, spec: DrawnWeight):
         self.spec = spec
         self.amax = self.lo = self.hi = None
 
@@ -407,7 +410,7 @@ class WeightRange:
             self.hi = hi if self.hi is None else max(self.hi, hi)
 
 
-def weight_range(spec: WeightSpec, w: np.ndarray) -> WeightRange:
+def weight_range(spec: DrawnWeight, w: np.ndarray) -> WeightRange:
     r = WeightRange(spec)
     r.update(w)
     return r
