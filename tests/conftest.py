@@ -3,6 +3,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -52,6 +53,13 @@ class Project:
 
     def manifest(self, model="qwen2-tiny", device="iq9075") -> dict:
         return json.loads((self.bundle(model, device) / "manifest.json").read_text())
+
+
+def default_sigint() -> None:
+    """Popen preexec_fn for runs a test interrupts: Ctrl-C as a terminal would deliver it. A shell
+    running the suite as a background job (`pytest &`) starts it with SIGINT ignored, and
+    children inherit that; the interrupted run would then never see the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def copy_project(dest: Path) -> Project:

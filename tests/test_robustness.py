@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import DoitRun, copy_project
+from conftest import DoitRun, copy_project, default_sigint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -93,6 +93,7 @@ class Held:
         self.out_path, self.err_path = self.dir / "out.txt", self.dir / "err.txt"
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=project.root,
+                                         preexec_fn=default_sigint,
                                          stdout=out, stderr=err, env=env)
 
     def text(self) -> str:

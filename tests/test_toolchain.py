@@ -24,7 +24,7 @@ INSTALLER = ROOT / "scripts" / "install_sdk.py"
 
 
 def toolchain_project(tmp_path, sha256=""):
-    """A project root holding only what hexbundle.toolchain reads (plus the Dockerfile, lock)."""
+    """A project root holding only what hexbundle.config.toolchain and hexbundle.toolchain read (plus the Dockerfile, lock)."""
     root = tmp_path / "proj"
     (root / "configs").mkdir(parents=True)
     text = (ROOT / "configs" / "toolchain.toml").read_text()

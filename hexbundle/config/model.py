@@ -1,6 +1,6 @@
 """What a model *is*, independent of files: architecture, split plan, quantization scheme.
 
-These plain dataclasses are built by `hexbundle.config` from TOML and consumed by the input
+These plain dataclasses are built by `hexbundle.config.build` from TOML and consumed by the input
 generator, the backends, the size model and the bundle writer. No I/O here.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What makes a `doit` run safe to kill, to interrupt and to start twice.
 
-Called once when dodo.py loads (hexbundle.doit_support.load), for every command that may run
+Called once when dodo.py loads (hexbundle.graph.session.load), for every command that may run
 tasks or change the dependency DB (all but list, help, info, dumpdb, tabcompletion):
 
 1. A lock on the build directory (fcntl.flock on build/.hexbundle/lock, held until the process

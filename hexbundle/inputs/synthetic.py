@@ -84,7 +84,7 @@ class TensorSpec:
 
 
 def weight_specs(model: Model, part: Part) -> list:
-    """The part's weights (names and shapes from hexbundle.model.part_weights, the one place the
+    """The part's weights (names and shapes from hexbundle.config.model.part_weights, the one place the
     architecture's tensors are listed), each with the role that decides how it is drawn."""
     return [DrawnWeight(w.name, w.shape, _role(w.name))
             for w in part_weights(model.architecture, model.quantization, part)]
@@ -168,7 +168,7 @@ def _draw_weight(spec: DrawnWeight, model: Model, seed: int) -> np.ndarray:
 
 def weight_rng(name: str, seed: int) -> np.random.Generator:
     """The weight's own random stream. Drawing a tensor in row chunks from it gives the same
-    values as drawing it whole (hexbundle.biggen streams full-size weights that way)."""
+    values as drawing it whole (hexbundle.inputs.generate streams full-size weights that way)."""
     return np.random.default_rng([seed, zlib.crc32(name.encode("utf-8"))])
 
 

@@ -41,7 +41,7 @@ class KitError(Exception):
 
 
 def sha256_file(path: Path) -> str:
-    # Not hexbundle.hashing's: this file must run alone (standard library only) on a machine
+    # Not hexbundle.support.hashing's: this file must run alone (standard library only) on a machine
     # where nothing is installed yet.
     h = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -1,8 +1,8 @@
-"""Executors run one build step (a `hexbundle.stages` spec) and capture its log.
+"""Executors run one build step (a `hexbundle.steps.runner` spec) and capture its log.
 
-local:  `hexbundle.stages.run(spec)` in this Python process, logging to the step's file (a
+local:  `hexbundle.steps.runner.run(spec)` in this Python process, logging to the step's file (a
         subprocess would pay ~1 s of onnx/ml_dtypes imports per step: 12 s of an 18 s tiny build).
-docker: the same stage runner inside the pinned toolchain image (see hexbundle.container).
+docker: the same stage runner inside the pinned toolchain image (hexbundle.steps.docker_executor).
 
 The step's output goes to build/<model>/<device>/logs/<task>.log; on failure its tail is shown.
 """

@@ -1,7 +1,7 @@
 """Atomic file output: write a temp file beside the target, fsync, rename.
 
 A reader never sees half a file, and a killed writer leaves only a `.<name>.*.tmp` file, which
-the next run sweeps (hexbundle.runguard). Every small writer of the project goes through here.
+the next run sweeps (hexbundle.graph.runguard). Every small writer of the project goes through here.
 """
 from __future__ import annotations
 
