@@ -70,10 +70,12 @@ existing_recipe() {
 }
 
 record_id() {
-    local id
+    local id tmp
     id="$(docker image inspect --format '{{.Id}}' "$TAG")"
     mkdir -p "$(dirname "$ID_FILE")"
-    echo "$id" > "$ID_FILE.tmp" && mv "$ID_FILE.tmp" "$ID_FILE"
+    # hexbundle's one temp-name scheme (hexbundle/support/atomic.py): the next run sweeps it
+    tmp="$(dirname "$ID_FILE")/.$(basename "$ID_FILE").$$.$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n').tmp"
+    echo "$id" > "$tmp" && mv "$tmp" "$ID_FILE"
     echo "base image $TAG = $id (recorded in $ID_FILE)"
 }
 

@@ -180,3 +180,51 @@ def test_dodo_declares_tasks_and_nothing_else():
                                  ast.FunctionDef)), f"dodo.py line {node.lineno}: {type(node)}"
         if isinstance(node, ast.Expr):
             assert isinstance(node.value, ast.Constant), f"dodo.py line {node.lineno} acts"
+
+
+# Temp-then-rename, and temp names inside our own directories, come from hexbundle.support.atomic
+# only: one naming scheme, which the clean-up after a killed run (graph.runguard) knows.
+RENAMES = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("shutil", "move")}
+NAMED_TEMPS = {"mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryDirectory"}   # with dir=
+# Renames that are not part of writing an output (module, function): why.
+OTHER_RENAMES = {
+    ("hexbundle.graph.runguard", "set_aside_damaged_db"): "keeps an unreadable DB as .damaged",
+    ("hexbundle.backends.qairt", "_settle"): "moves a file the SDK saved elsewhere onto the "
+                                             "temp path support.atomic gave it",
+}
+
+
+def module_calls(path: Path) -> list:
+    """(function it is in, `name.attr` call node) for every call of an attribute of a name."""
+    out = []
+
+    def walk(node, func):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                walk(child, child.name)
+                continue
+            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
+                    and isinstance(child.func.value, ast.Name)):
+                out.append((func, child))
+            walk(child, func)
+
+    walk(ast.parse(path.read_text(), str(path)), "")
+    return out
+
+
+def test_only_support_atomic_renames_outputs_into_place():
+    found, others = [], set()
+    for name, path in sorted(all_modules().items()):
+        if name == "hexbundle.support.atomic":
+            continue
+        for func, call in module_calls(path):
+            pair = (call.func.value.id, call.func.attr)
+            temp = (pair[0] == "tempfile" and pair[1] in NAMED_TEMPS
+                    and any(k.arg == "dir" for k in call.keywords))
+            if pair in RENAMES and (name, func) in OTHER_RENAMES:
+                others.add((name, func))
+            elif pair in RENAMES or temp:
+                found.append(f"{name}:{call.lineno} {'.'.join(pair)} in {func or '<module>'}")
+    assert not found, ("write through hexbundle.support.atomic (atomic_output, output_path, "
+                       "staged_dir, temp_dir) instead:\n" + "\n".join(found))
+    assert others == set(OTHER_RENAMES), "OTHER_RENAMES lists a rename that is gone"

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hexbundle.graph import runguard
-from hexbundle.support.atomic import exchange_dirs, swap_in
+from hexbundle.support.atomic import exchange_dirs, is_temp_name, swap_in
 from hexbundle.config.build import BUILD_SCHEMA, load_build
 from hexbundle.config.schema import read_toml
 from hexbundle.support.errors import ConfigError
@@ -49,8 +49,7 @@ def leftovers(build: Path) -> list:
     found = []
     for dirpath, dirnames, filenames in os.walk(build):
         for name in dirnames + filenames:
-            if (runguard.TEMP_FILE.match(name) or runguard.STAGING_DIR.match(name)
-                    or runguard.OLD_BUNDLE_DIR.match(name)):
+            if is_temp_name(name):
                 found.append(Path(dirpath, name))
     return found
 
@@ -356,16 +355,16 @@ def test_dependency_db_writes_are_atomic(tmp_path):
 
 def test_an_interrupted_swap_gets_the_previous_bundle_back(tmp_path):
     build = tmp_path / "build"
-    old = build / "m" / "d" / ".bundle-old.abc123"
+    old = build / "m" / "d" / ".bundle.4242.0123456789ab.old"   # swap_in's name for it
     old.mkdir(parents=True)
     (old / "manifest.json").write_text("{}")
     nested = build / "release-work"       # another build root: its own runs clean it
     (nested / ".hexbundle").mkdir(parents=True)
-    (nested / ".x.bin.1.tmp").write_text("partial")
+    (nested / ".x.bin.4242.0123456789ab.tmp").write_text("partial")
     assert runguard.restore_interrupted_swaps(build, tmp_path) == [build / "m" / "d" / "bundle"]
     assert (build / "m" / "d" / "bundle" / "manifest.json").read_text() == "{}"
     assert runguard.sweep_temp_files(build, tmp_path) == []
-    assert (nested / ".x.bin.1.tmp").exists()
+    assert (nested / ".x.bin.4242.0123456789ab.tmp").exists()
 
 
 def test_swap_in_replaces_the_bundle_whole(tmp_path):
@@ -384,6 +383,176 @@ def test_swap_in_replaces_the_bundle_whole(tmp_path):
     if not exchange_dirs(a, b):
         pytest.skip("this kernel or file system has no RENAME_EXCHANGE (two renames are used)")
     assert (b / "which").read_text() == "a" and not (a / "which").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# one temp-name scheme (support.atomic): what every writer leaves when killed is swept, and
+# nothing else is
+
+def test_temp_names_name_their_target_and_are_never_a_targets_own_name():
+    from hexbundle.support.atomic import displaced_target, temp_name
+    for target in ("x.bin", "bundle", "offline-kit.tar", ".digests.json", "a.1.0123456789ab.tmp"):
+        assert is_temp_name(temp_name(target)) and is_temp_name(temp_name(target, "old"))
+        assert displaced_target(temp_name(target, "old")) == target
+        assert displaced_target(temp_name(target)) is None
+        assert temp_name(target) != temp_name(target)
+    assert not is_temp_name("bundle") and not is_temp_name("offline-kit.tar")
+
+
+def killed(writer, die_at_rename: int = 0) -> None:
+    """Run writer() in a forked process and SIGKILL it: where the writer kills itself, or, with
+    die_at_rename=n, at its n-th rename (os.replace / os.rename), before that rename happens."""
+    pid = os.fork()
+    if pid == 0:   # the writer's process: it must not return into pytest
+        try:
+            if die_at_rename:
+                calls = []
+
+                def dying(real):
+                    def call(*args, **kwargs):
+                        calls.append(args)
+                        if len(calls) >= die_at_rename:
+                            os.kill(os.getpid(), signal.SIGKILL)
+                        return real(*args, **kwargs)
+                    return call
+                os.replace, os.rename = dying(os.replace), dying(os.rename)
+            writer()
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, \
+        f"{writer.__name__} was not killed mid-write (status {status})"
+
+
+def tree(build: Path) -> dict:
+    """relative path -> bytes (files) or None (directories), everything under build/."""
+    out = {}
+    for path in sorted(build.rglob("*")):
+        out[path.relative_to(build).as_posix()] = None if path.is_dir() else path.read_bytes()
+    return out
+
+
+def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_path):
+    from doit.dependency import JSONCodec, JsonDB
+
+    from hexbundle.backends import qairt
+    from hexbundle.bench import benchmark
+    from hexbundle.formats.container import ContainerWriter
+    from hexbundle.inputs import generate, synthetic
+    from hexbundle.release import offline_kit
+    from hexbundle.support import atomic, hashing
+    from hexbundle.toolchain import wheelhouse
+
+    build = tmp_path / "build"
+    d = build / "m" / "d"
+    for sub in ("bin", "dlc", "inputs", "bundle"):
+        (d / sub).mkdir(parents=True)
+    (d / "bundle" / "manifest.json").write_text('{"old": true}')
+    (build / "m" / "e" / "bundle").mkdir(parents=True)
+    (build / "m" / "e" / "bundle" / "manifest.json").write_text('{"old": "e"}')
+    data = d / "inputs" / "prompt.data"
+    data.write_bytes(b"\1" * 4096)
+    (build / ".hexbundle").mkdir()
+    (build / ".hexbundle" / "doit-db.json").write_text('{"task": {"k": 1}}')
+    (build / "wheelhouse").mkdir()
+    (build / "bench").mkdir()
+    wheel = build / "wheelhouse" / "pkg-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK wheel")
+    (build / "offline-kit" / "source").mkdir(parents=True)
+    (build / "offline-kit" / "source" / "dodo.py").write_text("# kit\n")
+    # Names like ours, or like the schemes before it, that are not temp names: never touched.
+    for name in (".notes.tmp", "notes.tmp", ".x.bin.tmp-12", ".x.bin.link-12", ".tmp-12-x.bin",
+                 "x.bin.123.0123456789ab.tmp", ".x.bin.123.0123456789AB.tmp",
+                 ".x.bin.123.0123456789a.tmp", ".x.bin.12a.0123456789ab.tmp",
+                 ".x.bin.123.0123456789ab.tmp.bin", ".x.bin.123.0123456789ab.older"):
+        (d / "bin" / name).write_text("keep")
+    for name in (".bundle.abc123", ".bundle-old.abc123", ".qairt-tmp-abc123"):
+        (d / name).mkdir()
+        (d / name / "keep").write_text("keep")
+    before = tree(build)
+
+    def generic_json():   # atomic_output: write_atomic / write_json (configs, reports, records)
+        atomic.write_json(d / "build-info.json", {"executor": "local"})
+
+    def container_bin():   # formats.container: a DLC / context binary streamed blob by blob
+        with ContainerWriter(d / "bin" / "x.bin", b"HBTEST\0\0") as writer:
+            writer.add_blob("w", [b"\2" * 5000])
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def bundle_staging():   # steps.bundle: the staging directory, complete, not swapped in
+        with atomic.staged_dir(d / "bundle") as staging:
+            (staging / "manifest.json").write_text('{"new": true}')
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def bundle_swap_cut_in_half():   # swap_in without RENAME_EXCHANGE, killed between renames
+        atomic.exchange_dirs = lambda a, b: False
+        with atomic.staged_dir(build / "m" / "e" / "bundle") as staging:
+            (staging / "manifest.json").write_text('{"new": "e"}')
+
+    def tinygen_input():   # inputs.synthetic (and biggen's streamed .data): _atomic_open
+        synthetic._write_bytes(d / "inputs" / "prompt.onnx", b"onnx")
+
+    def biggen_hard_link():   # inputs.generate: the token graph's .data, a link to the prompt's
+        generate.link_same_bytes(data, d / "inputs" / "token.data")
+
+    def qairt_outputs():   # backends.qairt: the SDK's save path and its scratch directory
+        with qairt.output_file(d / "dlc" / "g.dlc") as tmp, qairt.scratch_dir(d / "dlc") as s:
+            (s / "sdk-scratch").write_text("scratch")
+            tmp.write_text("dlc")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def digest_cache():   # support.hashing: the digest cache, saved after a new digest
+        hashing.DigestCache(build / ".hexbundle" / "digests.json").digest(data)
+
+    def doit_db():   # graph.runguard.atomic_dump: doit's dependency DB
+        db = JsonDB(str(build / ".hexbundle" / "doit-db.json"), codec=JSONCodec())
+        db.set("task", "k", 2)
+        runguard.atomic_dump(db)
+
+    def wheelhouse_sums():   # toolchain.wheelhouse: SHA256SUMS (write_lock: the same call)
+        wheelhouse.write_sums(build / "wheelhouse", [wheel])
+
+    def wheelhouse_resolve():   # toolchain.wheelhouse.lock: pip downloads into a scratch dir
+        def pip_download(tc, dest, requirements, extra):
+            (dest / "dep-2.0-py3-none-any.whl").write_bytes(b"PK half")
+            os.kill(os.getpid(), signal.SIGKILL)
+        wheelhouse.pip_download = pip_download
+        tc = type("Tc", (), {"wheelhouse": build / "wheelhouse", "requirements": Path("x.in")})
+        wheelhouse.lock(tc)
+
+    def bench_results():   # bench.benchmark: results.json
+        benchmark.write_results({"rows": []}, build / "bench" / "results.json")
+
+    def offline_kit_tar():   # release.offline_kit: offline-kit.tar (was offline-kit.tar.tmp)
+        offline_kit.write_tar(build / "offline-kit", build / "offline-kit.tar")
+
+    def offline_kit_staging():   # release.offline_kit.make_kit: the kit directory being filled
+        with atomic.staged_dir(build / "offline-kit", mode=0o777) as staging:
+            (staging / "kit.json").write_text("{}")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    writers = [(generic_json, 1), (container_bin, 0), (bundle_staging, 0),
+               (bundle_swap_cut_in_half, 2), (tinygen_input, 1), (biggen_hard_link, 1),
+               (qairt_outputs, 0), (digest_cache, 1), (doit_db, 1), (wheelhouse_sums, 1),
+               (wheelhouse_resolve, 0), (bench_results, 1), (offline_kit_tar, 1),
+               (offline_kit_staging, 0)]
+    left = set()
+    for writer, die_at_rename in writers:
+        killed(writer, die_at_rename)
+        now = set(leftovers(build))
+        assert now - left, f"{writer.__name__} left no temp name: the kill missed the write"
+        left = now
+    assert not (build / "m" / "e" / "bundle").exists()   # the swap really was cut in half
+    assert any(p.name.startswith(".offline-kit.tar.") for p in left)
+
+    assert runguard.restore_interrupted_swaps(build, tmp_path) == [build / "m" / "e" / "bundle"]
+    removed = runguard.sweep_temp_files(build, tmp_path)
+    assert leftovers(build) == []
+    assert set(removed) == {p for p in left if not p.name.endswith(".old")}
+    assert tree(build) == before   # every target as it was, every other file untouched
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,15 +39,14 @@ import ctypes
 import importlib
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from hexbundle.support.atomic import output_path, temp_dir
 from hexbundle.support.errors import BackendError
 from hexbundle.config.toolchain import load_toolchain, require_pinned_sdk
 from hexbundle.backends import CompileOptions, ConvertOptions
@@ -161,17 +160,13 @@ def check_graph_names(models: list, dlc_paths: list, expected: tuple) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# outputs: a temp name in the same directory, renamed into place only on success
+# outputs: a temp path beside the target (support.atomic), renamed into place only on success
 
-@contextmanager
 def output_file(final: Path):
-    tmp = final.with_name(f".tmp-{os.getpid()}-{final.name}")   # keeps the .dlc / .bin suffix
-    try:
-        yield tmp
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """The path the SDK saves to: `final`'s own name (the .dlc / .bin suffix) inside a temp
+    directory beside it; moved over `final` only when the step succeeds. Not fsynced, as
+    before."""
+    return output_path(final, sync=False, same_name=True)
 
 
 def _settle(saved, tmp: Path) -> None:
@@ -187,17 +182,16 @@ def scratch_dir(near: Path):
     """QAIRT_TMP_DIR (and TMPDIR, which qairt.convert sets from it) on the build disk: the SDK
     writes whole DLCs and binaries there, too big for a container's /tmp in memory."""
     saved = {k: os.environ.get(k) for k in ("QAIRT_TMP_DIR", "TMPDIR")}
-    path = Path(tempfile.mkdtemp(dir=near, prefix=".qairt-tmp-"))
-    os.environ["QAIRT_TMP_DIR"] = os.environ["TMPDIR"] = str(path)
-    try:
-        yield path
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(path, ignore_errors=True)
+    with temp_dir(near, "qairt-scratch") as path:
+        os.environ["QAIRT_TMP_DIR"] = os.environ["TMPDIR"] = str(path)
+        try:
+            yield path
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from hexbundle.support import hashing
+from hexbundle.support.atomic import atomic_output
 from hexbundle.graph.checker import MD5_DB
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import BUILD_ROOT_ENV, Layout, ProjectLayout
@@ -524,10 +525,8 @@ def machine() -> dict:
 
 
 def write_results(results: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    with atomic_output(path, "w", perms=None) as fh:
+        fh.write(json.dumps(results, indent=2, default=str) + "\n")
     return path
 
 

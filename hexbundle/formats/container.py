@@ -15,7 +15,6 @@ import json
 import mmap
 import os
 import struct
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
@@ -23,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import numpy as np
 import xxhash
 
-from hexbundle.support import testhooks
+from hexbundle.support import atomic, testhooks
 from hexbundle.support.errors import FormatError, HexbundleError, output_error
 
 ALIGN = 4096
@@ -84,14 +83,11 @@ class ContainerWriter:
         self.magic = magic
         self.blobs: list = []
         self._names: set = set()
-        # Not mkstemp: its 0600 mode would survive the rename; 0o666 lets the umask decide.
-        tmp = self.path.parent / f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        try:   # mode 0o666: the umask decides, as for any new file
+            fd, self._tmp_path = atomic.create_temp(self.path)
         except OSError as exc:
             raise HexbundleError(f"{self.path}: cannot create the output file ({exc.strerror}); "
                                  f"check that {self.path.parent} exists and is writable") from None
-        self._tmp_path = Path(tmp)
         self._file = os.fdopen(fd, "wb")
         self._file.write(bytes(ALIGN))   # preamble placeholder; rewritten by finish()
         self._position = ALIGN
@@ -140,11 +136,10 @@ class ContainerWriter:
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
-            os.replace(self._tmp_path, self.path)
+            atomic.commit(self._tmp_path, self.path, sync_dir=True)
         except OSError as exc:
             self.abort()
             raise output_error(self.path, exc) from None
-        _fsync_dir(self.path.parent)
         return self._position + len(header)
 
     def abort(self) -> None:
@@ -154,7 +149,7 @@ class ContainerWriter:
         except OSError:
             pass   # flushing what a full disk refused fails again; the file is discarded anyway
         finally:
-            self._tmp_path.unlink(missing_ok=True)
+            atomic.discard(self._tmp_path)
 
 
 def _byte_pieces(chunk):
@@ -164,19 +159,6 @@ def _byte_pieces(chunk):
     view = memoryview(chunk).cast("B")
     for start in range(0, len(view), _WRITE_CHUNK):
         yield view[start:start + _WRITE_CHUNK]
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:   # makes the rename durable; not possible on every platform/filesystem
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class ContainerReader:

@@ -6,9 +6,11 @@ tasks or change the dependency DB (all but list, help, info, dumpdb, tabcompleti
 1. A lock on the build directory (fcntl.flock on build/.hexbundle/lock, held until the process
    ends, whatever way it ends). A second run waits, saying for whom, up to
    HEXBUNDLE_LOCK_TIMEOUT seconds (default 600; 0 = refuse at once), then refuses.
-2. Clean-up after a run that was killed: a bundle swap cut in half is undone (the previous
-   bundle goes back), temp files and staging directories of our writers are removed. Only
-   under the lock: a live run's temp files are never touched.
+2. Clean-up after a run that was killed: a directory swap cut in half is undone (the previous
+   bundle goes back), and the temp files and directories of our writers are removed. Every
+   writer takes its temp names from hexbundle.support.atomic, so one rule (is_temp_name) finds
+   them all, and nothing else is removed. Only under the lock: a live run's temp files are
+   never touched.
 3. The dependency DB (doit's JSON backend) is written atomically (temp, fsync, rename) instead
    of in place, and after every task that succeeds rather than only at the end of the run, so
    a killed run keeps the work it finished. A DB that is nevertheless unreadable is set aside
@@ -21,13 +23,12 @@ import errno
 import fcntl
 import json
 import os
-import re
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
+from hexbundle.support.atomic import atomic_output, discard, is_temp_name, put_back
 from hexbundle.support.errors import HexbundleError
 
 LOCK_TIMEOUT_ENV = "HEXBUNDLE_LOCK_TIMEOUT"
@@ -35,12 +36,6 @@ DEFAULT_LOCK_TIMEOUT_S = 600.0
 POLL_S = 0.2
 # doit commands that neither run tasks nor write the DB: no lock, no clean-up.
 READ_ONLY_COMMANDS = {"list", "help", "info", "dumpdb", "tabcompletion", "--help", "--version"}
-
-# Names our writers give their temp files and directories (see formats/container.py,
-# bundle.py, tinygen.py, biggen.py, hashing.py, backends/qairt.py and atomic_dump below).
-TEMP_FILE = re.compile(r"^\.(.+(\.tmp|\.tmp-\d+|\.link-\d+)|tmp-\d+-.+)$")
-STAGING_DIR = re.compile(r"^\.(bundle\.|qairt-tmp-)[A-Za-z0-9_]+$")   # bundle staging, SDK scratch
-OLD_BUNDLE_DIR = re.compile(r"^\.bundle-old\.[A-Za-z0-9_]+$")
 
 _held = None   # the lock's open file: the lock lasts as long as this process
 
@@ -155,24 +150,26 @@ def _own_tree(build: Path):
 
 
 def restore_interrupted_swaps(build: Path, root: Path) -> list:
-    """A run killed between the two renames of a bundle swap leaves no bundle/ but the whole
-    previous bundle in .bundle-old.*: put it back. Returns the restored bundle directories."""
+    """A run killed between the two renames of a directory swap (support.atomic.swap_in: the
+    bundle, the offline kit) leaves no <dir> but the whole previous one in
+    .<dir>.<pid>.<token>.old: put it back. Returns the restored directories."""
     restored = []
     if not build.is_dir():
         return restored
     for dirpath, dirnames, _ in _own_tree(build):
         for name in sorted(dirnames):
-            final = dirpath / "bundle"
-            if OLD_BUNDLE_DIR.match(name) and not final.exists():
-                os.rename(dirpath / name, final)
+            final = put_back(dirpath / name)
+            if final is not None:
                 restored.append(final)
-                _notice(f"put back the previous bundle {_rel(final, root)} (a run was killed "
-                        "while replacing it)")
+                _notice(f"put back the previous {_rel(final, root)} (a run was killed while "
+                        "replacing it)")
     return restored
 
 
 def sweep_temp_files(build: Path, root: Path) -> list:
-    """Remove what our writers leave when killed: temp files and bundle staging directories.
+    """Remove what our writers leave when killed: every file or directory with a temp name
+    (support.atomic.is_temp_name: staging and scratch directories, half-written files, a
+    previous directory already replaced).
 
     Returns the removed paths. Nothing else under build/ is touched.
     """
@@ -181,13 +178,13 @@ def sweep_temp_files(build: Path, root: Path) -> list:
         return removed
     for dirpath, dirnames, filenames in _own_tree(build):
         for name in list(dirnames):
-            if STAGING_DIR.match(name) or OLD_BUNDLE_DIR.match(name):
-                shutil.rmtree(dirpath / name, ignore_errors=True)
+            if is_temp_name(name):
+                discard(dirpath / name)
                 dirnames.remove(name)
                 removed.append(dirpath / name)
         for name in filenames:
-            if TEMP_FILE.match(name):
-                (dirpath / name).unlink(missing_ok=True)
+            if is_temp_name(name):
+                discard(dirpath / name)
                 removed.append(dirpath / name)
     if removed:
         listed = ", ".join(_rel(p, root) for p in removed[:5])
@@ -223,7 +220,6 @@ def set_aside_damaged_db(db: Path, root: Path) -> Optional[Path]:
 
 def atomic_dump(self) -> None:
     """doit's JsonDB.dump, but temp + fsync + rename: a kill never leaves half a DB."""
-    from hexbundle.support.atomic import atomic_output
     with atomic_output(self.name, "w", user_errors=False) as fh:
         fh.write(self.codec.encode(self._db))
 

@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
+from hexbundle.support.atomic import output_path
 from hexbundle.support.errors import ConfigError, DiskSpaceError, InputError
 from hexbundle.config.layout import Layout, ProjectLayout
 from hexbundle.config.model import Model, Part
@@ -124,14 +125,12 @@ def write_data(path: Path, model: Model, part: Part, seed: int,
 
 def link_same_bytes(src: Path, dst: Path) -> None:
     """dst becomes a hard link to src, replacing any old dst atomically."""
-    tmp = dst.with_name(f".{dst.name}.link-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError as exc:
-        raise InputError(f"{dst}: cannot hard-link it to {src.name} ({exc.strerror}); generate "
-                         "the inputs on a file system with hard links") from None
-    os.replace(tmp, dst)
+    with output_path(dst, sync=False) as tmp:   # src's bytes: nothing new to fsync
+        try:
+            os.link(src, tmp)
+        except OSError as exc:
+            raise InputError(f"{dst}: cannot hard-link it to {src.name} ({exc.strerror}); "
+                             "generate the inputs on a file system with hard links") from None
 
 
 # --------------------------------------------------------------------------- files

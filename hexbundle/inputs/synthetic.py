@@ -29,22 +29,19 @@ Conventions
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from hexbundle.support.errors import output_error
+from hexbundle.support.atomic import atomic_output
 from hexbundle.config.model import Graph, Model, Part, boundary_tensor, part_weights
 from hexbundle.runtime.conventions import (ATTENTION_MASK, KEY_PREFIX, KEY_SEQ_AXIS, MASK_VALUE,
                                            POSITION_COS, POSITION_SIN, VALUE_SEQ_AXIS, is_kv,
@@ -473,20 +470,11 @@ def encodings_from_ranges(model: Model, graph: Graph, ranges: dict) -> dict:
 # --------------------------------------------------------------------------- files
 
 
-@contextlib.contextmanager
-def _atomic_open(path: Path) -> Iterator:
-    """Write to a temp file in the same directory, then os.replace: readers never see halves."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-        os.replace(tmp, path)
-    except OSError as exc:   # disk full: a clean error naming the file, nothing partial kept
-        raise output_error(path, exc) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+def _atomic_open(path: Path):
+    """A binary file object whose bytes replace `path` when complete (support.atomic): readers
+    never see halves; a full disk is a clean error naming the file, nothing partial kept. Not
+    fsynced and the umask decides the mode, as these inputs always were."""
+    return atomic_output(path, "wb", sync=False, perms=None)
 
 
 def _write_bytes(path: Path, data: bytes) -> None:

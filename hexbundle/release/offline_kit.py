@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 from hexbundle import __version__
+from hexbundle.support.atomic import output_path, staged_dir
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import sha256_file
@@ -74,8 +75,8 @@ def save_image(client, ref: str, out: Path) -> str:
 def write_tar(directory: Path, out: Path) -> None:
     """A plain tar of the kit directory: sorted, fixed times and owners (its bytes depend only on
     the files)."""
-    tmp = out.with_name(out.name + ".tmp")
-    with tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
+    with (output_path(out, sync=False) as tmp,   # tarfile wants a path; not fsynced, as before
+          tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar):
         paths = sorted(directory.rglob("*"), key=lambda p: p.relative_to(directory).as_posix())
         for path in [directory, *paths]:
             info = tar.gettarinfo(str(path), arcname=(Path(directory.name) / path.relative_to(
@@ -87,7 +88,6 @@ def write_tar(directory: Path, out: Path) -> None:
                     tar.addfile(info, fh)
             else:
                 tar.addfile(info)
-    os.replace(tmp, out)
 
 
 def make_kit(layout: Layout, include_sdk: bool, include_inputs: bool) -> Path:
@@ -100,46 +100,42 @@ def make_kit(layout: Layout, include_sdk: bool, include_inputs: bool) -> Path:
     if not record:
         raise KitError("no toolchain image recorded: run `doit image` first")
     out = layout.offline_kit_dir
-    staging = cfg.build_root / ".offline-kit.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    # Filled beside `out` under a temp name, swapped in whole; removed if anything fails.
+    with staged_dir(out, mode=0o777) as staging:
+        files = source_files(cfg.root)
+        for rel in files:
+            (staging / "source" / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(cfg.root / rel, staging / "source" / rel)
+        say(f"offline_kit: source: {len(files)} files")
 
-    files = source_files(cfg.root)
-    for rel in files:
-        (staging / "source" / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(cfg.root / rel, staging / "source" / rel)
-    say(f"offline_kit: source: {len(files)} files")
+        client = docker_client()
+        images = []
+        for name, ref, tag in (("toolchain", record["id"], record["tag"]),
+                               ("base", record["base"], record["base"])):
+            image_id = save_image(client, ref, staging / "images" / f"{name}.tar")
+            images.append({"file": f"images/{name}.tar", "id": image_id, "tag": tag})
+            say(f"offline_kit: image {tag} ({image_id[:19]}) saved")
 
-    client = docker_client()
-    images = []
-    for name, ref, tag in (("toolchain", record["id"], record["tag"]),
-                           ("base", record["base"], record["base"])):
-        image_id = save_image(client, ref, staging / "images" / f"{name}.tar")
-        images.append({"file": f"images/{name}.tar", "id": image_id, "tag": tag})
-        say(f"offline_kit: image {tag} ({image_id[:19]}) saved")
+        container_wheels = staging / "wheels" / "container"
+        container_wheels.mkdir(parents=True)
+        for wheel in sorted(tc.wheelhouse.glob("*.whl")):
+            shutil.copy2(wheel, container_wheels / wheel.name)
+        shutil.copy2(tc.lock, container_wheels / tc.lock.name)
+        download_host_wheels(cfg.root, staging / "wheels" / "host")
+        say(f"offline_kit: wheels for the image and for Python "
+            f"{sys.version_info.major}.{sys.version_info.minor} on the host")
 
-    container_wheels = staging / "wheels" / "container"
-    container_wheels.mkdir(parents=True)
-    for wheel in sorted(tc.wheelhouse.glob("*.whl")):
-        shutil.copy2(wheel, container_wheels / wheel.name)
-    shutil.copy2(tc.lock, container_wheels / tc.lock.name)
-    download_host_wheels(cfg.root, staging / "wheels" / "host")
-    say(f"offline_kit: wheels for the image and for Python "
-        f"{sys.version_info.major}.{sys.version_info.minor} on the host")
-
-    bring = bring_list(layout, tc, staging, include_sdk, include_inputs)
-    from hexbundle.release.reproducible import source_state
-    doc = {"format": KIT_FORMAT, "hexbundle": __version__, "images": images,
-           "source": source_state(cfg.root), "host_python":
-           f"{sys.version_info.major}.{sys.version_info.minor}", "bring": bring,
-           "model": cfg.model.name}
-    (staging / KIT_JSON).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    write_sums(staging)
-    if out.exists():
-        shutil.rmtree(out)
-    os.rename(staging, out)
+        bring = bring_list(layout, tc, staging, include_sdk, include_inputs)
+        from hexbundle.release.reproducible import source_state
+        doc = {"format": KIT_FORMAT, "hexbundle": __version__, "images": images,
+               "source": source_state(cfg.root), "host_python":
+               f"{sys.version_info.major}.{sys.version_info.minor}", "bring": bring,
+               "model": cfg.model.name}
+        (staging / KIT_JSON).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        write_sums(staging)
     write_tar(out, layout.offline_kit_tar)
-    shutil.copy2(Path(__file__).with_name("kit.py"), layout.load_kit_script)
+    with output_path(layout.load_kit_script) as tmp:
+        shutil.copy2(Path(__file__).with_name("kit.py"), tmp)
     return out
 
 

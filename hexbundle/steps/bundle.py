@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from hexbundle.backends import get_backend
@@ -21,7 +20,7 @@ from hexbundle.formats.manifest import bundle_manifest
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.export import check_pins
 from hexbundle.support import testhooks
-from hexbundle.support.atomic import swap_in, write_json
+from hexbundle.support.atomic import staged_dir, write_json
 from hexbundle.support.errors import InputError, output_error
 
 
@@ -55,8 +54,7 @@ def assemble(layout: Layout, backend_version: str, sizes_expected: dict, log) ->
                                   cfg.model.architecture.vocab_size)
     final = layout.bundle_dir
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=".bundle."))
-    try:
+    with staged_dir(final) as staging:   # swapped in whole when complete, removed on failure
         write_json(staging / GENIE_CONFIG, genie_config(cfg, token_ids, [b.name for b in bins]))
         write_json(staging / HTP_EXT_CONFIG, htp_backend_ext_config(cfg))
         try:
@@ -70,10 +68,6 @@ def assemble(layout: Layout, backend_version: str, sizes_expected: dict, log) ->
                                                        sizes_expected))
         os.chmod(staging, 0o755)
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in
-        swap_in(staging, final)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
     return final
 
 

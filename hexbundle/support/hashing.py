@@ -13,12 +13,13 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
 
 import xxhash
+
+from hexbundle.support.atomic import atomic_output
 
 CHUNK = 1 << 20  # 1 MiB reads: xxh3 reaches ~15 GiB/s from page cache (8 KiB reads: ~4 GiB/s)
 
@@ -127,14 +128,10 @@ class DigestCache:
         # Written after every new digest (small; tens of files) so a killed run keeps its work.
         if not self.path:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".digests.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
+        try:   # not fsynced (a lost cache only costs re-hashing); mode 0600, as always
+            with atomic_output(self.path, "w", user_errors=False, sync=False, perms=0o600) as fh:
                 json.dump(self._entries, fh, sort_keys=True)
-            os.replace(tmp, self.path)
         except OSError as exc:   # disk full: the digests stay in memory; later runs re-hash
-            os.unlink(tmp)
             if not self._save_failed:
                 self._save_failed = True
                 print(f"hexbundle: warning: cannot save the digest cache {self.path} "

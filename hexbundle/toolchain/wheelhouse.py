@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hexbundle.support.atomic import atomic_output, commit, temp_dir
 from hexbundle.support.errors import ToolchainError
 from hexbundle.support.hashing import sha256_file
 from hexbundle.config.toolchain import Toolchain, load_toolchain
@@ -86,9 +87,8 @@ def write_lock(path: Path, entries: list, source: Path, tc: Toolchain) -> None:
         body.append(f"{e.name}=={e.version} \\")
         body += [f"    --hash=sha256:{h}" + (" \\" if i < len(e.hashes) - 1 else "")
                  for i, h in enumerate(e.hashes)]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("\n".join(header + body) + "\n")
-    os.replace(tmp, path)
+    with atomic_output(path, "w", perms=None) as fh:
+        fh.write("\n".join(header + body) + "\n")
 
 
 def pip_target_args(tc: Toolchain) -> list:
@@ -119,14 +119,14 @@ def lock(tc: Toolchain) -> list:
     """Resolve requirements -> lock with one sha256 per wheel; the wheels land in the
     wheelhouse as well."""
     tc.wheelhouse.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=tc.wheelhouse.parent, prefix=".resolve.") as tmp:
-        pip_download(tc, Path(tmp), tc.requirements, [])
+    with temp_dir(tc.wheelhouse.parent, "resolve") as tmp:   # pip downloads whole wheels here
+        pip_download(tc, tmp, tc.requirements, [])
         entries = []
-        for wheel in sorted(Path(tmp).glob("*.whl")):
+        for wheel in sorted(tmp.glob("*.whl")):
             version = wheel.name.split("-")[1]
             entries.append(Locked(wheel_name(wheel.name), version, (sha256_file(wheel),)))
-            os.replace(wheel, tc.wheelhouse / wheel.name)
-        others = [p.name for p in Path(tmp).iterdir() if p.suffix != ".whl"]
+            commit(wheel, tc.wheelhouse / wheel.name)
+        others = [p.name for p in tmp.iterdir() if p.suffix != ".whl"]
         if others:
             raise ToolchainError(f"resolving {tc.requirements} produced non-wheel files "
                                  f"{others}: the image installs wheels only")
@@ -188,9 +188,8 @@ def download(tc: Toolchain) -> dict:
 
 def write_sums(directory: Path, wheels: list) -> None:
     lines = [f"{sha256_file(w)}  {w.name}" for w in wheels]
-    tmp = directory / f".{SUMS}.tmp"
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, directory / SUMS)
+    with atomic_output(directory / SUMS, "w", perms=None) as fh:
+        fh.write("\n".join(lines) + "\n")
 
 
 def fetch(root: Path) -> dict:
