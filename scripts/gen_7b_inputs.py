@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hexbundle.inputs import generate as biggen  # noqa: E402
+from hexbundle.inputs import generate  # noqa: E402
 from hexbundle.support.errors import HexbundleError  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         started = time.monotonic()
-        paths = biggen.generate_for_config(ROOT, args.model, args.plan, args.part, args.out,
+        paths = generate.generate_for_config(ROOT, args.model, args.plan, args.part, args.out,
                                            args.seed, not args.no_tokenizer, print)
     except HexbundleError as exc:
         print(f"gen_7b_inputs: {exc}", file=sys.stderr)

@@ -492,10 +492,10 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
         with atomic.staged_dir(build / "m" / "e" / "bundle") as staging:
             (staging / "manifest.json").write_text('{"new": "e"}')
 
-    def tinygen_input():   # inputs.synthetic (and biggen's streamed .data): _atomic_open
+    def synthetic_input():   # inputs.synthetic (and inputs.generate's streamed .data): _atomic_open
         synthetic._write_bytes(d / "inputs" / "prompt.onnx", b"onnx")
 
-    def biggen_hard_link():   # inputs.generate: the token graph's .data, a link to the prompt's
+    def generated_hard_link():   # inputs.generate: the token graph's .data, a link to the prompt's
         generate.link_same_bytes(data, d / "inputs" / "token.data")
 
     def qairt_outputs():   # backends.qairt: the SDK's save path and its scratch directory
@@ -535,7 +535,7 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
             os.kill(os.getpid(), signal.SIGKILL)
 
     writers = [(generic_json, 1), (container_bin, 0), (bundle_staging, 0),
-               (bundle_swap_cut_in_half, 2), (tinygen_input, 1), (biggen_hard_link, 1),
+               (bundle_swap_cut_in_half, 2), (synthetic_input, 1), (generated_hard_link, 1),
                (qairt_outputs, 0), (digest_cache, 1), (doit_db, 1), (wheelhouse_sums, 1),
                (wheelhouse_resolve, 0), (bench_results, 1), (offline_kit_tar, 1),
                (offline_kit_staging, 0)]

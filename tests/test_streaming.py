@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hexbundle.inputs import generate as biggen
+from hexbundle.inputs import generate
 from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, get_backend
 from hexbundle.backends import reference
 from hexbundle.formats import container
@@ -52,7 +52,7 @@ def test_block_sizes_change_no_byte(tmp_path, monkeypatch):
     model = model_of(vocab=300, hidden=64, layers=(0, 1, 1))
     inputs = tmp_path / "in"
     for part in model.plans["p"].parts():
-        biggen.generate_part(model, part, inputs, seed=5)
+        generate.generate_part(model, part, inputs, seed=5)
     default = build(model, inputs, tmp_path / "default")
     monkeypatch.setattr(reference, "QUANTIZE_BLOCK_ELEMENTS", 7)
     monkeypatch.setattr(container, "STREAM_BLOCK_ELEMENTS", 333)
@@ -110,7 +110,7 @@ def test_memory_stays_below_the_tensor_size(tmp_path):
     model = model_of(vocab=65536, hidden=1024)
     part = model.plans["p"].parts()[0]
     tensor_bytes = 65536 * 1024 * 4
-    biggen.generate_part(model, part, tmp_path, seed=1)
+    generate.generate_part(model, part, tmp_path, seed=1)
     graphs = model.graphs(part)
     dlcs = [tmp_path / f"{g.name}.dlc" for g in graphs]
     peaks = [peak_rss({"step": "convert", "onnx": str(tmp_path / f"{g.name}.onnx"),

@@ -167,15 +167,15 @@ class Bench:
 
     def check_disk(self) -> None:
         """Refuse before anything is written: inputs, DLCs, bins and the backend row's scratch."""
-        from hexbundle.inputs import generate as biggen
+        from hexbundle.inputs import generate
         from hexbundle.checks import sizes
         model = self.cfg.model
-        inputs = sum(biggen.part_disk_bytes(model, p)
-                     for p in biggen.missing_parts(model, self.parts, self.layout.inputs_dir))
+        inputs = sum(generate.part_disk_bytes(model, p)
+                     for p in generate.missing_parts(model, self.parts, self.layout.inputs_dir))
         dlcs = sum(2 * sizes.part_bytes(model, p, packed=False) for p in self.parts)
         bins = sum(sizes.part_bytes(model, p) for p in self.parts)
         scratch = 2 * sizes.part_bytes(model, self.part, packed=False) + sizes.part_bytes(model, self.part)
-        biggen.check_disk(self.build_root, inputs + dlcs + bins + scratch,
+        generate.check_disk(self.build_root, inputs + dlcs + bins + scratch,
                           f"the {self.model_name} benchmark tree (inputs, DLCs, bins)")
 
     def generate_inputs(self) -> dict:

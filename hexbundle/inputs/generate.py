@@ -13,7 +13,7 @@ hard link to the prompt graph's: the same bytes once on disk (a real export has 
 Before writing anything the free disk space is checked against what will be written; too little
 is a DiskSpaceError saying how much is needed and how much is free.
 
-`onnx` is imported only when files are written (through tinygen): dodo.py imports this module.
+`onnx` is imported only when files are written (through inputs.synthetic): dodo.py imports this module.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from hexbundle.config.layout import Layout, ProjectLayout
 from hexbundle.config.model import Model, Part
 
 CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
-DATA_ALIGNMENT = 64             # = tinygen.DATA_ALIGNMENT (kept here so sizing needs no onnx)
+DATA_ALIGNMENT = 64             # = synthetic.DATA_ALIGNMENT (kept here so sizing needs no onnx)
 # Besides the .data: per graph the .onnx (topology; weights are external) and the .encodings
 # (JSON: ~50 bytes per quantization channel). Generous bounds, for the disk check only.
 GRAPH_FILES_BYTES = 2 << 20
@@ -94,8 +94,8 @@ def missing_parts(model: Model, parts: Iterable, out_dir: Path) -> list:
 
 def weight_blocks(spec, seed: int, chunk_bytes: int = CHUNK_BYTES):
     """Yield the weight's values as consecutive blocks of rows (views of one reused buffer)."""
-    from hexbundle.inputs import synthetic as tinygen
-    rng = tinygen.weight_rng(spec.name, seed)
+    from hexbundle.inputs import synthetic
+    rng = synthetic.weight_rng(spec.name, seed)
     rows = spec.shape[0]
     row_shape = tuple(spec.shape[1:])
     rows_per_block = max(1, chunk_bytes // (4 * max(1, math.prod(row_shape))))
@@ -103,20 +103,20 @@ def weight_blocks(spec, seed: int, chunk_bytes: int = CHUNK_BYTES):
     for start in range(0, rows, rows_per_block):
         block = buffer[:min(rows_per_block, rows - start)]
         rng.standard_normal(dtype=np.float32, out=block)
-        yield tinygen.finish_weight(spec, block)
+        yield synthetic.finish_weight(spec, block)
 
 
 def write_data(path: Path, model: Model, part: Part, seed: int,
                chunk_bytes: int = CHUNK_BYTES) -> dict:
-    """Stream the part's weights into `path` (atomically); return name -> tinygen.WeightRange."""
-    from hexbundle.inputs import synthetic as tinygen
-    specs = tinygen.weight_specs(model, part)
-    layout = tinygen.data_layout({s.name: s.shape for s in specs})
+    """Stream the part's weights into `path` (atomically); return name -> synthetic.WeightRange."""
+    from hexbundle.inputs import synthetic
+    specs = synthetic.weight_specs(model, part)
+    layout = synthetic.data_layout({s.name: s.shape for s in specs})
     ranges = {}
-    with tinygen._atomic_open(path) as f:
+    with synthetic._atomic_open(path) as f:
         for spec in specs:
             f.write(bytes(layout[spec.name][0] - f.tell()))
-            ranges[spec.name] = tinygen.WeightRange(spec)
+            ranges[spec.name] = synthetic.WeightRange(spec)
             for block in weight_blocks(spec, seed, chunk_bytes):
                 ranges[spec.name].update(block)
                 f.write(memoryview(np.ascontiguousarray(block, dtype="<f4")).cast("B"))
@@ -139,10 +139,10 @@ def link_same_bytes(src: Path, dst: Path) -> None:
 def generate_part(model: Model, part: Part, out_dir: Path, seed: int,
                   log: Callable[[str], None] = lambda msg: None,
                   chunk_bytes: int = CHUNK_BYTES, also_needed: int = 0) -> list:
-    """Write the part's <graph>.onnx/.data/.encodings (tinygen's files and bytes), streamed.
+    """Write the part's <graph>.onnx/.data/.encodings (synthetic.py's files and bytes), streamed.
 
     `also_needed`: bytes other pending work will write (counted in the disk check)."""
-    from hexbundle.inputs import synthetic as tinygen
+    from hexbundle.inputs import synthetic
     out_dir = Path(out_dir)
     check_disk(out_dir, part_disk_bytes(model, part) + also_needed,
                f"the inputs of {model.name} {part.tag}"
@@ -162,22 +162,22 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int,
         if data != first_data:
             link_same_bytes(first_data, data)
             log(f"linked {data.name} -> {first_data.name} (same weights, same bytes)")
-        proto = tinygen.build_graph(model, graph, tinygen.external_tensors(shapes, data.name))
-        tinygen._write_bytes(out_dir / f"{graph.name}.onnx", proto.SerializeToString(deterministic=True))
-        text = json_text(tinygen.encodings_from_ranges(model, graph, ranges))
-        tinygen._write_bytes(out_dir / f"{graph.name}.encodings", text)
-    return tinygen.part_files(model, part, out_dir)
+        proto = synthetic.build_graph(model, graph, synthetic.external_tensors(shapes, data.name))
+        synthetic._write_bytes(out_dir / f"{graph.name}.onnx", proto.SerializeToString(deterministic=True))
+        text = json_text(synthetic.encodings_from_ranges(model, graph, ranges))
+        synthetic._write_bytes(out_dir / f"{graph.name}.encodings", text)
+    return synthetic.part_files(model, part, out_dir)
 
 
 def json_text(obj) -> bytes:
     import json
-    return (json.dumps(obj, indent=2) + "\n").encode("utf-8")   # = tinygen's encodings files
+    return (json.dumps(obj, indent=2) + "\n").encode("utf-8")   # = synthetic.py's encodings files
 
 
 def generate(model: Model, parts: list, out_dir: Path, seed: int,
              specials: Optional[dict] = None, log: Callable[[str], None] = print) -> list:
     """Several parts (and tokenizer.json if `specials`): the disk check covers all of them first."""
-    from hexbundle.inputs import synthetic as tinygen
+    from hexbundle.inputs import synthetic
     out_dir = Path(out_dir)
     total = sum(part_disk_bytes(model, p) for p in parts)
     check_disk(out_dir, total, f"the inputs of {model.name} parts "
@@ -187,7 +187,7 @@ def generate(model: Model, parts: list, out_dir: Path, seed: int,
         pending = sum(part_disk_bytes(model, p) for p in parts[i + 1:])
         written += generate_part(model, part, out_dir, seed, log, also_needed=pending)
     if specials is not None:
-        written.append(tinygen.generate_tokenizer(model, out_dir / "tokenizer.json", specials))
+        written.append(synthetic.generate_tokenizer(model, out_dir / "tokenizer.json", specials))
         log(f"wrote {written[-1].name}")
     return written
 

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from hexbundle.inputs import synthetic as tinygen
+from hexbundle.inputs import synthetic
 from hexbundle.runtime.conventions import MASK_VALUE, causal_mask, rope_inputs
 from hexbundle.config.model import Architecture, Model, Plan, Quantization
 
@@ -42,7 +42,7 @@ def parts(model):
 def out_dir(model, parts, tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("tiny")
     for part in parts:
-        tinygen.generate_part(model, part, d, SEED)
+        synthetic.generate_part(model, part, d, SEED)
     return d
 
 
@@ -70,7 +70,7 @@ def load_all_weights(model, parts, out_dir) -> dict:
     weights = {}
     for part in parts:
         inits = load_initializers(out_dir / f"{model.graphs(part)[0].name}.onnx")
-        weights.update({name: inits[name] for name in tinygen.weight_names(model, part)})
+        weights.update({name: inits[name] for name in synthetic.weight_names(model, part)})
     return weights
 
 
@@ -151,11 +151,11 @@ def run_pipeline(model, parts, sessions, kind, ids, positions, cache, rng):
                 key[..., past - n_past:] = cache[layer][0]
                 value[..., past - n_past:, :] = cache[layer][1]
             feeds[f"past_key_{layer}_in"], feeds[f"past_value_{layer}_in"] = key, value
-        specs = tinygen.graph_outputs(model, graph)
+        specs = synthetic.graph_outputs(model, graph)
         outs = dict(zip([s.name for s in specs], sessions[(part.index, kind)].run(None, feeds)))
         for layer in part.layers:
             new_kv[layer] = (outs[f"past_key_{layer}_out"], outs[f"past_value_{layer}_out"])
-        hidden = {tinygen.input_hidden_name(model, p): outs[specs[-1].name]
+        hidden = {synthetic.input_hidden_name(model, p): outs[specs[-1].name]
                   for p in parts if p.index == part.index + 1}
     return outs["logits"][0], new_kv
 
@@ -175,7 +175,7 @@ def concat_cache(first, second):
 
 def random_feeds(model, graph, rng):
     feeds = {}
-    for spec in tinygen.graph_inputs(model, graph):
+    for spec in synthetic.graph_inputs(model, graph):
         if spec.dtype == np.int32:
             feeds[spec.name] = rng.integers(0, model.architecture.vocab_size, spec.shape).astype(np.int32)
         else:
@@ -190,9 +190,9 @@ def test_every_graph_passes_the_checker_and_runs_with_declared_shapes(model, par
     for graph in all_graphs(model, parts):
         onnx.checker.check_model(str(out_dir / f"{graph.name}.onnx"), full_check=True)
         session = sessions[(graph.part.index, graph.kind)]
-        assert [i.name for i in session.get_inputs()] == [s.name for s in tinygen.graph_inputs(model, graph)]
+        assert [i.name for i in session.get_inputs()] == [s.name for s in synthetic.graph_inputs(model, graph)]
         outs = session.run(None, random_feeds(model, graph, rng))
-        specs = tinygen.graph_outputs(model, graph)
+        specs = synthetic.graph_outputs(model, graph)
         assert [o.name for o in session.get_outputs()] == [s.name for s in specs]
         for spec, value in zip(specs, outs):
             assert value.shape == spec.shape, spec.name
@@ -202,20 +202,20 @@ def test_every_graph_passes_the_checker_and_runs_with_declared_shapes(model, par
 def test_graph_io_follows_the_real_export(model, parts):
     first, middle, last = parts
     prompt = model.graphs(middle)[0]
-    names = [s.name for s in tinygen.graph_inputs(model, prompt)]
+    names = [s.name for s in synthetic.graph_inputs(model, prompt)]
     assert names[:4] == ["embed_tokens_output", "attention_mask", "position_ids_cos", "position_ids_sin"]
-    shapes = {s.name: s.shape for s in tinygen.graph_inputs(model, prompt)}
+    shapes = {s.name: s.shape for s in synthetic.graph_inputs(model, prompt)}
     assert shapes["past_key_1_in"] == (2, 1, 16, 32) and shapes["past_value_1_in"] == (2, 1, 32, 16)
-    assert [s.name for s in tinygen.graph_inputs(model, model.graphs(last)[1])][0] == "layer_1_output"
-    assert [s.name for s in tinygen.graph_outputs(model, model.graphs(first)[0])] == ["embed_tokens_output"]
-    assert tinygen.graph_outputs(model, model.graphs(last)[1])[-1].shape == (1, 1, 512)
+    assert [s.name for s in synthetic.graph_inputs(model, model.graphs(last)[1])][0] == "layer_1_output"
+    assert [s.name for s in synthetic.graph_outputs(model, model.graphs(first)[0])] == ["embed_tokens_output"]
+    assert synthetic.graph_outputs(model, model.graphs(last)[1])[-1].shape == (1, 1, 512)
 
 
 def test_weights_live_in_the_external_data_file(model, parts, out_dir):
     for graph in all_graphs(model, parts):
         proto = onnx.load(str(out_dir / f"{graph.name}.onnx"), load_external_data=False)
         external = {t.name for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
-        assert external == set(tinygen.weight_names(model, graph.part))
+        assert external == set(synthetic.weight_names(model, graph.part))
         assert all(t.name.startswith("/const/") for t in proto.graph.initializer if t.name not in external)
 
 
@@ -225,7 +225,7 @@ def test_weights_live_in_the_external_data_file(model, parts, out_dir):
 def test_prompt_and_token_graphs_share_identical_weights(model, parts, out_dir):
     for part in parts:
         prompt, token = (load_initializers(out_dir / f"{g.name}.onnx") for g in model.graphs(part))
-        for name in tinygen.weight_names(model, part):
+        for name in synthetic.weight_names(model, part):
             assert prompt[name].tobytes() == token[name].tobytes(), name
         data = [(out_dir / f"{g.name}.data").read_bytes() for g in model.graphs(part)]
         assert data[0] == data[1]
@@ -234,8 +234,8 @@ def test_prompt_and_token_graphs_share_identical_weights(model, parts, out_dir):
 def test_weights_do_not_depend_on_the_plan():
     one = tiny_model((0, 2, 1))
     other = tiny_model((0, 1, 2))
-    a = tinygen.make_weights(one, one.plans["test"].parts()[2], SEED)
-    b = tinygen.make_weights(other, other.plans["test"].parts()[2], SEED)
+    a = synthetic.make_weights(one, one.plans["test"].parts()[2], SEED)
+    b = synthetic.make_weights(other, other.plans["test"].parts()[2], SEED)
     assert a["model.layers.2.mlp.up_proj.weight"].tobytes() == b["model.layers.2.mlp.up_proj.weight"].tobytes()
 
 
@@ -260,7 +260,7 @@ def test_other_head_groups_and_splits_match_a_numpy_qwen2(layers_per_part, heads
     model = tiny_model(layers_per_part, heads, kv_heads)
     parts = model.plans["test"].parts()
     for part in parts:
-        tinygen.generate_part(model, part, tmp_path, SEED)
+        synthetic.generate_part(model, part, tmp_path, SEED)
     rng = np.random.default_rng(5)
     ids = rng.integers(0, model.architecture.vocab_size, 40)
     logits, _ = run_pipeline(model, parts, open_sessions(model, parts, tmp_path), "prompt", ids,
@@ -316,7 +316,7 @@ def test_every_weight_has_one_param_encoding_of_the_right_kind(model, parts, out
         enc = json.loads((out_dir / f"{graph.name}.encodings").read_text())
         assert enc["version"] == "1.0.0" and enc["excluded_layers"] == []
         names = [p["name"] for p in enc["param_encodings"]]
-        assert names == tinygen.weight_names(model, graph.part)
+        assert names == synthetic.weight_names(model, graph.part)
         for p in enc["param_encodings"]:
             w = weights[p["name"]]
             if p["name"].endswith(("_layernorm.weight", "norm.weight", ".bias")):
@@ -343,7 +343,7 @@ def test_activation_encodings_cover_every_float_input_and_output(model, parts, o
     for graph in all_graphs(model, parts):
         enc = json.loads((out_dir / f"{graph.name}.encodings").read_text())
         acts = {a["name"]: a for a in enc["activation_encodings"]}
-        io = tinygen.graph_inputs(model, graph) + tinygen.graph_outputs(model, graph)
+        io = synthetic.graph_inputs(model, graph) + synthetic.graph_outputs(model, graph)
         assert set(acts) == {s.name for s in io if s.dtype == np.float32}
         assert "input_ids" not in acts
         for a in acts.values():
@@ -360,25 +360,25 @@ def test_activation_encodings_cover_every_float_input_and_output(model, parts, o
 
 def test_generating_twice_gives_identical_bytes(model, parts, tmp_path):
     for part in parts:
-        first = tinygen.generate_part(model, part, tmp_path / "a", SEED)
-        second = tinygen.generate_part(model, part, tmp_path / "b", SEED)
-        assert first == tinygen.part_files(model, part, tmp_path / "a")
+        first = synthetic.generate_part(model, part, tmp_path / "a", SEED)
+        second = synthetic.generate_part(model, part, tmp_path / "b", SEED)
+        assert first == synthetic.part_files(model, part, tmp_path / "a")
         assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
-    a = tinygen.generate_tokenizer(model, tmp_path / "a" / "tokenizer.json", SPECIALS)
-    b = tinygen.generate_tokenizer(model, tmp_path / "b" / "tokenizer.json", SPECIALS)
+    a = synthetic.generate_tokenizer(model, tmp_path / "a" / "tokenizer.json", SPECIALS)
+    b = synthetic.generate_tokenizer(model, tmp_path / "b" / "tokenizer.json", SPECIALS)
     assert a.read_bytes() == b.read_bytes()
     assert not [p for p in (tmp_path / "a").iterdir() if ".tmp" in p.name]
 
 
 def test_another_seed_gives_other_weights(model, parts, tmp_path):
     part = parts[1]
-    a = tinygen.generate_part(model, part, tmp_path / "a", SEED)
-    b = tinygen.generate_part(model, part, tmp_path / "b", SEED + 1)
+    a = synthetic.generate_part(model, part, tmp_path / "a", SEED)
+    b = synthetic.generate_part(model, part, tmp_path / "b", SEED + 1)
     assert a[1].read_bytes() != b[1].read_bytes()
 
 
 def test_part_files_lists_onnx_data_encodings_per_graph(model, parts, tmp_path):
-    names = [p.name for p in tinygen.part_files(model, parts[2], tmp_path)]
+    names = [p.name for p in synthetic.part_files(model, parts[2], tmp_path)]
     assert names == ["prompt_ar128_cl160_3_of_3.onnx", "prompt_ar128_cl160_3_of_3.data",
                      "prompt_ar128_cl160_3_of_3.encodings", "token_ar1_cl160_3_of_3.onnx",
                      "token_ar1_cl160_3_of_3.data", "token_ar1_cl160_3_of_3.encodings"]
@@ -390,7 +390,7 @@ def test_part_files_lists_onnx_data_encodings_per_graph(model, parts, tmp_path):
 @pytest.fixture(scope="module")
 def tokenizer(model, tmp_path_factory):
     tokenizers = pytest.importorskip("tokenizers")
-    path = tinygen.generate_tokenizer(model, tmp_path_factory.mktemp("tok") / "tokenizer.json", SPECIALS)
+    path = synthetic.generate_tokenizer(model, tmp_path_factory.mktemp("tok") / "tokenizer.json", SPECIALS)
     return tokenizers.Tokenizer.from_file(str(path)), json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -411,7 +411,7 @@ def test_tokenizer_specials_take_the_top_ids(model, tokenizer):
     tok, content = tokenizer
     vocab = model.architecture.vocab_size
     expected = {"bos": vocab - 3, "eos": vocab - 2, "eot": vocab - 1}
-    assert tinygen.special_token_ids(model, SPECIALS) == expected
+    assert synthetic.special_token_ids(model, SPECIALS) == expected
     for role, text in SPECIALS.items():
         assert tok.token_to_id(text) == expected[role]
     assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids[0] == expected["bos"]

@@ -1,4 +1,4 @@
-"""biggen: tinygen's files, streamed tensor by tensor; the disk check; the script and doit task."""
+"""inputs.generate: inputs.synthetic's files, streamed tensor by tensor; the disk check; the script and doit task."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hexbundle.inputs import generate as biggen, synthetic as tinygen
+from hexbundle.inputs import generate, synthetic
 from hexbundle.config.build import load_model
 from hexbundle.support.errors import DiskSpaceError
 from hexbundle.config.model import Architecture, Model, Plan, Quantization
@@ -34,13 +34,13 @@ def huge_model() -> Model:
                  {"two": Plan("two", (0, 1))}, "two")
 
 
-def test_streamed_files_are_tinygens_bytes(tmp_path):
+def test_streamed_files_are_the_synthetic_generators_bytes(tmp_path):
     """Drawing each weight in blocks of rows (a few hundred bytes here, so every tensor takes
-    many blocks) writes exactly what tinygen writes from whole tensors."""
+    many blocks) writes exactly what inputs.synthetic writes from whole tensors."""
     model = small_model()
     for part in model.plans["test"].parts():
-        whole = tinygen.generate_part(model, part, tmp_path / "whole", SEED)
-        streamed = biggen.generate_part(model, part, tmp_path / "streamed", SEED, chunk_bytes=300)
+        whole = synthetic.generate_part(model, part, tmp_path / "whole", SEED)
+        streamed = generate.generate_part(model, part, tmp_path / "streamed", SEED, chunk_bytes=300)
         assert [p.name for p in streamed] == [p.name for p in whole]
         for a, b in zip(whole, streamed):
             assert a.read_bytes() == b.read_bytes(), b.name
@@ -49,11 +49,11 @@ def test_streamed_files_are_tinygens_bytes(tmp_path):
 def test_token_graph_data_is_a_hard_link_to_the_prompt_graphs(tmp_path):
     model = small_model()
     part = model.plans["test"].parts()[1]
-    biggen.generate_part(model, part, tmp_path, SEED)
+    generate.generate_part(model, part, tmp_path, SEED)
     prompt, token = (tmp_path / f"{g.name}.data" for g in model.graphs(part))
     assert os.path.samefile(prompt, token)
-    assert prompt.stat().st_size == biggen.data_bytes(model, part)
-    biggen.generate_part(model, part, tmp_path, SEED)   # again: the link is replaced, still one
+    assert prompt.stat().st_size == generate.data_bytes(model, part)
+    generate.generate_part(model, part, tmp_path, SEED)   # again: the link is replaced, still one
     assert os.path.samefile(prompt, token) and prompt.stat().st_nlink == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -62,16 +62,16 @@ def test_a_7b_three_layer_part_needs_about_2_8_gb():
     model, _ = load_model(ROOT, "qwen2.5-7b-instruct")
     part = model.plans["eleven"].parts()[1]
     assert len(part.layers) == 3
-    assert 2.7e9 < biggen.data_bytes(model, part) < 2.9e9
+    assert 2.7e9 < generate.data_bytes(model, part) < 2.9e9
     # the .data once (hard link) plus small .onnx/.encodings files
-    assert biggen.data_bytes(model, part) < biggen.part_disk_bytes(model, part) < 2.9e9
+    assert generate.data_bytes(model, part) < generate.part_disk_bytes(model, part) < 2.9e9
 
 
 def test_too_little_disk_is_refused_before_writing(tmp_path):
     model = huge_model()
     out = tmp_path / "out"
     with pytest.raises(DiskSpaceError) as err:
-        biggen.generate(model, model.plans["two"].parts(), out, SEED)
+        generate.generate(model, model.plans["two"].parts(), out, SEED)
     message = str(err.value)
     assert str(out) in message and "needs" in message and "GiB" in message and "free" in message
     assert not out.exists()
