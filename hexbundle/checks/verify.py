@@ -34,7 +34,6 @@ module and a no-op `doit` must stay fast.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,6 +45,7 @@ import numpy as np
 from hexbundle.config.build import BuildConfig
 from hexbundle.support.errors import VerifyError
 from hexbundle.config.layout import Layout
+from hexbundle.support.atomic import write_json
 from hexbundle.formats.genie import GenieSettings, read_genie_config
 from hexbundle.runtime.parts import bundle_session, onnx_session, open_bundle_parts, rope_settings
 
@@ -285,7 +285,6 @@ def code_digest() -> str:
 def run_verify(layout: Layout) -> None:
     """Print the table, write the JSON report; a failure names the first bad part."""
     cfg = layout.cfg
-    from hexbundle.support.atomic import write_atomic
     if cfg.backend != "reference":
         raise VerifyError(f"verify runs the open-format context binaries of the reference backend; "
                           f"backend {cfg.backend!r} bins are QNN binaries that only a device runs. "
@@ -295,8 +294,6 @@ def run_verify(layout: Layout) -> None:
     except VerifyError as exc:
         raise VerifyError(f"verify failed: {exc}") from None
     print(report.table(), flush=True)
-    path = layout.verify_report
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, (json.dumps(report.to_json(), indent=2) + "\n").encode())
+    write_json(layout.verify_report, report.to_json())
     if not report.ok:
         raise VerifyError(report.failure_message())

@@ -33,6 +33,13 @@ TOKENIZER = "tokenizer.json"
 BUNDLE_CONFIG_FILES = (GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER)
 MANIFEST = "manifest.json"
 DOIT_DB = "doit-db.json"
+GRAPH_FILE_SUFFIXES = (".onnx", ".data", ".encodings")
+
+
+def graph_files(directory: Path, graph: Graph) -> tuple:
+    """(onnx, data, encodings) of a graph in `directory`: the names an export uses, the
+    generators write and the build reads. The .onnx records its .data by this bare name."""
+    return tuple(Path(directory) / f"{graph.name}{suffix}" for suffix in GRAPH_FILE_SUFFIXES)
 
 
 class ProjectLayout:
@@ -214,16 +221,16 @@ class Layout(ProjectLayout):
 
     # files ------------------------------------------------------------------------------
     def onnx(self, graph: Graph) -> Path:
-        return self.inputs_dir / f"{graph.name}.onnx"
+        return graph_files(self.inputs_dir, graph)[0]
 
     def onnx_data(self, graph: Graph) -> Path:
-        return self.inputs_dir / f"{graph.name}.data"
+        return graph_files(self.inputs_dir, graph)[1]
 
     def encodings(self, graph: Graph) -> Path:
-        return self.inputs_dir / f"{graph.name}.encodings"
+        return graph_files(self.inputs_dir, graph)[2]
 
     def graph_inputs(self, graph: Graph) -> list:
-        return [self.onnx(graph), self.onnx_data(graph), self.encodings(graph)]
+        return list(graph_files(self.inputs_dir, graph))
 
     def all_inputs(self) -> list:
         """Every input file of the build: each graph's ONNX, .data, .encodings; the tokenizer."""

@@ -28,7 +28,7 @@ import numpy as np
 
 from hexbundle.support.atomic import output_path
 from hexbundle.support.errors import ConfigError, DiskSpaceError, InputError
-from hexbundle.config.layout import Layout, ProjectLayout
+from hexbundle.config.layout import TOKENIZER, Layout, ProjectLayout, graph_files
 from hexbundle.config.model import Model, Part
 
 CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
@@ -86,7 +86,7 @@ def missing_parts(model: Model, parts: Iterable, out_dir: Path) -> list:
     """The parts whose .data files are not (all) on disk yet."""
     out_dir = Path(out_dir)
     return [p for p in parts
-            if not all((out_dir / f"{g.name}.data").is_file() for g in model.graphs(p))]
+            if not all(graph_files(out_dir, g)[1].is_file() for g in model.graphs(p))]
 
 
 # --------------------------------------------------------------------------- weights
@@ -149,7 +149,7 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int,
                + (f" and {gib(also_needed)} of other pending inputs" if also_needed else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     graphs = model.graphs(part)
-    first_data = out_dir / f"{graphs[0].name}.data"
+    first_data = graph_files(out_dir, graphs[0])[1]
     started = time.monotonic()
     ranges = write_data(first_data, model, part, seed, chunk_bytes)
     elapsed = time.monotonic() - started
@@ -158,14 +158,14 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int,
         f"{elapsed:.1f}s ({size / 2**20 / max(elapsed, 1e-9):.0f} MiB/s)")
     shapes = {name: r.spec.shape for name, r in ranges.items()}
     for graph in graphs:
-        data = out_dir / f"{graph.name}.data"
+        onnx_path, data, encodings_path = graph_files(out_dir, graph)
         if data != first_data:
             link_same_bytes(first_data, data)
             log(f"linked {data.name} -> {first_data.name} (same weights, same bytes)")
         proto = synthetic.build_graph(model, graph, synthetic.external_tensors(shapes, data.name))
-        synthetic._write_bytes(out_dir / f"{graph.name}.onnx", proto.SerializeToString(deterministic=True))
+        synthetic._write_bytes(onnx_path, proto.SerializeToString(deterministic=True))
         text = json_text(synthetic.encodings_from_ranges(model, graph, ranges))
-        synthetic._write_bytes(out_dir / f"{graph.name}.encodings", text)
+        synthetic._write_bytes(encodings_path, text)
     return synthetic.part_files(model, part, out_dir)
 
 
@@ -187,7 +187,7 @@ def generate(model: Model, parts: list, out_dir: Path, seed: int,
         pending = sum(part_disk_bytes(model, p) for p in parts[i + 1:])
         written += generate_part(model, part, out_dir, seed, log, also_needed=pending)
     if specials is not None:
-        written.append(synthetic.generate_tokenizer(model, out_dir / "tokenizer.json", specials))
+        written.append(synthetic.generate_tokenizer(model, out_dir / TOKENIZER, specials))
         log(f"wrote {written[-1].name}")
     return written
 

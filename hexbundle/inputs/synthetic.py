@@ -42,6 +42,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from hexbundle.support.atomic import atomic_output
+from hexbundle.config.layout import graph_files
 from hexbundle.config.model import Graph, Model, Part, boundary_tensor, part_weights
 from hexbundle.runtime.conventions import (ATTENTION_MASK, KEY_PREFIX, KEY_SEQ_AXIS, MASK_VALUE,
                                            POSITION_COS, POSITION_SIN, VALUE_SEQ_AXIS, is_kv,
@@ -484,8 +485,7 @@ def _write_bytes(path: Path, data: bytes) -> None:
 
 def part_files(model: Model, part: Part, out_dir: Path) -> list:
     """The paths generate_part writes, in its order: per graph .onnx, .data, .encodings."""
-    out_dir = Path(out_dir)
-    return [out_dir / f"{g.name}{ext}" for g in model.graphs(part) for ext in (".onnx", ".data", ".encodings")]
+    return [path for g in model.graphs(part) for path in graph_files(out_dir, g)]
 
 
 def generate_part(model: Model, part: Part, out_dir: Path, seed: int) -> list:
@@ -494,12 +494,12 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int) -> list:
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = make_weights(model, part, seed)
     for graph in model.graphs(part):
-        data_name = f"{graph.name}.data"
-        _write_data(out_dir / data_name, weights)   # first: the .onnx refers to it
-        proto = build_graph(model, graph, external_tensors(_shapes(weights), data_name))
-        _write_bytes(out_dir / f"{graph.name}.onnx", proto.SerializeToString(deterministic=True))
+        onnx_path, data_path, encodings_path = graph_files(out_dir, graph)
+        _write_data(data_path, weights)   # first: the .onnx refers to it
+        proto = build_graph(model, graph, external_tensors(_shapes(weights), data_path.name))
+        _write_bytes(onnx_path, proto.SerializeToString(deterministic=True))
         text = json.dumps(build_encodings(model, graph, weights), indent=2) + "\n"
-        _write_bytes(out_dir / f"{graph.name}.encodings", text.encode("utf-8"))
+        _write_bytes(encodings_path, text.encode("utf-8"))
     return part_files(model, part, out_dir)
 
 
