@@ -4,8 +4,8 @@
 configs/build.toml; override them as `doit bundle model=... device=... weights_packing=...`.
 
 Each task and the module that does its work, under hexbundle/:
-  inputs          steps/inputs.py          generate a model's inputs (inputs/synthetic.py);
-                                           inputs/export.py for an exported model's files
+  inputs          steps/inputs.py          generate a model's inputs, streamed (inputs/generate.py,
+                                           inputs/synthetic.py); inputs/export.py checks an export
   convert         steps/convert.py         ONNX + AIMET encodings -> DLC (backends/)
   compile         steps/compile.py         a part's DLCs -> one context binary (backends/)
   check_sizes     checks/sizes.py          bins vs the size model; checks/integrity.py re-hashes
@@ -18,7 +18,7 @@ Each task and the module that does its work, under hexbundle/:
   gen_inputs      inputs/generate.py       full-size stand-in inputs, streamed
   bench           bench/benchmark.py       side-by-side measurements
   offline_kit     release/offline_kit.py   everything an air-gapped machine needs
-  load_kit        release/kit.py           verify and load a kit
+  load_kit        release/offline_kit.py   verify and load a kit (release/kit.py, standalone)
 The build steps (inputs, convert, compile, bundle) run through steps/executor.py, in this process
 or in the toolchain container (steps/docker_executor.py). doit's side -- checker, up-to-date keys,
 run guard, reporter, the action wrapper -- is graph/.
@@ -61,9 +61,9 @@ rel = LAYOUT.rel
 NO_CAPTURE = {"capture": False}
 
 
-def step(task, stage, **extra):
-    """The action that runs one build step through the configured executor."""
-    return action(run_step, CFG, OVERRIDES, task, stage, **extra)
+def step(task, name, **extra):
+    """The action that runs build step `name` (steps/<name>.py) through the configured executor."""
+    return action(run_step, LAYOUT, OVERRIDES, task, name, **extra)
 
 
 def task_inputs():
@@ -195,8 +195,8 @@ def task_wheelhouse():
 def task_image():
     """Build the pinned toolchain image (docker SDK, no network); record its ID.
 
-    CPython 3.10, the hashed lock, and QAIRT when its archive is staged (configs/toolchain.toml; without it the
-    image runs the reference backend only and its labels say so). `--base REF` builds on
+    CPython 3.10, the hashed lock, and QAIRT when its archive is staged (configs/toolchain.toml;
+    without it the image runs the reference backend only and its labels say so). `--base REF` builds on
     another base (no registry: scripts/make_base_image.sh makes one); `--network default` lets
     a base without python3.10 install it. Log: build/logs/image.log; ID: build/image/."""
     return {"actions": [action(image.build, ROOT)],
@@ -214,9 +214,10 @@ def task_image():
 def task_gen_inputs():
     """Write stand-in inputs with the model's real shapes (random weights), streamed.
 
-    The model's real tensor shapes, I/O and encodings; random weights, fixed seed; streamed tensor by tensor) where the build reads them, e.g. `doit gen_inputs
-    model=qwen2.5-7b-instruct` (~30 GB into its exports dir; `--part N` for one part). Checks
-    free disk space first. Same files as scripts/gen_7b_inputs.py."""
+    The model's tensor shapes, graph I/O and encodings with random weights from a fixed seed,
+    written tensor by tensor where the build reads them: e.g. `doit gen_inputs
+    model=qwen2.5-7b-instruct` writes ~30 GB into its exports dir (`--part N`: one part). Free
+    disk space is checked first. The same files as scripts/gen_7b_inputs.py."""
     return {"actions": [action(generate_action, LAYOUT)],
             "params": [{"name": "part", "long": "part", "type": int, "default": 0,
                         "help": "only this part of the plan (1-based; 0 = every part)"}],
@@ -226,8 +227,9 @@ def task_gen_inputs():
 def task_bench():
     """Benchmark the build (scripts/bench.py): one table of side-by-side ratios.
 
-    Digests vs doit's MD5 checker, no-op run vs `doit list`, touched inputs, one-part rebuild, reference backend GB/s and peak RSS, -n 2 vs -n 1, on the
-    Qwen2.5-7B-shaped model (~17 GB of disk, ~10 min; `--small`: qwen2-tiny, seconds).
+    Digests vs doit's MD5 checker, no-op run vs `doit list`, touched inputs, one-part rebuild,
+    reference backend GB/s and peak RSS, -n 2 vs -n 1, on the Qwen2.5-7B-shaped model (~17 GB
+    of disk, ~10 min; `--small`: qwen2-tiny, seconds).
     Table printed, results in build/bench/results.json."""
     return {"actions": [action(run_bench, ROOT)],
             "params": [{"name": "small", "long": "small", "type": bool, "default": False,

@@ -218,8 +218,9 @@ def test_a_step_container_is_isolated(engine, toolchain_image, tmp_path):
     no network, no capabilities, the given uid, an environment of our own."""
     from hexbundle.steps import docker_executor as container
     from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
     proj = copy_project(tmp_path / "proj")
-    cfg = load_build(proj.root)
+    layout = Layout(load_build(proj.root))
     (proj.root / "build").mkdir()
     os.chmod(proj.root / "build", 0o777)   # the probe runs as uid 4321: only the mount
     (proj.root / "open.txt").write_text("")   # modes would let it write either place
@@ -240,8 +241,8 @@ print(json.dumps(r))
 """
     out = engine.containers.run(
         toolchain_image[1]["id"], ["python3.10", "-c", probe, str(proj.root)], remove=True,
-        working_dir=str(proj.root), volumes=container.mounts(cfg),
-        environment=container.environment(cfg), user="4321:4321", network_mode="none",
+        working_dir=str(proj.root), volumes=container.mounts(layout),
+        environment=container.environment(layout), user="4321:4321", network_mode="none",
         cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
         tmpfs={"/tmp": "rw,exec"})
     result = json.loads(out.decode().strip().splitlines()[-1])
@@ -251,7 +252,7 @@ print(json.dumps(r))
     assert result["net"] == ["lo"]                 # network none: loopback only
     assert result["cap"] == "0000000000000000"
     assert result["uid"] == "4321:4321"
-    ours = set(container.environment(cfg))
+    ours = set(container.environment(layout))
     image_env = {"PATH", "QNN_SDK_ROOT", "QAIRT_SDK_ROOT", "PYTHONPATH", "LD_LIBRARY_PATH",
                  "LANG", "PYTHONDONTWRITEBYTECODE", "HOSTNAME"}
     assert set(result["env"]) <= ours | image_env, set(result["env"]) - ours - image_env
@@ -264,13 +265,15 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
         pytest.skip("needs root to hand a build directory to another uid")
     from hexbundle.steps import docker_executor as container
     from hexbundle.config.build import load_build
-    from hexbundle.steps.executor import stage_spec
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps.executor import step_spec
     proj = copy_project(tmp_path / "proj")
     shutil.copytree(built.root / "build", proj.root / "build", symlinks=True)
     subprocess.run(["chown", "-R", "4321:4321", str(proj.root / "build")], check=True)
-    cfg = load_build(proj.root)
+    layout = Layout(load_build(proj.root))
     log = tmp_path / "bundle.log"
-    code = container.run_in_container(cfg, stage_spec(cfg, {}, "bundle"), log, user="4321:4321")
+    code = container.run_in_container(layout, step_spec(layout, {}, "bundle"), log,
+                                      user="4321:4321")
     assert code == 0, log.read_text()
     manifest = proj.bundle() / "manifest.json"
     assert manifest.stat().st_uid == 4321

@@ -1,6 +1,6 @@
 """Robustness (issue 7): tampered outputs, killed and interrupted builds, a full disk, two runs at
 once, bad inputs. Real doit runs in subprocesses; a run is held at a chosen point with the test
-hook HEXBUNDLE_TEST_PAUSE_AT (hexbundle/testhooks.py), then killed, interrupted or released.
+hook HEXBUNDLE_TEST_PAUSE_AT (hexbundle/support/testhooks.py), then killed, interrupted or released.
 
 Whatever goes wrong: a clear message naming the file (and key or tensor) and what to do, a
 non-zero exit, no traceback, and the previous good bundle and manifest left exactly as they were.

@@ -63,8 +63,8 @@ def reference_toolchain_version() -> str:
 
 
 def describe(name: str) -> tuple:
-    """(toolchain version, deployable) without importing the backend: dodo.py calls this on
-    every run, and importing onnx or the SDK would cost a no-op build a second."""
+    """(toolchain version, deployable) without importing the backend: every doit run asks
+    (banner, up-to-date keys), and importing onnx or the SDK would cost a no-op build a second."""
     if name == "reference":
         return reference_toolchain_version(), False
     if name == "qairt":

@@ -210,7 +210,7 @@ class _Capture:
     def line(self, text: str) -> None:
         text = text.rstrip("\r\n")
         if getattr(_forwarding, "active", False):
-            # log() itself printed (the container's stage runner logs to stdout): bypass the
+            # log() itself printed (the container's step runner logs to stdout): bypass the
             # capture, to the real stdout, or each line would come round again
             os.write(self.saved_stdout, (text + "\n").encode(errors="replace"))
             return

@@ -1,1 +1,10 @@
-"""Everything doit: the checker, up-to-date keys, target records, run guard, reporter."""
+"""Everything doit, and the only package that imports it:
+
+  session    a run's config, its guard (lock, recovery) and DOIT_CONFIG
+  actions    the one action wrapper: HexbundleError -> TaskFailed
+  keys       up-to-date keys (options, toolchain, generator, pins), computed lazily
+  checker    the XXH3 file checker (and doit's MD5 one, for `doit bench`)
+  targets    target records: a target edited after its task built it reruns the task
+  runguard   the lock, clean-up after a killed run, a crash-safe dependency DB, Ctrl-C
+  reporter   the console reporter and its banner (what is built, with what)
+"""

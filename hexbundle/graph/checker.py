@@ -1,4 +1,10 @@
-"""doit's file checkers: hexbundle's XXH3 checker, and doit's stock MD5 checker for `doit bench`."""
+"""doit's file checkers: hexbundle's XXH3 checker, and doit's stock MD5 checker for `doit bench`.
+
+Why not doit's stock MD5 checker for builds: MD5 runs at ~0.5 GiB/s (a 30 GB model costs a
+minute per check); it re-hashes a file once per task that reads it; and since up-to-date tasks
+never refresh their stored state, a file that was merely touched is re-hashed on every later
+run. XXH3Checker asks the shared digest cache (support.hashing): one hash per change of bytes.
+"""
 from __future__ import annotations
 
 import os

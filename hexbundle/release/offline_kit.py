@@ -1,4 +1,4 @@
-"""`doit offline_kit`: write the kit an air-gapped machine needs (see hexbundle/kit.py for its
+"""`doit offline_kit`: write the kit an air-gapped machine needs (see hexbundle/release/kit.py for its
 layout and the offline side). Runs on a connected machine that has built the image."""
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 local:  `hexbundle.steps.runner.run(spec)` in this Python process, logging to the step's file (a
         subprocess would pay ~1 s of onnx/ml_dtypes imports per step: 12 s of an 18 s tiny build).
-docker: the same stage runner inside the pinned toolchain image (hexbundle.steps.docker_executor).
+docker: the same step runner inside the pinned toolchain image (hexbundle.steps.docker_executor).
 
 The step's output goes to build/<model>/<device>/logs/<task>.log; on failure its tail is shown.
 """
@@ -12,7 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-from hexbundle.config.build import BuildConfig
 from hexbundle.support.console import say
 from hexbundle.support.errors import StepFailed
 from hexbundle.config.layout import Layout
@@ -21,8 +20,10 @@ PROGRESS_EVERY_S = 15.0
 TAIL_LINES = 40
 
 
-def stage_spec(cfg: BuildConfig, overrides: dict, stage: str, **extra) -> dict:
-    return {"stage": stage, "root": str(cfg.root), "overrides": overrides, **extra}
+def step_spec(layout: Layout, overrides: dict, step: str, **extra) -> dict:
+    """What the step runner needs: which step, the project, the command line's overrides (the
+    runner reloads the configs from them) and the step's own arguments (part, graph, ...)."""
+    return {"step": step, "root": str(layout.root), "overrides": overrides, **extra}
 
 
 def _tail(path: Path, n: int = TAIL_LINES) -> str:
@@ -39,7 +40,7 @@ def _progress(label: str, started: float, done: threading.Event) -> None:
         say(f"  .. {label}: still running, {time.monotonic() - started:.0f}s")
 
 
-def run_local(cfg: BuildConfig, spec: dict, log_path: Path) -> int:
+def run_local(spec: dict, log_path: Path) -> int:
     from hexbundle.steps.runner import run
     with open(log_path, "w") as fh:
         def log(msg: str) -> None:
@@ -48,12 +49,12 @@ def run_local(cfg: BuildConfig, spec: dict, log_path: Path) -> int:
         return run(spec, log)
 
 
-def run_step(cfg: BuildConfig, overrides: dict, task: str, stage: str, **extra):
+def run_step(layout: Layout, overrides: dict, task: str, step: str, **extra) -> None:
     """Run the step, report it; StepFailed (with the log's last lines) on failure."""
-    layout = Layout(cfg)
+    cfg = layout.cfg
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
     log_path = layout.log(task)
-    spec = stage_spec(cfg, overrides, stage, **extra)
+    spec = step_spec(layout, overrides, step, **extra)
     label = f"{task} [{cfg.backend}/{cfg.executor}]"
     started = time.monotonic()
     done = threading.Event()
@@ -61,9 +62,9 @@ def run_step(cfg: BuildConfig, overrides: dict, task: str, stage: str, **extra):
     try:
         if cfg.executor == "docker":
             from hexbundle.steps.docker_executor import run_in_container
-            code = run_in_container(cfg, spec, log_path)
+            code = run_in_container(layout, spec, log_path)
         else:
-            code = run_local(cfg, spec, log_path)
+            code = run_local(spec, log_path)
     finally:
         done.set()
     elapsed = time.monotonic() - started

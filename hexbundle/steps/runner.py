@@ -1,6 +1,6 @@
 """The step runner: one build step from its JSON spec, in this Python or in the toolchain container.
 
-A spec is {"stage": ..., "root": ..., "overrides": {...}, ...}. The step reloads and re-validates
+A spec is {"step": ..., "root": ..., "overrides": {...}, ...}. The step reloads and re-validates
 the configs itself from the spec, so the container sees exactly what the host saw. Output goes to
 `log` (stdout in the container), which the executor sends to the step's log file.
 """
@@ -21,8 +21,8 @@ from hexbundle.steps.inputs import generate_inputs
 from hexbundle.support import hashing, testhooks
 from hexbundle.support.errors import HexbundleError
 
-# The stage names are the doit tasks' names: task `compile` runs steps/compile.py, and so on.
-STAGES = {"inputs": generate_inputs, "convert": convert_graph, "compile": compile_part,
+# The step names are the doit tasks' names: task `compile` runs steps/compile.py, and so on.
+STEPS = {"inputs": generate_inputs, "convert": convert_graph, "compile": compile_part,
           "bundle": assemble_bundle}
 
 
@@ -37,8 +37,8 @@ def run(spec: dict, log=print_log) -> int:
     try:
         layout = Layout(load_build(root, spec.get("overrides") or {}))
         hashing.use_cache(layout.digest_cache)
-        testhooks.set_stage(spec["stage"])
-        STAGES[spec["stage"]](layout, spec, log)
+        testhooks.set_step(spec["step"])
+        STEPS[spec["step"]](layout, spec, log)
     except HexbundleError as exc:
         log(f"error: {exc}")
         return 1
@@ -51,6 +51,6 @@ def run(spec: dict, log=print_log) -> int:
 
 def main(argv: list) -> int:
     if len(argv) != 1:
-        print("usage: stage.py SPEC_JSON", file=sys.stderr)
+        print("usage: step.py SPEC_JSON", file=sys.stderr)
         return 2
     return run(json.loads(argv[0]))

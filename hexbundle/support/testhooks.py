@@ -1,7 +1,7 @@
 """Test hook: hold a build step at a chosen point, so a test can kill or interrupt it there.
 
 Interrupted-build tests must hit the step while it is writing, every time, on any machine;
-a sleep-and-hope kill would be flaky. Each stage has one pause point:
+a sleep-and-hope kill would be flaky. Each step has one pause point:
 
   convert, compile   in the middle of writing the DLC / context binary (the first blob is in
                      the temp file, the header is not): a kill here leaves a partial temp file
@@ -9,7 +9,7 @@ a sleep-and-hope kill would be flaky. Each stage has one pause point:
 
     HEXBUNDLE_TEST_PAUSE_AT=compile HEXBUNDLE_TEST_PAUSE_DIR=/tmp/p python3 -m doit bundle
 
-When a step reaches its point it writes <DIR>/paused (pid, stage) and waits until <DIR>/release
+When a step reaches its point it writes <DIR>/paused (pid, step) and waits until <DIR>/release
 exists (then carries on; it pauses once per process). A test kills (SIGKILL), interrupts
 (SIGINT) or releases it. Unset (always, outside tests): a no-op. The local executor honours it
 in the doit process; the docker executor would have to pass both variables into the container.
@@ -24,19 +24,19 @@ from pathlib import Path
 PAUSE_AT_ENV = "HEXBUNDLE_TEST_PAUSE_AT"
 PAUSE_DIR_ENV = "HEXBUNDLE_TEST_PAUSE_DIR"
 
-_stage = threading.local()      # steps of a parallel run (doit -n 2) run in separate threads
+_step = threading.local()      # steps of a parallel run (doit -n 2) run in separate threads
 _paused_once = threading.Event()
 
 
-def set_stage(stage: str) -> None:
-    """Called by the stage runner: which stage this thread is running."""
-    _stage.name = stage
+def set_step(step: str) -> None:
+    """Called by the step runner: which step this thread is running."""
+    _step.name = step
 
 
 def pause_point() -> None:
-    """Wait here if HEXBUNDLE_TEST_PAUSE_AT names the stage this thread is running."""
+    """Wait here if HEXBUNDLE_TEST_PAUSE_AT names the step this thread is running."""
     wanted = os.environ.get(PAUSE_AT_ENV)
-    if not wanted or wanted != getattr(_stage, "name", None) or _paused_once.is_set():
+    if not wanted or wanted != getattr(_step, "name", None) or _paused_once.is_set():
         return
     _paused_once.set()
     directory = Path(os.environ.get(PAUSE_DIR_ENV) or ".")
