@@ -31,7 +31,8 @@ from hexbundle.checks.sizes import check_built_sizes
 from hexbundle.checks.verify import code_digest, run_verify
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.graph.actions import action
-from hexbundle.graph.keys import generator_digest, options_key, pinned, toolchain_key
+from hexbundle.graph.keys import (generator_digest, image_unchanged, options_key, pinned,
+                                  toolchain_key)
 from hexbundle.graph.session import doit_config, load
 from hexbundle.graph.targets import targets_unchanged
 from hexbundle.inputs.export import require_export
@@ -176,7 +177,7 @@ def task_verify():
             + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
             "targets": [rel(LAYOUT.verify_report)],
             "uptodate": [options_key(verify=CFG.verify, backend=CFG.backend,
-                                     runtime=code_digest())],
+                                     runtime=code_digest)],
             "verbosity": 2}
 
 
@@ -205,9 +206,9 @@ def task_image():
                        {"name": "network", "long": "network", "default": "none",
                         "help": "network of the build's RUN steps (default: none)"}],
             "task_dep": ["wheelhouse"],
-            "file_dep": image.file_deps(ROOT),
+            "file_dep": [rel(p) for p in image.build_inputs(ROOT)],
             "targets": [rel(LAYOUT.image_id_file)],
-            "uptodate": [(image.is_current, [ROOT])],
+            "uptodate": [image_unchanged(ROOT)],
             "verbosity": 2}
 
 

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from hexbundle.support import hashing
-from hexbundle.support.atomic import atomic_output
-from hexbundle.graph.checker import MD5_DB
+from hexbundle.support.atomic import atomic_output, output_path
 from hexbundle.config.build import load_build
-from hexbundle.config.layout import BUILD_ROOT_ENV, Layout, ProjectLayout
+from hexbundle.config.layout import (BUILD_ROOT_ENV, MD5_DOIT_DB, Layout, ProjectLayout,
+                                     dlc_name)
 from hexbundle.support.errors import HexbundleError
 
 FULL_MODEL = "qwen2.5-7b-shape"
@@ -212,7 +212,7 @@ class Bench:
         """Convert both graphs and compile the part, each in its own process (peak RSS from
         wait4), writing to a scratch directory so the build tree stays untouched."""
         self.log(f"reference backend on {self.part.tag} ({len(self.part.layers)} layers) ...")
-        scratch = self.build_root / "backend-scratch"   # a build root's own scratch space
+        scratch = self.layout.bench_scratch
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
         steps = []
@@ -284,7 +284,8 @@ class Bench:
         """The MD5 run's own DB, made up to date without rebuilding: a copy of ours (for the
         tasks' saved option values), then `doit reset-dep`, which MD5-hashes every dependency."""
         self.log("MD5 baseline: recording its state (reset-dep) ...")
-        shutil.copyfile(self.layout.doit_db(), self.layout.doit_db(MD5_DB))
+        with output_path(self.layout.doit_db(MD5_DOIT_DB)) as tmp:
+            shutil.copyfile(self.layout.doit_db(), tmp)
         reset = self.doit("reset-dep", *BUILD_TASKS, md5=True, trace=True)
         noop = self.doit("bundle", md5=True)
         self.expect_no_work(noop, "no-op doit bundle with the MD5 checker")
@@ -425,12 +426,12 @@ def backend_step(spec: dict) -> dict:
     started = time.monotonic()
     if spec["step"] == "convert":
         graph = next(g for g in graphs if g.kind == spec["graph"])
-        out = scratch / f"{graph.name}.dlc"
+        out = scratch / dlc_name(graph)
         backend.convert(layout.onnx(graph), layout.encodings(graph), out, graph.name,
                         ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"]), lambda m: None)
         read = layout.onnx_data(graph).stat().st_size
     else:
-        dlcs = [scratch / f"{g.name}.dlc" for g in graphs]
+        dlcs = [scratch / dlc_name(g) for g in graphs]
         out = scratch / layout.bin_name(part)
         backend.compile(dlcs, out, compile_options(cfg, part), lambda m: None)
         read = sum(p.stat().st_size for p in dlcs)

@@ -32,8 +32,16 @@ HTP_EXT_CONFIG = "htp_backend_ext_config.json"
 TOKENIZER = "tokenizer.json"
 BUNDLE_CONFIG_FILES = (GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER)
 MANIFEST = "manifest.json"
+STATE_DIR = ".hexbundle"           # in a build root: hexbundle's own state
 DOIT_DB = "doit-db.json"
+MD5_DOIT_DB = "doit-db-md5.json"   # `doit bench` only: doit's stock checker keeps its own DB
+RELEASE_PROVENANCE = "provenance.json"   # beside the release archive, wherever it is copied
+RELEASE_SUMS = "SHA256SUMS"
 GRAPH_FILE_SUFFIXES = (".onnx", ".data", ".encodings")
+
+
+def dlc_name(graph: Graph) -> str:
+    return f"{graph.name}.dlc"
 
 
 def graph_files(directory: Path, graph: Graph) -> tuple:
@@ -109,7 +117,7 @@ class ProjectLayout:
     @property
     def state_dir(self) -> Path:
         """hexbundle's own state: digest cache, doit database, lock."""
-        return self.build_root / ".hexbundle"
+        return self.build_root / STATE_DIR
 
     @property
     def digest_cache(self) -> Path:
@@ -148,6 +156,11 @@ class ProjectLayout:
 
     def bench_tree(self, small: bool) -> Path:
         return self.bench_dir / ("small-tree" if small else "tree")
+
+    @property
+    def bench_scratch(self) -> Path:
+        """The benchmark's backend row writes here (in the benchmark tree's build root)."""
+        return self.build_root / "backend-scratch"
 
     @property
     def bench_results(self) -> Path:
@@ -245,7 +258,7 @@ class Layout(ProjectLayout):
         return self.inputs_dir / TOKENIZER
 
     def dlc(self, graph: Graph) -> Path:
-        return self.dlc_dir / f"{graph.name}.dlc"
+        return self.dlc_dir / dlc_name(graph)
 
     def bin_name(self, part: Part) -> str:
         return f"{self.cfg.model.slug}_{part.tag}.bin"
@@ -265,6 +278,23 @@ class Layout(ProjectLayout):
     @property
     def manifest(self) -> Path:
         return self.bundle_dir / MANIFEST
+
+    @property
+    def release_name(self) -> str:
+        """The release archive's name and top directory: model-device-plan."""
+        return f"{self.cfg.model.name}-{self.cfg.device.name}-{self.cfg.plan.name}"
+
+    @property
+    def release_archive(self) -> Path:
+        return self.release_dir / f"{self.release_name}.tar.gz"
+
+    @property
+    def release_provenance(self) -> Path:
+        return self.release_dir / RELEASE_PROVENANCE
+
+    @property
+    def release_sums(self) -> Path:
+        return self.release_dir / RELEASE_SUMS
 
     @property
     def verify_report(self) -> Path:

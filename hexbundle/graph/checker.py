@@ -12,10 +12,10 @@ import sys
 
 from doit.dependency import FileChangedChecker
 
+from hexbundle.config.layout import MD5_DOIT_DB
 from hexbundle.support.hashing import TRACE_ENV, stat_key
 from hexbundle.support import hashing
 
-MD5_DB = "doit-db-md5.json"   # the stock checker's own DB (its states differ from ours)
 
 
 class XXH3Checker(FileChangedChecker):
@@ -56,7 +56,7 @@ def comparison_checker(name: str):
             return original(path)
         get_file_md5.traced = True
         dependency.get_file_md5 = get_file_md5   # MD5Checker looks it up at call time
-    return dependency.MD5Checker, MD5_DB
+    return dependency.MD5Checker, MD5_DOIT_DB
 
 
 def stock_checker():

@@ -15,6 +15,7 @@ from hexbundle.config.build import BuildConfig
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.support import hashing
 from hexbundle.support.errors import HexbundleError
+from hexbundle.toolchain import image
 
 # The generator's sources: generated inputs are regenerated when any changes (the graphs' runtime
 # inputs follow runtime/conventions.py). (Hashed, not imported: importing onnx costs ~1 s, which
@@ -63,3 +64,11 @@ def pinned(cfg: BuildConfig, paths: list) -> dict:
     """The pins (from the model config's [inputs.pins]) that apply to these files."""
     pins = cfg.inputs.get("pins", {})
     return {p.name: pins[p.name] for p in paths if p.name in pins}
+
+
+def image_unchanged(root: Path):
+    """uptodate item of `doit image`: the recorded image is still in the engine, built from the
+    base asked for now (its --base option)."""
+    def check(task, values) -> bool:
+        return image.is_current(root, (task.options or {}).get("base", ""))
+    return check

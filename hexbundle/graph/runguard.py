@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from hexbundle.config.layout import STATE_DIR
 from hexbundle.support.atomic import atomic_output, discard, is_temp_name, put_back
 from hexbundle.support.errors import HexbundleError
 
@@ -145,7 +146,7 @@ def _own_tree(build: Path):
     """os.walk of this build root, minus nested build roots (a release's scratch build has its
     own .hexbundle/ and lock, and its own runs clean it)."""
     for dirpath, dirnames, filenames in os.walk(build):
-        dirnames[:] = [d for d in dirnames if not Path(dirpath, d, ".hexbundle").is_dir()]
+        dirnames[:] = [d for d in dirnames if not Path(dirpath, d, STATE_DIR).is_dir()]
         yield Path(dirpath), dirnames, filenames
 
 

@@ -28,11 +28,9 @@ from hexbundle.support.hashing import sha256_file
 from hexbundle.config.build import BuildConfig
 from hexbundle.config.layout import BUILD_ROOT_ENV
 from hexbundle.support.errors import HexbundleError
-from hexbundle.config.layout import Layout
+from hexbundle.config.layout import RELEASE_PROVENANCE, Layout
 from hexbundle.release.provenance import provenance
 
-PROVENANCE = "provenance.json"
-SUMS = "SHA256SUMS"
 MIN_ZIP_EPOCH = 315532800  # 1980-01-01: the earliest time zip and some tar tools can hold
 
 
@@ -84,10 +82,6 @@ def release_epoch(source: dict) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # digests and the archive
-
-def archive_name(cfg: BuildConfig) -> str:
-    return f"{cfg.model.name}-{cfg.device.name}-{cfg.plan.name}"
-
 
 def _tarinfo(name: str, epoch: int, size: int = 0, directory: bool = False) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
@@ -150,7 +144,7 @@ def clean_build(scratch: Layout, overrides: dict, log) -> Path:
     log(f"release: clean build of {cfg.model.name} for {cfg.device.name} in "
         f"{scratch.rel(build_root)}")
     proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
-    scratch.clean_build_log.write_text(proc.stdout + proc.stderr)
+    write_atomic(scratch.clean_build_log, (proc.stdout + proc.stderr).encode())
     if proc.returncode != 0:
         raise ReleaseError(f"the clean build failed (exit {proc.returncode}); log: "
                            f"{scratch.clean_build_log}\n{proc.stdout[-3000:]}"
@@ -179,21 +173,18 @@ def make_release(layout: Layout, overrides: dict, log=print) -> Path:
         log("release: WARNING: the source tree has uncommitted changes; the provenance says so")
     scratch = scratch_layout(cfg, layout.release_work_dir)
     bundle_dir = clean_build(scratch, _overrides_of(cfg), log)
-    out_dir = layout.release_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    name = archive_name(cfg)
-    archive = out_dir / f"{name}.tar.gz"
+    name, archive = layout.release_name, layout.release_archive
     write_archive(bundle_dir, archive, name, epoch)
     subjects = [{"name": archive.name, "digest": {"sha256": sha256_file(archive)}}]
     subjects += [{"name": f"{name}/{p.name}", "digest": {"sha256": sha256_file(p)}}
                  for p in sorted(bundle_dir.iterdir())]
     doc = provenance(scratch, overrides, source, epoch, subjects,
                      scratch.all_inputs())
-    _write_text(out_dir / PROVENANCE, json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    _write_text(out_dir / SUMS, f"{subjects[0]['digest']['sha256']}  {archive.name}\n")
+    _write_text(layout.release_provenance, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    _write_text(layout.release_sums, f"{subjects[0]['digest']['sha256']}  {archive.name}\n")
     log(f"release: {layout.rel(archive)} ({archive.stat().st_size / (1 << 20):.2f} MiB), "
         f"sha256 {subjects[0]['digest']['sha256']}")
-    log(f"release: {layout.rel(out_dir / SUMS)}, {layout.rel(out_dir / PROVENANCE)}")
+    log(f"release: {layout.rel(layout.release_sums)}, {layout.rel(layout.release_provenance)}")
     return archive
 
 
@@ -205,7 +196,7 @@ def _write_text(path: Path, text: str) -> None:
 # verify_release
 
 def load_provenance(archive: Path) -> dict:
-    path = archive.parent / PROVENANCE
+    path = archive.parent / RELEASE_PROVENANCE
     try:
         doc = json.loads(path.read_text())
         doc["predicate"]["buildDefinition"]["externalParameters"]["model"]

@@ -235,23 +235,24 @@ def write_record(root: Path, record: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# doit glue
+# is the recorded image the one a build would make now?
 
-def file_deps(root: Path) -> list:
-    """What `doit image` rebuilds on: the Dockerfile, installer, lock, toolchain config, the base
+def build_inputs(root: Path) -> list:
+    """What the image is built from: the Dockerfile, installer, lock, toolchain config, the base
     script, and the SDK archive when one is staged."""
     tc = load_toolchain(root)
     deps = [tc.dockerfile, INSTALLER, tc.lock, tc.path,
             ProjectLayout(root).script("make_base_image.sh")]
     if tc.sdk_archive.is_file():
         deps.append(tc.sdk_archive)
-    return [str(Path(p).resolve().relative_to(Path(root).resolve())) for p in deps]
+    return deps
 
 
-def is_current(task, values, root: Path) -> bool:
-    """uptodate: the recorded image still exists under its tag, from the base asked for now."""
+def is_current(root: Path, base: str = "") -> bool:
+    """The recorded image still exists under its tag, built from `base` (default: the pinned
+    base) as it is now in the engine."""
     record = read_record(root)
-    wanted = (task.options or {}).get("base") or load_toolchain(root).base
+    wanted = base or load_toolchain(root).base
     if not record or record.get("base") != wanted:
         return False
     from docker.errors import DockerException
