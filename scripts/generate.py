@@ -8,7 +8,7 @@ yourself, as with genie-t2t-run), prefilled, and up to N tokens are sampled with
 sampler settings (genie_config.json), or greedily with --greedy. --engine onnx runs the float
 ONNX sources instead of the context binaries (the reference verify compares against).
 key=value settings are those of `doit bundle` (model=..., device=..., plan=...).
-The work is hexbundle.runtime.generation.generate.
+The work is hexbundle.runtime.generation.generate_text.
 """
 import argparse
 import json
@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 from hexbundle.config.build import load_build  # noqa: E402
 from hexbundle.support.errors import HexbundleError  # noqa: E402
 from hexbundle.config.layout import Layout  # noqa: E402
-from hexbundle.runtime.generation import generate  # noqa: E402
+from hexbundle.runtime.generation import generate_text  # noqa: E402
 
 
 def parse(argv):
@@ -50,7 +50,7 @@ def main(argv) -> int:
     try:
         cfg = load_build(ROOT, overrides)
         stream = None if args.json else (lambda text: print(text, end="", flush=True))
-        result = generate(Layout(cfg), args.prompt, args.max_tokens, engine=args.engine,
+        result = generate_text(Layout(cfg), args.prompt, args.max_tokens, engine=args.engine,
                           greedy=args.greedy, bundle_dir=args.bundle, on_text=stream)
     except HexbundleError as exc:
         print(f"generate: {exc}", file=sys.stderr)

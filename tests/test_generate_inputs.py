@@ -71,7 +71,7 @@ def test_too_little_disk_is_refused_before_writing(tmp_path):
     model = huge_model()
     out = tmp_path / "out"
     with pytest.raises(DiskSpaceError) as err:
-        generate.generate(model, model.plans["two"].parts(), out, SEED)
+        generate.generate_parts(model, model.plans["two"].parts(), out, SEED)
     message = str(err.value)
     assert str(out) in message and "needs" in message and "GiB" in message and "free" in message
     assert not out.exists()

@@ -7,7 +7,7 @@ import sys
 
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout
-from hexbundle.runtime.generation import generate as library_generate
+from hexbundle.runtime.generation import generate_text as library_generate
 from test_verify import set_toml
 
 

@@ -46,7 +46,7 @@ def test_unpacked_decoder_parts_are_about_twice(qwen7b):
 def judge_one(model, plan, factor_by_part):
     exp = sizes.expect(model, plan)
     actual = {e.part.index: int(e.packed * factor_by_part.get(e.part.index, 1.0)) for e in exp}
-    rows = sizes.judge(model, plan, actual)
+    rows = sizes.judge_sizes(model, plan, actual)
     return rows, sizes.format_table(model, plan, rows)
 
 
@@ -55,7 +55,7 @@ def test_judge_names_unpacked_weights(qwen7b):
     exp = sizes.expect(qwen7b, plan)
     actual = {e.part.index: e.packed for e in exp}
     actual[3] = exp[2].unpacked
-    rows = sizes.judge(qwen7b, plan, actual)
+    rows = sizes.judge_sizes(qwen7b, plan, actual)
     assert [r.verdict for r in rows] == ["ok", "ok", "NOT PACKED", "ok", "ok", "ok"]
     table = sizes.format_table(qwen7b, plan, rows)
     with pytest.raises(SizeError, match=r"part\(s\) 3: 4-bit weights were not packed"):
@@ -67,11 +67,11 @@ def test_judge_names_unshared_weights_and_other_deviations(qwen7b):
     exp = sizes.expect(qwen7b, plan)
     actual = {e.part.index: e.packed for e in exp}
     actual[2] = exp[1].unshared
-    rows = sizes.judge(qwen7b, plan, actual)
+    rows = sizes.judge_sizes(qwen7b, plan, actual)
     with pytest.raises(SizeError, match="stored twice"):
         sizes.raise_on_failure(qwen7b, plan, rows, "")
     actual[2] = int(exp[1].packed * 1.1)
-    rows = sizes.judge(qwen7b, plan, actual)
+    rows = sizes.judge_sizes(qwen7b, plan, actual)
     assert rows[1].verdict == "OFF"
     with pytest.raises(SizeError, match="outside tolerance"):
         sizes.raise_on_failure(qwen7b, plan, rows, "")

@@ -411,7 +411,7 @@ def test_tokenizer_specials_take_the_top_ids(model, tokenizer):
     tok, content = tokenizer
     vocab = model.architecture.vocab_size
     expected = {"bos": vocab - 3, "eos": vocab - 2, "eot": vocab - 1}
-    assert synthetic.special_token_ids(model, SPECIALS) == expected
+    assert synthetic.generated_special_ids(model, SPECIALS) == expected
     for role, text in SPECIALS.items():
         assert tok.token_to_id(text) == expected[role]
     assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids[0] == expected["bos"]

@@ -87,7 +87,7 @@ def expect(model: Model, plan: Plan, float_bitwidth: int = 16) -> list:
 
 
 @dataclass
-class Row:
+class SizeRow:
     expectation: PartExpectation
     actual: Optional[int]
     measured_mib: Optional[float]   # the plan's recorded measurement (seeds), if any
@@ -107,7 +107,7 @@ def _closest(actual: int, e: PartExpectation) -> str:
     return min(candidates, key=lambda k: abs(actual - candidates[k]))
 
 
-def judge(model: Model, plan: Plan, actual: dict, float_bitwidth: int = 16) -> list:
+def judge_sizes(model: Model, plan: Plan, actual: dict, float_bitwidth: int = 16) -> list:
     """actual: part index -> bytes (None when the file is missing)."""
     rows = []
     for i, e in enumerate(expect(model, plan, float_bitwidth)):
@@ -120,7 +120,7 @@ def judge(model: Model, plan: Plan, actual: dict, float_bitwidth: int = 16) -> l
         else:
             verdict = {"unpacked": "NOT PACKED", "unshared": "NOT SHARED"}.get(
                 _closest(size, e), "OFF")
-        rows.append(Row(e, size, measured, verdict))
+        rows.append(SizeRow(e, size, measured, verdict))
     return rows
 
 
@@ -187,7 +187,7 @@ def check_built_sizes(layout: Layout) -> None:
     cfg = layout.cfg
     actual = {p.index: (layout.bin(p).stat().st_size if layout.bin(p).is_file() else None)
               for p in cfg.plan.parts()}
-    rows = judge(cfg.model, cfg.plan, actual, cfg.compile["float_bitwidth"])
+    rows = judge_sizes(cfg.model, cfg.plan, actual, cfg.compile["float_bitwidth"])
     table = format_table(cfg.model, cfg.plan, rows)
     raise_on_failure(cfg.model, cfg.plan, rows, table)
     say(table)

@@ -121,7 +121,7 @@ def _close(executor) -> None:
 
 
 @dataclass
-class Row:
+class ComparisonRow:
     part: str                     # "part 2 of 4 (x.bin)" or "end to end"
     check: str
     what: str                     # "hidden" | "logits" | "kv"
@@ -151,7 +151,7 @@ def compare(got: np.ndarray, want: np.ndarray, logits: bool) -> dict:
             "top1": float((got.argmax(1) == want.argmax(1)).mean()) if logits else None}
 
 
-def judge(row: Row) -> Row:
+def judge_row(row: ComparisonRow) -> ComparisonRow:
     if not (row.cos_min >= row.min_cos):      # also catches NaN
         row.problems.append(f"{row.what} cosine {row.cos_min:.6f} < {row.min_cos}")
     if row.top1 is not None and row.min_top1 is not None and not (row.top1 >= row.min_top1):
@@ -160,11 +160,12 @@ def judge(row: Row) -> Row:
 
 
 def make_row(label: str, index: int, check: str, got, want, logits: bool, min_cos: float,
-             min_top1: Optional[float], what: str = "") -> Row:
+             min_top1: Optional[float], what: str = "") -> ComparisonRow:
     m = compare(got, want, logits)
-    return judge(Row(label, check, what or ("logits" if logits else "hidden"), int(got.shape[0]),
-                     m["cos_min"], m["cos_mean"], m["max_abs"], m["top1"], min_cos,
-                     min_top1 if logits else None, part_index=index))
+    row = ComparisonRow(label, check, what or ("logits" if logits else "hidden"),
+                        int(got.shape[0]), m["cos_min"], m["cos_mean"], m["max_abs"], m["top1"],
+                        min_cos, min_top1 if logits else None, part_index=index)
+    return judge_row(row)
 
 
 def part_rows(label: str, index: int, logits: bool, n_prompt: int, bundle: SequenceRun,

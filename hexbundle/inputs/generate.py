@@ -174,7 +174,7 @@ def json_text(obj) -> bytes:
     return (json.dumps(obj, indent=2) + "\n").encode("utf-8")   # = synthetic.py's encodings files
 
 
-def generate(model: Model, parts: list, out_dir: Path, seed: int,
+def generate_parts(model: Model, parts: list, out_dir: Path, seed: int,
              specials: Optional[dict] = None, log: Callable[[str], None] = print) -> list:
     """Several parts (and tokenizer.json if `specials`): the disk check covers all of them first."""
     from hexbundle.inputs import synthetic
@@ -222,7 +222,7 @@ def generate_for_config(root: Path, model_name: str, plan_name: str = "", part_i
     seed = raw["inputs"]["seed"] if seed is None else seed
     log(f"{model_name}, plan {plan_name}: parts {', '.join(str(p.index) for p in parts)} "
         f"-> {out} (seed {seed})")
-    return generate(model, parts, out, seed, raw["tokenizer"] if tokenizer else None, log)
+    return generate_parts(model, parts, out, seed, raw["tokenizer"] if tokenizer else None, log)
 
 
 def generate_action(layout: Layout, part: int = 0) -> None:
@@ -236,7 +236,7 @@ def generate_action(layout: Layout, part: int = 0) -> None:
                               f"1..{len(parts)}")
         parts = [parts[part - 1]]
     started = time.monotonic()
-    paths = generate(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
+    paths = generate_parts(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
                      cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
     print(f"{len(paths)} files in {layout.rel(layout.inputs_dir)} in "
           f"{time.monotonic() - started:.1f}s", flush=True)

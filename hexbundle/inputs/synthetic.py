@@ -580,7 +580,7 @@ def _merge_pair(word: tuple, pair: tuple) -> tuple:
     return tuple(out)
 
 
-def special_token_ids(model: Model, special_tokens: dict) -> dict:
+def generated_special_ids(model: Model, special_tokens: dict) -> dict:
     """{role: id}: the specials take the top ids, in the dict's order, ending at vocab_size - 1."""
     first = model.architecture.vocab_size - len(special_tokens)
     return {role: first + i for i, role in enumerate(special_tokens)}
@@ -596,7 +596,7 @@ def tokenizer_json(model: Model, special_tokens: dict) -> dict:
     merges = _learn_merges(_CORPUS, budget)
     for left, right in merges:
         vocab[left + right] = len(vocab)
-    ids = special_token_ids(model, special_tokens)
+    ids = generated_special_ids(model, special_tokens)
     added = [{"id": ids[role], "content": content, "single_word": False, "lstrip": False,
               "rstrip": False, "normalized": False, "special": True}
              for role, content in special_tokens.items()]

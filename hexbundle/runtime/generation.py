@@ -66,7 +66,7 @@ def load_tokenizer(path: Path):
     return Tokenizer.from_file(str(path))
 
 
-def generate(layout: Layout, prompt: str, max_tokens: Optional[int] = None,
+def generate_text(layout: Layout, prompt: str, max_tokens: Optional[int] = None,
              engine: str = "bundle", greedy: bool = False, bundle_dir: Optional[Path] = None,
              on_text: Optional[Callable[[str], None]] = None) -> Generation:
     """Tokenize `prompt` with the bundle's tokenizer, prefill, then sample up to max_tokens
