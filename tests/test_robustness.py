@@ -492,8 +492,8 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
         with atomic.staged_dir(build / "m" / "e" / "bundle") as staging:
             (staging / "manifest.json").write_text('{"new": "e"}')
 
-    def synthetic_input():   # inputs.synthetic (and inputs.generate's streamed .data): _atomic_open
-        synthetic._write_bytes(d / "inputs" / "prompt.onnx", b"onnx")
+    def synthetic_input():   # inputs.synthetic (and inputs.generate's streamed .data): open_input_file
+        synthetic.write_input_file(d / "inputs" / "prompt.onnx", b"onnx")
 
     def generated_hard_link():   # inputs.generate: the token graph's .data, a link to the prompt's
         generate.link_same_bytes(data, d / "inputs" / "token.data")

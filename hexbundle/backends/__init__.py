@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
+from hexbundle import __version__
 from hexbundle.support.errors import BackendError
 
 
@@ -57,8 +58,7 @@ _BACKENDS = {
 
 
 def reference_toolchain_version() -> str:
-    from hexbundle import __version__
-    from hexbundle.formats.container import FORMAT_VERSION
+    from hexbundle.formats.container import FORMAT_VERSION   # numpy: only when asked
     return f"hexbundle-reference {__version__} format {FORMAT_VERSION}"
 
 

@@ -48,6 +48,7 @@ from hexbundle.config.layout import Layout
 from hexbundle.support.atomic import write_json
 from hexbundle.formats.genie import GenieSettings, read_genie_config
 from hexbundle.runtime.parts import bundle_session, onnx_session, open_bundle_parts, rope_settings
+from hexbundle.support import hashing
 
 # verify reruns when these change: every runtime module it runs, and this one
 RUNTIME_SOURCES = ("runtime/conventions.py", "runtime/sessions.py", "runtime/interpreter.py",
@@ -278,7 +279,6 @@ def compare_bundle_with_onnx(layout: Layout, bundle_dir: Optional[Path] = None,
 
 
 def code_digest() -> str:
-    from hexbundle.support import hashing
     here = Path(__file__).resolve().parents[1]
     return hashing.bytes_digest("".join(hashing.digest(here / n) for n in RUNTIME_SOURCES).encode())
 

@@ -1,5 +1,7 @@
-"""manifest.json, the bundle's table of contents: writer (`bundle_manifest`) and reader
-(`verify_bundle_files`). Documented in docs/formats.md."""
+"""The bundle's records. manifest.json, its table of contents: writer (`bundle_manifest`) and
+reader (`verify_bundle_files`). build-info.json, beside the bundle: how it was built (executor,
+toolchain image), kept out of the bundle so its bytes do not depend on the executor:
+`write_build_info`, `read_build_info`."""
 from __future__ import annotations
 
 import json
@@ -7,6 +9,7 @@ from pathlib import Path
 
 from hexbundle.config.layout import MANIFEST, Layout
 from hexbundle.support import hashing
+from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import file_digest
 
@@ -85,3 +88,17 @@ def verify_bundle_files(bundle: Path, where=str) -> int:
             raise BundleIntegrityError(f"{where(path)}: XXH3-128 {actual}, {MANIFEST} records "
                                        f"{recorded}: changed since it was built; {rebuild}")
     return len(files)
+
+
+def write_build_info(layout: Layout, executor: str, image: str) -> None:
+    write_json(layout.build_info, {"executor": executor, "image": image})
+
+
+def read_build_info(layout: Layout) -> dict:
+    """{"executor", "image"} of the last bundle build; {} when there is none or it is unreadable
+    (then the image now under the tag is what a caller can name)."""
+    try:
+        doc = json.loads(layout.build_info.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}

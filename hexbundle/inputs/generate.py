@@ -29,7 +29,8 @@ import numpy as np
 from hexbundle.support.atomic import output_path
 from hexbundle.support.errors import ConfigError, DiskSpaceError, InputError
 from hexbundle.config.layout import TOKENIZER, Layout, ProjectLayout, graph_files
-from hexbundle.config.model import Model, Part
+from hexbundle.config.build import load_model, resolve_inside
+from hexbundle.config.model import Model, Part, part_weights
 
 CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
 DATA_ALIGNMENT = 64             # = synthetic.DATA_ALIGNMENT (kept here so sizing needs no onnx)
@@ -45,7 +46,6 @@ DISK_HEADROOM_BYTES = 256 << 20  # keep this much free: logs, doit's database, o
 
 def data_bytes(model: Model, part: Part) -> int:
     """Size of one graph's .data file of the part: float32 weights, DATA_ALIGNMENT-aligned."""
-    from hexbundle.config.model import part_weights
     end = 0
     for w in part_weights(model.architecture, model.quantization, part):
         end = -(-end // DATA_ALIGNMENT) * DATA_ALIGNMENT + 4 * math.prod(w.shape)
@@ -54,7 +54,6 @@ def data_bytes(model: Model, part: Part) -> int:
 
 def part_disk_bytes(model: Model, part: Part) -> int:
     """Disk space the part's generated files take (the token .data is a hard link: counted once)."""
-    from hexbundle.config.model import part_weights
     channels = sum(w.channels for w in part_weights(model.architecture, model.quantization, part))
     graphs = len(model.graphs(part))
     return data_bytes(model, part) + graphs * (GRAPH_FILES_BYTES + ENCODING_BYTES_PER_CHANNEL * channels)
@@ -113,7 +112,7 @@ def write_data(path: Path, model: Model, part: Part, seed: int,
     specs = synthetic.weight_specs(model, part)
     layout = synthetic.data_layout({s.name: s.shape for s in specs})
     ranges = {}
-    with synthetic._atomic_open(path) as f:
+    with synthetic.open_input_file(path) as f:
         for spec in specs:
             f.write(bytes(layout[spec.name][0] - f.tell()))
             ranges[spec.name] = synthetic.WeightRange(spec)
@@ -163,15 +162,10 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int,
             link_same_bytes(first_data, data)
             log(f"linked {data.name} -> {first_data.name} (same weights, same bytes)")
         proto = synthetic.build_graph(model, graph, synthetic.external_tensors(shapes, data.name))
-        synthetic._write_bytes(onnx_path, proto.SerializeToString(deterministic=True))
-        text = json_text(synthetic.encodings_from_ranges(model, graph, ranges))
-        synthetic._write_bytes(encodings_path, text)
+        synthetic.write_input_file(onnx_path, proto.SerializeToString(deterministic=True))
+        encodings = synthetic.encodings_from_ranges(model, graph, ranges)
+        synthetic.write_input_file(encodings_path, synthetic.encodings_bytes(encodings))
     return synthetic.part_files(model, part, out_dir)
-
-
-def json_text(obj) -> bytes:
-    import json
-    return (json.dumps(obj, indent=2) + "\n").encode("utf-8")   # = synthetic.py's encodings files
 
 
 def generate_parts(model: Model, parts: list, out_dir: Path, seed: int,
@@ -200,7 +194,6 @@ def generate_for_config(root: Path, model_name: str, plan_name: str = "", part_i
                         tokenizer: bool = True, log: Callable[[str], None] = print) -> list:
     """scripts/gen_7b_inputs.py: a model config's parts (all, or the chosen ones) + tokenizer,
     into `out` or where the config expects its inputs. Any plan, even one a device refuses."""
-    from hexbundle.config.build import load_model, resolve_inside
     project = ProjectLayout(root)
     root = project.root
     model, raw = load_model(root, model_name)

@@ -358,7 +358,7 @@ def _shapes(weights: dict) -> dict:
 
 def _write_data(path: Path, weights: dict) -> None:
     layout = data_layout(_shapes(weights))
-    with _atomic_open(path) as f:
+    with open_input_file(path) as f:
         for name, array in weights.items():
             f.write(b"\0" * (layout[name][0] - f.tell()))
             f.write(np.ascontiguousarray(array, dtype="<f4").tobytes())
@@ -471,15 +471,20 @@ def encodings_from_ranges(model: Model, graph: Graph, ranges: dict) -> dict:
 # --------------------------------------------------------------------------- files
 
 
-def _atomic_open(path: Path):
+def open_input_file(path: Path):
     """A binary file object whose bytes replace `path` when complete (support.atomic): readers
     never see halves; a full disk is a clean error naming the file, nothing partial kept. Not
     fsynced and the umask decides the mode, as these inputs always were."""
     return atomic_output(path, "wb", sync=False, perms=None)
 
 
-def _write_bytes(path: Path, data: bytes) -> None:
-    with _atomic_open(path) as f:
+def encodings_bytes(doc: dict) -> bytes:
+    """The bytes of an encodings file the generators write (both of them, the same bytes)."""
+    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+
+
+def write_input_file(path: Path, data: bytes) -> None:
+    with open_input_file(path) as f:
         f.write(data)
 
 
@@ -497,9 +502,8 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int) -> list:
         onnx_path, data_path, encodings_path = graph_files(out_dir, graph)
         _write_data(data_path, weights)   # first: the .onnx refers to it
         proto = build_graph(model, graph, external_tensors(_shapes(weights), data_path.name))
-        _write_bytes(onnx_path, proto.SerializeToString(deterministic=True))
-        text = json.dumps(build_encodings(model, graph, weights), indent=2) + "\n"
-        _write_bytes(encodings_path, text.encode("utf-8"))
+        write_input_file(onnx_path, proto.SerializeToString(deterministic=True))
+        write_input_file(encodings_path, encodings_bytes(build_encodings(model, graph, weights)))
     return part_files(model, part, out_dir)
 
 
@@ -622,5 +626,5 @@ def generate_tokenizer(model: Model, path: Path, special_tokens: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(tokenizer_json(model, special_tokens), ensure_ascii=False, indent=2) + "\n"
-    _write_bytes(path, text.encode("utf-8"))
+    write_input_file(path, text.encode("utf-8"))
     return path

@@ -139,6 +139,12 @@ def safe_extract(archive: Path, dest: Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 # loading
 
+def write_kit_json(kit: Path, doc: dict) -> None:
+    """kit.json: what the kit holds (images, source state, files to bring); read_kit_json reads it."""
+    (kit / KIT_JSON).write_text(json.dumps({"format": KIT_FORMAT, **doc}, indent=2,
+                                           sort_keys=True) + "\n")
+
+
 def read_kit_json(kit: Path) -> dict:
     try:
         doc = json.loads((kit / KIT_JSON).read_text())

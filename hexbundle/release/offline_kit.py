@@ -2,7 +2,6 @@
 layout and the offline side). Runs on a connected machine that has built the image."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -15,7 +14,10 @@ from hexbundle.support.atomic import output_path, staged_dir
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import sha256_file
-from hexbundle.release.kit import KIT_FORMAT, KIT_JSON, KitError, write_sums
+from hexbundle.config.toolchain import load_toolchain
+from hexbundle.release.kit import KitError, load_kit, write_kit_json, write_sums
+from hexbundle.toolchain.docker import docker_client
+from hexbundle.toolchain.image import read_record
 from hexbundle.config.layout import Layout
 
 # Not carried into the kit's source/: outputs, exports and the staged SDK (top-level directories
@@ -91,9 +93,6 @@ def write_tar(directory: Path, out: Path) -> None:
 
 
 def make_kit(layout: Layout, include_sdk: bool, include_inputs: bool) -> Path:
-    from hexbundle.toolchain.docker import docker_client
-    from hexbundle.toolchain.image import read_record
-    from hexbundle.config.toolchain import load_toolchain
     cfg = layout.cfg
     tc = load_toolchain(cfg.root)
     record = read_record(cfg.root)
@@ -127,11 +126,10 @@ def make_kit(layout: Layout, include_sdk: bool, include_inputs: bool) -> Path:
 
         bring = bring_list(layout, tc, staging, include_sdk, include_inputs)
         from hexbundle.release.reproducible import source_state
-        doc = {"format": KIT_FORMAT, "hexbundle": __version__, "images": images,
-               "source": source_state(cfg.root), "host_python":
-               f"{sys.version_info.major}.{sys.version_info.minor}", "bring": bring,
-               "model": cfg.model.name}
-        (staging / KIT_JSON).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        write_kit_json(staging, {"hexbundle": __version__, "images": images,
+                                 "source": source_state(cfg.root), "host_python":
+                                 f"{sys.version_info.major}.{sys.version_info.minor}",
+                                 "bring": bring, "model": cfg.model.name})
         write_sums(staging)
     write_tar(out, layout.offline_kit_tar)
     with output_path(layout.load_kit_script) as tmp:
@@ -179,7 +177,6 @@ def offline_kit_command(layout: Layout) -> None:
 
 def load_kit_command(kit: list) -> None:
     """`doit load_kit KIT`."""
-    from hexbundle.release.kit import load_kit
     if len(kit) != 1:
         raise HexbundleError("usage: doit load_kit build/offline-kit.tar (or an unpacked kit dir)")
     try:

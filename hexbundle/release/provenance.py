@@ -1,13 +1,13 @@
 """What a release records about how it was built: the toolchain image, the SDK pin, the lock."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hexbundle import __version__
 from hexbundle.backends import describe
 from hexbundle.config.layout import Layout
 from hexbundle.config.toolchain import load_toolchain
+from hexbundle.formats.manifest import read_build_info
 from hexbundle.support import hashing
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import sha256_file
@@ -17,10 +17,7 @@ def image_used(layout: Layout) -> dict:
     """The toolchain image a docker build ran in: the ID its build-info.json records (else the
     image now under the tag) and, when the engine answers, that image's labels."""
     tc = load_toolchain(layout.root)
-    try:
-        image_id = json.loads(layout.build_info.read_text()).get("image", "")
-    except (OSError, ValueError):
-        image_id = ""
+    image_id = read_build_info(layout).get("image", "")
     labels = {}
     try:
         from docker.errors import DockerException

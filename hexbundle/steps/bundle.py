@@ -16,7 +16,7 @@ from hexbundle.backends import get_backend
 from hexbundle.checks import sizes
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER, Layout
 from hexbundle.formats.genie import genie_config, htp_backend_ext_config
-from hexbundle.formats.manifest import bundle_manifest
+from hexbundle.formats.manifest import bundle_manifest, write_build_info
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.export import check_pins
 from hexbundle.support import testhooks
@@ -70,7 +70,3 @@ def assemble(layout: Layout, backend_version: str, sizes_expected: dict, log) ->
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in
     return final
 
-
-def write_build_info(layout: Layout, executor: str, image: str) -> None:
-    """How the bundle was built (executor, toolchain image): beside the bundle, not in it."""
-    write_json(layout.build_info, {"executor": executor, "image": image})

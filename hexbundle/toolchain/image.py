@@ -32,6 +32,7 @@ from hexbundle.support.errors import HexbundleError, ToolchainError
 from hexbundle.support.hashing import sha256_file
 from hexbundle.config.layout import ProjectLayout
 from hexbundle.config.toolchain import Toolchain, load_toolchain, project_root, staged_sdk
+from hexbundle.support.atomic import write_atomic
 
 CONTEXT_MTIME = 315532800          # 1980-01-01: fixed entry times in the context tar
 # The installer of the source tree this package runs from (a project root may hold configs only).
@@ -227,7 +228,6 @@ def build(root: Path, base: str | None = None, network: str = "none") -> dict:
 
 
 def write_record(root: Path, record: dict) -> None:
-    from hexbundle.support.atomic import write_atomic
     project = ProjectLayout(root)
     write_atomic(project.image_record,
                  (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())

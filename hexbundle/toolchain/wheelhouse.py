@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hexbundle.support.atomic import atomic_output, commit, temp_dir
-from hexbundle.support.errors import ToolchainError
+from hexbundle.support.errors import HexbundleError, ToolchainError
 from hexbundle.support.hashing import sha256_file
 from hexbundle.config.toolchain import Toolchain, load_toolchain
 
@@ -199,7 +199,6 @@ def fetch(root: Path) -> dict:
 
 
 def main(argv: list) -> int:
-    from hexbundle.support.errors import HexbundleError
     if len(argv) != 1 or argv[0] not in ("lock", "download", "verify"):
         print(__doc__, file=sys.stderr)
         return 2
