@@ -81,4 +81,4 @@ def test_within_tolerance_passes_and_prints_a_table(qwen7b):
     plan = qwen7b.plans["six"]
     rows, table = judge_one(qwen7b, plan, {2: 1.01})
     sizes.raise_on_failure(qwen7b, plan, rows, table)
-    assert "total" in table and "(seed measured 4710.4)" in table
+    assert "total" in table and "(a known-good build measured 4710.4)" in table

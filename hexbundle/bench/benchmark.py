@@ -499,7 +499,8 @@ def format_table(results: dict) -> str:
              f"for {f['bins_bytes'] / GIB:.2f} GiB of bins, hard-linked: "
              f"{'yes' if f['bins_hard_linked'] else 'NO'}",
              f"part {s['part']} ({s['part_layers']} layers): {s['part_bin_mib']} MiB"
-             + (f" vs the seed's {s['seed_mib']} MiB: ratio {s['ratio_to_seed']}" if "seed_mib" in s else "")
+             + (f" vs {s['seed_mib']} MiB measured with QAIRT: ratio {s['ratio_to_seed']}"
+                if "seed_mib" in s else "")
              + f"; check_sizes {'passed' if s['passed'] else 'FAILED'}"]
     return "\n".join(lines + [""] + notes)
 

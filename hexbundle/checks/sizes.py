@@ -90,7 +90,7 @@ def expect(model: Model, plan: Plan, float_bitwidth: int = 16) -> list:
 class SizeRow:
     expectation: PartExpectation
     actual: Optional[int]
-    measured_mib: Optional[float]   # the plan's recorded measurement (seeds), if any
+    measured_mib: Optional[float]   # the plan's recorded measurement of a known-good build
     verdict: str                     # "ok" | "NOT PACKED" | "NOT SHARED" | "OFF" | "MISSING"
 
     @property
@@ -131,7 +131,7 @@ def _mib(n: Optional[float]) -> str:
 def format_table(model: Model, plan: Plan, rows: list) -> str:
     has_measured = any(r.measured_mib is not None for r in rows)
     head = f"{'part':>5}  {'content':<28}{'actual MiB':>11}{'expected MiB':>13}{'dev %':>8}"
-    head += f"{'seed MiB':>10}" if has_measured else ""
+    head += f"{'measured MiB':>14}" if has_measured else ""
     lines = [f"size check: {model.name}, plan {plan.name} ({len(rows)} parts), "
              f"tolerance {plan.tolerance_pct}%", head + "  verdict"]
     for r in rows:
@@ -139,15 +139,15 @@ def format_table(model: Model, plan: Plan, rows: list) -> str:
         line = (f"{r.expectation.part.index:>5}  {r.expectation.content:<28}{_mib(r.actual):>11}"
                 f"{_mib(r.expectation.packed):>13}{dev:>8}")
         if has_measured:
-            line += f"{r.measured_mib:>10.1f}" if r.measured_mib is not None else f"{'-':>10}"
+            line += f"{r.measured_mib:>14.1f}" if r.measured_mib is not None else f"{'-':>14}"
         lines.append(line + f"  {r.verdict}")
     total_actual = sum(r.actual or 0 for r in rows)
     total_expected = sum(r.expectation.packed for r in rows)
     line = f"{'total':>5}  {'':<28}{_mib(total_actual):>11}{_mib(total_expected):>13}" \
            f"{100.0 * (total_actual - total_expected) / total_expected:>+8.2f}"
     if plan.expected_total_mib:
-        line += f"{plan.expected_total_mib:>10.1f}" if has_measured else \
-            f"   (seed measured {plan.expected_total_mib:.1f})"
+        line += f"{plan.expected_total_mib:>14.1f}" if has_measured else \
+            f"   (a known-good build measured {plan.expected_total_mib:.1f})"
     lines.append(line)
     return "\n".join(lines)
 

@@ -42,7 +42,6 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from hexbundle.config.build import BuildConfig
 from hexbundle.support.errors import VerifyError
 from hexbundle.config.layout import Layout
 from hexbundle.support.atomic import write_json
@@ -58,10 +57,11 @@ RUNTIME_SOURCES = ("runtime/conventions.py", "runtime/sessions.py", "runtime/int
 # ============================================================================ the bundle's runtime config
 
 
-def check_runtime_settings(cfg: BuildConfig, genie: GenieSettings) -> None:
+def check_runtime_settings(layout: Layout, genie: GenieSettings) -> None:
     """The values the runtime builds its inputs from must be the ones the model was exported
     with. (A wrong rope-theta barely moves a random-weight model's numbers, so it is compared
     here rather than left to the cosines.)"""
+    cfg = layout.cfg
     a = cfg.model.architecture
     htp = "dialog.engine.backend.QnnHtp"
     pairs = [("dialog.context.size", genie.context_size, "graphs.context_length",
@@ -70,7 +70,7 @@ def check_runtime_settings(cfg: BuildConfig, genie: GenieSettings) -> None:
              (f"{htp}.rope-theta", genie.rope_theta, "architecture.rope_theta", a.rope_theta),
              (f"{htp}.pos-id-dim", genie.pos_id_dim, "architecture.head_dim / 2", a.pos_id_dim),
              (f"{htp}.kv-dim", genie.head_dim, "architecture.head_dim", a.head_dim)]
-    wrong = [f"'{key}' is {got} but {Layout(cfg).model_config_path.name} {source} is {want}"
+    wrong = [f"'{key}' is {got} but {layout.model_config_path.name} {source} is {want}"
              for key, got, source, want in pairs if got != want]
     if wrong:
         raise VerifyError(f"{genie.path}: {'; '.join(wrong)}: the runtime would build its "
@@ -253,7 +253,7 @@ def compare_bundle_with_onnx(layout: Layout, bundle_dir: Optional[Path] = None,
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
     v = cfg.verify
     genie = read_genie_config(bundle_dir)
-    check_runtime_settings(cfg, genie)
+    check_runtime_settings(layout, genie)
     rope = rope_settings(genie)
     opened = open_bundle_parts(cfg, genie)
     n_prompt, total = v["prompt_tokens"], v["prompt_tokens"] + v["decode_steps"]

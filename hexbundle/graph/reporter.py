@@ -5,19 +5,19 @@ from doit.reporter import ConsoleReporter
 
 from hexbundle import __version__
 from hexbundle.backends import describe
-from hexbundle.config.build import BuildConfig
 from hexbundle.config.layout import Layout
 from hexbundle.graph import runguard
 
 _banner = ""
 
 
-def set_banner(cfg: BuildConfig) -> None:
+def set_banner(layout: Layout) -> None:
     global _banner
-    _banner = banner(cfg)
+    _banner = banner(layout)
 
 
-def banner(cfg: BuildConfig) -> str:
+def banner(layout: Layout) -> str:
+    cfg = layout.cfg
     version, deployable = describe(cfg.backend)
     note = "" if deployable else "  [reference backend: open formats, NOT deployable]"
     d = cfg.device
@@ -26,7 +26,7 @@ def banner(cfg: BuildConfig) -> str:
             f"{d.dsp_arch})\n  backend {cfg.backend} ({version}), executor "
             f"{cfg.executor}, weights_packing {cfg.compile['weights_packing']}, weight_sharing "
             f"{cfg.compile['weight_sharing']}{note}\n  output: "
-            f"{Layout(cfg).rel(Layout(cfg).build_dir)}")
+            f"{layout.rel(layout.build_dir)}")
 
 
 class Reporter(ConsoleReporter):

@@ -44,7 +44,7 @@ def load(root: Path):
         sys.exit(3)
     if runguard.command_writes(sys.argv):   # list, help, info: digests stay in memory
         hashing.use_cache(layout.digest_cache)
-    set_banner(cfg)
+    set_banner(layout)
     return cfg, layout, overrides
 
 
