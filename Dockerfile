@@ -1,10 +1,10 @@
 # The hexbundle toolchain image: CPython 3.10, the hashed Python lock, QAIRT (when staged).
 #
-# Built by `doit image` (hexbundle/toolchain/image.py), which assembles the build context itself: this file,
-# requirements/container.lock, the locked wheels (wheelhouse/) and sdk/ (the installer, plus the
-# SDK archive once its sha256 matched the pin). build/ and the project's sources never enter it:
-# the sources are mounted read-only when a step runs. Nothing here reaches a network, except the
-# Python step on a base that lacks python3.10 (see below).
+# Built by `doit image` (hexbundle/toolchain/image.py), which assembles the build context
+# itself: this file, requirements/container.lock, the locked wheels (wheelhouse/) and sdk/ (the
+# installer, plus the SDK archive once its sha256 matched the pin). build/ and the project's
+# sources never enter it: the sources are mounted read-only when a step runs. Nothing here
+# reaches a network, except the Python step on a base that lacks python3.10 (see below).
 
 # Pinned by digest; a site that mirrors its own base passes --build-arg BASE=<its reference>
 # (`doit image --base ...`), e.g. the Debian base made by scripts/make_base_image.sh.
