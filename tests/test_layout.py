@@ -1,0 +1,40 @@
+"""hexbundle.config.layout: every path of a build, from one place."""
+from pathlib import Path
+
+from hexbundle.config.build import load_build
+from hexbundle.config.layout import BUILD_ROOT_ENV, Layout, ProjectLayout, graph_files
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_build_paths_hang_off_the_build_root(monkeypatch, tmp_path):
+    monkeypatch.setenv(BUILD_ROOT_ENV, str(tmp_path / "scratch"))
+    layout = Layout(load_build(ROOT))
+    scratch = (tmp_path / "scratch").resolve()
+    assert layout.build_dir == scratch / "qwen2-tiny" / "iq9075"
+    assert layout.inputs_dir == scratch / "qwen2-tiny" / "inputs"
+    assert layout.state_dir == scratch / ".hexbundle"
+    assert layout.doit_db() == scratch / ".hexbundle" / "doit-db.json"
+    assert layout.release_archive == scratch / "release" / "qwen2-tiny-iq9075-four.tar.gz"
+    # the toolchain image is recorded in the project's own build/, whatever the build root
+    assert layout.image_record == ROOT / "build" / "image" / "image.json"
+    # manifests record "build/..." wherever the build root is
+    assert layout.logical(layout.bundle_dir) == "build/qwen2-tiny/iq9075/bundle"
+
+
+def test_an_exported_model_reads_its_inputs_where_its_config_says():
+    layout = Layout(load_build(ROOT, {"model": "qwen2.5-7b-instruct"}))
+    assert layout.inputs_dir == ROOT / "exports" / "qwen2.5-7b-instruct"
+    part = layout.cfg.part(1)
+    graph = layout.cfg.model.graphs(part)[0]
+    assert layout.graph_inputs(graph) == list(graph_files(layout.inputs_dir, graph))
+    assert [p.suffix for p in layout.graph_inputs(graph)] == [".onnx", ".data", ".encodings"]
+    assert layout.all_inputs()[-1] == layout.inputs_dir / "tokenizer.json"
+
+
+def test_project_paths_need_no_build_config(tmp_path):
+    project = ProjectLayout(tmp_path, tmp_path / "b")
+    assert project.model_config("m") == tmp_path.resolve() / "configs" / "models" / "m.toml"
+    assert project.script("step.py") == tmp_path.resolve() / "scripts" / "step.py"
+    assert project.rel(tmp_path / "configs" / "x.toml") == "configs/x.toml"
+    assert project.rel("/elsewhere/y") == "/elsewhere/y"
