@@ -3,8 +3,8 @@ import json
 import os
 import shutil
 
-import onnx
 import numpy as np
+import onnx
 
 from hexbundle.formats.ctxbin import read_ctxbin
 

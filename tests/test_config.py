@@ -3,7 +3,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hexbundle.config.build import BUILD_SCHEMA, MODEL_SCHEMA, load_build
 from hexbundle.config.schema import validate

@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from conftest import copy_project, default_sigint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,9 +217,9 @@ def test_a_missing_image_says_to_run_doit_image(engine, project):
 def test_a_step_container_is_isolated(engine, toolchain_image, tmp_path):
     """The run options of a step, on a probe command: read-only sources, writable build root,
     no network, no capabilities, the given uid, an environment of our own."""
-    from hexbundle.steps import docker_executor as container
     from hexbundle.config.build import load_build
     from hexbundle.config.layout import Layout
+    from hexbundle.steps import docker_executor as container
     proj = copy_project(tmp_path / "proj")
     layout = Layout(load_build(proj.root))
     (proj.root / "build").mkdir()
@@ -263,9 +264,9 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
     """A user's build dir owned by that user: the step writes as them (here uid 4321)."""
     if os.getuid() != 0:
         pytest.skip("needs root to hand a build directory to another uid")
-    from hexbundle.steps import docker_executor as container
     from hexbundle.config.build import load_build
     from hexbundle.config.layout import Layout
+    from hexbundle.steps import docker_executor as container
     from hexbundle.steps.executor import step_spec
     proj = copy_project(tmp_path / "proj")
     shutil.copytree(built.root / "build", proj.root / "build", symlinks=True)

@@ -9,12 +9,12 @@ import onnx
 import pytest
 from onnx import helper
 
-from hexbundle.support.errors import BackendError, FormatError
 from hexbundle.formats.container import (ALIGN, PREAMBLE, GraphInfo, IoSpec, QuantParams, Tensor,
-                                        container_size, pack_uint4, tensor_blob_nbytes,
-                                        unpack_uint4)
+                                         container_size, pack_uint4, tensor_blob_nbytes,
+                                         unpack_uint4)
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
 from hexbundle.formats.dlc import DlcGraph, read_dlc, write_dlc
+from hexbundle.support.errors import BackendError, FormatError
 
 PRODUCER = {"name": "test", "version": "0"}
 DEVICE = {"soc_model": 77, "dsp_arch": "v73"}

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hexbundle.inputs import generate, synthetic
 from hexbundle.config.build import load_model
-from hexbundle.support.errors import DiskSpaceError
 from hexbundle.config.model import Architecture, Model, Plan, Quantization
+from hexbundle.inputs import generate, synthetic
+from hexbundle.support.errors import DiskSpaceError
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 3

@@ -5,10 +5,11 @@ import re
 import subprocess
 import sys
 
+from test_verify import set_toml
+
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout
 from hexbundle.runtime.generation import generate_text as library_generate
-from test_verify import set_toml
 
 
 def generate(project, *args):

@@ -17,10 +17,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, get_backend
-from hexbundle.support.errors import BackendError, EncodingsError, InputError
 from hexbundle.formats.container import ALIGN, PREAMBLE, container_size, tensor_blob_nbytes
 from hexbundle.formats.ctxbin import read_ctxbin
 from hexbundle.formats.dlc import read_dlc
+from hexbundle.support.errors import BackendError, EncodingsError, InputError
 
 VOCAB, HIDDEN, FFN, HEAD = 128, 64, 256, 96
 PROMPT = "prompt_ar4_cl16_1_of_1"

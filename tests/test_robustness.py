@@ -21,17 +21,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import DoitRun, copy_project, default_sigint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hexbundle.graph import runguard
-from hexbundle.support.atomic import exchange_dirs, is_temp_name, swap_in
+from conftest import DoitRun, copy_project, default_sigint
 from hexbundle.config.build import BUILD_SCHEMA, load_build
 from hexbundle.config.schema import read_toml
-from hexbundle.support.errors import ConfigError
 from hexbundle.formats.encodings import EncodingsError, load_encodings
 from hexbundle.formats.manifest import BundleIntegrityError, verify_bundle_files
+from hexbundle.graph import runguard
+from hexbundle.support.atomic import exchange_dirs, is_temp_name, swap_in
+from hexbundle.support.errors import ConfigError
 
 BIN2 = "qwen2_tiny_part_2_of_4.bin"
 WAIT_S = 120   # upper bound for a held run to reach its pause point (a safety net, not a timing)

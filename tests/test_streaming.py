@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hexbundle.inputs import generate
-from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, get_backend
-from hexbundle.backends import reference
+from hexbundle.backends import (CompileOptions, ConvertOptions, DeviceOptions, get_backend,
+                                reference)
+from hexbundle.config.model import Architecture, Model, Plan, Quantization
 from hexbundle.formats import container
 from hexbundle.formats.container import GraphInfo, QuantParams, Tensor, TensorStream
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
-from hexbundle.config.model import Architecture, Model, Plan, Quantization
+from hexbundle.inputs import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = DeviceOptions(soc_model=77, dsp_arch="v73")

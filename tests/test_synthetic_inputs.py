@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from hexbundle.config.model import Architecture, Model, Plan, Quantization
 from hexbundle.inputs import synthetic
 from hexbundle.runtime.conventions import MASK_VALUE, causal_mask, rope_inputs
-from hexbundle.config.model import Architecture, Model, Plan, Quantization
 
 SEED = 7
 SPECIALS = {"bos": "<|im_start|>", "eos": "<|im_end|>", "eot": "<|endoftext|>"}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hexbundle.toolchain import image, wheelhouse
-from hexbundle.config import toolchain
 from hexbundle.backends import describe
+from hexbundle.config import toolchain
 from hexbundle.support.errors import ConfigError, ToolchainError
+from hexbundle.toolchain import image, wheelhouse
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN_SDK = Path(__file__).resolve().parent / "standin_qairt"

@@ -16,14 +16,14 @@ import onnxruntime
 import pytest
 from onnx import helper, numpy_helper
 
+from hexbundle.checks.verify import RUNTIME_SOURCES, compare_bundle_with_onnx
 from hexbundle.config.build import load_build
-from hexbundle.support.errors import ConfigError, VerifyError
+from hexbundle.config.layout import Layout
 from hexbundle.formats.container import QuantParams, Tensor
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
-from hexbundle.config.layout import Layout
 from hexbundle.runtime.conventions import causal_mask, rope_inputs
 from hexbundle.runtime.interpreter import GraphRunner
-from hexbundle.checks.verify import RUNTIME_SOURCES, compare_bundle_with_onnx
+from hexbundle.support.errors import ConfigError, VerifyError
 
 PARTS = 4
 PACKAGE = Path(__file__).resolve().parent.parent / "hexbundle"

@@ -58,7 +58,7 @@ _BACKENDS = {
 
 
 def reference_toolchain_version() -> str:
-    from hexbundle.formats.container import FORMAT_VERSION   # numpy: only when asked
+    from hexbundle.formats.container import FORMAT_VERSION  # numpy: only when asked
     return f"hexbundle-reference {__version__} format {FORMAT_VERSION}"
 
 

@@ -46,10 +46,10 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from hexbundle.backends import CompileOptions, ConvertOptions
+from hexbundle.config.toolchain import load_toolchain, require_pinned_sdk
 from hexbundle.support.atomic import output_path, temp_dir
 from hexbundle.support.errors import BackendError
-from hexbundle.config.toolchain import load_toolchain, require_pinned_sdk
-from hexbundle.backends import CompileOptions, ConvertOptions
 
 MARKERS = ("Unknown Key", "[ ERROR ]")   # a line with either fails the step
 SHOWN_FLAGGED = 10

@@ -20,13 +20,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from hexbundle.formats.encodings import Encodings, ParamEncoding, load_encodings
-from hexbundle.support.errors import BackendError, EncodingsError, InputError
+from hexbundle.backends import CompileOptions, ConvertOptions, reference_toolchain_version
 from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, IoSpec, QuantParams,
-                                        TensorStream, activation_encodings_json)
+                                         TensorStream, activation_encodings_json)
 from hexbundle.formats.ctxbin import CtxGraph, write_ctxbin
 from hexbundle.formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
-from hexbundle.backends import CompileOptions, ConvertOptions, reference_toolchain_version
+from hexbundle.formats.encodings import Encodings, ParamEncoding, load_encodings
+from hexbundle.support.errors import BackendError, EncodingsError, InputError
 
 # Inputs through which an initializer acts as a layer weight (op type -> input indices).
 LINEAR_WEIGHT_INPUTS = {"MatMul": (0, 1), "Gemm": (0, 1), "Gather": (0,), "Conv": (1,)}

@@ -30,11 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from hexbundle.config.build import load_build
+from hexbundle.config.layout import BUILD_ROOT_ENV, MD5_DOIT_DB, Layout, ProjectLayout, dlc_name
 from hexbundle.support import hashing
 from hexbundle.support.atomic import atomic_output, output_path
-from hexbundle.config.build import load_build
-from hexbundle.config.layout import (BUILD_ROOT_ENV, MD5_DOIT_DB, Layout, ProjectLayout,
-                                     dlc_name)
 from hexbundle.support.errors import HexbundleError
 
 FULL_MODEL = "qwen2.5-7b-shape"
@@ -167,8 +166,8 @@ class Bench:
 
     def check_disk(self) -> None:
         """Refuse before anything is written: inputs, DLCs, bins and the backend row's scratch."""
-        from hexbundle.inputs import generate
         from hexbundle.checks import sizes
+        from hexbundle.inputs import generate
         model = self.cfg.model
         inputs = sum(generate.part_disk_bytes(model, p)
                      for p in generate.missing_parts(model, self.parts, self.layout.inputs_dir))
@@ -507,6 +506,7 @@ def format_table(results: dict) -> str:
 
 def machine() -> dict:
     from importlib.metadata import version
+
     import numpy
     cpu = platform.processor() or "?"
     try:

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hexbundle.config.layout import Layout
+from hexbundle.config.model import Model, Part, Plan, WeightSpec, part_weights
+from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, container_size,
+                                         tensor_blob_nbytes)
 from hexbundle.support.console import say
 from hexbundle.support.errors import SizeError
-from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, container_size,
-                                        tensor_blob_nbytes)
-from hexbundle.config.model import Model, Part, Plan, WeightSpec, part_weights
 
 MIB = 1 << 20
 

@@ -42,12 +42,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from hexbundle.support.errors import VerifyError
 from hexbundle.config.layout import Layout
-from hexbundle.support.atomic import write_json
 from hexbundle.formats.genie import GenieSettings, read_genie_config
 from hexbundle.runtime.parts import bundle_session, onnx_session, open_bundle_parts, rope_settings
 from hexbundle.support import hashing
+from hexbundle.support.atomic import write_json
+from hexbundle.support.errors import VerifyError
 
 # verify reruns when these change: every runtime module it runs, and this one
 RUNTIME_SOURCES = ("runtime/conventions.py", "runtime/sessions.py", "runtime/interpreter.py",

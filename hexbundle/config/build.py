@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hexbundle.config.layout import ProjectLayout
-from hexbundle.config.schema import Field, check_value, read_toml
-from hexbundle.support.errors import ConfigError
 from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
                                     pipeline_order_problem)
+from hexbundle.config.schema import Field, check_value, read_toml
+from hexbundle.support.errors import ConfigError
 
 BACKENDS = ("reference", "qairt")
 EXECUTORS = ("local", "docker")

@@ -16,11 +16,11 @@ import numpy as np
 import onnx
 import xxhash
 
-from hexbundle.support.errors import BackendError, FormatError
 from hexbundle.formats.container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo,
-                                        QuantParams, TensorRecord, dequantize, encode_tensor,
-                                        parse_graph_record, parse_tensor_record,
-                                        tensor_quant_params, tensor_values)
+                                         QuantParams, TensorRecord, dequantize, encode_tensor,
+                                         parse_graph_record, parse_tensor_record,
+                                         tensor_quant_params, tensor_values)
+from hexbundle.support.errors import BackendError, FormatError
 
 CTXBIN_MAGIC = b"HXCTXBIN"
 

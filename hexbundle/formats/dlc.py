@@ -13,11 +13,11 @@ from typing import Iterable, Union
 import numpy as np
 import onnx
 
-from hexbundle.support.errors import FormatError
 from hexbundle.formats.container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo,
-                                        Tensor, TensorRecord, TensorStream, dequantize,
-                                        encode_tensor, parse_graph_record, parse_tensor_record,
-                                        tensor_quant_params, tensor_values)
+                                         Tensor, TensorRecord, TensorStream, dequantize,
+                                         encode_tensor, parse_graph_record, parse_tensor_record,
+                                         tensor_quant_params, tensor_values)
+from hexbundle.support.errors import FormatError
 
 DLC_MAGIC = b"HXDLC\0\0\0"
 TOPOLOGY_BLOB = "topology"

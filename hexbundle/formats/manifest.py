@@ -13,7 +13,6 @@ from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import file_digest
 
-
 MANIFEST_FORMAT = 1
 
 

@@ -13,9 +13,8 @@ import sys
 from doit.dependency import FileChangedChecker
 
 from hexbundle.config.layout import MD5_DOIT_DB
-from hexbundle.support.hashing import TRACE_ENV, stat_key
 from hexbundle.support import hashing
-
+from hexbundle.support.hashing import TRACE_ENV, stat_key
 
 
 class XXH3Checker(FileChangedChecker):

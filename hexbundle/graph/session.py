@@ -10,13 +10,13 @@ from pathlib import Path
 
 from doit import doit_cmd
 
-from hexbundle.support import hashing
-from hexbundle.graph import runguard
 from hexbundle.config.build import load_build
-from hexbundle.support.errors import HexbundleError
 from hexbundle.config.layout import DOIT_DB, Layout
+from hexbundle.graph import runguard
 from hexbundle.graph.checker import XXH3Checker, comparison_checker
 from hexbundle.graph.reporter import Reporter, set_banner
+from hexbundle.support import hashing
+from hexbundle.support.errors import HexbundleError
 
 # Benchmark only: "md5" runs the same task graph with doit's stock MD5 checker and a DB of its
 # own (scripts/bench.py compares the two). Builds never set it.
@@ -37,13 +37,13 @@ def load(root: Path):
         print(f"hexbundle: {exc}", file=sys.stderr)
         sys.exit(3)
     layout = Layout(cfg)
-    try:   # for commands that run tasks: the build lock, clean-up after a killed run, a crash-safe dependency DB
-        runguard.guard_run(layout, sys.argv)
-    except HexbundleError as exc:
-        print(f"hexbundle: {exc}", file=sys.stderr)
-        sys.exit(3)
-    if runguard.command_writes(sys.argv):   # list, help, info: digests stay in memory
-        hashing.use_cache(layout.digest_cache)
+    if runguard.command_writes(sys.argv):   # not list, help, info: those leave no trace
+        try:   # the build lock, clean-up after a killed run, a crash-safe dependency DB
+            runguard.guard_run(layout, sys.argv)
+        except HexbundleError as exc:
+            print(f"hexbundle: {exc}", file=sys.stderr)
+            sys.exit(3)
+        hashing.use_cache(layout.digest_cache)   # else digests stay in memory
     set_banner(layout)
     return cfg, layout, overrides
 

@@ -26,11 +26,11 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
+from hexbundle.config.build import load_model, resolve_inside
+from hexbundle.config.layout import TOKENIZER, Layout, ProjectLayout, graph_files
+from hexbundle.config.model import Model, Part, part_weights
 from hexbundle.support.atomic import output_path
 from hexbundle.support.errors import ConfigError, DiskSpaceError, InputError
-from hexbundle.config.layout import TOKENIZER, Layout, ProjectLayout, graph_files
-from hexbundle.config.build import load_model, resolve_inside
-from hexbundle.config.model import Model, Part, part_weights
 
 CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
 DATA_ALIGNMENT = 64             # = synthetic.DATA_ALIGNMENT (kept here so sizing needs no onnx)

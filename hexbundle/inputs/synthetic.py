@@ -41,13 +41,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from hexbundle.support.atomic import atomic_output
 from hexbundle.config.layout import graph_files
 from hexbundle.config.model import Graph, Model, Part, boundary_tensor, part_weights
 from hexbundle.runtime.conventions import (ATTENTION_MASK, KEY_PREFIX, KEY_SEQ_AXIS, MASK_VALUE,
                                            POSITION_COS, POSITION_SIN, VALUE_SEQ_AXIS, is_kv,
-                                           key_shape, kv_names, mask_shape, past_slots,
-                                           rope_shape, value_shape)
+                                           key_shape, kv_names, mask_shape, past_slots, rope_shape,
+                                           value_shape)
+from hexbundle.support.atomic import atomic_output
 
 OPSET = 17
 IR_VERSION = 8              # pinned: onnx.helper would stamp the installed onnx's newest IR

@@ -172,7 +172,7 @@ def install_host_wheels(kit: Path, venv: Path, log=print) -> Path:
 
 
 def load_images(kit: Path, doc: dict, log=print) -> None:
-    import docker   # installed by now (host wheels), or already there under doit
+    import docker  # installed by now (host wheels), or already there under doit
     try:
         client = docker.from_env()
         client.ping()

@@ -10,15 +10,15 @@ import tarfile
 from pathlib import Path
 
 from hexbundle import __version__
+from hexbundle.config.layout import Layout
+from hexbundle.config.toolchain import load_toolchain
+from hexbundle.release.kit import KitError, load_kit, write_kit_json, write_sums
 from hexbundle.support.atomic import output_path, staged_dir
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import sha256_file
-from hexbundle.config.toolchain import load_toolchain
-from hexbundle.release.kit import KitError, load_kit, write_kit_json, write_sums
 from hexbundle.toolchain.docker import docker_client
 from hexbundle.toolchain.image import read_record
-from hexbundle.config.layout import Layout
 
 # Not carried into the kit's source/: outputs, exports and the staged SDK (top-level directories
 # only: hexbundle/toolchain/ is source), and caches wherever they are.

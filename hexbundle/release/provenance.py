@@ -23,7 +23,7 @@ def image_used(layout: Layout) -> dict:
         from docker.errors import DockerException
     except ImportError:
         return {"tag": tc.image_tag, "id": image_id, "labels": labels}
-    from hexbundle.toolchain.docker import docker_client   # the docker SDK is optional here
+    from hexbundle.toolchain.docker import docker_client  # the docker SDK is optional here
     try:
         image = docker_client().images.get(image_id or tc.image_tag)
         image_id, labels = image.id, dict(image.labels or {})

@@ -22,14 +22,13 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from hexbundle.config.build import BuildConfig
+from hexbundle.config.layout import BUILD_ROOT_ENV, RELEASE_PROVENANCE, Layout
+from hexbundle.release.provenance import provenance
 from hexbundle.support import hashing
 from hexbundle.support.atomic import atomic_output, write_atomic
-from hexbundle.support.hashing import sha256_file
-from hexbundle.config.build import BuildConfig
-from hexbundle.config.layout import BUILD_ROOT_ENV
 from hexbundle.support.errors import HexbundleError
-from hexbundle.config.layout import RELEASE_PROVENANCE, Layout
-from hexbundle.release.provenance import provenance
+from hexbundle.support.hashing import sha256_file
 
 MIN_ZIP_EPOCH = 315532800  # 1980-01-01: the earliest time zip and some tar tools can hold
 

@@ -34,10 +34,10 @@ from typing import Callable, Optional
 import numpy as np
 from onnx import numpy_helper
 
-from hexbundle.support.errors import VerifyError
 from hexbundle.formats.container import QuantParams, dequantize
 from hexbundle.formats.ctxbin import CtxBinReader
 from hexbundle.runtime.sessions import IoInfo
+from hexbundle.support.errors import VerifyError
 
 BLOCK_ELEMENTS = 1 << 22     # floats dequantized at a time for MatMul by a weight (16 MiB)
 

@@ -12,9 +12,9 @@ import threading
 import time
 from pathlib import Path
 
+from hexbundle.config.layout import Layout
 from hexbundle.support.console import say
 from hexbundle.support.errors import StepFailed
-from hexbundle.config.layout import Layout
 
 PROGRESS_EVERY_S = 15.0
 TAIL_LINES = 40

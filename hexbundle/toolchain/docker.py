@@ -15,9 +15,8 @@ LONG_TIMEOUT_S = 24 * 3600
 def docker_client(timeout: int = QUERY_TIMEOUT_S):
     """A client of an engine that answers, or an error saying how to get one."""
     try:
-        from docker.errors import DockerException
-
         import docker
+        from docker.errors import DockerException
     except ImportError:
         raise ToolchainError("the docker Python package is missing (pip install 'docker>=7.1'); "
                              "or build with executor = \"local\"") from None

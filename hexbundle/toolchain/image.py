@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hexbundle.support.errors import HexbundleError, ToolchainError
-from hexbundle.support.hashing import sha256_file
 from hexbundle.config.layout import ProjectLayout
 from hexbundle.config.toolchain import Toolchain, load_toolchain, project_root, staged_sdk
 from hexbundle.support.atomic import write_atomic
+from hexbundle.support.errors import HexbundleError, ToolchainError
+from hexbundle.support.hashing import sha256_file
 
 CONTEXT_MTIME = 315532800          # 1980-01-01: fixed entry times in the context tar
 # The installer of the source tree this package runs from (a project root may hold configs only).

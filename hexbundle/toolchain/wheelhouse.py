@@ -21,10 +21,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hexbundle.config.toolchain import Toolchain, load_toolchain
 from hexbundle.support.atomic import atomic_output, commit, temp_dir
 from hexbundle.support.errors import HexbundleError, ToolchainError
 from hexbundle.support.hashing import sha256_file
-from hexbundle.config.toolchain import Toolchain, load_toolchain
 
 SUMS = "SHA256SUMS"   # written into the wheelhouse: what `doit wheelhouse` produced
 
