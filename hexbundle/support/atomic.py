@@ -142,6 +142,20 @@ def _new_temp_dir(near: Path, target: str, mode: int) -> Path:
 # files
 
 @contextlib.contextmanager
+def _failing_cleanly(path: Path, user_errors: bool, tmp: Optional[Path] = None):
+    """On any failure in the body: the temp `tmp` (if any) is removed, and with user_errors an
+    OSError (full disk, file-size limit) becomes an OutputError naming `path`."""
+    try:
+        yield
+    except BaseException as exc:
+        if tmp is not None:
+            discard(tmp)
+        if user_errors and isinstance(exc, OSError):
+            raise output_error(path, exc) from None
+        raise
+
+
+@contextlib.contextmanager
 def atomic_output(path, mode: str = "wb", user_errors: bool = True, *, sync: bool = True,
                   perms: Optional[int] = 0o644):
     """Yield a file object; on success it replaces `path`, on any failure nothing is left.
@@ -150,14 +164,10 @@ def atomic_output(path, mode: str = "wb", user_errors: bool = True, *, sync: boo
     sync: fsync the file before the rename. perms: the file's mode (None: the umask decides).
     """
     path = Path(path)
-    try:
+    with _failing_cleanly(path, user_errors):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = create_temp(path)
-    except OSError as exc:
-        if user_errors:
-            raise output_error(path, exc) from None
-        raise
-    try:
+    with _failing_cleanly(path, user_errors, tmp):
         with os.fdopen(fd, mode) as fh:
             yield fh
             if sync:
@@ -166,11 +176,6 @@ def atomic_output(path, mode: str = "wb", user_errors: bool = True, *, sync: boo
         if perms is not None:
             os.chmod(tmp, perms)
         commit(tmp, path)
-    except BaseException as exc:
-        discard(tmp)
-        if user_errors and isinstance(exc, OSError):
-            raise output_error(path, exc) from None
-        raise
 
 
 @contextlib.contextmanager
@@ -184,25 +189,17 @@ def output_path(path, user_errors: bool = True, *, sync: bool = True, same_name:
     """
     path = Path(path)
     holder = None
-    try:
+    with _failing_cleanly(path, user_errors):
         path.parent.mkdir(parents=True, exist_ok=True)
         if same_name:
             holder = _new_temp_dir(path.parent, path.name, 0o700)
-    except OSError as exc:
-        if user_errors:
-            raise output_error(path, exc) from None
-        raise
     tmp = holder / path.name if holder else path.with_name(temp_name(path.name))
     try:
-        yield tmp
-        if sync:
-            _fsync_file(tmp)
-        commit(tmp, path)
-    except BaseException as exc:
-        discard(tmp)
-        if user_errors and isinstance(exc, OSError):
-            raise output_error(path, exc) from None
-        raise
+        with _failing_cleanly(path, user_errors, tmp):
+            yield tmp
+            if sync:
+                _fsync_file(tmp)
+            commit(tmp, path)
     finally:
         if holder is not None:
             discard(holder)
