@@ -495,9 +495,6 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
     def synthetic_input():   # inputs.synthetic (and inputs.generate's streamed .data): open_input_file
         synthetic.write_input_file(d / "inputs" / "prompt.onnx", b"onnx")
 
-    def generated_hard_link():   # inputs.generate: the token graph's .data, a link to the prompt's
-        generate.link_same_bytes(data, d / "inputs" / "token.data")
-
     def qairt_outputs():   # backends.qairt: the SDK's save path and its scratch directory
         with qairt.output_file(d / "dlc" / "g.dlc") as tmp, qairt.scratch_dir(d / "dlc") as s:
             (s / "sdk-scratch").write_text("scratch")
@@ -535,7 +532,7 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
             os.kill(os.getpid(), signal.SIGKILL)
 
     writers = [(generic_json, 1), (container_bin, 0), (bundle_staging, 0),
-               (bundle_swap_cut_in_half, 2), (synthetic_input, 1), (generated_hard_link, 1),
+               (bundle_swap_cut_in_half, 2), (synthetic_input, 1),
                (qairt_outputs, 0), (digest_cache, 1), (doit_db, 1), (wheelhouse_sums, 1),
                (wheelhouse_resolve, 0), (bench_results, 1), (offline_kit_tar, 1),
                (offline_kit_staging, 0)]
@@ -585,6 +582,7 @@ def test_a_second_run_waits_for_the_first_and_never_corrupts_the_db(project, tmp
 
 EXPORT = "qwen2-tiny-export"
 P2, T2 = "prompt_ar128_cl256_2_of_4", "token_ar1_cl256_2_of_4"
+D2 = "part_2_of_4"   # the part's one data file, recorded by both graphs
 
 
 @pytest.fixture(scope="module")
@@ -652,9 +650,9 @@ BAD_INPUTS = {
                        [f"{P2}.onnx: cannot parse ONNX model", "re-export it"]),
     "onnx-garbage": (lambda p: _ex(p, f"{P2}.onnx").write_bytes(bytes(range(256)) * 16),
                      [f"{P2}.onnx: cannot parse ONNX model", "re-export it"]),
-    "data-missing": (lambda p: _ex(p, f"{P2}.data").unlink(),
-                     [f"exports/qwen2-tiny/{P2}.data", "How to produce them"]),
-    "data-short": (lambda p: _ex(p, f"{P2}.data").write_bytes(_ex(p, f"{P2}.data").read_bytes()[:100000]),
+    "data-missing": (lambda p: _ex(p, f"{D2}.data").unlink(),
+                     [f"exports/qwen2-tiny/{D2}.data", "How to produce them"]),
+    "data-short": (lambda p: _ex(p, f"{D2}.data").write_bytes(_ex(p, f"{D2}.data").read_bytes()[:100000]),
                    [f"{P2}.onnx: tensor 'model.layers.0.self_attn.v_proj.weight'", "has only 100000",
                     "truncated or from another export"]),
     "encodings-malformed": (lambda p: _ex(p, f"{P2}.encodings").write_text('{"version": "1.0.0",'),

@@ -227,8 +227,7 @@ def test_prompt_and_token_graphs_share_identical_weights(model, parts, out_dir):
         prompt, token = (load_initializers(out_dir / f"{g.name}.onnx") for g in model.graphs(part))
         for name in synthetic.weight_names(model, part):
             assert prompt[name].tobytes() == token[name].tobytes(), name
-        data = [(out_dir / f"{g.name}.data").read_bytes() for g in model.graphs(part)]
-        assert data[0] == data[1]
+        assert len({g.part.tag for g in model.graphs(part)}) == 1   # one .data, both record it
 
 
 def test_weights_do_not_depend_on_the_plan():
@@ -377,11 +376,11 @@ def test_another_seed_gives_other_weights(model, parts, tmp_path):
     assert a[1].read_bytes() != b[1].read_bytes()
 
 
-def test_part_files_lists_onnx_data_encodings_per_graph(model, parts, tmp_path):
+def test_part_files_lists_onnx_encodings_per_graph_and_the_parts_one_data(model, parts, tmp_path):
     names = [p.name for p in synthetic.part_files(model, parts[2], tmp_path)]
-    assert names == ["prompt_ar128_cl160_3_of_3.onnx", "prompt_ar128_cl160_3_of_3.data",
+    assert names == ["prompt_ar128_cl160_3_of_3.onnx", "part_3_of_3.data",
                      "prompt_ar128_cl160_3_of_3.encodings", "token_ar1_cl160_3_of_3.onnx",
-                     "token_ar1_cl160_3_of_3.data", "token_ar1_cl160_3_of_3.encodings"]
+                     "token_ar1_cl160_3_of_3.encodings"]
 
 
 # --------------------------------------------------------------------------- 6. tokenizer

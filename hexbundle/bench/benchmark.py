@@ -148,7 +148,7 @@ class Bench:
         return self.layout.all_inputs()
 
     def distinct_data_files(self) -> list:
-        """The inputs' .data files, one name per inode (the token graph's is a hard link)."""
+        """The inputs' .data files, one name per inode (a part's graphs share one file)."""
         seen, out = set(), []
         for path in self.input_files():
             if path.suffix == ".data":

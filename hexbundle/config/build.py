@@ -72,6 +72,15 @@ VERIFY_SCHEMA = {
                                         doc="a part's token graph vs its prompt graph, same input"),
 }
 
+INPUT_SOURCES = ("generated", "export", "qai-hub-models")
+SPLITS = ("export", "local")
+# One graph of an export: paths relative to inputs.dir, exactly as the export wrote them.
+GRAPH_FILES_SCHEMA = {
+    "onnx": Field(str),
+    "data": Field(list, [], item=str, doc="the external-data files the ONNX records"),
+    "encodings": Field(str),
+}
+
 MODEL_SCHEMA = {
     "model": Field({
         "name": Field(str, pattern=NAME),
@@ -108,10 +117,21 @@ MODEL_SCHEMA = {
         "eot": Field(str),
     }),
     "inputs": Field({
-        "source": Field(str, choices=("generated", "export")),
+        "source": Field(str, choices=INPUT_SOURCES,
+                        doc="generated; export (a flat dir of <graph>.onnx/.data/.encodings); "
+                            "qai-hub-models (an export tree, written by `doit import_export`)"),
         "seed": Field(int, 0, min=0, doc="generated inputs: random seed"),
-        "dir": Field(str, "", doc="export inputs: directory with <graph>.onnx/.data/.encodings"),
+        "dir": Field(str, "", doc="export inputs: the export's directory"),
         "how_to_export": Field(str, "", doc="printed when an export input is missing"),
+        "layout": Field(str, "", doc="qai-hub-models: the layout the import found (a note)"),
+        "split": Field(str, "export", choices=SPLITS,
+                       doc="qai-hub-models: use the export's parts, or split its unsplit "
+                           "graphs locally (under the build root)"),
+        "tokenizer": Field(str, "", doc="qai-hub-models: tokenizer.json, relative to dir"),
+        "graphs": Field({"*": Field(GRAPH_FILES_SCHEMA)}, {},
+                        doc="qai-hub-models, split = export: graph name -> its files"),
+        "unsplit": Field({"*": Field(GRAPH_FILES_SCHEMA)}, {},
+                         doc="qai-hub-models, split = local: prompt/token -> the unsplit graph"),
         "pins": Field({"*": Field(str, pattern=PIN)}, {},
                       doc="file name in the inputs dir -> 'sha256:<hex>' or 'xxh3_128:<hex>'"),
     }),
@@ -226,6 +246,41 @@ def check_export_dir(root: Path, value: str, where: Path, build_root: Path) -> P
     return path
 
 
+def check_tree_dir(root: Path, value: str, where: Path, build_root: Path) -> Path:
+    """A qai-hub-models export is used in place, wherever it is (read-only; the docker executor
+    mounts it read-only), but never inside the build root, which holds outputs only."""
+    if not value:
+        raise ConfigError(f"{where}: inputs.source is 'qai-hub-models' but inputs.dir is empty; "
+                          "run `doit import_export --dir PATH --name NAME` to write this config")
+    path = (root / value).resolve()
+    if build_root in (path, *path.parents):
+        raise ConfigError(f"{where}: key 'inputs.dir' = {value!r} is inside the build directory "
+                          f"{build_root}, which holds outputs only; keep the export elsewhere")
+    if not path.is_dir():
+        raise ConfigError(f"{where}: key 'inputs.dir' = {value!r}: {path} is not a directory; "
+                          "mount or copy the export there, or re-run `doit import_export`")
+    return path
+
+
+def check_tree_covers_plan(model: Model, plan: Plan, inputs: dict, where: Path) -> None:
+    """The export's own parts serve only the plan they were split for; any other plan needs the
+    local split of the unsplit graphs."""
+    if inputs["split"] == "local":
+        missing = [k for k in ("prompt", "token") if k not in inputs["unsplit"]]
+        if missing:
+            raise ConfigError(f"{where}: inputs.split is 'local' but [inputs.unsplit.{missing[0]}]"
+                              " is missing; re-run `doit import_export`")
+        return
+    for part in plan.parts():
+        for graph in model.graphs(part):
+            if graph.name not in inputs["graphs"]:
+                raise ConfigError(
+                    f"{where}: plan {plan.name!r} needs graph {graph.name!r}, which is not among "
+                    f"the export's parts ([inputs.graphs]); the export was split for plan "
+                    f"{model.default_plan!r}. Build that plan, or re-run `doit import_export` "
+                    "with --plan and an export that has the unsplit graphs (split locally)")
+
+
 def load_socs(root: Path) -> dict:
     path = ProjectLayout(root).socs_config
     data = read_toml(path, SOCS_SCHEMA)["soc"]
@@ -308,8 +363,9 @@ def load_model(root: Path, name: str) -> tuple:
         raise ConfigError(f"{where}: verify.prompt_tokens + verify.decode_steps = "
                           f"{v['prompt_tokens'] + v['decode_steps']} exceeds graphs.context_length "
                           f"{g['context_length']}; lower them")
-    if d["inputs"]["source"] == "export" and not d["inputs"]["dir"]:
-        raise ConfigError(f"{where}: inputs.source is 'export' but inputs.dir is empty")
+    if d["inputs"]["source"] != "generated" and not d["inputs"]["dir"]:
+        raise ConfigError(f"{where}: inputs.source is {d['inputs']['source']!r} but inputs.dir is "
+                          "empty")
     return model, d
 
 
@@ -403,6 +459,9 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
     export_dir = None
     if raw["inputs"]["source"] == "export":
         export_dir = check_export_dir(root, raw["inputs"]["dir"], files[1], project.build_root)
+    elif raw["inputs"]["source"] == "qai-hub-models":
+        export_dir = check_tree_dir(root, raw["inputs"]["dir"], files[1], project.build_root)
+        check_tree_covers_plan(model, plan, raw["inputs"], files[1])
     return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],
                        raw["tokenizer"], raw["inputs"], raw["genie"], files, project.build_root,
                        verify=raw["verify"], export_dir=export_dir)

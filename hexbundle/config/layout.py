@@ -22,6 +22,7 @@ the next are the same string (doit matches them exactly).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from hexbundle.config.model import Graph, Part
@@ -45,9 +46,32 @@ def dlc_name(graph: Graph) -> str:
 
 
 def graph_files(directory: Path, graph: Graph) -> tuple:
-    """(onnx, data, encodings) of a graph in `directory`: the names an export uses, the
-    generators write and the build reads. The .onnx records its .data by this bare name."""
-    return tuple(Path(directory) / f"{graph.name}{suffix}" for suffix in GRAPH_FILE_SUFFIXES)
+    """(onnx, data, encodings) of a graph in a flat directory named by graph: the names the
+    generators and the local split write, and a flat export uses. The .onnx records its .data by
+    this bare name. The data file is the PART's: the prompt and token graphs of a part hold the
+    same weights, so both ONNX record one shared file (as Qualcomm's asset does; never a hard
+    link, which onnx >= 1.21 refuses to load external data from)."""
+    directory = Path(directory)
+    return (directory / f"{graph.name}.onnx", directory / part_data_name(graph.part),
+            directory / f"{graph.name}.encodings")
+
+
+def part_data_name(part: Part) -> str:
+    return f"{part.tag}.data"
+
+
+@dataclass(frozen=True)
+class GraphInputs:
+    """The files one graph is built from: its ONNX, the data files that ONNX records, and its
+    AIMET encodings. Several graphs may name the same data file."""
+
+    onnx: Path
+    data: tuple
+    encodings: Path
+
+    @property
+    def all(self) -> list:
+        return [self.onnx, *self.data, self.encodings]
 
 
 class ProjectLayout:
@@ -232,29 +256,74 @@ class Layout(ProjectLayout):
     def logs_dir(self) -> Path:
         return self.build_dir / "logs"
 
+    @property
+    def split_dir(self) -> Path:
+        """A qai-hub-models export split locally: the parts' files, under the build root."""
+        return self.generated_inputs_dir(self.cfg.model.name)
+
+    @property
+    def is_tree(self) -> bool:
+        return self.cfg.inputs["source"] == "qai-hub-models"
+
+    @property
+    def splits_locally(self) -> bool:
+        return self.is_tree and self.cfg.inputs["split"] == "local"
+
     # files ------------------------------------------------------------------------------
+    def graph_files(self, graph: Graph) -> GraphInputs:
+        """Where a graph's files are: written by hexbundle (generated, split locally) or the
+        export's own files in place, as the import recorded them ([inputs.graphs])."""
+        if self.is_tree and not self.splits_locally:
+            entry = self.cfg.inputs["graphs"][graph.name]
+            return GraphInputs(self.inputs_dir / entry["onnx"],
+                               tuple(self.inputs_dir / d for d in entry["data"]),
+                               self.inputs_dir / entry["encodings"])
+        directory = self.split_dir if self.splits_locally else self.inputs_dir
+        onnx_path, data, encodings = graph_files(directory, graph)
+        return GraphInputs(onnx_path, (data,), encodings)
+
+    def unsplit_files(self, kind: str) -> GraphInputs:
+        """The unsplit prompt or token graph of an export split locally."""
+        entry = self.cfg.inputs["unsplit"][kind]
+        return GraphInputs(self.inputs_dir / entry["onnx"],
+                           tuple(self.inputs_dir / d for d in entry["data"]),
+                           self.inputs_dir / entry["encodings"])
+
     def onnx(self, graph: Graph) -> Path:
-        return graph_files(self.inputs_dir, graph)[0]
+        return self.graph_files(graph).onnx
 
     def onnx_data(self, graph: Graph) -> Path:
-        return graph_files(self.inputs_dir, graph)[1]
+        """The (first) data file the graph's ONNX records."""
+        return self.graph_files(graph).data[0]
 
     def encodings(self, graph: Graph) -> Path:
-        return graph_files(self.inputs_dir, graph)[2]
+        return self.graph_files(graph).encodings
 
     def graph_inputs(self, graph: Graph) -> list:
-        return list(graph_files(self.inputs_dir, graph))
+        return self.graph_files(graph).all
+
+    def part_inputs(self, part: Part) -> list:
+        """The files of a part's graphs, each once (the graphs share their data file)."""
+        return _unique(p for g in self.cfg.model.graphs(part) for p in self.graph_inputs(g))
 
     def all_inputs(self) -> list:
-        """Every input file of the build: each graph's ONNX, .data, .encodings; the tokenizer."""
-        out = []
-        for part in self.cfg.plan.parts():
-            for graph in self.cfg.model.graphs(part):
-                out += self.graph_inputs(graph)
-        return out + [self.tokenizer]
+        """Every input file of the build, each once: the graphs' ONNX, data and encodings (the
+        split parts' files when the export is split locally); the tokenizer."""
+        return _unique([p for part in self.cfg.plan.parts() for p in self.part_inputs(part)]
+                       + [self.tokenizer])
+
+    def source_inputs(self) -> list:
+        """The user's files the build reads: the unsplit graphs when split locally, else the
+        graphs' files; the tokenizer."""
+        if not self.splits_locally:
+            return self.all_inputs()
+        return _unique([p for kind in ("prompt", "token") for p in self.unsplit_files(kind).all]
+                       + [self.tokenizer])
 
     @property
     def tokenizer(self) -> Path:
+        if self.is_tree and self.cfg.inputs["tokenizer"]:
+            return self.inputs_dir / self.cfg.inputs["tokenizer"]
         return self.inputs_dir / TOKENIZER
 
     def dlc(self, graph: Graph) -> Path:
@@ -303,3 +372,12 @@ class Layout(ProjectLayout):
 
     def log(self, task: str) -> Path:
         return self.logs_dir / (task.replace(":", "__") + ".log")
+
+
+def _unique(paths) -> list:
+    out, seen = [], set()
+    for p in paths:
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+    return out

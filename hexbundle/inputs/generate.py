@@ -7,8 +7,9 @@ the same stream, so the values equal a whole-tensor draw), each block is scaled,
 weight's encoding range (per-channel |max| or min/max) and written to the .data file, then
 dropped. The 152064 x 3584 float32 embedding (2.2 GB) costs one block (CHUNK_BYTES) of memory.
 
-The prompt and token graphs of a part hold the same weights, so the token graph's .data is a
-hard link to the prompt graph's: the same bytes once on disk (a real export has two copies).
+The prompt and token graphs of a part hold the same weights, so both ONNX record the part's one
+.data file (as Qualcomm's asset does): the same bytes once on disk, and no hard link (onnx >= 1.21
+refuses external data in a file with more than one link).
 
 Before writing anything the free disk space is checked against what will be written; too little
 is a DiskSpaceError saying how much is needed and how much is free.
@@ -18,7 +19,6 @@ is a DiskSpaceError saying how much is needed and how much is free.
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -29,8 +29,7 @@ import numpy as np
 from hexbundle.config.build import load_model, resolve_inside
 from hexbundle.config.layout import TOKENIZER, Layout, ProjectLayout, graph_files
 from hexbundle.config.model import Model, Part, part_weights
-from hexbundle.support.atomic import output_path
-from hexbundle.support.errors import ConfigError, DiskSpaceError, InputError
+from hexbundle.support.errors import ConfigError, DiskSpaceError
 
 CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
 DATA_ALIGNMENT = 64             # = synthetic.DATA_ALIGNMENT (kept here so sizing needs no onnx)
@@ -45,7 +44,7 @@ DISK_HEADROOM_BYTES = 256 << 20  # keep this much free: logs, doit's database, o
 
 
 def data_bytes(model: Model, part: Part) -> int:
-    """Size of one graph's .data file of the part: float32 weights, DATA_ALIGNMENT-aligned."""
+    """Size of the part's .data file: float32 weights, DATA_ALIGNMENT-aligned."""
     end = 0
     for w in part_weights(model.architecture, model.quantization, part):
         end = -(-end // DATA_ALIGNMENT) * DATA_ALIGNMENT + 4 * math.prod(w.shape)
@@ -53,7 +52,7 @@ def data_bytes(model: Model, part: Part) -> int:
 
 
 def part_disk_bytes(model: Model, part: Part) -> int:
-    """Disk space the part's generated files take (the token .data is a hard link: counted once)."""
+    """Disk space the part's generated files take (one .data shared by both graphs)."""
     channels = sum(w.channels for w in part_weights(model.architecture, model.quantization, part))
     graphs = len(model.graphs(part))
     return data_bytes(model, part) + graphs * (GRAPH_FILES_BYTES + ENCODING_BYTES_PER_CHANNEL * channels)
@@ -122,16 +121,6 @@ def write_data(path: Path, model: Model, part: Part, seed: int,
     return ranges
 
 
-def link_same_bytes(src: Path, dst: Path) -> None:
-    """dst becomes a hard link to src, replacing any old dst atomically."""
-    with output_path(dst, sync=False) as tmp:   # src's bytes: nothing new to fsync
-        try:
-            os.link(src, tmp)
-        except OSError as exc:
-            raise InputError(f"{dst}: cannot hard-link it to {src.name} ({exc.strerror}); "
-                             "generate the inputs on a file system with hard links") from None
-
-
 # --------------------------------------------------------------------------- files
 
 
@@ -156,11 +145,8 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int,
     log(f"wrote {first_data.name}: {len(ranges)} weights, {size / 2**20:.1f} MiB in "
         f"{elapsed:.1f}s ({size / 2**20 / max(elapsed, 1e-9):.0f} MiB/s)")
     shapes = {name: r.spec.shape for name, r in ranges.items()}
-    for graph in graphs:
+    for graph in graphs:   # both graphs record the part's one data file
         onnx_path, data, encodings_path = graph_files(out_dir, graph)
-        if data != first_data:
-            link_same_bytes(first_data, data)
-            log(f"linked {data.name} -> {first_data.name} (same weights, same bytes)")
         proto = synthetic.build_graph(model, graph, synthetic.external_tensors(shapes, data.name))
         synthetic.write_input_file(onnx_path, proto.SerializeToString(deterministic=True))
         encodings = synthetic.encodings_from_ranges(model, graph, ranges)

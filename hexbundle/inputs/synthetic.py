@@ -489,18 +489,21 @@ def write_input_file(path: Path, data: bytes) -> None:
 
 
 def part_files(model: Model, part: Part, out_dir: Path) -> list:
-    """The paths generate_part writes, in its order: per graph .onnx, .data, .encodings."""
-    return [path for g in model.graphs(part) for path in graph_files(out_dir, g)]
+    """The paths generate_part writes, in its order, each once: per graph .onnx, the part's
+    .data (shared by its graphs), .encodings."""
+    paths = [path for g in model.graphs(part) for path in graph_files(out_dir, g)]
+    return [p for i, p in enumerate(paths) if p not in paths[:i]]
 
 
 def generate_part(model: Model, part: Part, out_dir: Path, seed: int) -> list:
-    """Write <graph>.onnx, <graph>.data and <graph>.encodings for each graph of the part."""
+    """Write <graph>.onnx and <graph>.encodings for each graph of the part, and the part's one
+    .data both graphs record."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = make_weights(model, part, seed)
+    _write_data(graph_files(out_dir, model.graphs(part)[0])[1], weights)   # first: the ONNX refer to it
     for graph in model.graphs(part):
         onnx_path, data_path, encodings_path = graph_files(out_dir, graph)
-        _write_data(data_path, weights)   # first: the .onnx refers to it
         proto = build_graph(model, graph, external_tensors(_shapes(weights), data_path.name))
         write_input_file(onnx_path, proto.SerializeToString(deterministic=True))
         write_input_file(encodings_path, encodings_bytes(build_encodings(model, graph, weights)))

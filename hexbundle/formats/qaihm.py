@@ -1,0 +1,302 @@
+"""qai-hub-models export trees: what Qualcomm's export code writes, read as it comes.
+
+One module owns this format: the directory layouts (constants below), the scan of a tree and the
+external-data files an ONNX records. Nothing here renames, moves or edits a file of the export.
+
+Layouts (<slug> the model's file-name stem, e.g. qwen2_5_7b_instruct; N parts):
+  tree      qai-hub-models 0.52-0.55 `--onnx-export-dir DIR`:
+              DIR/ar<S>_cl<C>/<slug>_<precision>_ar<S>_cl<C>_<i>_of_<N>.aimet/<same>.{onnx,data,encodings}
+              DIR/ar<S>_cl<C>/<slug>.{onnx,data,encodings}          the unsplit graph of that AR
+  tree-0.46 qai-hub-models 0.46 and older:
+              DIR/prompt/<slug>_prompt_<i>_of_<N>.aimet/<same>.{onnx,data,encodings}, DIR/token/...
+  asset     Qualcomm's pre-quantized asset: DIR/<slug>_ar<S>.onnx (one per AR), ONE shared
+              DIR/<slug>.data and ONE DIR/<slug>.encodings
+A tokenizer.json, when the user put one there, sits at DIR's top level.
+
+The .data of a graph is what its ONNX records (every external initializer's `location`,
+relative to the ONNX's directory), never a guess from the file name: renaming a .data breaks the
+ONNX, and that is reported naming the ONNX and the location it records.
+"""
+from __future__ import annotations
+
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from hexbundle.support.errors import InputError
+
+TOKENIZER = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+AR_DIR = re.compile(r"ar(?P<ar>\d+)_cl(?P<cl>\d+)")
+KIND_DIRS = ("prompt", "token")                     # tree-0.46
+PART_DIR = re.compile(r"(?P<stem>.+)_(?P<index>\d+)_of_(?P<count>\d+)\.aimet")
+ASSET_ONNX = re.compile(r"(?P<slug>.+)_ar(?P<ar>\d+)\.onnx")
+PRECISION = re.compile(r"_(?P<precision>w\d+a\d+)_ar\d+_cl\d+$")
+
+
+@dataclass(frozen=True)
+class GraphFiles:
+    """One graph of the export: its ONNX, the data files it records, its AIMET encodings."""
+
+    onnx: Path
+    data: tuple          # Paths, in the order the ONNX first names them
+    encodings: Path
+
+    @property
+    def all(self) -> list:
+        return [self.onnx, *self.data, self.encodings]
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    """A graph's inputs and outputs: name -> (numpy dtype name, shape); dims unknown are 0."""
+
+    inputs: dict
+    outputs: dict
+
+    def sequence_and_context(self, where: Path) -> tuple:
+        """(AR, context length) from input_ids / the hidden input and attention_mask."""
+        mask = self.inputs.get("attention_mask")
+        if mask is None or len(mask[1]) != 4:
+            raise InputError(f"{where}: no 4-D input 'attention_mask' (1, 1, AR, context); "
+                             "this is not a qai-hub-models LLM graph")
+        return mask[1][2], mask[1][3]
+
+
+@dataclass
+class ExportTree:
+    """What a scan found. parts[ar] = {index: GraphFiles}; unsplit[ar] = GraphFiles."""
+
+    root: Path
+    layout: str
+    slug: str
+    precision: str = ""
+    part_count: int = 0
+    parts: dict = field(default_factory=dict)
+    unsplit: dict = field(default_factory=dict)
+    context_length: int = 0
+    tokenizer: Optional[Path] = None
+    problems: list = field(default_factory=list)    # what is missing or inconsistent
+
+    @property
+    def ars(self) -> list:
+        return sorted(set(self.parts) | set(self.unsplit), reverse=True)
+
+    def describe(self) -> list:
+        """Lines saying what was found, for the import's printout."""
+        lines = [f"layout: {self.layout}; slug {self.slug!r}"
+                 + (f", precision {self.precision}" if self.precision else "")
+                 + (f", context length {self.context_length}" if self.context_length else "")]
+        for ar in self.ars:
+            parts = self.parts.get(ar, {})
+            if parts:
+                lines.append(f"AR {ar}: {len(parts)} of {self.part_count} parts")
+            if ar in self.unsplit:
+                lines.append(f"AR {ar}: unsplit graph {self.rel(self.unsplit[ar].onnx)}")
+        lines.append(f"tokenizer: {self.rel(self.tokenizer) if self.tokenizer else 'missing'}")
+        return lines
+
+    def rel(self, path: Path) -> str:
+        try:
+            return str(Path(path).relative_to(self.root))
+        except ValueError:
+            return str(path)
+
+
+# ============================================================================ the ONNX side
+
+def load_structure(onnx_path: Path):
+    """The model proto without its weights (a 7B part's .onnx alone is small)."""
+    import onnx
+    require_regular_file(onnx_path, "ONNX model")
+    try:
+        return onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:   # protobuf/onnx raise a variety of types for a damaged file
+        raise InputError(f"{onnx_path}: cannot parse the ONNX model ({type(exc).__name__}: "
+                         f"{exc}); re-export it") from None
+
+
+def require_regular_file(path: Path, what: str) -> None:
+    """A FIFO or device where a file belongs would hang the reader: refuse it at once."""
+    try:
+        mode = Path(path).stat().st_mode
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} not found") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the {what} ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{path}: the {what} is not a regular file; put the file itself there")
+
+
+def recorded_data_files(onnx_path: Path, model=None) -> tuple:
+    """The external-data files the ONNX records, resolved next to it, each checked to exist.
+
+    A broken record (the .data renamed or moved, a location outside the ONNX's directory) names
+    the ONNX and the location it records."""
+    model = model if model is not None else load_structure(onnx_path)
+    locations: list = []
+    for init in model.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location" and entry.value not in locations:
+                locations.append(entry.value)
+    files = []
+    for location in locations:
+        path = Path(onnx_path).parent / location
+        if not location or Path(location).is_absolute() or ".." in Path(location).parts:
+            raise InputError(f"{onnx_path}: records external data location {location!r}, which is "
+                             "not a file name next to it; re-export the model")
+        if not path.is_file():
+            raise InputError(
+                f"{onnx_path}: records its weights in {location!r} (external data location), but "
+                f"{path} does not exist; the .data was renamed or moved: restore its original "
+                "name next to the ONNX (an ONNX cannot follow a renamed .data)")
+        files.append(path)
+    return tuple(files)
+
+
+def graph_io(model) -> GraphIO:
+    import onnx
+    initializers = {i.name for i in model.graph.initializer}
+
+    def info(values) -> dict:
+        out = {}
+        for v in values:
+            if v.name in initializers:
+                continue
+            t = v.type.tensor_type
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "?"
+            out[v.name] = (dtype, tuple(int(d.dim_value) for d in t.shape.dim))
+        return out
+
+    return GraphIO(info(model.graph.input), info(model.graph.output))
+
+
+def graph_files(onnx_path: Path, encodings: Path) -> GraphFiles:
+    if not Path(encodings).is_file():
+        raise InputError(f"{encodings}: the AIMET encodings of {Path(onnx_path).name} are missing; "
+                         "the export is incomplete: re-run the export")
+    return GraphFiles(Path(onnx_path), recorded_data_files(onnx_path), Path(encodings))
+
+
+# ============================================================================ scanning
+
+def scan_export(root: Path) -> ExportTree:
+    """Find the graphs of an export directory of any known layout; InputError if none is."""
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise InputError(f"{root}: no such directory; give the directory your qai-hub-models "
+                         "export wrote (its --onnx-export-dir) or that holds Qualcomm's asset")
+    ar_dirs = sorted(p for p in root.iterdir() if p.is_dir() and AR_DIR.fullmatch(p.name))
+    kind_dirs = [root / k for k in KIND_DIRS if (root / k).is_dir()]
+    assets = sorted(p for p in root.glob("*.onnx") if ASSET_ONNX.fullmatch(p.name))
+    if ar_dirs:
+        tree = _scan_ar_dirs(root, ar_dirs)
+    elif kind_dirs:
+        tree = _scan_kind_dirs(root, kind_dirs)
+    elif assets:
+        tree = _scan_asset(root, assets)
+    else:
+        raise InputError(
+            f"{root}: no qai-hub-models export found: expected ar<S>_cl<C>/ directories "
+            "(qai-hub-models 0.52-0.55), prompt/ and token/ (0.46 and older), or Qualcomm's "
+            "asset <slug>_ar<S>.onnx with <slug>.data and <slug>.encodings")
+    tree.tokenizer = root / TOKENIZER if (root / TOKENIZER).is_file() else None
+    _check_parts_complete(tree)
+    return tree
+
+
+def _scan_ar_dirs(root: Path, ar_dirs: list) -> ExportTree:
+    tree = ExportTree(root, "qai-hub-models 0.52-0.55 tree", slug="")
+    contexts = set()
+    for ar_dir in ar_dirs:
+        m = AR_DIR.fullmatch(ar_dir.name)
+        ar, cl = int(m["ar"]), int(m["cl"])
+        contexts.add(cl)
+        for onnx_path in sorted(ar_dir.glob("*.onnx")):   # the unsplit graph of this AR
+            tree.slug = tree.slug or onnx_path.stem
+            tree.unsplit[ar] = _files_or_problem(tree, onnx_path,
+                                                 onnx_path.with_suffix(".encodings"))
+        _scan_part_dirs(tree, ar_dir, ar)
+    if len(contexts) > 1:
+        tree.problems.append(f"several context lengths {sorted(contexts)}: import one at a time")
+    tree.context_length = min(contexts)
+    return tree
+
+
+def _scan_kind_dirs(root: Path, kind_dirs: list) -> ExportTree:
+    """0.46: prompt/ and token/; the AR is read from the graphs (0 until then)."""
+    tree = ExportTree(root, "qai-hub-models 0.46 tree", slug="")
+    for kind_dir in kind_dirs:
+        _scan_part_dirs(tree, kind_dir, kind_dir.name)
+    return tree
+
+
+def _scan_asset(root: Path, assets: list) -> ExportTree:
+    slugs = {ASSET_ONNX.fullmatch(p.name)["slug"] for p in assets}
+    if len(slugs) > 1:
+        raise InputError(f"{root}: asset graphs of several models ({', '.join(sorted(slugs))}); "
+                         "keep one model per directory")
+    slug = slugs.pop()
+    tree = ExportTree(root, "Qualcomm asset (unsplit)", slug=slug)
+    for onnx_path in assets:
+        ar = int(ASSET_ONNX.fullmatch(onnx_path.name)["ar"])
+        tree.unsplit[ar] = _files_or_problem(tree, onnx_path, root / f"{slug}.encodings")
+    return tree
+
+
+def _scan_part_dirs(tree: ExportTree, parent: Path, ar) -> None:
+    for part_dir in sorted(p for p in parent.iterdir() if p.is_dir()):
+        m = PART_DIR.fullmatch(part_dir.name)
+        if not m:
+            continue
+        index, count = int(m["index"]), int(m["count"])
+        stem = part_dir.name[:-len(".aimet")]
+        if not tree.slug:
+            tree.slug = _slug_of(m["stem"])
+        precision = PRECISION.search(m["stem"])
+        if precision and not tree.precision:
+            tree.precision = precision["precision"]
+        if tree.part_count and count != tree.part_count:
+            tree.problems.append(f"{tree.rel(part_dir)}: part of {count}, others of "
+                                 f"{tree.part_count}; the tree mixes two exports")
+            continue
+        tree.part_count = count
+        onnx_path = part_dir / f"{stem}.onnx"
+        if not onnx_path.is_file():
+            tree.problems.append(f"{tree.rel(onnx_path)} is missing (part {index} of {count})")
+            continue
+        files = _files_or_problem(tree, onnx_path, part_dir / f"{stem}.encodings")
+        if files is not None:
+            tree.parts.setdefault(ar, {})[index] = files
+
+
+def _slug_of(stem: str) -> str:
+    """<slug>_<precision>_ar<S>_cl<C> (0.52+) or <slug>_prompt / <slug>_token (0.46)."""
+    m = PRECISION.search(stem)
+    if m:
+        return stem[:m.start()]
+    for kind in KIND_DIRS:
+        if stem.endswith("_" + kind):
+            return stem[:-len(kind) - 1]
+    return re.sub(r"_ar\d+_cl\d+$", "", stem)
+
+
+def _files_or_problem(tree: ExportTree, onnx_path: Path, encodings: Path) -> Optional[GraphFiles]:
+    try:
+        return graph_files(onnx_path, encodings)
+    except InputError as exc:
+        tree.problems.append(str(exc))
+        return None
+
+
+def _check_parts_complete(tree: ExportTree) -> None:
+    for ar, parts in tree.parts.items():
+        missing = [i for i in range(1, tree.part_count + 1) if i not in parts]
+        if missing:
+            tree.problems.append(f"AR {ar}: part(s) {', '.join(map(str, missing))} of "
+                                 f"{tree.part_count} missing")
+    for ar in list(tree.unsplit):
+        if tree.unsplit[ar] is None:
+            del tree.unsplit[ar]
