@@ -5,7 +5,9 @@ configs/build.toml; override them as `doit bundle model=... device=... weights_p
 
 Each task and the module that does its work, under hexbundle/:
   inputs          steps/inputs.py          generate a model's inputs, streamed (inputs/generate.py,
-                                           inputs/synthetic.py); inputs/export.py checks an export
+                                           inputs/synthetic.py), or split an export's unsplit
+                                           graphs (inputs/split.py); inputs/export.py checks one
+  import_export   inputs/import_export.py  a qai-hub-models export -> configs/models/NAME.toml
   convert         steps/convert.py         ONNX + AIMET encodings -> DLC (backends/)
   compile         steps/compile.py         a part's DLCs -> one context binary (backends/)
   check_sizes     checks/sizes.py          bins vs the size model; checks/integrity.py re-hashes
@@ -32,11 +34,12 @@ from hexbundle.checks.verify import code_digest, run_verify
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.graph.actions import action
 from hexbundle.graph.keys import (generator_digest, image_unchanged, options_key, pinned,
-                                  toolchain_key)
+                                  splitter_digest, toolchain_key)
 from hexbundle.graph.session import doit_config, load
 from hexbundle.graph.targets import targets_unchanged
 from hexbundle.inputs.export import require_export
 from hexbundle.inputs.generate import generate_action
+from hexbundle.inputs.import_export import QWEN2_ROPE_THETA, import_export
 from hexbundle.release.offline_kit import load_kit_command, offline_kit_command
 from hexbundle.release.reproducible import make_release, verify_release_command
 from hexbundle.steps.compile import compile_options
@@ -72,7 +75,20 @@ def task_inputs():
 
     Generated: ONNX + .data + AIMET .encodings per graph, and tokenizer.json. Exported: every
     file the plan needs must be where the model config's inputs.dir says."""
-    if CFG.inputs["source"] == "export":
+    if LAYOUT.splits_locally:
+        sources = [rel(p) for p in LAYOUT.source_inputs()]
+        yield {"name": "check", "doc": "check the export's unsplit graphs are present",
+               "actions": [action(require_export, LAYOUT)], "targets": sources,
+               "uptodate": [True]}
+        for part in PARTS:
+            yield {"name": part.tag, "doc": f"split {part.tag} out of the unsplit graphs",
+                   "actions": [step(f"inputs:{part.tag}", "inputs", part=part.index)],
+                   "file_dep": [p for p in sources if p != rel(LAYOUT.tokenizer)],
+                   "targets": [rel(p) for p in LAYOUT.part_inputs(part)],
+                   "uptodate": [options_key(plan=CFG.plan.layers_per_part, splitter=splitter_digest)],
+                   "clean": True, "io": NO_CAPTURE}
+        return
+    if CFG.inputs["source"] != "generated":
         yield {"name": "check", "doc": "check the exported inputs are present",
                "actions": [action(require_export, LAYOUT)],
                "targets": [rel(p) for p in LAYOUT.all_inputs()],
@@ -96,6 +112,26 @@ def task_inputs():
                                     specials=CFG.tokenizer_specials,
                                     generator=generator_digest)],
            "clean": True, "io": NO_CAPTURE}
+
+
+def task_import_export():
+    """Import a qai-hub-models export as it comes: writes configs/models/NAME.toml.
+
+    `doit import_export --dir PATH --name NAME [--plan 0,6,6,6,6,4] [--tokenizer FILE]`: reads an
+    export tree (0.52-0.55 or 0.46), Qualcomm's asset or unsplit graphs alone, in place; infers
+    the model and the plan from the files; prints what it found and what is missing."""
+    return {"actions": [action(import_export, ROOT)],
+            "params": [{"name": "dir", "long": "dir", "default": "",
+                        "help": "the export's directory (its --onnx-export-dir)"},
+                       {"name": "name", "long": "name", "default": "",
+                        "help": "the model config to write (configs/models/NAME.toml)"},
+                       {"name": "plan", "long": "plan", "default": "",
+                        "help": "decoder layers per part, e.g. 0,6,6,6,6,4: split locally"},
+                       {"name": "tokenizer", "long": "tokenizer", "default": "",
+                        "help": "the model's tokenizer.json (default: DIR/tokenizer.json)"},
+                       {"name": "rope_theta", "long": "rope-theta", "type": float,
+                        "default": QWEN2_ROPE_THETA, "help": "RoPE theta (not in the files)"}],
+            "uptodate": [False], "verbosity": 2}
 
 
 def task_convert():

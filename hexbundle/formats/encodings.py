@@ -88,6 +88,19 @@ def parse_encodings(data: Any, source: str = "<encodings>") -> Encodings:
                      activations=parse_section(data["activation_encodings"], "activation_encodings", source))
 
 
+def subset_encodings(data: dict, params: set, activations: set) -> dict:
+    """The entries of an encodings file (either schema, as decoded JSON) for the given tensors,
+    in the same schema and order: the encodings of one part cut out of an unsplit graph's."""
+    out = {k: v for k, v in data.items() if k not in ("param_encodings", "activation_encodings")}
+    for key, names in (("param_encodings", params), ("activation_encodings", activations)):
+        section = data.get(key, [] if isinstance(data.get("param_encodings"), list) else {})
+        if isinstance(section, list):
+            out[key] = [e for e in section if isinstance(e, dict) and e.get("name") in names]
+        else:
+            out[key] = {n: e for n, e in section.items() if n in names}
+    return out
+
+
 # --- schema detection --------------------------------------------------------------------------
 
 def _detect_schema(data: dict, source: str) -> str:

@@ -230,6 +230,12 @@ def _scan_kind_dirs(root: Path, kind_dirs: list) -> ExportTree:
     tree = ExportTree(root, "qai-hub-models 0.46 tree", slug="")
     for kind_dir in kind_dirs:
         _scan_part_dirs(tree, kind_dir, kind_dir.name)
+    by_kind, tree.parts = tree.parts, {}
+    for kind, parts in by_kind.items():   # the directory says prompt/token; the graph, its AR
+        any_part = next(iter(parts.values()))
+        ar, cl = graph_io(load_structure(any_part.onnx)).sequence_and_context(any_part.onnx)
+        tree.parts[ar] = parts
+        tree.context_length = cl
     return tree
 
 

@@ -60,6 +60,14 @@ def generator_digest() -> list:
     return [hashing.digest(p) for p in GENERATOR_SOURCES]
 
 
+SPLITTER_SOURCES = (INPUTS_PACKAGE / "split.py",)
+
+
+def splitter_digest() -> list:
+    """The local split's code: a changed splitter re-splits."""
+    return [hashing.digest(p) for p in SPLITTER_SOURCES]
+
+
 def pinned(cfg: BuildConfig, paths: list) -> dict:
     """The pins (from the model config's [inputs.pins]) that apply to these files."""
     pins = cfg.inputs.get("pins", {})

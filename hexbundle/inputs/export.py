@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from hexbundle.config.layout import Layout
+from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.support import hashing
 from hexbundle.support.errors import InputError
 
 
 def missing_exports(layout: Layout) -> list:
-    return [p for p in layout.all_inputs() if not p.is_file()]
+    """The user's files the build reads that are not there (the unsplit graphs when the export
+    is split locally)."""
+    return [p for p in layout.source_inputs() if not p.is_file()]
 
 
 def require_export(layout: Layout) -> None:
@@ -22,6 +25,16 @@ def require_export(layout: Layout) -> None:
         how = cfg.inputs["how_to_export"] or "export the model (ONNX + .data + AIMET .encodings)"
         raise InputError(f"{cfg.model.name}: {len(missing)} exported input file(s) missing:\n"
                          f"{listed}{more}\nHow to produce them: {how}")
+    if layout.is_tree:   # each ONNX must still record the data files the import found
+        graphs = ([layout.unsplit_files(k) for k in ("prompt", "token")] if layout.splits_locally
+                  else [layout.graph_files(g) for p in cfg.plan.parts() for g in cfg.model.graphs(p)])
+        for files in graphs:
+            recorded = recorded_data_files(files.onnx)
+            if set(recorded) != set(files.data):
+                raise InputError(f"{files.onnx}: records data files {[p.name for p in recorded]}, "
+                                 f"but {layout.model_config_path} lists "
+                                 f"{[p.name for p in files.data]}; the export changed: re-run "
+                                 "`doit import_export`")
     # A tokenizer.json that cannot serve the bundle fails now, not after hours of compiling.
     special_token_ids(layout.tokenizer, cfg.tokenizer_specials, cfg.model.architecture.vocab_size)
 

@@ -1,9 +1,10 @@
 """Step `inputs`: write a generated model's inputs (one part's ONNX + .data + .encodings, or the
-tokenizer), streamed tensor by tensor so full-size models fit in memory."""
+tokenizer), or split one part out of an export's unsplit graphs (inputs/split.py); streamed
+tensor by tensor so full-size models fit in memory."""
 from __future__ import annotations
 
 from hexbundle.config.layout import Layout
-from hexbundle.inputs import generate, synthetic
+from hexbundle.inputs import generate, split, synthetic
 
 
 def generate_inputs(layout: Layout, spec: dict, log) -> None:
@@ -13,6 +14,10 @@ def generate_inputs(layout: Layout, spec: dict, log) -> None:
         log(f"wrote {layout.rel(layout.tokenizer)}")
         return
     part = cfg.part(spec["part"])
+    if layout.splits_locally:
+        for path in split.split_part(layout, part, log):
+            log(f"wrote {layout.rel(path)} ({path.stat().st_size} bytes)")
+        return
     # Refuse early: the disk must also hold the parts still to be generated after this one.
     others = [p for p in generate.missing_parts(cfg.model, cfg.plan.parts(), layout.inputs_dir)
               if p.index != part.index]

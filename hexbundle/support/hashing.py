@@ -50,6 +50,11 @@ def sha256_file(path) -> str:
     return h.hexdigest()
 
 
+def new_hasher():
+    """The project's content digest (xxh3-128), fed incrementally."""
+    return xxhash.xxh3_128()
+
+
 def bytes_digest(data: bytes) -> str:
     return xxhash.xxh3_128(data).hexdigest()
 

@@ -1,0 +1,369 @@
+"""`doit import_export`: a qai-hub-models export, as it comes, becomes a model config.
+
+The export's files are read in place and never renamed, moved or edited. What the model is
+(layers, hidden size, heads, KV heads, head_dim, intermediate size, vocab, context length, the AR
+values, the quantization, the plan) is read from the graphs and encodings themselves; what the
+files cannot say (RoPE theta, the RMSNorm epsilon) is a stated assumption, printed and written as
+a comment. The result is configs/models/<name>.toml with `[inputs] source = "qai-hub-models"`
+and the file of every graph, after which `doit bundle model=<name>` builds it.
+
+Where the export has only unsplit graphs (Qualcomm's asset, a 0.53-0.55 tree whose export
+stopped before splitting) or another plan is asked for, the config says `split = "local"`: the
+`split` task cuts the unsplit graphs into the plan's parts under the build root
+(hexbundle.inputs.split).
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from hexbundle.config.layout import ProjectLayout
+from hexbundle.config.model import Graph, Part
+from hexbundle.formats.encodings import load_encodings
+from hexbundle.formats.qaihm import (TOKENIZER, TOKENIZER_CONFIG, ExportTree, GraphFiles, graph_io,
+                                     load_structure, scan_export)
+from hexbundle.formats.tokenizer import special_token_ids
+from hexbundle.support.atomic import atomic_output
+from hexbundle.support.console import say
+from hexbundle.support.errors import HexbundleError, InputError
+
+# qai-hub-models' own split of the models it ships (decoder layers per part; part 1 is the
+# embedding): qwen2_5_7b_instruct's 28 layers in 6 parts.
+KNOWN_PLANS = {"qwen2_5_7b_instruct": (0, 6, 6, 6, 6, 4)}
+# Not in the files: the Qwen2 family's values (Qwen2.5's config.json), printed as assumptions.
+QWEN2_ROPE_THETA = 1000000.0
+QWEN2_RMS_NORM_EPS = 1e-6
+QWEN2_SPECIALS = {"bos": "<|im_start|>", "eos": "<|im_end|>", "eot": "<|endoftext|>"}
+PAST_KEY = re.compile(r"past_key_(\d+)_in")
+LAYER_IN_NAME = re.compile(r"layers\.(\d+)[./]")
+HEAD_WEIGHT = re.compile(r"layers\.(\d+)\..*q_proj[a-z_]*\.(\d+)\.weight$")
+
+
+@dataclass
+class Inferred:
+    """What the graphs and encodings say about the model."""
+
+    arch: dict = field(default_factory=dict)
+    quant: dict = field(default_factory=dict)
+    context_length: int = 0
+    prompt_ar: int = 0
+    token_ar: int = 0
+    layers_per_part: tuple = ()
+    notes: list = field(default_factory=list)
+
+
+# ============================================================================ the command
+
+def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: str = "",
+                  rope_theta: float = QWEN2_ROPE_THETA) -> None:
+    """Scan the export at `dir`, infer the model, write configs/models/<name>.toml."""
+    project = ProjectLayout(root)
+    if not dir or not name:
+        raise InputError("import_export needs --dir PATH (the export) and --name NAME (the "
+                         "model config to write), e.g. `doit import_export --dir ~/export "
+                         "--name qwen2.5-7b-mine`")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+        raise InputError(f"--name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
+    tree = scan_export(Path(dir).expanduser())
+    for line in tree.describe():
+        say(f"  {line}")
+    if tree.problems:
+        raise InputError(f"{tree.root}: the export is incomplete or inconsistent:\n"
+                         + "\n".join(f"  - {p}" for p in tree.problems)
+                         + "\nre-run the export (or restore the files named) and import again")
+    wanted = parse_plan(plan) if plan else None
+    split, prompt_ar, token_ar = choose_split(tree, wanted)
+    inferred = infer(tree, split, prompt_ar, token_ar)
+    plan_layers = wanted or (inferred.layers_per_part if split == "export"
+                             else KNOWN_PLANS.get(tree.slug))
+    if plan_layers is None:
+        raise InputError(f"{tree.root}: only unsplit graphs, and qai-hub-models' split of "
+                         f"{tree.slug!r} is not known here: give the layers per part, e.g. "
+                         f"--plan 0,{inferred.arch['num_layers'] - 1},1 (part 1 the embedding)")
+    check_plan(plan_layers, inferred.arch["num_layers"])
+    tokenizer_path = find_tokenizer(tree, tokenizer)
+    if tokenizer_path:
+        check_tokenizer(tokenizer_path, inferred.arch["vocab_size"])
+    path = project.model_config(name)
+    check_overwrite(path)
+    text = model_toml(name, tree, split, inferred, plan_layers, tokenizer_path, rope_theta,
+                      project)
+    with atomic_output(path) as f:
+        f.write(text.encode())
+    say(f"wrote {project.rel(path)}")
+    for note in inferred.notes:
+        say(f"  note: {note}")
+    say(f"next: python3 -m doit bundle model={name}   (then: doit verify model={name})")
+
+
+def parse_plan(text: str) -> tuple:
+    try:
+        layers = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise InputError(f"--plan {text!r}: give decoder layers per part, comma-separated, part 1 "
+                         "the embedding (0), e.g. 0,6,6,6,6,4") from None
+    if len(layers) < 2 or layers[0] != 0 or any(n < 0 for n in layers):
+        raise InputError(f"--plan {text!r}: at least two parts, the first with 0 layers (the "
+                         "embedding), no negative counts")
+    return layers
+
+
+def check_plan(layers: tuple, num_layers: int) -> None:
+    if sum(layers) != num_layers:
+        raise InputError(f"plan {','.join(map(str, layers))} holds {sum(layers)} decoder layers "
+                         f"but the model has {num_layers}")
+    if len(layers) >= 10:
+        raise InputError(f"plan {','.join(map(str, layers))}: {len(layers)} parts; graph names "
+                         "must sort in pipeline order, so use fewer than 10")
+
+
+def choose_split(tree: ExportTree, wanted: Optional[tuple]) -> tuple:
+    """("export" | "local", prompt AR, token AR): the export's own parts when they are complete
+    and no other plan is asked for, else a local split of the unsplit graphs."""
+    ars = tree.ars
+    if len(ars) < 2:
+        raise InputError(f"{tree.root}: graphs for AR {ars} only; a bundle needs a prompt graph "
+                         "(AR > 1) and a token graph (AR 1): export both")
+    prompt_ar, token_ar = max(ars), min(ars)
+    has_parts = all(len(tree.parts.get(ar, {})) == tree.part_count > 0
+                    for ar in (prompt_ar, token_ar))
+    has_unsplit = all(ar in tree.unsplit for ar in (prompt_ar, token_ar))
+    if has_parts and wanted is None:
+        return "export", prompt_ar, token_ar
+    if has_unsplit:
+        return "local", prompt_ar, token_ar
+    if has_parts and wanted is not None:
+        raise InputError(f"{tree.root}: --plan asks for another split, but the export has no "
+                         "unsplit graphs to split: import without --plan (the export's own parts)")
+    raise InputError(f"{tree.root}: neither every part nor the unsplit graph of AR {prompt_ar} "
+                     f"and AR {token_ar} is there; re-run the export")
+
+
+def find_tokenizer(tree: ExportTree, given: str) -> Optional[Path]:
+    if given:
+        path = Path(given).expanduser().resolve()
+        if not path.is_file():
+            raise InputError(f"--tokenizer {given}: no such file")
+        return path
+    if tree.tokenizer:
+        return tree.tokenizer
+    if (tree.root / TOKENIZER_CONFIG).is_file():
+        say(f"  missing: {tree.root}/tokenizer.json -- {TOKENIZER_CONFIG} alone is not enough: "
+            "Genie needs the model's tokenizer.json (from its Hugging Face repo); put it there "
+            "or pass --tokenizer FILE")
+    else:
+        say(f"  missing: {tree.root}/tokenizer.json: put the model's tokenizer.json there or "
+            "pass --tokenizer FILE (the bundle needs it)")
+    return None
+
+
+def check_overwrite(path: Path) -> None:
+    """An import refreshes its own config; a hand-written one is never overwritten."""
+    if path.is_file() and 'source = "qai-hub-models"' not in path.read_text(errors="replace"):
+        raise InputError(f"{path} exists and was not written by an import; choose another --name "
+                         "or remove it")
+
+
+# ============================================================================ inference
+
+def infer(tree: ExportTree, split: str, prompt_ar: int, token_ar: int) -> Inferred:
+    """The model as the prompt graph(s) show it."""
+    if split == "export":
+        graphs = [tree.parts[prompt_ar][i] for i in range(1, tree.part_count + 1)]
+    else:
+        graphs = [tree.unsplit[prompt_ar]]
+    protos = [load_structure(g.onnx) for g in graphs]
+    out = Inferred(prompt_ar=prompt_ar, token_ar=token_ar)
+    ios = [graph_io(p) for p in protos]
+    _, out.context_length = ios[0].sequence_and_context(graphs[0].onnx)
+    per_graph_layers = [sorted(int(m[1]) for n in io.inputs if (m := PAST_KEY.fullmatch(n)))
+                        for io in ios]
+    layers = [layer for ls in per_graph_layers for layer in ls]
+    if not layers or layers != list(range(len(layers))):
+        raise InputError(f"{graphs[0].onnx}: past_key_<L>_in inputs {layers[:8]}... are not "
+                         "layers 0..N-1 in order; this is not a qai-hub-models LLM export")
+    out.layers_per_part = tuple(len(ls) for ls in per_graph_layers)
+    out.arch = infer_architecture(protos, ios, graphs, len(layers))
+    out.quant = infer_quantization(protos, graphs, out.arch, out.notes)
+    out.notes.append(f"rope_theta and rms_norm_eps are not in the files: the Qwen2 family's "
+                     f"values are written ({QWEN2_ROPE_THETA:g}, {QWEN2_RMS_NORM_EPS:g}); change "
+                     "them in the config if the model's config.json says otherwise")
+    return out
+
+
+def infer_architecture(protos: list, ios: list, graphs: list, num_layers: int) -> dict:
+    dims = {i.name: tuple(i.dims) for p in protos for i in p.graph.initializer}
+    key = next(shape for io in ios for name, (_, shape) in io.inputs.items()
+               if PAST_KEY.fullmatch(name))
+    kv_heads, head_dim = key[0], key[2]
+    logits = next((io.outputs["logits"][1] for io in ios if "logits" in io.outputs), None)
+    if logits is None:
+        raise InputError(f"{graphs[-1].onnx}: no output 'logits'; the last part must end with "
+                         "the LM head")
+    vocab = logits[-1]
+    table = embedding_table(protos, graphs)
+    hidden = dims[table][1]
+    heads = count_heads(dims, head_dim, hidden)
+    return {"num_layers": num_layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "num_kv_heads": kv_heads, "head_dim": head_dim,
+            "intermediate_size": intermediate_size(dims, hidden, vocab, heads * head_dim),
+            "vocab_size": vocab, "embedding": table}
+
+
+def embedding_table(protos: list, graphs: list) -> str:
+    """The initializer a Gather reads with input_ids (through a Cast, if any)."""
+    for proto in protos:
+        inits = {i.name for i in proto.graph.initializer}
+        ids = {"input_ids"}
+        for node in proto.graph.node:
+            if node.op_type == "Cast" and node.input and node.input[0] in ids:
+                ids.add(node.output[0])
+        for node in proto.graph.node:
+            if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in ids \
+                    and node.input[0] in inits:
+                return node.input[0]
+    raise InputError(f"{graphs[0].onnx}: no Gather of an embedding table by input_ids; the "
+                     "first part must hold the embedding")
+
+
+def count_heads(dims: dict, head_dim: int, hidden: int) -> int:
+    """Split-head attention (q_proj_sha.<h>.weight per head) or one q_proj weight."""
+    heads = {int(m[2]) for name in dims if (m := HEAD_WEIGHT.search(name)) and m[1] == "0"}
+    if heads:
+        return len(heads)
+    for name, shape in dims.items():
+        if "q_proj" in name and name.endswith("weight") and len(shape) in (2, 4):
+            out = shape[1] if len(shape) == 2 else shape[0]   # MatMul [in, out]; Conv [out, in]
+            return out // head_dim
+    return hidden // head_dim
+
+
+def intermediate_size(dims: dict, hidden: int, vocab: int, q_width: int) -> int:
+    """The MLP width: the up/gate weights [hidden, ff] (MatMul) or down [hidden, ff, 1, 1]."""
+    widths = Counter()
+    for shape in dims.values():
+        if len(shape) == 2 and shape[0] == hidden and shape[1] not in (hidden, vocab, q_width):
+            widths[shape[1]] += 1
+        if len(shape) == 4 and shape[0] == hidden and shape[2:] == (1, 1) \
+                and shape[1] not in (hidden, q_width):
+            widths[shape[1]] += 1
+    if not widths:
+        raise InputError("no MLP weight [hidden, intermediate] found in the graphs; cannot tell "
+                         "the intermediate size")
+    return widths.most_common(1)[0][0]
+
+
+def infer_quantization(protos: list, graphs: list, arch: dict, notes: list) -> dict:
+    params, activations = {}, Counter()
+    for g in graphs:
+        encodings = load_encodings(g.encodings)
+        params.update(encodings.params)
+        activations.update(e.bitwidth for e in encodings.activations.values() if e.is_int)
+    dims = {i.name: tuple(i.dims) for p in protos for i in p.graph.initializer}
+    embedding = params.get(arch["embedding"])
+    head = [n for n, shape in dims.items() if arch["vocab_size"] in shape
+            and n != arch["embedding"] and n in params]
+    decoder = Counter(e.bitwidth for n, e in params.items() if e.is_int and e.per_channel
+                      and n != arch["embedding"] and n not in head)
+    quant = {"decoder_linear_bitwidth": decoder.most_common(1)[0][0] if decoder else 4,
+             "lm_head_bitwidth": params[head[0]].bitwidth if head else 8,
+             "embedding_bitwidth": embedding.bitwidth if embedding and embedding.is_int else 16,
+             "activation_bitwidth": activations.most_common(1)[0][0] if activations else 16}
+    for key, seen in (("decoder_linear_bitwidth", decoder), ("lm_head_bitwidth", head),
+                      ("embedding_bitwidth", embedding), ("activation_bitwidth", activations)):
+        if not seen:
+            notes.append(f"{key}: no encoding says; {quant[key]} assumed")
+    return quant
+
+
+# ============================================================================ the config
+
+def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan: tuple,
+               tokenizer: Optional[Path], rope_theta: float, project: ProjectLayout) -> str:
+    a, q = inferred.arch, inferred.quant
+    cl = inferred.context_length
+    decode = 32
+    prompt_tokens = max(1, min(160, cl - decode - 1))
+    lines = [
+        f"# Imported by `doit import_export` from a {tree.layout}; re-run the import after a",
+        "# new export. The export's files are used in place, read-only.",
+        "[model]", f"name = {_s(name)}", f"slug = {_s(tree.slug)}",
+        f"description = {_s(f'{tree.slug} from a qai-hub-models export ({tree.layout})')}",
+        'default_plan = "export"', "",
+        "[architecture]", 'family = "qwen2"'] + [
+        f"{k} = {a[k]}" for k in ("num_layers", "hidden_size", "num_attention_heads",
+                                  "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
+    ] + [
+        f"rope_theta = {float(rope_theta)!r}   # not in the files: assumed (--rope-theta)",
+        f"rms_norm_eps = {QWEN2_RMS_NORM_EPS!r}   # not in the files: assumed", "",
+        "[graphs]", f"context_length = {cl}", f"prompt_ar = {inferred.prompt_ar}",
+        f"token_ar = {inferred.token_ar}", "",
+        "[quantization]   # read from the encodings"] + [f"{k} = {v}" for k, v in q.items()] + [
+        "",
+        "[tokenizer]   # Qwen2 chat special tokens"] + [
+        f"{k} = {_s(v)}" for k, v in QWEN2_SPECIALS.items()] + [
+        "",
+        "[inputs]", 'source = "qai-hub-models"', f"dir = {_s(_dir_value(tree.root, project))}",
+        f"layout = {_s(tree.layout)}", f"split = {_s(split)}",
+        f"tokenizer = {_s(tree.rel(tokenizer) if tokenizer else TOKENIZER)}",
+        "how_to_export = " + _s("re-run the qai-hub-models export (README: Using your export), "
+                                "then `doit import_export` again"),
+        "",
+    ]
+    lines += graph_tables(tree, split, inferred, plan)
+    lines += [
+        "[genie]", "max_num_tokens = 200", "",
+        "# `doit verify` thresholds: the embedded model's; tighten them to just below what",
+        "# `doit verify` reports for this export.",
+        "[verify]", f"prompt_tokens = {prompt_tokens}", f"decode_steps = {decode}", "seed = 0",
+        "min_cosine_hidden = 0.95", "min_cosine_logits = 0.95", "min_top1_agreement = 0.5",
+        "min_cosine_prompt_vs_token = 0.9999", "",
+        "[plans.export]", f"layers_per_part = [{', '.join(map(str, plan))}]",
+        "tolerance_pct = 5.0", ""]
+    return "\n".join(lines)
+
+
+def graph_tables(tree: ExportTree, split: str, inferred: Inferred, plan: tuple) -> list:
+    """[inputs.graphs.<graph name>] (the export's parts) or [inputs.unsplit.<kind>]."""
+    lines = []
+    if split == "local":
+        for kind, ar in (("prompt", inferred.prompt_ar), ("token", inferred.token_ar)):
+            lines += _files_table(f"inputs.unsplit.{kind}", tree, tree.unsplit[ar])
+        return lines
+    count = len(plan)
+    for index in range(1, count + 1):
+        part = Part(index, count, (), index == 1, index == count)
+        for kind, ar in (("prompt", inferred.prompt_ar), ("token", inferred.token_ar)):
+            graph = Graph(kind, ar, inferred.context_length, part)
+            lines += _files_table(f'inputs.graphs."{graph.name}"', tree, tree.parts[ar][index])
+            say(f"  {graph.name} <- {tree.rel(tree.parts[ar][index].onnx)}")
+    return lines
+
+
+def _files_table(header: str, tree: ExportTree, files: GraphFiles) -> list:
+    data = ", ".join(_s(tree.rel(d)) for d in files.data)
+    return [f"[{header}]", f"onnx = {_s(tree.rel(files.onnx))}", f"data = [{data}]",
+            f"encodings = {_s(tree.rel(files.encodings))}", ""]
+
+
+def _dir_value(path: Path, project: ProjectLayout) -> str:
+    try:
+        return str(path.relative_to(project.root))
+    except ValueError:
+        return str(path)
+
+
+def _s(text: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def check_tokenizer(path: Path, vocab: int) -> None:
+    try:
+        special_token_ids(path, QWEN2_SPECIALS, vocab)
+    except HexbundleError as exc:
+        say(f"  problem: {exc}")

@@ -1,0 +1,318 @@
+"""Split an unsplit LLM graph into the plan's parts, as qai-hub-models' splitter cuts it.
+
+The cut: part 1 the embedding | groups of decoder layers | the last group + final norm + LM
+head, at the embedding output and at each layer's residual output. Which node belongs where is
+read from the node names (`.../layers.<L>/...`, as exported from the PyTorch module tree):
+  * a node that depends on input_ids ("pipeline") belongs to its layer; one with no layer in its
+    name belongs to the embedding when it comes before layer 0, else to the head;
+  * a node that does not depend on input_ids (Constants, the processing of attention_mask or
+    cos/sin) is copied into every part that reads it.
+Between two parts exactly one pipeline tensor may cross (the hidden state); anything else is an
+error naming the tensors, not a part that silently reads garbage.
+
+Streamed: the ONNX is read without its weights; each part's weights are copied once, in chunks,
+from the unsplit .data into the part's one .data file (shared by its prompt and token graph),
+so memory stays bounded by a chunk whatever the model's size. Tensors the two unsplit graphs
+share (the same bytes in the same file, or equal digests) are written once.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hexbundle.config.layout import GraphInputs, Layout
+from hexbundle.config.model import Part
+from hexbundle.formats.encodings import subset_encodings
+from hexbundle.formats.qaihm import load_structure, recorded_data_files
+from hexbundle.support import hashing
+from hexbundle.support.atomic import atomic_output
+from hexbundle.support.errors import InputError
+
+LAYER = re.compile(r"layers\.(\d+)[./]")
+INPUT_IDS = "input_ids"
+CHUNK_BYTES = 64 << 20
+ALIGNMENT = 4096          # each weight page-aligned in the part's .data (mmap-friendly)
+EMBEDDING, HEAD = "embedding", "head"
+
+
+# ============================================================================ the cut
+
+@dataclass
+class Cut:
+    """One graph's nodes assigned to segments: 0 the embedding, L+1 layer L, N+1 the head."""
+
+    proto: object
+    num_layers: int
+    segment: dict = field(default_factory=dict)     # node index -> segment (pipeline nodes)
+    producer: dict = field(default_factory=dict)    # tensor -> node index
+
+    def part_segments(self, part: Part) -> set:
+        segs = {layer + 1 for layer in part.layers}
+        if part.has_embedding:
+            segs.add(0)
+        if part.has_head:
+            segs.add(self.num_layers + 1)
+        return segs
+
+
+def cut_graph(proto, num_layers: int, where: Path) -> Cut:
+    graph = proto.graph
+    cut = Cut(proto, num_layers)
+    pipeline = {INPUT_IDS}
+    for index, node in enumerate(graph.node):   # ONNX nodes are topologically sorted
+        for out in node.output:
+            cut.producer[out] = index
+        if not any(i in pipeline for i in node.input):
+            continue
+        pipeline.update(node.output)
+        cut.segment[index] = _segment(node, cut, num_layers, where)
+    if INPUT_IDS not in {i.name for i in graph.input}:
+        raise InputError(f"{where}: no input 'input_ids'; this is not an unsplit LLM graph")
+    return cut
+
+
+def _segment(node, cut: Cut, num_layers: int, where: Path) -> int:
+    m = LAYER.search(node.name) or next(
+        (LAYER.search(o) for o in node.output if LAYER.search(o)), None)
+    if m:
+        layer = int(m[1])
+        if layer >= num_layers:
+            raise InputError(f"{where}: node {node.name!r} names layer {layer}, but the model "
+                             f"has {num_layers} layers")
+        return layer + 1
+    producers = [cut.segment[cut.producer[i]] for i in node.input
+                 if i in cut.producer and cut.producer[i] in cut.segment]
+    before = max(producers, default=0)
+    return 0 if before == 0 else num_layers + 1
+
+
+@dataclass
+class PartGraph:
+    nodes: list
+    inputs: list        # ValueInfoProtos
+    outputs: list
+    initializers: list  # TensorProtos (metadata; external data still the unsplit graph's)
+
+
+def part_graph(cut: Cut, part: Part, where: Path) -> PartGraph:
+    """The nodes, I/O and initializers of one part of the cut graph."""
+    graph = cut.proto.graph
+    segs = cut.part_segments(part)
+    mine = {i for i, s in cut.segment.items() if s in segs}
+    initializers = {t.name: t for t in graph.initializer}
+    graph_inputs = {v.name: v for v in graph.input}
+    crossing_in: list = []
+    stack = list(mine)
+    while stack:   # pull in the non-pipeline nodes the part reads (duplicated per part)
+        index = stack.pop()
+        for name in graph.node[index].input:
+            if not name or name in initializers or name in graph_inputs:
+                continue
+            src = cut.producer.get(name)
+            if src is None:
+                raise InputError(f"{where}: node {graph.node[index].name!r} reads {name!r}, "
+                                 "which no node produces; the graph is broken, re-export it")
+            if src in cut.segment:
+                if src not in mine and name not in crossing_in:
+                    crossing_in.append(name)
+            elif src not in mine:
+                mine.add(src)
+                stack.append(src)
+    nodes = [graph.node[i] for i in sorted(mine)]
+    read = {n for node in nodes for n in node.input if n}
+    produced = {o for node in nodes for o in node.output}
+    later = _read_by_later_parts(cut, segs)
+    crossing_out = [o for node in nodes for o in node.output
+                    if o in later and cut.producer[o] in cut.segment]
+    _check_one_crossing(crossing_in, crossing_out, part, where)
+    infos = _value_infos(cut.proto, crossing_in + crossing_out, where)
+    inputs = [infos[n] for n in crossing_in] + [v for v in graph.input if v.name in read
+                                                  and v.name not in initializers]
+    outputs = [infos[n] for n in crossing_out] + [v for v in graph.output if v.name in produced]
+    inits = [initializers[n] for n in initializers if n in read]
+    return PartGraph(nodes, inputs, outputs, inits)
+
+
+def _read_by_later_parts(cut: Cut, segs: set) -> set:
+    last = max(segs)
+    return {name for i, s in cut.segment.items() if s > last for name in cut.proto.graph.node[i].input}
+
+
+def _check_one_crossing(crossing_in: list, crossing_out: list, part: Part, where: Path) -> None:
+    for side, names in (("into", crossing_in), ("out of", crossing_out)):
+        if len(names) > 1:
+            raise InputError(
+                f"{where}: {len(names)} tensors cross {side} part {part.index} of {part.count} "
+                f"({', '.join(names[:4])}); a cut may only pass the hidden state. The layer "
+                "names of the nodes (`layers.<L>`) do not separate the layers; split with "
+                "qai-hub-models' own splitter instead")
+    if not part.has_embedding and not crossing_in:
+        raise InputError(f"{where}: nothing flows into part {part.index} of {part.count}; the "
+                         "plan does not match the graph's layers")
+
+
+def _value_infos(proto, names: list, where: Path) -> dict:
+    import onnx
+    known = {v.name: v for v in list(proto.graph.value_info) + list(proto.graph.output)}
+    if not all(n in known for n in names):
+        inferred = onnx.shape_inference.infer_shapes(proto)
+        known.update({v.name: v for v in inferred.graph.value_info})
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise InputError(f"{where}: the type of {missing[0]!r} (a tensor between parts) is not "
+                         "known and cannot be inferred; re-export with value_info")
+    return known
+
+
+# ============================================================================ writing a part
+
+@dataclass
+class DataWriter:
+    """The part's one .data: each distinct tensor once, page-aligned, copied in chunks."""
+
+    file: object
+    written: dict = field(default_factory=dict)    # (source file, offset, length) -> offset
+    digests: dict = field(default_factory=dict)    # (digest, length) -> offset
+    copied: int = 0
+
+    def add(self, source: Path, offset: int, length: int, match_content: bool) -> int:
+        """The tensor's offset in the part's .data: where the same bytes already are, or where
+        they are copied now. match_content: look for equal bytes from another file first (the
+        token graph's weights, in a tree whose unsplit graphs each have their own .data)."""
+        key = (str(source.resolve()), offset, length)
+        if key in self.written:
+            return self.written[key]
+        if match_content:
+            same = self.digests.get((_range_digest(source, offset, length), length))
+            if same is not None:
+                self.written[key] = same
+                return same
+        start = -(-self.file.tell() // ALIGNMENT) * ALIGNMENT
+        self.file.write(bytes(start - self.file.tell()))
+        digest = _copy_range(source, offset, length, self.file)
+        self.copied += length
+        self.written[key] = self.digests[(digest, length)] = start
+        return start
+
+
+def _range_digest(path: Path, offset: int, length: int) -> str:
+    h = hashing.new_hasher()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left:
+            block = f.read(min(CHUNK_BYTES, left))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def _copy_range(path: Path, offset: int, length: int, out) -> str:
+    """Copy bytes [offset, offset + length) of `path` to `out` in chunks; their digest."""
+    h = hashing.new_hasher()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left:
+            block = f.read(min(CHUNK_BYTES, left))
+            if not block:
+                raise InputError(f"{path}: ends before byte {offset + length}; the data file is "
+                                 "truncated, re-export it")
+            out.write(block)
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def _external(init, onnx_path: Path) -> tuple:
+    entries = {e.key: e.value for e in init.external_data}
+    location = entries.get("location", "")
+    try:
+        offset, length = int(entries.get("offset", 0)), int(entries["length"])
+    except (KeyError, ValueError):
+        raise InputError(f"{onnx_path}: tensor {init.name!r}: external data without a valid "
+                         "offset/length; re-export the model") from None
+    return onnx_path.parent / location, offset, length
+
+
+def _relocated(init, data_name: str, offset: int, length: int):
+    import onnx
+    out = onnx.TensorProto()
+    out.CopyFrom(init)
+    del out.external_data[:]
+    for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(length))):
+        entry = out.external_data.add()
+        entry.key, entry.value = key, value
+    return out
+
+
+def _model_proto(source, pg: PartGraph, name: str, initializers: list):
+    import onnx
+    graph = onnx.helper.make_graph(pg.nodes, name, pg.inputs, pg.outputs, initializers)
+    model = onnx.helper.make_model(graph, opset_imports=list(source.opset_import),
+                                   producer_name="hexbundle.inputs.split")
+    model.ir_version = source.ir_version
+    return model
+
+
+def split_part(layout: Layout, part: Part, log) -> list:
+    """Write the part's prompt and token graphs (ONNX + encodings) and its one .data."""
+    cfg = layout.cfg
+    started = time.monotonic()
+    graphs = cfg.model.graphs(part)
+    out = {g.kind: layout.graph_files(g) for g in graphs}
+    data_path = out["prompt"].data[0]
+    pieces = {}
+    for graph in graphs:
+        src = layout.unsplit_files(graph.kind)
+        recorded_data_files(src.onnx)   # a broken .data record is named before any work
+        proto = load_structure(src.onnx)
+        cut = cut_graph(proto, cfg.model.architecture.num_layers, src.onnx)
+        pieces[graph.kind] = (src, proto, part_graph(cut, part, src.onnx))
+    with atomic_output(data_path) as f:
+        writer = DataWriter(f)
+        protos = {}
+        for graph in graphs:
+            src, proto, pg = pieces[graph.kind]
+            inits = []
+            for init in pg.initializers:
+                if init.data_location == init.EXTERNAL:
+                    source, offset, length = _external(init, src.onnx)
+                    where = writer.add(source, offset, length, graph.kind != "prompt")
+                    inits.append(_relocated(init, data_path.name, where, length))
+                else:
+                    inits.append(init)
+            protos[graph.kind] = _model_proto(proto, pg, graph.name, inits)
+    for graph in graphs:
+        src, _, pg = pieces[graph.kind]
+        _write_onnx(out[graph.kind].onnx, protos[graph.kind])
+        _write_encodings(src, out[graph.kind], pg)
+        log(f"split {graph.name}: {len(pg.nodes)} nodes, {len(pg.initializers)} initializers "
+            f"from {src.onnx.name}")
+    size = data_path.stat().st_size
+    log(f"wrote {data_path.name}: {writer.copied / 2**20:.1f} MiB of weights copied "
+        f"({size / 2**20:.1f} MiB file) in {time.monotonic() - started:.1f}s")
+    return [p for g in graphs for p in out[g.kind].all]
+
+
+def _write_onnx(path: Path, proto) -> None:
+    with atomic_output(path) as f:
+        f.write(proto.SerializeToString(deterministic=True))
+
+
+def _write_encodings(src: GraphInputs, out: GraphInputs, pg: PartGraph) -> None:
+    try:
+        data = json.loads(src.encodings.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{src.encodings}: cannot read the encodings ({exc}); re-export") from None
+    params = {i.name for i in pg.initializers}
+    tensors = {n for node in pg.nodes for n in (*node.input, *node.output) if n}
+    tensors |= {v.name for v in pg.inputs}
+    part = subset_encodings(data, params, tensors - params)
+    with atomic_output(out.encodings) as f:
+        f.write(json.dumps(part, indent=1).encode())
