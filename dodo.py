@@ -103,7 +103,7 @@ def task_inputs():
     for part in PARTS:
         yield {"name": part.tag, "doc": f"generate the ONNX, weights and encodings of {part.tag}",
                "actions": [step(f"inputs:{part.tag}", "inputs", part=part.index)],
-               "targets": [rel(p) for g in CFG.model.graphs(part) for p in LAYOUT.graph_inputs(g)],
+               "targets": [rel(p) for p in LAYOUT.part_inputs(part)],
                "uptodate": [generator], "clean": True, "io": NO_CAPTURE}
     yield {"name": "tokenizer", "doc": "generate the byte-level BPE tokenizer.json",
            "actions": [step("inputs:tokenizer", "inputs", what="tokenizer")],

@@ -309,8 +309,7 @@ class Bench:
         """Negate the first MiB of one weight of the part (its .data is shared by both graphs,
         per-channel |max| unchanged so the encodings still fit), rebuild; undo, rebuild."""
         name, offset, nbytes = self._first_matmul_weight()
-        data_files = {f"{g.name}.data" for g in self.cfg.model.graphs(self.part)}
-        paths = [p for p in self.distinct_data_files() if p.name in data_files]
+        paths = [p for p in self.layout.part_inputs(self.part) if p.suffix == ".data"]
         self.log(f"changing {name} of {self.part.tag}, rebuilding (and back) ...")
         runs = []
         for _ in range(2):

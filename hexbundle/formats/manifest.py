@@ -41,9 +41,27 @@ def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
         "bins_total_bytes": sum(files[n]["size"] for n in bins),
         "expected_bins_bytes": sizes_expected,
         "expected_bins_total_bytes": sum(sizes_expected.values()),
-        "inputs": {layout.logical(p): hashing.digest(p) for p in layout.all_inputs()},
+        "inputs": {layout.logical(p): hashing.digest(p) for p in layout.source_inputs()},
+        "graphs": graph_sources(layout),
         "configs": {layout.logical(p): hashing.digest(p) for p in cfg.config_files},
     }
+
+
+def graph_sources(layout: Layout) -> dict:
+    """Which files each graph was built from: the export's own file names (a qai-hub-models tree
+    is used in place), or the local split's parts and the unsplit graphs they were cut from."""
+    cfg = layout.cfg
+    out = {}
+    for part in cfg.plan.parts():
+        for graph in cfg.model.graphs(part):
+            files = layout.graph_files(graph)
+            entry = {"onnx": layout.logical(files.onnx),
+                     "data": [layout.logical(d) for d in files.data],
+                     "encodings": layout.logical(files.encodings)}
+            if layout.splits_locally:
+                entry["split_from"] = layout.logical(layout.unsplit_files(graph.kind).onnx)
+            out[graph.name] = entry
+    return out
 
 
 class BundleIntegrityError(HexbundleError):

@@ -29,11 +29,16 @@ PASS_THROUGH = ("SOURCE_DATE_EPOCH",)
 
 
 def mounts(layout: ProjectLayout) -> dict:
-    """Source tree read-only, build root read-write, each at its own absolute path."""
+    """Source tree read-only, build root read-write, each at its own absolute path; an export
+    used in place from outside the project, read-only at its own path too."""
     root, build_root = layout.root, layout.build_root
     build_root.mkdir(parents=True, exist_ok=True)   # else docker would create it, root-owned
-    return {str(root): {"bind": str(root), "mode": "ro"},
-            str(build_root): {"bind": str(build_root), "mode": "rw"}}
+    out = {str(root): {"bind": str(root), "mode": "ro"},
+           str(build_root): {"bind": str(build_root), "mode": "rw"}}
+    export = getattr(getattr(layout, "cfg", None), "export_dir", None)
+    if export is not None and root not in (export, *export.parents):
+        out[str(export)] = {"bind": str(export), "mode": "ro"}
+    return out
 
 
 def environment(layout: ProjectLayout) -> dict:
