@@ -21,33 +21,18 @@ import onnx
 from onnx import helper, numpy_helper
 
 from hexbundle.backends import CompileOptions, ConvertOptions, reference_toolchain_version
-from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, IoSpec, QuantParams,
-                                         TensorStream, activation_encodings_json)
+from hexbundle.backends.weightplan import (graph_info, load_onnx_structure, plan_weights,
+                                          topology_bytes)
+from hexbundle.formats.container import QuantParams, TensorStream
 from hexbundle.formats.ctxbin import CtxGraph, write_ctxbin
 from hexbundle.formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
-from hexbundle.formats.encodings import Encodings, ParamEncoding, load_encodings
-from hexbundle.support.errors import BackendError, EncodingsError, InputError
+from hexbundle.formats.encodings import load_encodings
+from hexbundle.support.errors import BackendError, InputError
 
-# Inputs through which an initializer acts as a layer weight (op type -> input indices).
-LINEAR_WEIGHT_INPUTS = {"MatMul": (0, 1), "Gemm": (0, 1), "Gather": (0,), "Conv": (1,)}
-# Float initializers up to this many elements without an encoding are constants (eps, scalars,
-# small biases): they stay inside the topology proto. Larger ones are weights (own blob).
-SMALL_CONSTANT_ELEMENTS = 64
 # Non-weight initializers kept inside the topology must stay small: the topology is one blob
 # that is parsed whole.
 MAX_TOPOLOGY_INITIALIZER_BYTES = 1 << 20
-FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
-               onnx.TensorProto.BFLOAT16}
 QUANTIZE_BLOCK_ELEMENTS = 1 << 22   # rows per block ~ 16 MiB of float32 temporaries
-
-
-@dataclass(frozen=True)
-class _WeightPlan:
-    """A weight to store: quantized with `encoding` along `axis`, or float if encoding is None."""
-
-    initializer: onnx.TensorProto     # metadata only; data is read lazily
-    encoding: Optional[ParamEncoding]
-    axis: Optional[int]
 
 
 class ReferenceBackend:
@@ -67,18 +52,12 @@ class ReferenceBackend:
         if options.float_bitwidth not in (16, 32):
             raise BackendError(f"float_bitwidth {options.float_bitwidth} is not supported; use 16 or 32")
         encodings = load_encodings(encodings_path)
-        model = _load_onnx_structure(onnx_path)
-        weights, constants = _plan_weights(model.graph, encodings, onnx_path, encodings_path)
-        weight_names = {w.initializer.name for w in weights}
-        all_initializers = {i.name for i in model.graph.initializer}
-        info = GraphInfo(
-            name=graph_name,
-            inputs=_io_specs(model.graph.input, exclude=all_initializers),
-            outputs=_io_specs(model.graph.output, exclude=set()),
-            weights=(), opset_import=tuple((o.domain, o.version) for o in model.opset_import),
-            ir_version=model.ir_version,
-            activations=activation_encodings_json(encodings.activations))
-        topology = _topology_bytes(model.graph, weight_names, constants, onnx_path)
+        model = load_onnx_structure(onnx_path)
+        weights, constants = plan_weights(model.graph, encodings, onnx_path, encodings_path)
+        weight_names = {w.name for w in weights}
+        info = graph_info(model, graph_name, encodings)
+        topology = topology_bytes(model.graph, weight_names,
+                                  [_inline_constant(c, onnx_path) for c in constants])
         tensors = _stored_tensors(weights, onnx_path, options.float_bitwidth, log)
         size = write_dlc(dlc_path, DlcGraph(info, topology, tensors, self._producer(),
                                             options.float_bitwidth, onnx_path.name,
@@ -138,98 +117,6 @@ def _dlc_tensors(reader: DlcReader) -> Iterator[TensorStream]:
 
 
 # ==================================================================================== convert
-
-def _load_onnx_structure(onnx_path: Path) -> onnx.ModelProto:
-    """The model proto WITHOUT external data: weights are read later, one by one, via memmap."""
-    if not onnx_path.is_file():
-        raise InputError(f"{onnx_path}: ONNX model not found; export it or fix the path")
-    try:
-        return onnx.load(str(onnx_path), load_external_data=False)
-    except Exception as exc:   # protobuf/onnx raise a variety of types for a damaged file
-        raise InputError(f"{onnx_path}: cannot parse ONNX model ({type(exc).__name__}: {exc}); "
-                         f"re-export it") from None
-
-
-def _consumers(graph: onnx.GraphProto) -> dict:
-    """tensor name -> [(op_type, input index, node)] over the top-level graph."""
-    result: dict = {}
-    for node in graph.node:
-        for index, name in enumerate(node.input):
-            if name:
-                result.setdefault(name, []).append((node.op_type, index, node))
-    return result
-
-
-def _plan_weights(graph: onnx.GraphProto, encodings: Encodings, onnx_path: Path,
-                  encodings_path: Path):
-    """Split initializers into weights (own blobs) and small constants (stay in the topology)."""
-    if len(graph.sparse_initializer):
-        raise InputError(f"{onnx_path}: sparse initializers are not supported; export dense weights")
-    initializers = {init.name: init for init in graph.initializer}
-    unknown = sorted(set(encodings.params) - set(initializers))
-    if unknown:
-        raise EncodingsError(
-            f"{encodings_path}: param encoding for '{unknown[0]}' but {onnx_path} has no such "
-            f"initializer ({len(unknown)} unknown in total); the encodings belong to another export")
-    consumers = _consumers(graph)
-    weights, constants = [], []
-    for init in graph.initializer:
-        plan = _plan_one(init, encodings.params.get(init.name), consumers.get(init.name, []),
-                         onnx_path, encodings_path)
-        (weights if plan is not None else constants).append(plan if plan is not None else init)
-    return weights, constants
-
-
-def _plan_one(init: onnx.TensorProto, encoding: Optional[ParamEncoding], consumers: list,
-              onnx_path: Path, encodings_path: Path) -> Optional[_WeightPlan]:
-    is_float = init.data_type in FLOAT_TYPES
-    count = int(np.prod(init.dims, dtype=np.int64))
-    if encoding is not None and encoding.is_int:
-        if not is_float:
-            raise EncodingsError(f"{encodings_path}: int encoding for '{init.name}', but in {onnx_path} "
-                                 f"it is not a float tensor; remove the encoding")
-        axis = _channel_axis(init, encoding, consumers, onnx_path, encodings_path) if encoding.per_channel else None
-        return _WeightPlan(init, encoding, axis)
-    feeds_linear = any(index in LINEAR_WEIGHT_INPUTS.get(op, ()) for op, index, _ in consumers)
-    if is_float and count > SMALL_CONSTANT_ELEMENTS and feeds_linear:
-        # A real converter would silently keep this layer in float (big and slow); refuse instead.
-        raise EncodingsError(
-            f"{encodings_path}: no int encoding for weight '{init.name}' of {onnx_path} "
-            f"({count} elements feeding {consumers[0][0]}); re-export the encodings with this layer quantized")
-    if is_float and (encoding is not None or count > SMALL_CONSTANT_ELEMENTS):
-        return _WeightPlan(init, None, None)
-    return None
-
-
-def _channel_axis(init: onnx.TensorProto, encoding: ParamEncoding, consumers: list,
-                  onnx_path: Path, encodings_path: Path) -> int:
-    """The OUTPUT channel axis, which depends on how the consumer op reads the weight."""
-    ndim = len(init.dims)
-    axes = {_output_axis(op, index, node, ndim) for op, index, node in consumers}
-    if len(axes) != 1 or None in axes or ndim == 0:
-        ops = ", ".join(f"{op} input {index}" for op, index, _ in consumers) or "no consumer"
-        raise EncodingsError(
-            f"{encodings_path}: per-channel encoding for '{init.name}' but its channel axis cannot "
-            f"be determined from {onnx_path} ({ops}); use a per-tensor encoding or MatMul/Gemm/Gather/Conv")
-    axis = axes.pop()
-    if encoding.channels != init.dims[axis]:
-        raise EncodingsError(
-            f"{encodings_path}: '{init.name}' has {encoding.channels} per-channel encodings but its "
-            f"output-channel axis {axis} has length {init.dims[axis]} (shape {list(init.dims)}) in "
-            f"{onnx_path}; the encodings belong to another export")
-    return axis
-
-
-def _output_axis(op: str, index: int, node: onnx.NodeProto, ndim: int) -> Optional[int]:
-    if op == "MatMul" and index == 1:
-        return ndim - 1
-    if op == "Gemm" and index == 1:
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 0 if trans_b else ndim - 1
-    if (op == "Gather" and index == 0) or (op == "Conv" and index == 1):
-        return 0
-    return None
-
 
 @dataclass(frozen=True)
 class _Values:
@@ -323,19 +210,18 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
                     log: Callable[[str], None]) -> Iterator[TensorStream]:
     """Generator: one weight at a time, as a stream the DLC writer pulls block by block (read,
     quantize or narrow to float, write); logged after it was written."""
-    float_dtype = "float16" if float_bitwidth == 16 else "float32"
     for plan in weights:
-        init, enc = plan.initializer, plan.encoding
+        init, enc, dtype = plan.initializer, plan.encoding, plan.stored_dtype(float_bitwidth)
         values = _initializer_values(init, onnx_path)
         notes = _StreamNotes()
         if enc is None:
-            yield TensorStream(init.name, float_dtype, values.shape,
-                               _float_blocks(values, np.dtype(float_dtype), notes))
-            note = f" (warning: {notes.overflowed} values overflow {float_dtype})" if notes.overflowed else ""
-            log(f"{init.name}: {float_dtype} shape {list(values.shape)}{note}")
+            yield TensorStream(init.name, dtype, values.shape,
+                               _float_blocks(values, np.dtype(dtype), notes))
+            note = f" (warning: {notes.overflowed} values overflow {dtype})" if notes.overflowed else ""
+            log(f"{init.name}: {dtype} shape {list(values.shape)}{note}")
         else:
-            quant = QuantParams(enc.bitwidth, plan.axis, enc.scale, enc.offset, enc.symmetric)
-            yield TensorStream(init.name, QUANT_DTYPE_FOR_BITWIDTH[enc.bitwidth], values.shape,
+            quant = plan.quant_params()
+            yield TensorStream(init.name, dtype, values.shape,
                                _quantized_blocks(values, quant, notes), quant)
             granularity = "per-tensor" if plan.axis is None else f"per-channel axis {plan.axis}"
             note = f", {notes.clipped} values clipped to the encoding range" if notes.clipped else ""
@@ -387,26 +273,6 @@ def _channel_params(quant: QuantParams, ndim: int, rows: slice):
     return scale.reshape(shape), offset.reshape(shape)
 
 
-def _topology_bytes(graph: onnx.GraphProto, weight_names: set, constants: list,
-                    onnx_path: Path) -> bytes:
-    """The graph without its weights, small constants inlined, deterministically serialized.
-
-    Built field by field rather than copied, so inline weights are never duplicated in memory.
-    """
-    topology = onnx.GraphProto(name=graph.name, doc_string=graph.doc_string)
-    topology.node.extend(graph.node)
-    # Old exports list initializers as graph inputs too; weights are not inputs of the topology.
-    topology.input.extend(i for i in graph.input if i.name not in weight_names)
-    topology.output.extend(graph.output)
-    topology.value_info.extend(graph.value_info)
-    topology.quantization_annotation.extend(graph.quantization_annotation)
-    if hasattr(graph, "metadata_props"):   # onnx >= 1.16 (IR 10)
-        topology.metadata_props.extend(graph.metadata_props)
-    for init in constants:
-        topology.initializer.append(_inline_constant(init, onnx_path))
-    return topology.SerializeToString(deterministic=True)
-
-
 def _inline_constant(init: onnx.TensorProto, onnx_path: Path) -> onnx.TensorProto:
     values = _initializer_values(init, onnx_path)
     if values.nbytes > MAX_TOPOLOGY_INITIALIZER_BYTES:
@@ -415,19 +281,3 @@ def _inline_constant(init: onnx.TensorProto, onnx_path: Path) -> onnx.TensorProt
             f"a float weight nor a small constant; the reference backend keeps such tensors in the "
             f"topology only up to {MAX_TOPOLOGY_INITIALIZER_BYTES} bytes")
     return numpy_helper.from_array(np.ascontiguousarray(values.whole()), name=init.name)
-
-
-def _io_specs(value_infos, exclude: set) -> tuple:
-    specs = []
-    for vi in value_infos:
-        if vi.name in exclude:
-            continue
-        tensor_type = vi.type.tensor_type
-        dtype = (np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).name
-                 if tensor_type.elem_type else "unknown")
-        shape = None
-        if tensor_type.HasField("shape"):
-            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                          for d in tensor_type.shape.dim)
-        specs.append(IoSpec(vi.name, dtype, shape))
-    return tuple(specs)

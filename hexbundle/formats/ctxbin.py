@@ -89,16 +89,19 @@ def write_ctxbin(path: Union[str, Path], graphs: Iterable, *, weights_packing: b
             graph_infos.append(GraphInfo(name, graph.info.inputs, graph.info.outputs, tuple(weights),
                                          graph.info.opset_import, graph.info.ir_version,
                                          topology_blob_name(name), graph.info.activations))
-        return writer.finish({
-            "kind": "ctxbin",
-            "producer": producer,
-            "deployable": deployable,
-            "options": {"weights_packing": weights_packing, "weight_sharing": weight_sharing,
-                        "optimization_type": optimization_type, "vtcm_mb": vtcm_mb},
-            "device": device,
-            "graphs": [g.to_json() for g in graph_infos],
-            "tensors": [{**s.record.to_json(), "graphs": users[blob]} for blob, s in stored.items()],
-        })
+        return writer.finish(ctxbin_header(
+            producer=producer, deployable=deployable, device=device, graphs=graph_infos,
+            tensors=[{**s.record.to_json(), "graphs": users[blob]} for blob, s in stored.items()],
+            options={"weights_packing": weights_packing, "weight_sharing": weight_sharing,
+                     "optimization_type": optimization_type, "vtcm_mb": vtcm_mb}))
+
+
+def ctxbin_header(*, producer: dict, deployable: bool, options: dict, device: dict, graphs: list,
+                  tensors: list) -> dict:
+    """The header fields (all but the blob table): one composition for the writer and for the
+    size check, which predicts the header's length from it."""
+    return {"kind": "ctxbin", "producer": producer, "deployable": deployable, "options": options,
+            "device": device, "graphs": [g.to_json() for g in graphs], "tensors": tensors}
 
 
 def _hashed(chunks: Iterable, digest) -> Iterable:

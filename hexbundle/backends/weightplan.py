@@ -1,0 +1,210 @@
+"""What the reference backend stores of an ONNX graph, decided from its structure alone.
+
+For each initializer: a quantized weight (its int encoding's bitwidth, per-channel along the
+output axis), a float weight (at float_bitwidth), or a small constant that stays inside the
+topology. `backends/reference.py` converts by these decisions and `checks/sizes.py` predicts
+the context binary's size by the very same ones, so the prediction cannot drift from the build.
+Nothing here reads weight values: the ONNX is loaded without its external data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, IoSpec, QuantParams,
+                                         activation_encodings_json)
+from hexbundle.formats.encodings import Encodings, ParamEncoding
+from hexbundle.support.errors import EncodingsError, InputError
+
+# Inputs through which an initializer acts as a layer weight (op type -> input indices).
+LINEAR_WEIGHT_INPUTS = {"MatMul": (0, 1), "Gemm": (0, 1), "Gather": (0,), "Conv": (1,)}
+# Float initializers up to this many elements without an encoding are constants (eps, scalars,
+# small biases): they stay inside the topology proto. Larger ones are weights (own blob).
+SMALL_CONSTANT_ELEMENTS = 64
+FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+               onnx.TensorProto.BFLOAT16}
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """A weight to store: quantized with `encoding` along `axis`, or float if encoding is None."""
+
+    initializer: onnx.TensorProto     # metadata only; data is read lazily
+    encoding: Optional[ParamEncoding]
+    axis: Optional[int]
+
+    @property
+    def name(self) -> str:
+        return self.initializer.name
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(int(d) for d in self.initializer.dims)
+
+    def stored_dtype(self, float_bitwidth: int) -> str:
+        """The container dtype the weight is stored as."""
+        if self.encoding is None:
+            return "float16" if float_bitwidth == 16 else "float32"
+        return QUANT_DTYPE_FOR_BITWIDTH[self.encoding.bitwidth]
+
+    def quant_params(self) -> Optional[QuantParams]:
+        enc = self.encoding
+        if enc is None:
+            return None
+        return QuantParams(enc.bitwidth, self.axis, enc.scale, enc.offset, enc.symmetric)
+
+
+def load_onnx_structure(onnx_path: Path) -> onnx.ModelProto:
+    """The model proto WITHOUT external data: weights are read later, one by one, via memmap."""
+    if not onnx_path.is_file():
+        raise InputError(f"{onnx_path}: ONNX model not found; export it or fix the path")
+    try:
+        return onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:   # protobuf/onnx raise a variety of types for a damaged file
+        raise InputError(f"{onnx_path}: cannot parse ONNX model ({type(exc).__name__}: {exc}); "
+                         f"re-export it") from None
+
+
+def consumers_of(graph: onnx.GraphProto) -> dict:
+    """tensor name -> [(op_type, input index, node)] over the top-level graph."""
+    result: dict = {}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name:
+                result.setdefault(name, []).append((node.op_type, index, node))
+    return result
+
+
+def plan_weights(graph: onnx.GraphProto, encodings: Encodings, onnx_path: Path,
+                 encodings_path: Path):
+    """Split initializers into weights (own blobs) and small constants (stay in the topology)."""
+    if len(graph.sparse_initializer):
+        raise InputError(f"{onnx_path}: sparse initializers are not supported; export dense weights")
+    initializers = {init.name: init for init in graph.initializer}
+    unknown = sorted(set(encodings.params) - set(initializers))
+    if unknown:
+        raise EncodingsError(
+            f"{encodings_path}: param encoding for '{unknown[0]}' but {onnx_path} has no such "
+            f"initializer ({len(unknown)} unknown in total); the encodings belong to another export")
+    consumers = consumers_of(graph)
+    weights, constants = [], []
+    for init in graph.initializer:
+        plan = plan_one(init, encodings.params.get(init.name), consumers.get(init.name, []),
+                        onnx_path, encodings_path)
+        (weights if plan is not None else constants).append(plan if plan is not None else init)
+    return weights, constants
+
+
+def plan_one(init: onnx.TensorProto, encoding: Optional[ParamEncoding], consumers: list,
+             onnx_path: Path, encodings_path: Path) -> Optional[WeightPlan]:
+    is_float = init.data_type in FLOAT_TYPES
+    count = int(np.prod(init.dims, dtype=np.int64))
+    if encoding is not None and encoding.is_int:
+        if not is_float:
+            raise EncodingsError(f"{encodings_path}: int encoding for '{init.name}', but in {onnx_path} "
+                                 f"it is not a float tensor; remove the encoding")
+        axis = channel_axis(init, encoding, consumers, onnx_path, encodings_path) if encoding.per_channel else None
+        return WeightPlan(init, encoding, axis)
+    feeds_linear = any(index in LINEAR_WEIGHT_INPUTS.get(op, ()) for op, index, _ in consumers)
+    if is_float and count > SMALL_CONSTANT_ELEMENTS and feeds_linear:
+        # A real converter would silently keep this layer in float (big and slow); refuse instead.
+        raise EncodingsError(
+            f"{encodings_path}: no int encoding for weight '{init.name}' of {onnx_path} "
+            f"({count} elements feeding {consumers[0][0]}); re-export the encodings with this layer quantized")
+    if is_float and (encoding is not None or count > SMALL_CONSTANT_ELEMENTS):
+        return WeightPlan(init, None, None)
+    return None
+
+
+def channel_axis(init: onnx.TensorProto, encoding: ParamEncoding, consumers: list,
+                 onnx_path: Path, encodings_path: Path) -> int:
+    """The OUTPUT channel axis, which depends on how the consumer op reads the weight."""
+    ndim = len(init.dims)
+    axes = {output_axis(op, index, node, ndim) for op, index, node in consumers}
+    if len(axes) != 1 or None in axes or ndim == 0:
+        ops = ", ".join(f"{op} input {index}" for op, index, _ in consumers) or "no consumer"
+        raise EncodingsError(
+            f"{encodings_path}: per-channel encoding for '{init.name}' but its channel axis cannot "
+            f"be determined from {onnx_path} ({ops}); use a per-tensor encoding or MatMul/Gemm/Gather/Conv")
+    axis = axes.pop()
+    if encoding.channels != init.dims[axis]:
+        raise EncodingsError(
+            f"{encodings_path}: '{init.name}' has {encoding.channels} per-channel encodings but its "
+            f"output-channel axis {axis} has length {init.dims[axis]} (shape {list(init.dims)}) in "
+            f"{onnx_path}; the encodings belong to another export")
+    return axis
+
+
+def output_axis(op: str, index: int, node: onnx.NodeProto, ndim: int) -> Optional[int]:
+    if op == "MatMul" and index == 1:
+        return ndim - 1
+    if op == "Gemm" and index == 1:
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else ndim - 1
+    if (op == "Gather" and index == 0) or (op == "Conv" and index == 1):
+        return 0
+    return None
+
+
+def graph_info(model: onnx.ModelProto, graph_name: str, encodings: Encodings) -> GraphInfo:
+    """The graph record a DLC (and then the context binary) holds, weights not yet filled in."""
+    all_initializers = {i.name for i in model.graph.initializer}
+    return GraphInfo(
+        name=graph_name,
+        inputs=io_specs(model.graph.input, exclude=all_initializers),
+        outputs=io_specs(model.graph.output, exclude=set()),
+        weights=(), opset_import=tuple((o.domain, o.version) for o in model.opset_import),
+        ir_version=model.ir_version,
+        activations=activation_encodings_json(encodings.activations))
+
+
+def io_specs(value_infos, exclude: set) -> tuple:
+    specs = []
+    for vi in value_infos:
+        if vi.name in exclude:
+            continue
+        tensor_type = vi.type.tensor_type
+        dtype = (np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).name
+                 if tensor_type.elem_type else "unknown")
+        shape = None
+        if tensor_type.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                          for d in tensor_type.shape.dim)
+        specs.append(IoSpec(vi.name, dtype, shape))
+    return tuple(specs)
+
+
+def topology_bytes(graph: onnx.GraphProto, weight_names: set, inlined: list) -> bytes:
+    """The graph without its weights, with the `inlined` constant protos, deterministically
+    serialized.
+
+    Built field by field rather than copied, so inline weights are never duplicated in memory.
+    """
+    topology = onnx.GraphProto(name=graph.name, doc_string=graph.doc_string)
+    topology.node.extend(graph.node)
+    # Old exports list initializers as graph inputs too; weights are not inputs of the topology.
+    topology.input.extend(i for i in graph.input if i.name not in weight_names)
+    topology.output.extend(graph.output)
+    topology.value_info.extend(graph.value_info)
+    topology.quantization_annotation.extend(graph.quantization_annotation)
+    if hasattr(graph, "metadata_props"):   # onnx >= 1.16 (IR 10)
+        topology.metadata_props.extend(graph.metadata_props)
+    topology.initializer.extend(inlined)
+    return topology.SerializeToString(deterministic=True)
+
+
+def constant_stand_in(init: onnx.TensorProto) -> onnx.TensorProto:
+    """A proto that serializes to as many bytes as the constant the backend inlines
+    (numpy_helper.from_array: name, dims, data_type, raw_data) -- zeros, so the size is known
+    without reading the constant's values from its external data."""
+    if init.data_type == onnx.TensorProto.STRING:
+        return init    # from_array stores strings as string_data: the proto itself is the best guess
+    itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+    count = int(np.prod(init.dims, dtype=np.int64))
+    return onnx.TensorProto(name=init.name, dims=list(init.dims), data_type=init.data_type,
+                            raw_data=bytes(count * itemsize))
