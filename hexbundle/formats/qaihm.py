@@ -232,7 +232,7 @@ def _scan_kind_dirs(root: Path, kind_dirs: list) -> ExportTree:
         _scan_part_dirs(tree, kind_dir, kind_dir.name)
     by_kind, tree.parts = tree.parts, {}
     for kind, parts in by_kind.items():   # the directory says prompt/token; the graph, its AR
-        any_part = next(iter(parts.values()))
+        any_part = parts.get(2) or next(iter(parts.values()))   # part 1 has no mask
         ar, cl = graph_io(load_structure(any_part.onnx)).sequence_and_context(any_part.onnx)
         tree.parts[ar] = parts
         tree.context_length = cl

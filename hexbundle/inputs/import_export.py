@@ -179,7 +179,9 @@ def infer(tree: ExportTree, split: str, prompt_ar: int, token_ar: int) -> Inferr
     protos = [load_structure(g.onnx) for g in graphs]
     out = Inferred(prompt_ar=prompt_ar, token_ar=token_ar)
     ios = [graph_io(p) for p in protos]
-    _, out.context_length = ios[0].sequence_and_context(graphs[0].onnx)
+    with_mask = next(i for i, io in enumerate(ios) if "attention_mask" in io.inputs) \
+        if any("attention_mask" in io.inputs for io in ios) else 0
+    _, out.context_length = ios[with_mask].sequence_and_context(graphs[with_mask].onnx)
     per_graph_layers = [sorted(int(m[1]) for n in io.inputs if (m := PAST_KEY.fullmatch(n)))
                         for io in ios]
     layers = [layer for ls in per_graph_layers for layer in ls]

@@ -71,12 +71,34 @@ def cut_graph(proto, num_layers: int, where: Path) -> Cut:
         cut.segment[index] = _segment(node, cut, num_layers, where)
     if INPUT_IDS not in {i.name for i in graph.input}:
         raise InputError(f"{where}: no input 'input_ids'; this is not an unsplit LLM graph")
+    _mark_head(cut, num_layers)
     return cut
 
 
-def _segment(node, cut: Cut, num_layers: int, where: Path) -> int:
-    m = LAYER.search(node.name) or next(
+def _mark_head(cut: Cut, num_layers: int) -> None:
+    """The final norm and the LM head: the unnamed pipeline nodes on the way to `logits` after
+    the last layer (walking back from logits, stopping at layer nodes)."""
+    graph = cut.proto.graph
+    stack = [cut.producer[o.name] for o in graph.output if o.name == "logits" and o.name in cut.producer]
+    seen = set()
+    while stack:
+        index = stack.pop()
+        if index in seen or index not in cut.segment or _named_layer(graph.node[index]):
+            continue
+        seen.add(index)
+        cut.segment[index] = num_layers + 1
+        stack += [cut.producer[i] for i in graph.node[index].input if i in cut.producer]
+
+
+def _named_layer(node):
+    return LAYER.search(node.name) or next(
         (LAYER.search(o) for o in node.output if LAYER.search(o)), None)
+
+
+def _segment(node, cut: Cut, num_layers: int, where: Path) -> int:
+    """A layer's node goes with its layer; an unnamed one with what it reads (the embedding
+    before layer 0, a KV output's concat with its layer); the head is marked afterwards."""
+    m = _named_layer(node)
     if m:
         layer = int(m[1])
         if layer >= num_layers:
@@ -85,8 +107,7 @@ def _segment(node, cut: Cut, num_layers: int, where: Path) -> int:
         return layer + 1
     producers = [cut.segment[cut.producer[i]] for i in node.input
                  if i in cut.producer and cut.producer[i] in cut.segment]
-    before = max(producers, default=0)
-    return 0 if before == 0 else num_layers + 1
+    return max(producers, default=0)
 
 
 @dataclass
