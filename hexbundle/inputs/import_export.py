@@ -80,10 +80,13 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
     inferred = infer(tree, split, prompt_ar, token_ar)
     plan_layers = wanted or (inferred.layers_per_part if split == "export"
                              else KNOWN_PLANS.get(tree.slug))
-    if plan_layers is None:
-        raise InputError(f"{tree.root}: only unsplit graphs, and qai-hub-models' split of "
-                         f"{tree.slug!r} is not known here: give the layers per part, e.g. "
-                         f"--plan 0,{inferred.arch['num_layers'] - 1},1 (part 1 the embedding)")
+    if plan_layers is None or sum(plan_layers) != inferred.arch["num_layers"]:
+        known = (f"qai-hub-models splits {tree.slug!r} as {','.join(map(str, plan_layers))}, "
+                 f"which does not fit this export's {inferred.arch['num_layers']} layers"
+                 if plan_layers else f"qai-hub-models' split of {tree.slug!r} is not known here")
+        raise InputError(f"{tree.root}: only unsplit graphs, and {known}: give the layers per "
+                         f"part, e.g. --plan 0,{inferred.arch['num_layers'] - 1},1 (part 1 the "
+                         "embedding)")
     check_plan(plan_layers, inferred.arch["num_layers"])
     tokenizer_path = find_tokenizer(tree, tokenizer)
     if tokenizer_path:
