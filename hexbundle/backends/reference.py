@@ -394,7 +394,7 @@ def _topology_bytes(graph: onnx.GraphProto, weight_names: set, constants: list,
     Built field by field rather than copied, so inline weights are never duplicated in memory.
     """
     topology = onnx.GraphProto(name=graph.name, doc_string=graph.doc_string)
-    topology.node.extend(graph.node)
+    topology.node.extend(_inline_attribute_tensors(node, onnx_path) for node in graph.node)
     # Old exports list initializers as graph inputs too; weights are not inputs of the topology.
     topology.input.extend(i for i in graph.input if i.name not in weight_names)
     topology.output.extend(graph.output)
@@ -405,6 +405,26 @@ def _topology_bytes(graph: onnx.GraphProto, weight_names: set, constants: list,
     for init in constants:
         topology.initializer.append(_inline_constant(init, onnx_path))
     return topology.SerializeToString(deterministic=True)
+
+
+def _inline_attribute_tensors(node: onnx.NodeProto, onnx_path: Path) -> onnx.NodeProto:
+    """The node, with tensor attributes kept in external data (a Constant's value, when the
+    export was saved with convert_attribute) read into it: the topology blob must be
+    self-contained, the data file is not shipped."""
+    if not any(_is_external_tensor(a) for a in node.attribute):
+        return node
+    inlined = onnx.NodeProto()
+    inlined.CopyFrom(node)
+    for attribute in filter(_is_external_tensor, inlined.attribute):
+        if not attribute.t.name:   # external data is found by file and offset; errors need a name
+            attribute.t.name = f"{node.name or node.op_type}.{attribute.name}"
+        attribute.t.CopyFrom(_inline_constant(attribute.t, onnx_path))
+    return inlined
+
+
+def _is_external_tensor(attribute: onnx.AttributeProto) -> bool:
+    return (attribute.type == onnx.AttributeProto.TENSOR
+            and attribute.t.data_location == onnx.TensorProto.EXTERNAL)
 
 
 def _inline_constant(init: onnx.TensorProto, onnx_path: Path) -> onnx.TensorProto:
