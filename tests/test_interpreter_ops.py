@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, get_backend
 from hexbundle.formats.ctxbin import read_ctxbin
+from hexbundle.runtime import interpreter
 from hexbundle.runtime.interpreter import GraphRunner
 from hexbundle.runtime.onnx_graph import OnnxGraph
 from hexbundle.support.errors import VerifyError
@@ -44,9 +45,9 @@ def constant(name, value) -> onnx.NodeProto:
                             value=numpy_helper.from_array(np.asarray(value), name))
 
 
-def per_channel_int8(w: np.ndarray) -> list:
-    """Legacy AIMET param encoding, symmetric 8-bit per output channel (axis 0)."""
-    scales = np.abs(w).reshape(len(w), -1).max(axis=1) / 127
+def per_channel_int8(w: np.ndarray, per_tensor: bool = False) -> list:
+    """Legacy AIMET param encoding, symmetric 8-bit per output channel (axis 0) or per tensor."""
+    scales = np.abs(w).reshape(1 if per_tensor else len(w), -1).max(axis=1) / 127
     return [{"bitwidth": 8, "dtype": "int", "is_symmetric": "True", "scale": float(s),
              "offset": -128, "min": float(-128 * s), "max": float(127 * s)} for s in scales]
 
@@ -126,7 +127,8 @@ def test_constant_nodes_with_tensor_float_and_int_values(tmp_path):
     assert_runner_matches_onnxruntime(model, {"x": normal(2, 3)}, tmp_path)
 
 
-def test_conv_1x1_with_bias_and_a_per_channel_int8_weight(tmp_path):
+@pytest.mark.parametrize("per_tensor", [False, True], ids=["per-channel", "per-tensor"])
+def test_conv_1x1_with_bias_and_an_int8_weight(tmp_path, monkeypatch, per_tensor):
     """The qai-hub-models projection: NCHW (1, C, 1, S), 1x1 Conv, group 1, with bias. The runner
     must compute exactly the dequantized weight's product, and the float one within int8 error."""
     w, b = normal(96, 32, 1, 1) * 0.2, normal(96)
@@ -135,7 +137,8 @@ def test_conv_1x1_with_bias_and_a_per_channel_int8_weight(tmp_path):
                           kernel_shape=[1, 1], pads=[0, 0, 0, 0], strides=[1, 1],
                           dilations=[1, 1])],
         [("x", FLOAT, [1, 32, 1, 7])], [("y", FLOAT, [1, 96, 1, 7])], {"w": w, "b": b})
-    bin_path = build_bin(model, tmp_path, {"w": per_channel_int8(w)})
+    bin_path = build_bin(model, tmp_path, {"w": per_channel_int8(w, per_tensor)})
+    monkeypatch.setattr(interpreter, "_direct_conv", None)     # must take the matmul path
     feeds = {"x": normal(1, 32, 1, 7)}
     got = run_runner(bin_path, feeds)["y"]
     np.testing.assert_allclose(got, run_onnxruntime(dequantized_model(bin_path), feeds)["y"],
