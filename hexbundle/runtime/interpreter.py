@@ -8,7 +8,7 @@ runs is what the device would load.
 The graph runner (`GraphRunner`)
 --------------------------------
 * Op set: the ops of the generated Qwen2 graphs and of qai-hub-models exports (Constant, Conv,
-  Cast, Squeeze/Unsqueeze, ...; `SUPPORTED_OPS`, opset 17 semantics). Any other op is refused
+  Cast, Squeeze/Unsqueeze, Identity, ...; `SUPPORTED_OPS`, opset 17 semantics). Any other op is refused
   when the runner is built, naming the bin, graph, node and op; there is no fallback. An op that
   fails while running names the node, op and its input tensors.
 * Weights stay in the mmap of the bin until the node that consumes them runs. MatMul by a weight
@@ -357,6 +357,8 @@ SUPPORTED_OPS = {
     "Gather": _gather,
     "Conv": _conv,
     "Constant": _constant,
+    # a weight passes through as it is, so a MatMul or Conv behind it still streams it
+    "Identity": lambda node, x: x,
     "Add": _elementwise(np.add),
     "Sub": _elementwise(np.subtract),
     "Mul": _elementwise(np.multiply),
@@ -447,7 +449,7 @@ class GraphRunner:
             for name in node.input:
                 if self._last_use.get(name) == index:
                     values.pop(name, None)     # drop as soon as no later node needs it
-        return {o.name: self._boundary(o.name, values[o.name]) for o in self.outputs}
+        return {o.name: self._boundary(o.name, _dense(values[o.name])) for o in self.outputs}
 
     def _apply(self, node, args: list):
         """One node; a failure names the bin, graph, node, op and its input tensors."""
