@@ -198,6 +198,22 @@ def test_gather_with_int64_indices_from_an_activation_and_from_the_embedding(tmp
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6, err_msg=name)
 
 
+def test_identity_of_a_weight_and_as_a_graph_output(tmp_path):
+    """Real parts alias deduplicated weights (norm weights, biases) through Identity nodes: a
+    weight behind one still reaches MatMul (streamed), and an Identity output comes back as an
+    array. (Per-tensor: convert cannot tell a channel axis through an Identity.)"""
+    w = normal(24, 40)
+    nodes = [helper.make_node("Identity", ["w"], ["w_alias"]),
+             helper.make_node("MatMul", ["x", "w_alias"], ["y"]),
+             helper.make_node("Identity", ["y"], ["y_out"])]
+    model = make_model(nodes, [("x", FLOAT, [3, 24])], [("y_out", FLOAT, [3, 40])], {"w": w})
+    bin_path = build_bin(model, tmp_path, {"w": per_channel_int8(w, per_tensor=True)})
+    feeds = {"x": normal(3, 24)}
+    np.testing.assert_allclose(run_runner(bin_path, feeds)["y_out"],
+                               run_onnxruntime(dequantized_model(bin_path), feeds)["y_out"],
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_a_failing_op_names_the_node_the_op_and_its_inputs(tmp_path):
     model = make_model([helper.make_node("Squeeze", ["x", "axes"], ["y"], name="bad_squeeze")],
                        [("x", FLOAT, [3, 4])], [("y", FLOAT, None)],
