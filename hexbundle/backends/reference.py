@@ -57,7 +57,8 @@ class ReferenceBackend:
         weight_names = {w.name for w in weights}
         info = graph_info(model, graph_name, encodings)
         topology = topology_bytes(model.graph, weight_names,
-                                  [_inline_constant(c, onnx_path) for c in constants])
+                                  [_inline_constant(c, onnx_path) for c in constants],
+                                  [_inline_attribute_tensors(n, onnx_path) for n in model.graph.node])
         tensors = _stored_tensors(weights, onnx_path, options.float_bitwidth, log)
         size = write_dlc(dlc_path, DlcGraph(info, topology, tensors, self._producer(),
                                             options.float_bitwidth, onnx_path.name,
@@ -271,6 +272,26 @@ def _channel_params(quant: QuantParams, ndim: int, rows: slice):
     if quant.axis == 0:
         scale, offset = scale[rows], offset[rows]
     return scale.reshape(shape), offset.reshape(shape)
+
+
+def _inline_attribute_tensors(node: onnx.NodeProto, onnx_path: Path) -> onnx.NodeProto:
+    """The node, with tensor attributes kept in external data (a Constant's value, when the
+    export was saved with convert_attribute) read into it: the topology blob must be
+    self-contained, the data file is not shipped."""
+    if not any(_is_external_tensor(a) for a in node.attribute):
+        return node
+    inlined = onnx.NodeProto()
+    inlined.CopyFrom(node)
+    for attribute in filter(_is_external_tensor, inlined.attribute):
+        if not attribute.t.name:   # external data is found by file and offset; errors need a name
+            attribute.t.name = f"{node.name or node.op_type}.{attribute.name}"
+        attribute.t.CopyFrom(_inline_constant(attribute.t, onnx_path))
+    return inlined
+
+
+def _is_external_tensor(attribute: onnx.AttributeProto) -> bool:
+    return (attribute.type == onnx.AttributeProto.TENSOR
+            and attribute.t.data_location == onnx.TensorProto.EXTERNAL)
 
 
 def _inline_constant(init: onnx.TensorProto, onnx_path: Path) -> onnx.TensorProto:

@@ -179,14 +179,15 @@ def io_specs(value_infos, exclude: set) -> tuple:
     return tuple(specs)
 
 
-def topology_bytes(graph: onnx.GraphProto, weight_names: set, inlined: list) -> bytes:
-    """The graph without its weights, with the `inlined` constant protos, deterministically
-    serialized.
+def topology_bytes(graph: onnx.GraphProto, weight_names: set, inlined: list,
+                   nodes: list = None) -> bytes:
+    """The graph without its weights, with the `inlined` constant protos (and `nodes` for the
+    graph's nodes, when some were rewritten), deterministically serialized.
 
     Built field by field rather than copied, so inline weights are never duplicated in memory.
     """
     topology = onnx.GraphProto(name=graph.name, doc_string=graph.doc_string)
-    topology.node.extend(graph.node)
+    topology.node.extend(graph.node if nodes is None else nodes)
     # Old exports list initializers as graph inputs too; weights are not inputs of the topology.
     topology.input.extend(i for i in graph.input if i.name not in weight_names)
     topology.output.extend(graph.output)

@@ -7,14 +7,15 @@ runs is what the device would load.
 
 The graph runner (`GraphRunner`)
 --------------------------------
-* Op set: exactly the ops the generated Qwen2 graphs use (`SUPPORTED_OPS`, opset 17 semantics).
-  Any other op is refused when the runner is built, naming the bin, graph, node and op; there is
-  no fallback.
+* Op set: the ops of the generated Qwen2 graphs and of qai-hub-models exports (Constant, Conv,
+  Cast, Squeeze/Unsqueeze, Identity, ...; `SUPPORTED_OPS`, opset 17 semantics). Any other op is refused
+  when the runner is built, naming the bin, graph, node and op; there is no fallback. An op that
+  fails while running names the node, op and its input tensors.
 * Weights stay in the mmap of the bin until the node that consumes them runs. MatMul by a weight
-  works through it in column blocks (<= `BLOCK_ELEMENTS` floats at a time), as
-  ((x @ q) + sum(x) * offset) * scale, the dequantization formula moved past the product; Gather
-  from a weight (the embedding) dequantizes only the gathered rows; any other use dequantizes
-  the whole tensor.
+  (and a 1x1 Conv, the same product) works through it in column blocks (<= `BLOCK_ELEMENTS`
+  floats at a time), as ((x @ q) + sum(x) * offset) * scale, the dequantization formula moved
+  past the product; Gather from a weight (the embedding) dequantizes only the gathered rows; any
+  other use dequantizes the whole tensor.
   Every value (weight or activation) is dropped after its last consumer, so memory is bounded by
   one part and in practice by the largest tensor, never by the model.
 * Dequantization is the file format's: real = (q + offset[c]) * scale[c] (docs/formats.md).
@@ -32,7 +33,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import numpy as np
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from hexbundle.formats.container import QuantParams, dequantize
 from hexbundle.formats.ctxbin import CtxBinReader
@@ -87,14 +88,26 @@ def _sliced(quant: Optional[QuantParams], axis: int, index) -> Optional[QuantPar
 def _attr(node, name: str, default=None):
     for a in node.attribute:
         if a.name == name:
-            if a.type == a.INT:
-                return a.i
-            if a.type == a.INTS:
-                return list(a.ints)
-            if a.type == a.FLOAT:
-                return a.f
-            raise VerifyError(f"node {node.name}: attribute {name} has an unsupported type")
+            return _attribute_value(node, a)
     return default
+
+
+def _attribute_value(node, a):
+    """An attribute as Python/numpy: ints, floats, their lists, strings and tensors (Constant)."""
+    if a.type == a.INT:
+        return a.i
+    if a.type == a.INTS:
+        return list(a.ints)
+    if a.type == a.FLOAT:
+        return a.f
+    if a.type == a.FLOATS:
+        return list(a.floats)
+    if a.type == a.STRING:
+        return a.s.decode()
+    if a.type == a.TENSOR:
+        return numpy_helper.to_array(a.t)
+    raise VerifyError(f"node {node.name} ({node.op_type}): attribute {a.name} has an unsupported "
+                      f"type {a.type}")
 
 
 def _matmul(node, a, b):
@@ -174,29 +187,206 @@ def _softmax(node, x):
     return shifted / shifted.sum(axis=axis, keepdims=True)
 
 
+def _divide(a, b):
+    """ONNX Div: true division for floats, truncation toward zero for integers (numpy's //
+    floors, and np.divide would turn int64 shape arithmetic into float64)."""
+    if np.issubdtype(a.dtype, np.integer) and np.issubdtype(b.dtype, np.integer):
+        quotient = np.abs(a) // np.abs(b)
+        return np.where((a < 0) != (b < 0), -quotient, quotient).astype(a.dtype)
+    return np.divide(a, b)
+
+
+def _constant(node):
+    """Constant (opset 13+): exactly one of value (a TensorProto), value_float(s), value_int(s)."""
+    for a in node.attribute:
+        if a.name == "value":
+            if a.t.data_location == a.t.EXTERNAL:
+                raise VerifyError(f"node {node.name} (Constant): its value tensor '{a.t.name}' is "
+                                  f"in external data, which a topology cannot carry; reconvert "
+                                  f"the part (convert inlines it)")
+            return numpy_helper.to_array(a.t)
+        if a.name in ("value_float", "value_floats"):
+            return np.array(_attribute_value(node, a), dtype=np.float32)
+        if a.name in ("value_int", "value_ints"):
+            return np.array(_attribute_value(node, a), dtype=np.int64)
+    names = ", ".join(a.name for a in node.attribute) or "none"
+    raise VerifyError(f"node {node.name} (Constant): attribute(s) {names}; the CPU runner "
+                      f"implements value, value_float(s) and value_int(s)")
+
+
+def _cast(node, x):
+    to = _attr(node, "to")
+    try:
+        dtype = helper.tensor_dtype_to_np_dtype(to)
+    except (KeyError, ValueError):
+        raise VerifyError(f"node {node.name} (Cast): 'to' = {to} is not a known tensor "
+                          f"type") from None
+    return np.asarray(x).astype(dtype)
+
+
+def _unsqueeze(node, x, axes=None):
+    """Unsqueeze: axes is an input from opset 13 (an attribute before); negative axes count
+    from the end of the OUTPUT shape, as np.expand_dims does."""
+    axes = _attr(node, "axes") if axes is None else axes
+    if axes is None:
+        raise VerifyError(f"node {node.name} (Unsqueeze): no axes input or attribute")
+    return np.expand_dims(x, tuple(int(a) for a in np.ravel(axes)))
+
+
+def _squeeze(node, x, axes=None):
+    """Squeeze: without axes, every dimension of size 1 goes."""
+    axes = _attr(node, "axes") if axes is None else axes
+    if axes is None:
+        return np.squeeze(x)
+    return np.squeeze(x, axis=tuple(int(a) for a in np.ravel(axes)))
+
+
+# ---------------------------------------------------------------------------- Conv
+
+
+def _conv(node, x, w, bias=None):
+    """Conv, ONNX semantics (NCHW, weight O x C/group x kH x kW). Exports from qai-hub-models
+    run every projection as a 1x1 stride-1 unpadded Conv: that case is a matrix product and goes
+    through the weight's quantized values as MatMul does; anything else is a direct convolution
+    with the weight dequantized whole."""
+    x = _dense(x)
+    kernel = tuple((w.values() if isinstance(w, _Weight) else w).shape[2:])
+    spatial = x.ndim - 2
+    group = _attr(node, "group", 1)
+    strides = _attr(node, "strides", [1] * spatial)
+    dilations = _attr(node, "dilations", [1] * spatial)
+    pads = _conv_pads(node, x.shape[2:], kernel, strides, dilations)
+    declared = _attr(node, "kernel_shape")
+    if declared is not None and tuple(declared) != kernel:
+        raise VerifyError(f"node {node.name} (Conv): kernel_shape {declared} but weight "
+                          f"'{node.input[1]}' has spatial shape {list(kernel)}")
+    if group == 1 and set(kernel) <= {1} and set(strides) <= {1} and not any(pads):
+        out = _pointwise_conv(x, w)
+    else:
+        out = _direct_conv(node, x, _dense(w), group, strides, dilations, pads)
+    if bias is not None:
+        out += _dense(bias).astype(out.dtype).reshape((1, -1) + (1,) * spatial)
+    return out
+
+
+def _conv_pads(node, in_shape, kernel, strides, dilations) -> list:
+    """[begin_1, .., begin_n, end_1, .., end_n] from pads or auto_pad."""
+    spatial = len(in_shape)
+    auto_pad = _attr(node, "auto_pad", "NOTSET")
+    if auto_pad == "NOTSET":
+        return list(_attr(node, "pads", [0] * 2 * spatial))
+    if auto_pad == "VALID":
+        return [0] * 2 * spatial
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        raise VerifyError(f"node {node.name} (Conv): auto_pad {auto_pad!r} is not an ONNX value")
+    begins, ends = [], []
+    for size, k, s, d in zip(in_shape, kernel, strides, dilations):
+        total = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+        small, large = total // 2, total - total // 2
+        begins.append(small if auto_pad == "SAME_UPPER" else large)
+        ends.append(total - begins[-1])
+    return begins + ends
+
+
+def _pointwise_conv(x: np.ndarray, w) -> np.ndarray:
+    """A 1x1 stride-1 group-1 Conv as (positions x C) @ (C x O): with a quantized weight, its
+    per-output-channel (axis 0) encoding becomes a per-column one of the transposed matrix."""
+    n, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    positions = np.moveaxis(x.reshape(n, c, -1), 1, 2)                   # N x P x C
+    if isinstance(w, _Weight):
+        values, quant = w.values(), w.quant()
+        matrix = values.reshape(values.shape[0], c).T                     # C x O, a view
+        if quant is None or quant.axis in (None, 0):
+            columns = None if quant is None else QuantParams(
+                quant.bitwidth, None if quant.axis is None else 1, quant.scale, quant.offset,
+                quant.symmetric)
+            out = _matmul_by_columns(positions, matrix, columns)
+        else:
+            out = np.matmul(positions, w.full().reshape(values.shape[0], c).T)
+    else:
+        out = np.matmul(positions, w.reshape(w.shape[0], c).T)
+    return np.moveaxis(out, 2, 1).reshape((n, out.shape[-1]) + spatial)
+
+
+def _direct_conv(node, x, w, group, strides, dilations, pads) -> np.ndarray:
+    """General 1-D/2-D Conv: one strided window of the padded input per kernel tap, contracted
+    with that tap's weights, group by group (1-D runs as 2-D with a unit height)."""
+    spatial = x.ndim - 2
+    if spatial == 1:
+        x, w = x[:, :, None, :], w[:, :, None, :]
+        strides, dilations = [1] + list(strides), [1] + list(dilations)
+        pads = [0, pads[0], 0, pads[1]]
+    elif spatial != 2:
+        raise VerifyError(f"node {node.name} (Conv): {spatial}-D convolution of "
+                          f"'{node.input[0]}'; the CPU runner implements 1-D and 2-D")
+    n, c, h, width = x.shape
+    o, c_group, kh, kw = w.shape
+    if c != c_group * group or o % group:
+        raise VerifyError(f"node {node.name} (Conv): input '{node.input[0]}' has {c} channels and "
+                          f"weight '{node.input[1]}' shape {list(w.shape)}, not valid for "
+                          f"group={group}")
+    padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    (sh, sw), (dh, dw) = strides, dilations
+    out_h = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
+    out_w = (width + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, o, out_h, out_w), dtype=np.result_type(x, w))
+    o_group = o // group
+    for i in range(kh):
+        for j in range(kw):
+            window = padded[:, :, i * dh:i * dh + sh * (out_h - 1) + 1:sh,
+                            j * dw:j * dw + sw * (out_w - 1) + 1:sw]
+            for g in range(group):
+                out[:, g * o_group:(g + 1) * o_group] += np.einsum(
+                    "nchw,oc->nohw", window[:, g * c_group:(g + 1) * c_group],
+                    w[g * o_group:(g + 1) * o_group, :, i, j])
+    return out[:, :, 0, :] if spatial == 1 else out
+
+
 def _elementwise(fn) -> Callable:
     return lambda node, *args: fn(*[_dense(a) for a in args])
 
 
-# op type -> fn(node, *inputs); inputs are arrays or _Weight (only MatMul and Gather see those).
+def _dense_args(fn) -> Callable:
+    return lambda node, *args: fn(node, *[_dense(a) for a in args])
+
+
+# op type -> fn(node, *inputs); inputs are arrays or _Weight (MatMul, Gather and Conv read those
+# through the quantized values; every other op sees them dequantized whole).
 SUPPORTED_OPS = {
     "MatMul": _matmul,
     "Gather": _gather,
+    "Conv": _conv,
+    "Constant": _constant,
+    # a weight passes through as it is, so a MatMul or Conv behind it still streams it
+    "Identity": lambda node, x: x,
     "Add": _elementwise(np.add),
+    "Sub": _elementwise(np.subtract),
     "Mul": _elementwise(np.multiply),
-    "Div": _elementwise(np.divide),
+    "Div": _elementwise(_divide),
     "Pow": _elementwise(lambda x, y: np.power(x, y).astype(x.dtype)),
     "Sqrt": _elementwise(np.sqrt),
     "Neg": _elementwise(np.negative),
     # tanh form: no overflow warning for large |x| (1 / (1 + exp(-x)) overflows exp)
     "Sigmoid": _elementwise(lambda x: (0.5 * (1.0 + np.tanh(0.5 * x))).astype(x.dtype)),
-    "Softmax": lambda node, x: _softmax(node, _dense(x)),
-    "ReduceMean": lambda node, *a: _reduce_mean(node, *[_dense(v) for v in a]),
+    "Softmax": _dense_args(_softmax),
+    "ReduceMean": _dense_args(_reduce_mean),
     "Concat": lambda node, *a: np.concatenate([_dense(v) for v in a], axis=_attr(node, "axis")),
-    "Slice": lambda node, *a: _slice(node, *[_dense(v) for v in a]),
-    "Reshape": lambda node, *a: _reshape(node, *[_dense(v) for v in a]),
+    "Slice": _dense_args(_slice),
+    "Reshape": _dense_args(_reshape),
     "Transpose": lambda node, x: np.transpose(_dense(x), _attr(node, "perm")),
+    "Cast": _dense_args(_cast),
+    "Unsqueeze": _dense_args(_unsqueeze),
+    "Squeeze": _dense_args(_squeeze),
 }
+
+
+def _describe(value) -> str:
+    if value is None:
+        return "(absent)"
+    if isinstance(value, _Weight):
+        return f"weight {list(value.values().shape)}"
+    value = np.asarray(value)
+    return f"{value.dtype}{list(value.shape)}"
 
 
 class GraphRunner:
@@ -255,12 +445,22 @@ class GraphRunner:
             args = [self._fetch(values, name) if name else None for name in node.input]
             while args and args[-1] is None:   # trailing optional inputs left empty
                 args.pop()
-            result = SUPPORTED_OPS[node.op_type](node, *args)
-            values[node.output[0]] = result
+            values[node.output[0]] = self._apply(node, args)
             for name in node.input:
                 if self._last_use.get(name) == index:
                     values.pop(name, None)     # drop as soon as no later node needs it
-        return {o.name: self._boundary(o.name, values[o.name]) for o in self.outputs}
+        return {o.name: self._boundary(o.name, _dense(values[o.name])) for o in self.outputs}
+
+    def _apply(self, node, args: list):
+        """One node; a failure names the bin, graph, node, op and its input tensors."""
+        try:
+            return SUPPORTED_OPS[node.op_type](node, *args)
+        except VerifyError as exc:
+            raise VerifyError(f"{self.where}: {exc}") from None
+        except (ValueError, IndexError, TypeError, ArithmeticError) as exc:
+            inputs = ", ".join(f"'{name}' {_describe(arg)}" for name, arg in zip(node.input, args))
+            raise VerifyError(f"{self.where}: node {node.name} ({node.op_type}) failed on "
+                              f"{inputs or 'no inputs'}: {exc}") from None
 
     def _fetch(self, values: dict, name: str):
         if name in values:

@@ -8,6 +8,7 @@ Heavy imports (onnx, onnxruntime) happen inside the methods: a no-op `doit` must
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from hexbundle.runtime.sessions import IoInfo
@@ -25,6 +26,7 @@ class OnnxGraph:
         self.path = Path(path)
         model = onnx.load(str(path), load_external_data=False)
         self.name = model.graph.name
+        self.ir_version = model.ir_version
         initializers = {i.name for i in model.graph.initializer}
 
         def info(v):
@@ -48,10 +50,24 @@ class OnnxGraph:
             # prepacking copies every MatMul weight while the session is created: 5.2 GB peak
             # instead of 3.4 GB for a 7B-shaped part of 3.1 GB float weights
             options.add_session_config_entry("session.disable_prepacking", "1")
-            self._session = onnxruntime.InferenceSession(str(self.path), options,
-                                                         providers=["CPUExecutionProvider"])
+            self._session = self._open(onnxruntime, options)
         names = [o.name for o in self.outputs]
         return dict(zip(names, self._session.run(names, feeds)))
+
+    def _open(self, onnxruntime, options):
+        try:
+            return onnxruntime.InferenceSession(str(self.path), options,
+                                                providers=["CPUExecutionProvider"])
+        except Exception as exc:   # onnxruntime raises its own Fail/InvalidGraph types
+            if "IR version" not in str(exc):
+                raise
+            # qai-hub-models exports are IR 11: an older onnxruntime refuses them outright
+            found = re.search(r"Unsupported model IR version[^\n]*", str(exc))
+            detail = found.group(0) if found else str(exc).strip()
+            raise VerifyError(
+                f"{self.path}: onnxruntime {onnxruntime.__version__} cannot load IR version "
+                f"{self.ir_version} ({detail}); upgrade it (python3 -m pip install -U "
+                f"onnxruntime) or re-export the model with a lower IR version") from None
 
     def close(self) -> None:
         self._session = None
