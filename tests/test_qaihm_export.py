@@ -8,6 +8,7 @@ runs here: the 0.46 tree (prompt/, token/) and Qualcomm's asset (<slug>_ar<S>.on
 <slug>.data) are the same graphs renamed, their external-data locations rewritten as those
 layouts record them (`_relocate`). Nothing under tests/data is ever written by a test.
 """
+import json
 import shutil
 from pathlib import Path
 
@@ -240,7 +241,10 @@ def test_verify_passes_on_the_qualcomm_made_export(imported):
     project, _, _ = imported
     run = project.doit("verify", "model=qaihm", check=False)
     assert run.code == 0, run.out + run.err
-    assert "verify: ok" in run.out or "PASS" in run.out.upper()
+    report = json.loads((project.build_dir("qaihm") / "verify" / "report.json").read_text())
+    assert report["ok"] is True and report["decode_steps"] == 32
+    end = [r for r in report["rows"] if r["part"] == "end to end"]
+    assert end and end[0]["cos_min"] >= 0.95 and end[0]["top1"] >= 0.5, end
 
 
 def test_the_asset_is_split_locally_and_built(tmp_path):
@@ -252,6 +256,9 @@ def test_the_asset_is_split_locally_and_built(tmp_path):
                  ",".join(map(str, PLAN)))
     project.doit("bundle", "model=asset")
     assert len(list((project.bundle("asset")).glob("*.bin"))) == 6
+    assert project.manifest("asset")["graphs"]["prompt_ar128_cl256_2_of_6"]["split_from"].endswith(
+        f"asset/{SLUG}_ar128.onnx")
+    project.doit("verify", "model=asset")
 
 
 def test_a_missing_tokenizer_is_said_and_tokenizer_config_alone_gets_a_message(tmp_path):
