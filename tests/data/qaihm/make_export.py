@@ -31,7 +31,7 @@ Environment (exact versions used)
   (aimet-onnx must be 2.26.0: 2.42 fuses RMSNorm into ONNX local functions
   that Qualcomm's splitter drops.)
 
-Run (from anywhere; CPU only, ~5-10 min on 2 cores, no network needed):
+Run (from anywhere; CPU only, ~1-2 min on 2 cores, no network needed):
     /work/venvs/qaihm/bin/python /work/main/tests/data/qaihm/make_export.py
 It wipes and rewrites tests/data/qaihm/export/.  Scratch files go to
 $QAIHM_WORK (default /tmp/qaihm_tiny_work).
@@ -45,7 +45,9 @@ Monkeypatches (all in this process; the installed package is not edited)
 2. Concrete tiny classes ``TinyQwen2`` / ``TinyQwen2_AIMETOnnx``: subclasses of
    ``Qwen2Base`` / ``Qwen2Base_AIMETOnnx`` written exactly like the stock
    ``llama_v3_2_3b_instruct`` pair (0.55 ships no concrete quantizable Qwen2
-   text model); their input spec is the 7B class's (int64 input_ids).
+   text model), with the same Llama3Base input spec (int32 input_ids; the 7B
+   class declares int64 for its asset, but Qualcomm's calibration generator
+   feeds int32, so the quantized graphs take int32).
 3. The 7B class downloads a pre-quantized asset zip
    (``CachedWebModelAsset.from_asset_store(...).fetch()``).  We replace
    ``CachedWebModelAsset`` in the 7B module with a stub whose ``fetch`` returns a
@@ -169,6 +171,16 @@ def make_fp_checkpoint() -> None:
     cfg = Qwen2Config(**TINY_CONFIG, torch_dtype="float32")
     cfg.architectures = ["Qwen2ForCausalLM"]
     model = Qwen2ForCausalLM(cfg).eval()
+    # HF init sets every RMSNorm weight to 1 and every q/k/v bias to 0, and
+    # torch.onnx.export then de-duplicates those identical initializers into
+    # one shared tensor.  Randomise them so each layer owns distinct tensors,
+    # as in a real checkpoint.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.02 * torch.randn_like(p))
     model.save_pretrained(CKPT_FP, safe_serialization=True)
 
 
@@ -181,14 +193,20 @@ def build_tiny_classes():
     from qai_hub_models.models._shared.llm.common import LLMIOType
     from qai_hub_models.models._shared.llm.model import DEFAULT_SEQUENCE_LENGTH
     from qai_hub_models.models._shared.qwen2.model import Qwen2Base, Qwen2Base_AIMETOnnx
-    from qai_hub_models.models.qwen2_5_7b_instruct.model import Qwen2_5_7B_Instruct
+    from qai_hub_models.models._shared.llama3.model import Llama3Base
 
     def _spec(self, llm_config, sequence_length=DEFAULT_SEQUENCE_LENGTH,
               context_length=CONTEXT_LENGTH, llm_io_type=LLMIOType.genie_input_ids):
-        # Same as the 7B class's get_input_spec (Llama3Base spec, int64 input_ids).
-        return Qwen2_5_7B_Instruct.get_input_spec(
-            self, llm_config=llm_config, sequence_length=sequence_length,
-            context_length=context_length, llm_io_type=llm_io_type)
+        # Same as llama_v3_2_3b_instruct's spec (Llama3Base._get_input_spec,
+        # int32 input_ids).  Qualcomm's calibration generator feeds int32
+        # input_ids, so the 7B class's int64 variant cannot be used here.
+        return Llama3Base._get_input_spec(
+            num_hidden_layers=llm_config["num_hidden_layers"],
+            sequence_length=sequence_length, context_length=context_length,
+            hidden_size=llm_config["hidden_size"],
+            num_key_value_heads=llm_config["num_key_value_heads"],
+            num_attention_heads=llm_config["num_attention_heads"],
+            llm_io_type=llm_io_type)
 
     class TinyQwen2(Qwen2Base):
         @classmethod
