@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hexbundle.config.layout import GraphInputs, Layout
-from hexbundle.config.model import Part
+from hexbundle.config.model import Model, Part
 from hexbundle.formats.encodings import subset_encodings
 from hexbundle.formats.qaihm import load_structure, recorded_data_files
 from hexbundle.support import hashing
@@ -283,17 +283,23 @@ def _model_proto(source, pg: PartGraph, name: str, initializers: list):
 
 def split_part(layout: Layout, part: Part, log) -> list:
     """Write the part's prompt and token graphs (ONNX + encodings) and its one .data."""
-    cfg = layout.cfg
+    graphs = layout.cfg.model.graphs(part)
+    return split_graphs(layout.cfg.model, part, {g.kind: layout.unsplit_files(g.kind) for g in graphs},
+                        {g.kind: layout.graph_files(g) for g in graphs}, log)
+
+
+def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log) -> list:
+    """Cut `part` out of the unsplit graphs (kind -> GraphInputs) into `out` (kind ->
+    GraphInputs; both kinds name the same .data)."""
     started = time.monotonic()
-    graphs = cfg.model.graphs(part)
-    out = {g.kind: layout.graph_files(g) for g in graphs}
+    graphs = model.graphs(part)
     data_path = out["prompt"].data[0]
     pieces = {}
     for graph in graphs:
-        src = layout.unsplit_files(graph.kind)
+        src = unsplit[graph.kind]
         recorded_data_files(src.onnx)   # a broken .data record is named before any work
         proto = load_structure(src.onnx)
-        cut = cut_graph(proto, cfg.model.architecture.num_layers, src.onnx)
+        cut = cut_graph(proto, model.architecture.num_layers, src.onnx)
         pieces[graph.kind] = (src, proto, part_graph(cut, part, src.onnx))
     with atomic_output(data_path) as f:
         writer = DataWriter(f)
