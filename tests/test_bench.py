@@ -25,7 +25,7 @@ def test_small_bench_runs_and_prints_one_table(small_bench):
     table = [line for line in run.out.splitlines() if line.startswith("|")]
     assert table[0].split("|")[1:-1] == [" # ", " measured ", " hexbundle ", " baseline ",
                                          " ratio ", " target ", " met "]
-    assert [line.split("|")[1].strip() for line in table[2:]] == ["1", "2", "3", "4", "5", "6"]
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["1", "2", "3", "4", "5", "6", "7", "8"]
     assert "machine:" in run.out
     assert not (project.root / "build" / "bench" / "small-tree").exists()   # cleaned up
 
@@ -37,7 +37,7 @@ def test_results_json_is_well_formed(small_bench):
     assert results["mode"] == "small" and results["model"] == "qwen2-tiny"
     assert {"cpu", "cores", "ram_gib", "os", "python", "doit", "numpy"} <= set(results["machine"])
     rows = results["rows"]
-    assert [r["id"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["id"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8]
     for row in rows:
         assert ROW_KEYS <= set(row), row
         assert row["met"] in (True, False, None)
@@ -46,6 +46,10 @@ def test_results_json_is_well_formed(small_bench):
     assert rows[4]["detail"]["peak_rss_bytes"] > 0
     assert results["sizes"]["passed"] is True
     assert results["full_build"]["bins_hard_linked"] is True
+    split = rows[6]["detail"]   # the local split wrote every weight once, measured beside cp
+    assert split["written_bytes"] >= split["weights_bytes"] > 0 and split["cp_seconds"] > 0
+    assert split["peak_rss_bytes"] > 0 and split["plan"] == [0, 2, 2]
+    assert rows[7]["detail"]["import_seconds"] > 0 and rows[7]["detail"]["list_seconds"] > 0
 
 
 def test_touch_rows_count_what_each_checker_hashed(small_bench):

@@ -327,3 +327,23 @@ def test_the_qairt_backend_runs_in_an_image_with_the_sdk(engine, toolchain_image
             engine.images.remove(STANDIN_TAG, force=True)
         except docker_errors().ImageNotFound:
             pass
+
+
+def test_an_export_outside_the_project_is_split_and_built_in_the_container(engine, toolchain_image,
+                                                                          tmp_path):
+    """The Qualcomm-made export (tests/data/qaihm) used in place from outside the project: the
+    step containers see it read-only at its own path; the split and the build match local ones."""
+    export = tmp_path / "export"
+    shutil.copytree(ROOT / "tests" / "data" / "qaihm" / "export", export)
+    bundles = {}
+    for executor in ("docker", "local"):
+        proj = copy_project(tmp_path / executor)
+        proj.doit("import_export", "--dir", str(export), "--name", "mine", "--plan", "0,3,3,3")
+        proj.doit("bundle", "model=mine", f"executor={executor}")
+        bundles[executor] = proj.bundle("mine")
+    names = sorted(p.name for p in bundles["local"].iterdir())
+    assert sorted(p.name for p in bundles["docker"].iterdir()) == names
+    for name in names:
+        assert (bundles["docker"] / name).read_bytes() == (bundles["local"] / name).read_bytes(), name
+    log = (tmp_path / "docker" / "build" / "mine" / "iq9075" / "logs" / "inputs__part_2_of_4.log")
+    assert log.read_text().startswith("# container: image hexbundle/toolchain:local")

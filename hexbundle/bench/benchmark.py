@@ -374,7 +374,7 @@ class Bench:
         weights = data.stat().st_size
         shutil.rmtree(unsplit_dir.parent, ignore_errors=True)
         return {"weights_bytes": weights, "written_bytes": written,
-                "split_seconds": round(seconds, 2), "cp_seconds": round(cp_seconds, 2),
+                "split_seconds": round(seconds, 3), "cp_seconds": round(cp_seconds, 4),
                 "ratio": round(seconds / max(cp_seconds, 1e-6), 2), "peak_rss_bytes": rss,
                 "cp_peak_rss_bytes": cp_rss, "largest_tensor_bytes": largest,
                 "layers": model.architecture.num_layers, "plan": list(SPLIT_PLAN), **tree}
