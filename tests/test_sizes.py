@@ -129,7 +129,7 @@ def tiny_built(tmp_path_factory):
     parts = []
     for part in model.plans["four"].parts():
         generate_part(model, part, out, seed=0)
-        graphs = [sizes.GraphInputs(g.name, graph_files(out, g)[0], graph_files(out, g)[2])
+        graphs = [sizes.NamedGraph(g.name, graph_files(out, g)[0], graph_files(out, g)[2])
                   for g in model.graphs(part)]
         parts.append((part, graphs, build_part(graphs, out)))
     return model, parts
@@ -245,7 +245,7 @@ def qaihm_built(tmp_path_factory):
                         all_tensors_to_one_file=True, location=f"{name}.data", size_threshold=1024)
         encodings = out / f"{name}.encodings"
         encodings.write_bytes(encodings_bytes(qaihm_encodings(weights)))
-        graphs.append(sizes.GraphInputs(name, onnx_path, encodings))
+        graphs.append(sizes.NamedGraph(name, onnx_path, encodings))
     return graphs, build_part(graphs, out)
 
 
@@ -269,7 +269,7 @@ def test_expectation_reads_no_weight_data(qaihm_built, tmp_path):
     for g in graphs:   # the .onnx and .encodings without the external data next to them
         for path in (g.onnx, g.encodings):
             (tmp_path / path.name).write_bytes(path.read_bytes())
-        bare.append(sizes.GraphInputs(g.name, tmp_path / g.onnx.name, tmp_path / g.encodings.name))
+        bare.append(sizes.NamedGraph(g.name, tmp_path / g.onnx.name, tmp_path / g.encodings.name))
     assert sizes.part_expectation(one_part_plan().parts()[0], bare, 16).packed == built["packed"]
 
 

@@ -114,7 +114,7 @@ def expect(model: Model, plan: Plan, float_bitwidth: int = 16) -> list:
 # ============================================================ from the inputs' tensors (judged)
 
 @dataclass(frozen=True)
-class GraphInputs:
+class NamedGraph:
     """One graph of a part as the backend receives it: its name in the bin and its files."""
 
     name: str
@@ -131,7 +131,7 @@ class PlannedGraph:
     weights: tuple             # WeightPlan, in storage order
 
 
-def plan_graph(graph: GraphInputs) -> PlannedGraph:
+def plan_graph(graph: NamedGraph) -> PlannedGraph:
     """Read the graph's ONNX structure and encodings; decide per initializer as convert does."""
     encodings = load_encodings(graph.encodings)
     model = load_onnx_structure(graph.onnx)
@@ -189,7 +189,7 @@ def ctxbin_bytes(graphs: list, packed: bool, shared: bool, float_bitwidth: int,
 
 def part_expectation(part: Part, graphs: list, float_bitwidth: int = 16,
                      fields: Optional[dict] = None, architecture: Optional[int] = None):
-    """A part's expectation from its graphs' inputs (GraphInputs, in bin order). The packed,
+    """A part's expectation from its graphs' inputs (NamedGraph, in bin order). The packed,
     unpacked and unshared figures come from the same tensor list."""
     planned = [plan_graph(g) for g in graphs]
     fields = fields or header_fields()
@@ -215,7 +215,7 @@ def expect_from_inputs(layout: Layout) -> list:
         {"soc_model": cfg.device.soc_model, "dsp_arch": cfg.device.dsp_arch})
     out = []
     for part in cfg.plan.parts():
-        graphs = [GraphInputs(g.name, layout.onnx(g), layout.encodings(g))
+        graphs = [NamedGraph(g.name, layout.onnx(g), layout.encodings(g))
                   for g in cfg.model.graphs(part)]
         out.append(part_expectation(part, graphs, float_bitwidth, fields,
                                     part_bytes(cfg.model, part, float_bitwidth=float_bitwidth)))

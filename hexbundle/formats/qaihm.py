@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from hexbundle.config.layout import GraphInputs
 from hexbundle.support.errors import InputError
 
 TOKENIZER = "tokenizer.json"
@@ -34,19 +35,6 @@ KIND_DIRS = ("prompt", "token")                     # tree-0.46
 PART_DIR = re.compile(r"(?P<stem>.+)_(?P<index>\d+)_of_(?P<count>\d+)\.aimet")
 ASSET_ONNX = re.compile(r"(?P<slug>.+)_ar(?P<ar>\d+)\.onnx")
 PRECISION = re.compile(r"_(?P<precision>w\d+a\d+)_ar\d+_cl\d+$")
-
-
-@dataclass(frozen=True)
-class GraphFiles:
-    """One graph of the export: its ONNX, the data files it records, its AIMET encodings."""
-
-    onnx: Path
-    data: tuple          # Paths, in the order the ONNX first names them
-    encodings: Path
-
-    @property
-    def all(self) -> list:
-        return [self.onnx, *self.data, self.encodings]
 
 
 @dataclass(frozen=True)
@@ -67,7 +55,8 @@ class GraphIO:
 
 @dataclass
 class ExportTree:
-    """What a scan found. parts[ar] = {index: GraphFiles}; unsplit[ar] = GraphFiles."""
+    """What a scan found. parts[ar] = {index: GraphInputs}; unsplit[ar] = GraphInputs (each
+    graph's ONNX, the data files it records, its encodings)."""
 
     root: Path
     layout: str
@@ -173,11 +162,11 @@ def graph_io(model) -> GraphIO:
     return GraphIO(info(model.graph.input), info(model.graph.output))
 
 
-def graph_files(onnx_path: Path, encodings: Path) -> GraphFiles:
+def graph_files(onnx_path: Path, encodings: Path) -> GraphInputs:
     if not Path(encodings).is_file():
         raise InputError(f"{encodings}: the AIMET encodings of {Path(onnx_path).name} are missing; "
                          "the export is incomplete: re-run the export")
-    return GraphFiles(Path(onnx_path), recorded_data_files(onnx_path), Path(encodings))
+    return GraphInputs(Path(onnx_path), recorded_data_files(onnx_path), Path(encodings))
 
 
 # ============================================================================ scanning
@@ -289,7 +278,7 @@ def _slug_of(stem: str) -> str:
     return re.sub(r"_ar\d+_cl\d+$", "", stem)
 
 
-def _files_or_problem(tree: ExportTree, onnx_path: Path, encodings: Path) -> Optional[GraphFiles]:
+def _files_or_problem(tree: ExportTree, onnx_path: Path, encodings: Path) -> Optional[GraphInputs]:
     try:
         return graph_files(onnx_path, encodings)
     except InputError as exc:

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from hexbundle.config.layout import ProjectLayout
+from hexbundle.config.layout import GraphInputs, ProjectLayout
 from hexbundle.config.model import Graph, Part
 from hexbundle.formats.encodings import load_encodings
-from hexbundle.formats.qaihm import (TOKENIZER, TOKENIZER_CONFIG, ExportTree, GraphFiles, graph_io,
+from hexbundle.formats.qaihm import (TOKENIZER, TOKENIZER_CONFIG, ExportTree, graph_io,
                                      load_structure, scan_export)
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.support.atomic import atomic_output
@@ -349,7 +349,7 @@ def graph_tables(tree: ExportTree, split: str, inferred: Inferred, plan: tuple) 
     return lines
 
 
-def _files_table(header: str, tree: ExportTree, files: GraphFiles) -> list:
+def _files_table(header: str, tree: ExportTree, files: GraphInputs) -> list:
     data = ", ".join(_s(tree.rel(d)) for d in files.data)
     return [f"[{header}]", f"onnx = {_s(tree.rel(files.onnx))}", f"data = [{data}]",
             f"encodings = {_s(tree.rel(files.encodings))}", ""]

@@ -219,23 +219,8 @@ class DataWriter:
         return start
 
 
-def _range_digest(path: Path, offset: int, length: int) -> str:
-    h = hashing.new_hasher()
-    with open(path, "rb") as f:
-        f.seek(offset)
-        left = length
-        while left:
-            block = f.read(min(CHUNK_BYTES, left))
-            if not block:
-                break
-            h.update(block)
-            left -= len(block)
-    return h.hexdigest()
-
-
-def _copy_range(path: Path, offset: int, length: int, out) -> str:
-    """Copy bytes [offset, offset + length) of `path` to `out` in chunks; their digest."""
-    h = hashing.new_hasher()
+def _blocks(path: Path, offset: int, length: int):
+    """Bytes [offset, offset + length) of `path`, in chunks of at most CHUNK_BYTES."""
     with open(path, "rb") as f:
         f.seek(offset)
         left = length
@@ -244,9 +229,23 @@ def _copy_range(path: Path, offset: int, length: int, out) -> str:
             if not block:
                 raise InputError(f"{path}: ends before byte {offset + length}; the data file is "
                                  "truncated, re-export it")
-            out.write(block)
-            h.update(block)
+            yield block
             left -= len(block)
+
+
+def _range_digest(path: Path, offset: int, length: int) -> str:
+    h = hashing.new_hasher()
+    for block in _blocks(path, offset, length):
+        h.update(block)
+    return h.hexdigest()
+
+
+def _copy_range(path: Path, offset: int, length: int, out) -> str:
+    """Copy bytes [offset, offset + length) of `path` to `out`; their digest."""
+    h = hashing.new_hasher()
+    for block in _blocks(path, offset, length):
+        out.write(block)
+        h.update(block)
     return h.hexdigest()
 
 
