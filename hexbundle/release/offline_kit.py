@@ -148,10 +148,10 @@ def bring_list(layout: Layout, tc, staging: Path, include_sdk: bool, include_inp
         else:
             bring.append({"path": layout.rel(tc.sdk_archive), "what": "QAIRT SDK archive",
                           "sha256": sha256_file(tc.sdk_archive)})
-    if cfg.inputs["source"] == "export":
-        for path in layout.all_inputs():
-            if include_inputs and path.is_file():
-                dest = staging / "bring" / layout.rel(path)
+    if cfg.inputs["source"] != "generated":
+        for path in layout.source_inputs():   # the user's files (an export outside the project
+            if include_inputs and path.is_file():   # goes under bring/ by its absolute path)
+                dest = staging / "bring" / layout.rel(path).lstrip("/")
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, dest)
             else:

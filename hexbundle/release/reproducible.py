@@ -178,7 +178,7 @@ def make_release(layout: Layout, overrides: dict, log=print) -> Path:
     subjects += [{"name": f"{name}/{p.name}", "digest": {"sha256": sha256_file(p)}}
                  for p in sorted(bundle_dir.iterdir())]
     doc = provenance(scratch, overrides, source, epoch, subjects,
-                     scratch.all_inputs())
+                     scratch.source_inputs())
     _write_text(layout.release_provenance, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     _write_text(layout.release_sums, f"{subjects[0]['digest']['sha256']}  {archive.name}\n")
     log(f"release: {layout.rel(archive)} ({archive.stat().st_size / (1 << 20):.2f} MiB), "
