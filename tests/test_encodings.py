@@ -57,7 +57,7 @@ def test_both_schemas_give_the_same_encodings(tmp_path, data, schema):
     assert set(enc.params) == {"w1", "embed", "norm"} and set(enc.activations) == {"logits"}
     w1 = enc.params["w1"]
     assert (w1.bitwidth, w1.dtype, w1.symmetric, w1.per_channel, w1.channels) == (4, "int", True, True, 2)
-    assert w1.scale.dtype == np.float32 and w1.offset.dtype == np.int32
+    assert w1.scale.dtype == np.float32 and w1.offset.dtype == np.float32   # fractional with a shifted zero point
     np.testing.assert_array_equal(w1.scale, np.array([0.1, 0.2], np.float32))
     assert w1.offset.tolist() == [-8, -8]
     embed = enc.params["embed"]
@@ -107,7 +107,7 @@ BAD = [
     ("legacy scale inf", set_w1("scale", float("inf")), r"'w1'.*key 'scale'"),
     ("legacy offset too low", set_w1("offset", -16), r"'w1'.*key 'offset' channel 1 is -16.*\[-15, 0\]"),
     ("legacy offset positive", set_w1("offset", 3), r"'w1'.*key 'offset'"),
-    ("legacy offset fractional", set_w1("offset", -7.5), r"'w1'.*key 'offset'"),
+    ("legacy offset fractional", set_w1("offset", -7.3), r"'w1'.*key 'offset'"),
     ("legacy symmetric yes", set_w1("is_symmetric", "yes"), r"'w1'.*key 'is_symmetric'"),
     ("legacy missing scale", legacy_with(lambda d: d["param_encodings"]["w1"][0].pop("scale")),
      r"\['w1'\]\[0\]: missing key 'scale'"),
@@ -119,7 +119,7 @@ BAD = [
     ("v1 missing name", v1_with(lambda d: d["param_encodings"][0].pop("name")), r"param_encodings\[0\]: missing key 'name'"),
     ("v1 missing scale", v1_with(lambda d: d["param_encodings"][0].pop("scale")), r"'w1'.*missing key 'scale'"),
     ("v1 length mismatch", set_w1("offset", [-8], "v1"), r"'w1'.*2 scales but 1 offsets"),
-    ("v1 per-block", set_w1("enc_type", "LPBQ", "v1"), r"'w1'.*block-wise"),
+    ("v1 LPBQ without compressed_bw", set_w1("enc_type", "LPBQ", "v1"), r"'w1'.*missing key 'compressed_bw'"),
     ("v1 is_sym string", set_w1("is_sym", "True", "v1"), r"'w1'.*key 'is_sym'"),
     ("v1 duplicate", v1_with(lambda d: d["param_encodings"].append(d["param_encodings"][0])), r"'w1'.*listed twice"),
     ("v1 dict section", v1_with(lambda d: d.__setitem__("param_encodings", {})), r"'param_encodings' must be a list"),
@@ -204,7 +204,7 @@ def test_fuzz_only_encodings_errors(data):
         assert "fuzz.encodings" in str(exc)
         return
     for param in list(enc.params.values()) + list(enc.activations.values()):
-        assert param.scale.dtype == np.float32 and param.offset.dtype == np.int32
+        assert param.scale.dtype == np.float32 and param.offset.dtype == np.float32
         assert np.all(np.isfinite(param.scale)) and np.all(param.scale > 0)
 
 

@@ -148,7 +148,7 @@ def test_blob_layout_matches_record(tmp_path, source):
         start = blob.offset
         assert record.scales_offset == 200 and record.offsets_offset == 200 + 4 * 5
         scales = np.frombuffer(raw, "<f4", 5, start + record.scales_offset)
-        offsets = np.frombuffer(raw, "<i4", 5, start + record.offsets_offset)
+        offsets = np.frombuffer(raw, "<f4", 5, start + record.offsets_offset)
         np.testing.assert_array_equal(scales, dlc.quant_params("w8").scale)
         assert offsets.tolist() == [-128] * 5
         w4 = dlc.tensors["w4"]

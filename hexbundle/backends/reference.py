@@ -21,12 +21,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from hexbundle.backends import CompileOptions, ConvertOptions, reference_toolchain_version
-from hexbundle.backends.weightplan import (graph_info, load_onnx_structure, plan_weights,
+from hexbundle.backends.weightplan import (graph_encodings, graph_info, load_onnx_structure, plan_weights,
                                           topology_bytes)
 from hexbundle.formats.container import QuantParams, TensorStream
 from hexbundle.formats.ctxbin import CtxGraph, write_ctxbin
 from hexbundle.formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
-from hexbundle.formats.encodings import load_encodings
 from hexbundle.support.errors import BackendError, InputError
 
 # Non-weight initializers kept inside the topology must stay small: the topology is one blob
@@ -51,8 +50,8 @@ class ReferenceBackend:
         onnx_path, encodings_path, dlc_path = Path(onnx_path), Path(encodings_path), Path(dlc_path)
         if options.float_bitwidth not in (16, 32):
             raise BackendError(f"float_bitwidth {options.float_bitwidth} is not supported; use 16 or 32")
-        encodings = load_encodings(encodings_path)
         model = load_onnx_structure(onnx_path)
+        encodings = graph_encodings(model, onnx_path, encodings_path)
         weights, constants = plan_weights(model.graph, encodings, onnx_path, encodings_path)
         weight_names = {w.name for w in weights}
         info = graph_info(model, graph_name, encodings)
@@ -225,6 +224,9 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
             yield TensorStream(init.name, dtype, values.shape,
                                _quantized_blocks(values, quant, notes), quant)
             granularity = "per-tensor" if plan.axis is None else f"per-channel axis {plan.axis}"
+            if quant.block_size:
+                granularity = (f"{enc.enc_type.lower().replace('_', '-')} {quant.block_size} along "
+                               f"axis {quant.block_axis}, channels axis {plan.axis}")
             note = f", {notes.clipped} values clipped to the encoding range" if notes.clipped else ""
             log(f"{init.name}: int{enc.bitwidth} {granularity} shape {list(values.shape)}{note}")
 
@@ -240,38 +242,32 @@ def _float_blocks(values: _Values, dtype: np.dtype, notes: _StreamNotes):
 
 
 def _quantized_blocks(values: _Values, quant: QuantParams, notes: _StreamNotes):
-    """blocks() factory: q = clip(round(w / scale) - offset, 0, 2^bw - 1), so that
-    real = (q + offset) * scale; row block by row block."""
+    """blocks() factory: q = clip(round(w / scale - offset), 0, 2^bw - 1), so that
+    real = (q + offset) * scale (a shifted, fractional offset is rounded with, as AIMET does);
+    row block by row block."""
     qmax = 2 ** quant.bitwidth - 1
     out_dtype = np.dtype(np.uint8 if quant.bitwidth <= 8 else np.uint16)
-    ndim = max(1, len(values.shape))
+    shape = values.shape if values.shape else (1,)
 
     def blocks():
         scratch = None   # one float32 work buffer for every block: no per-block allocation
         for rows, block in values.rows():
             if scratch is None:
                 scratch = np.empty(block.shape, np.float32)
-            scale, offset = _channel_params(quant, ndim, rows)
+            scale, offset = quant.expanded(shape, rows)
+            # round(w/s - offset) with the offset's integer part subtracted after rounding: exact
+            # in float32 for a 16-bit offset (-30000 + w/s would lose bits), same result
+            whole = np.floor(offset)
             q = np.divide(block, scale, out=scratch[:len(block)].reshape(block.shape))
+            if np.any(offset != whole):
+                q -= offset - whole
             np.rint(q, out=q)
-            q -= offset
+            q -= whole
             if q.size and (q.min() < 0 or q.max() > qmax):   # rare: count only when it happens
                 notes.clipped += int(np.count_nonzero((q < 0) | (q > qmax)))
                 np.clip(q, 0, qmax, out=q)
             yield q.astype(out_dtype)
     return blocks
-
-
-def _channel_params(quant: QuantParams, ndim: int, rows: slice):
-    """scale/offset shaped to broadcast against a block of rows (axis 0 is the row axis)."""
-    scale, offset = quant.scale, quant.offset.astype(np.float32)
-    if quant.axis is None:
-        return scale[0], offset[0]
-    shape = [1] * ndim
-    shape[quant.axis] = -1
-    if quant.axis == 0:
-        scale, offset = scale[rows], offset[rows]
-    return scale.reshape(shape), offset.reshape(shape)
 
 
 def _inline_attribute_tensors(node: onnx.NodeProto, onnx_path: Path) -> onnx.NodeProto:

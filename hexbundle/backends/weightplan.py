@@ -18,7 +18,7 @@ from onnx import helper
 
 from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, IoSpec, QuantParams,
                                          activation_encodings_json)
-from hexbundle.formats.encodings import Encodings, ParamEncoding
+from hexbundle.formats.encodings import Encodings, ParamEncoding, load_encodings
 from hexbundle.support.errors import EncodingsError, InputError
 
 # Inputs through which an initializer acts as a layer weight (op type -> input indices).
@@ -37,6 +37,7 @@ class WeightPlan:
     initializer: onnx.TensorProto     # metadata only; data is read lazily
     encoding: Optional[ParamEncoding]
     axis: Optional[int]
+    block_axis: Optional[int] = None  # per-block encodings: the input axis the blocks run along
 
     @property
     def name(self) -> str:
@@ -56,7 +57,8 @@ class WeightPlan:
         enc = self.encoding
         if enc is None:
             return None
-        return QuantParams(enc.bitwidth, self.axis, enc.scale, enc.offset, enc.symmetric)
+        return QuantParams(enc.bitwidth, self.axis, enc.scale, enc.offset, enc.symmetric,
+                           self.block_axis, enc.block_size)
 
 
 def load_onnx_structure(onnx_path: Path) -> onnx.ModelProto:
@@ -68,6 +70,23 @@ def load_onnx_structure(onnx_path: Path) -> onnx.ModelProto:
     except Exception as exc:   # protobuf/onnx raise a variety of types for a damaged file
         raise InputError(f"{onnx_path}: cannot parse ONNX model ({type(exc).__name__}: {exc}); "
                          f"re-export it") from None
+
+
+def graph_encodings(model: onnx.ModelProto, onnx_path: Path, encodings_path: Path) -> Encodings:
+    """The graph's encodings file, as this graph sees it (`Encodings.for_graph`). An activation
+    encoding for a tensor the graph does not have is refused: it belongs to another graph (and
+    would be copied into the bin, describing nothing)."""
+    graph = model.graph
+    encodings = load_encodings(encodings_path).for_graph({i.name for i in graph.initializer})
+    tensors = {n for node in graph.node for n in (*node.input, *node.output) if n}
+    tensors |= {v.name for v in (*graph.input, *graph.output)}
+    unknown = sorted(set(encodings.activations) - tensors)
+    if unknown:
+        raise EncodingsError(
+            f"{encodings_path}: activation encoding for '{unknown[0]}', a tensor {onnx_path} does "
+            f"not have ({len(unknown)} such in total); the encodings belong to another graph or "
+            "export: use the encodings exported with this ONNX")
+    return encodings
 
 
 def consumers_of(graph: onnx.GraphProto) -> dict:
@@ -108,7 +127,12 @@ def plan_one(init: onnx.TensorProto, encoding: Optional[ParamEncoding], consumer
         if not is_float:
             raise EncodingsError(f"{encodings_path}: int encoding for '{init.name}', but in {onnx_path} "
                                  f"it is not a float tensor; remove the encoding")
-        axis = channel_axis(init, encoding, consumers, onnx_path, encodings_path) if encoding.per_channel else None
+        if not encoding.per_channel:
+            return WeightPlan(init, encoding, None)
+        axis = channel_axis(init, encoding, consumers, onnx_path, encodings_path)
+        if encoding.is_blockwise:
+            return WeightPlan(init, encoding, axis,
+                              block_axis(init, encoding, consumers, axis, onnx_path, encodings_path))
         return WeightPlan(init, encoding, axis)
     feeds_linear = any(index in LINEAR_WEIGHT_INPUTS.get(op, ()) for op, index, _ in consumers)
     if is_float and count > SMALL_CONSTANT_ELEMENTS and feeds_linear:
@@ -132,12 +156,53 @@ def channel_axis(init: onnx.TensorProto, encoding: ParamEncoding, consumers: lis
             f"{encodings_path}: per-channel encoding for '{init.name}' but its channel axis cannot "
             f"be determined from {onnx_path} ({ops}); use a per-tensor encoding or MatMul/Gemm/Gather/Conv")
     axis = axes.pop()
+    if encoding.axis is not None and encoding.axis != axis:
+        raise EncodingsError(
+            f"{encodings_path}: '{init.name}' is quantized along axis {encoding.axis} (key 'axis'), "
+            f"but {onnx_path} reads its output channels along axis {axis} (shape "
+            f"{list(init.dims)}); the encodings belong to another export")
+    if encoding.is_blockwise:
+        return axis
+    if encoding.channels % init.dims[axis] == 0 and encoding.channels > init.dims[axis]:
+        raise EncodingsError(
+            f"{encodings_path}: '{init.name}' has {encoding.channels} encodings, "
+            f"{encoding.channels // init.dims[axis]} per output channel: block-wise "
+            f"quantization, which the legacy 0.6.1 format cannot describe (it flattens the "
+            f"blocks into one list); export the encodings as 1.0.0 or 2.0.0")
     if encoding.channels != init.dims[axis]:
         raise EncodingsError(
             f"{encodings_path}: '{init.name}' has {encoding.channels} per-channel encodings but its "
             f"output-channel axis {axis} has length {init.dims[axis]} (shape {list(init.dims)}) in "
             f"{onnx_path}; the encodings belong to another export")
     return axis
+
+
+def block_axis(init: onnx.TensorProto, encoding: ParamEncoding, consumers: list, axis: int,
+               onnx_path: Path, encodings_path: Path) -> int:
+    """The INPUT axis blocks run along: the other axis of a 2-D MatMul/Gemm weight, axis 1 of a
+    Conv weight [out, in, kh, kw]."""
+    ops = {op for op, _, _ in consumers}
+    ndim = len(init.dims)
+    found = 1 if ops == {"Conv"} else (1 - axis if ndim == 2 else None)
+    where = f"{encodings_path}: '{init.name}' ({encoding.enc_type}, block_size {encoding.block_size})"
+    if found is None:
+        raise EncodingsError(f"{where}: the block axis of a {ndim}-D weight read by "
+                             f"{', '.join(sorted(ops))} in {onnx_path} is not known; use "
+                             "per-channel encodings for it")
+    if encoding.block_axis is not None and encoding.block_axis != found:
+        raise EncodingsError(f"{where}: blocks along axis {encoding.block_axis} (key 'axis'), but "
+                             f"{onnx_path} reads the weight's input along axis {found}")
+    length = init.dims[found]
+    if length % encoding.block_size:
+        raise EncodingsError(f"{where}: block_size {encoding.block_size} does not divide the input "
+                             f"axis {found} of length {length} (shape {list(init.dims)})")
+    groups = init.dims[axis] * (length // encoding.block_size)
+    if encoding.channels != groups:
+        raise EncodingsError(
+            f"{where}: {encoding.channels} block scales, but shape {list(init.dims)} in "
+            f"{onnx_path} needs {init.dims[axis]} channels x {length // encoding.block_size} "
+            "blocks; the encodings belong to another export")
+    return found
 
 
 def output_axis(op: str, index: int, node: onnx.NodeProto, ndim: int) -> Optional[int]:

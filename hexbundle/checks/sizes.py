@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from hexbundle.backends import reference_toolchain_version
-from hexbundle.backends.weightplan import (WeightPlan, constant_stand_in, graph_info,
+from hexbundle.backends.weightplan import (WeightPlan, constant_stand_in, graph_encodings, graph_info,
                                            load_onnx_structure, plan_weights, topology_bytes)
 from hexbundle.config.layout import Layout
 from hexbundle.config.model import Model, Part, Plan, WeightSpec, part_weights
@@ -33,7 +33,6 @@ from hexbundle.formats.container import (ALIGN, QUANT_DTYPE_FOR_BITWIDTH, BlobEn
                                          TensorStream, align_up, canonical_json, container_size,
                                          encode_tensor, tensor_blob_nbytes)
 from hexbundle.formats.ctxbin import ctxbin_header, topology_blob_name, weight_blob_name
-from hexbundle.formats.encodings import load_encodings
 from hexbundle.support.console import say
 from hexbundle.support.errors import SizeError
 
@@ -133,8 +132,8 @@ class PlannedGraph:
 
 def plan_graph(graph: NamedGraph) -> PlannedGraph:
     """Read the graph's ONNX structure and encodings; decide per initializer as convert does."""
-    encodings = load_encodings(graph.encodings)
     model = load_onnx_structure(graph.onnx)
+    encodings = graph_encodings(model, graph.onnx, graph.encodings)
     weights, constants = plan_weights(model.graph, encodings, graph.onnx, graph.encodings)
     # Constants are inlined into the topology; stand-ins of their size keep their values unread.
     topology = topology_bytes(model.graph, {w.name for w in weights},

@@ -299,22 +299,64 @@ def _is_uint(value: Any) -> bool:
 
 
 # =================================================================================================
-# Tensor records: one weight = one blob  [data][pad to 4][scales f32 x C][offsets i32 x C]
+# Tensor records: one weight = one blob  [data][pad to 4][scales f32 x G][offsets f32 x G]
+# (G groups: 1 per tensor, C per channel, C x B per block; offsets are float32 because a shifted
+# zero point makes them fractional, and every integer offset of up to 24 bits is exact in it)
 # =================================================================================================
 
 @dataclass(frozen=True, eq=False)
 class QuantParams:
-    """real = (q + offset[c]) * scale[c] along `axis` (None: per-tensor, one channel)."""
+    """real = (q + offset[g]) * scale[g] for the element's group g: per tensor (axis None), per
+    channel c along `axis`, or per block: group (c, b) in [channel][block] order, b = the index
+    along `block_axis` // block_size."""
 
     bitwidth: int
     axis: Optional[int]
-    scale: np.ndarray      # float32 (C,)
-    offset: np.ndarray     # int32 (C,)
+    scale: np.ndarray      # float32 (G,)
+    offset: np.ndarray     # float32 (G,)
     symmetric: bool
+    block_axis: Optional[int] = None
+    block_size: int = 0
 
     @property
     def channels(self) -> int:
+        """The number of groups G (the name predates blocks: it sizes the scale table)."""
         return int(self.scale.shape[0])
+
+    def groups_for(self, shape: tuple) -> int:
+        """G that a tensor of `shape` needs with this layout."""
+        if self.axis is None:
+            return 1
+        if self.block_size:
+            return shape[self.axis] * (shape[self.block_axis] // self.block_size)
+        return shape[self.axis]
+
+    def expanded(self, shape: tuple, rows: Optional[slice] = None) -> tuple:
+        """(scale, offset) as float32 arrays broadcastable against the tensor (or against its
+        rows `rows` along axis 0): scalars per tensor, one axis per channel, blocks repeated
+        along the block axis."""
+        if self.axis is None:
+            return self.scale[0], self.offset[0].astype(np.float32)
+        ndim = len(shape)
+        if not self.block_size:
+            bshape = [1] * ndim
+            bshape[self.axis] = -1
+            scale, offset = self.scale, self.offset.astype(np.float32)
+            if rows is not None and self.axis == 0:
+                scale, offset = scale[rows], offset[rows]
+            return scale.reshape(bshape), offset.reshape(bshape)
+        channels, length = shape[self.axis], shape[self.block_axis]
+        full = [1] * ndim
+        full[self.axis], full[self.block_axis] = channels, length
+        out = []
+        for table in (self.scale, self.offset.astype(np.float32)):
+            # [channel][block] -> [channel][element] -> the two axes in the tensor's order
+            grid = np.repeat(table.reshape(channels, -1), self.block_size, axis=1)
+            arr = (grid if self.axis < self.block_axis else grid.T).reshape(full)
+            if rows is not None and arr.shape[0] > 1:
+                arr = arr[rows]
+            out.append(arr)
+        return out[0], out[1]
 
 
 @dataclass(frozen=True, eq=False)
@@ -360,12 +402,17 @@ def as_stream(tensor: Union[Tensor, TensorStream]) -> TensorStream:
 class QuantInfo:
     bitwidth: int
     axis: Optional[int]
-    channels: int
+    channels: int              # groups G (see QuantParams)
     symmetric: bool
+    block_axis: Optional[int] = None
+    block_size: int = 0
 
     def to_json(self) -> dict:
-        return {"bitwidth": self.bitwidth, "axis": self.axis, "channels": self.channels,
-                "symmetric": self.symmetric}
+        out = {"bitwidth": self.bitwidth, "axis": self.axis, "channels": self.channels,
+               "symmetric": self.symmetric}
+        if self.block_size:   # per-tensor/per-channel records stay as they were
+            out.update(block_axis=self.block_axis, block_size=self.block_size)
+        return out
 
 
 @dataclass(frozen=True)
@@ -428,10 +475,10 @@ def encode_tensor(tensor: Union[Tensor, TensorStream], blob: str, pack: bool):
     quant, scales_at, offsets_at, tail = None, None, None, []
     if stream.quant is not None:
         q = stream.quant
-        quant = QuantInfo(q.bitwidth, q.axis, q.channels, q.symmetric)
+        quant = QuantInfo(q.bitwidth, q.axis, q.channels, q.symmetric, q.block_axis, q.block_size)
         scales_at = align_up(nbytes, QUANT_PARAM_ALIGN)
         offsets_at = scales_at + 4 * q.channels
-        tail = [bytes(scales_at - nbytes), np.asarray(q.scale, "<f4"), np.asarray(q.offset, "<i4")]
+        tail = [bytes(scales_at - nbytes), np.asarray(q.scale, "<f4"), np.asarray(q.offset, "<f4")]
     record = TensorRecord(stream.name, blob, tuple(int(d) for d in stream.shape), stream.dtype,
                           packed, quant, 0, nbytes, scales_at, offsets_at)
     return record, _stored_data(stream, packed), tail
@@ -472,7 +519,7 @@ def _check_stream(tensor: TensorStream) -> None:
     if q is not None:
         if QUANT_DTYPE_FOR_BITWIDTH.get(q.bitwidth) != tensor.dtype:
             raise ValueError(f"{tensor.name}: bitwidth {q.bitwidth} stored as {tensor.dtype}")
-        expected = 1 if q.axis is None else tensor.shape[q.axis]
+        expected = q.groups_for(tuple(tensor.shape))
         if q.channels != expected or q.offset.shape != q.scale.shape:
             raise ValueError(f"{tensor.name}: {q.channels} channels for axis {q.axis} of {tensor.shape}")
 
@@ -502,9 +549,17 @@ def _tensor_record_from_json(raw: dict) -> TensorRecord:
     quant = None
     if raw["quant"] is not None:
         q = raw["quant"]
-        quant = QuantInfo(q["bitwidth"], q["axis"], q["channels"], q["symmetric"])
+        quant = QuantInfo(q["bitwidth"], q["axis"], q["channels"], q["symmetric"],
+                          q.get("block_axis"), q.get("block_size", 0))
         axis_ok = quant.axis is None or (_is_uint(quant.axis) and quant.axis < len(shape))
-        channels = 1 if quant.axis is None else (shape[quant.axis] if axis_ok else -1)
+        block_ok = not quant.block_size or (
+            _is_uint(quant.block_axis) and quant.block_axis < len(shape) and quant.axis is not None
+            and quant.block_axis != quant.axis and _is_uint(quant.block_size)
+            and shape[quant.block_axis] % quant.block_size == 0)
+        channels = -1
+        if axis_ok and block_ok:
+            channels = 1 if quant.axis is None else shape[quant.axis] * (
+                shape[quant.block_axis] // quant.block_size if quant.block_size else 1)
         if (not axis_ok or quant.channels != channels
                 or QUANT_DTYPE_FOR_BITWIDTH.get(quant.bitwidth) != raw["dtype"]):
             raise ValueError("quant")
@@ -533,21 +588,18 @@ def tensor_values(record: TensorRecord, blob: np.ndarray) -> np.ndarray:
 def tensor_quant_params(record: TensorRecord, blob: np.ndarray) -> Optional[QuantParams]:
     if record.quant is None:
         return None
-    c = record.quant.channels
-    scale = blob[record.scales_offset:record.scales_offset + 4 * c].view("<f4")
-    offset = blob[record.offsets_offset:record.offsets_offset + 4 * c].view("<i4")
-    return QuantParams(record.quant.bitwidth, record.quant.axis, scale, offset, record.quant.symmetric)
+    q = record.quant
+    scale = blob[record.scales_offset:record.scales_offset + 4 * q.channels].view("<f4")
+    offset = blob[record.offsets_offset:record.offsets_offset + 4 * q.channels].view("<f4")
+    return QuantParams(q.bitwidth, q.axis, scale, offset, q.symmetric, q.block_axis, q.block_size)
 
 
 def dequantize(values: np.ndarray, quant: Optional[QuantParams]) -> np.ndarray:
-    """float32 real values: (q + offset[c]) * scale[c] along the axis; floats just widen."""
+    """float32 real values: (q + offset[g]) * scale[g] for each element's group; floats widen."""
     if quant is None:
         return values.astype(np.float32)
-    shape = [1] * values.ndim
-    if quant.axis is not None:
-        shape[quant.axis] = quant.channels
-    offset = quant.offset.astype(np.float32).reshape(shape)
-    return (values.astype(np.float32) + offset) * quant.scale.astype(np.float32).reshape(shape)
+    scale, offset = quant.expanded(values.shape)
+    return (values.astype(np.float32) + offset) * scale
 
 
 def pack_uint4(values: np.ndarray) -> np.ndarray:
@@ -628,7 +680,8 @@ def parse_graph_record(raw: Any, where: str) -> GraphInfo:
 def activation_encodings_json(activations: dict) -> dict:
     """Activation encodings as header JSON (float32 scales become exact Python floats)."""
     return {name: {"bitwidth": enc.bitwidth, "dtype": enc.dtype, "symmetric": enc.symmetric,
-                   "scale": [float(s) for s in enc.scale], "offset": [int(o) for o in enc.offset]}
+                   "scale": [float(s) for s in enc.scale],
+                   "offset": [int(o) if float(o).is_integer() else float(o) for o in enc.offset]}
             for name, enc in sorted(activations.items())}
 
 

@@ -1,7 +1,12 @@
-"""AIMET encodings loader: the legacy "0.6.1" dict schema and the "1.0.0" list schema.
+"""AIMET encodings loader: the legacy "0.6.1" dict schema, the "1.0.0" list schema and the
+"2.0.0" schema (one `encodings` list, ONNX-QDQ style fields).
 
-Both schemas become the same `Encodings` object. Convention (both schemas): q is an unsigned
-integer in [0, 2^bw - 1] and real = (q + offset) * scale.
+Every schema becomes the same `Encodings` object. Convention: q is an unsigned integer in
+[0, 2^bw - 1] and real = (q + offset) * scale, per tensor, per channel, or per block of
+`block_size` elements along the block axis; offset may be fractional (1.0.0 `zero_point_shift`,
+2.0.0 fractional `y_zero_point`). An LPBQ encoding becomes a per-block one whose block scales
+are the per-channel float scale times the per-block integer scale (products computed in float64,
+then float32, as AIMET does), at the compressed bitwidth.
 
 Bad input never escapes as KeyError/TypeError/ValueError: every problem is an `EncodingsError`
 naming the file, the tensor and the key, because a user fixes these files by hand or re-exports.
@@ -10,9 +15,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -20,8 +25,10 @@ from hexbundle.support.errors import EncodingsError
 
 INT_BITWIDTHS = (4, 8, 16)
 FLOAT_BITWIDTHS = (16, 32)
-SUPPORTED_V1_ENC_TYPES = ("PER_TENSOR", "PER_CHANNEL")
-BLOCKWISE_V1_ENC_TYPES = ("PER_BLOCK", "LPBQ")
+SUPPORTED_V1_ENC_TYPES = ("PER_TENSOR", "PER_CHANNEL", "PER_BLOCK", "LPBQ")
+# 2.0.0 output_dtype -> (dtype, bitwidth, signed)
+V2_DTYPES = {f"{sign}int{bw}": ("int", bw, sign == "") for bw in (4, 8, 16, 32) for sign in ("", "u")}
+V2_DTYPES.update({"float16": ("float", 16, True), "float32": ("float", 32, True)})
 # Python floats: comparing a huge double against np.float32 would warn about overflow.
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -35,13 +42,23 @@ class ParamEncoding:
     bitwidth: int
     dtype: str                 # "int" | "float"
     symmetric: bool
-    scale: np.ndarray          # float32 (C,)
-    offset: np.ndarray         # int32 (C,)
-    per_channel: bool
+    scale: np.ndarray          # float32 (G,): one per tensor, channel, or block ([channel][block])
+    offset: np.ndarray         # float32 (G,): integral unless a zero point was shifted
+    per_channel: bool          # per channel or per block
+    enc_type: str = ""         # PER_TENSOR | PER_CHANNEL | PER_BLOCK | LPBQ ("" for floats)
+    block_size: int = 0        # > 0: per block of this many elements along the block axis
+    axis: Optional[int] = None         # the channel axis, where the file says it (2.0.0)
+    block_axis: Optional[int] = None   # the block axis, where the file says it (2.0.0)
+    lpbq: Optional[tuple] = None       # (per-channel float scale, per-block int scales, decompressed bw)
 
     @property
     def channels(self) -> int:
+        """How many (scale, offset) groups: tensor 1, channels C, blocks C x B."""
         return int(self.scale.shape[0])
+
+    @property
+    def is_blockwise(self) -> bool:
+        return self.block_size > 0
 
     @property
     def is_int(self) -> bool:
@@ -54,6 +71,23 @@ class Encodings:
     schema: str                # "0.6.1" (legacy) | "1.0.0"
     params: dict = field(default_factory=dict)        # name -> ParamEncoding
     activations: dict = field(default_factory=dict)   # name -> ParamEncoding
+
+    def for_graph(self, initializers: set) -> "Encodings":
+        """The encodings as a graph with these initializers sees them. An encoding named after
+        an initializer is that weight's: 2.0.0 lists weights and activations in one list, and
+        AIMET lists some weights (RMSNorm's) among the activations in every version. An int32
+        weight encoding is a bias's, which QNN requantizes from its inputs' scales: the bias
+        stays float."""
+        params = dict(self.params)
+        activations = {}
+        for name, enc in self.activations.items():
+            if name not in initializers:
+                activations[name] = enc
+            elif name not in params:
+                params[name] = enc
+        params = {n: _float_encoding(n, 32, e.symmetric) if e.is_int and e.bitwidth == 32 else e
+                  for n, e in params.items()}
+        return replace(self, params=params, activations=activations)
 
 
 def load_encodings(path: Union[str, Path]) -> Encodings:
@@ -78,6 +112,8 @@ def parse_encodings(data: Any, source: str = "<encodings>") -> Encodings:
     if not isinstance(data, dict):
         raise EncodingsError(f"{source}: top level must be a JSON object, got {_kind(data)}")
     schema = _detect_schema(data, source)
+    if schema == "2.0.0":
+        return _parse_v2(data, source)
     for key in ("param_encodings", "activation_encodings"):
         if key not in data:
             raise EncodingsError(f"{source}: missing top-level key '{key}' "
@@ -114,8 +150,10 @@ def _detect_schema(data: dict, source: str) -> str:
         return "1.0.0"
     if version.startswith("0."):
         return "0.6.1"
+    if version.startswith("2."):
+        return "2.0.0"
     raise EncodingsError(f"{source}: unsupported encodings version '{version[:40]}'; "
-                         f"hexbundle reads 0.6.1 (AIMET 1.x) and 1.0.0 (AIMET 2.x)")
+                         f"hexbundle reads 0.6.1, 1.0.0 and 2.0.0 (as aimet-onnx 2.x exports)")
 
 
 # --- legacy 0.6.1: {tensor: [enc, ...one per channel...]} ---------------------------------------
@@ -152,7 +190,8 @@ def _parse_legacy_tensor(name: str, encs: Any, where: str) -> ParamEncoding:
     scales = [_require(enc, "scale", f"{where}[{i}]") for i, enc in enumerate(encs)]
     offsets = [_require(enc, "offset", f"{where}[{i}]") for i, enc in enumerate(encs)]
     scale, offset = _scale_offset_arrays(scales, offsets, bitwidth, where)
-    return ParamEncoding(name, bitwidth, "int", symmetric, scale, offset, per_channel=len(encs) > 1)
+    return ParamEncoding(name, bitwidth, "int", symmetric, scale, offset, per_channel=len(encs) > 1,
+                         enc_type="PER_CHANNEL" if len(encs) > 1 else "PER_TENSOR")
 
 
 def _legacy_dtype(enc: dict, where: str) -> str:
@@ -208,19 +247,80 @@ def _parse_v1_entry(name: str, entry: dict, where: str) -> ParamEncoding:
     if dtype == "float":
         return _float_encoding(name, bitwidth, symmetric)
     enc_type = _require(entry, "enc_type", where)
-    if enc_type in BLOCKWISE_V1_ENC_TYPES:
-        raise EncodingsError(f"{where}: enc_type {enc_type} (block-wise) is not supported; "
-                             f"re-export with PER_CHANNEL or PER_TENSOR")
     if enc_type not in SUPPORTED_V1_ENC_TYPES:
         raise EncodingsError(f"{where}: key 'enc_type' must be one of "
                              f"{', '.join(SUPPORTED_V1_ENC_TYPES)}, got {_short(enc_type)}")
+    if enc_type == "LPBQ":
+        return _parse_v1_lpbq(name, entry, bitwidth, symmetric, where)
     scales = _as_list(_require(entry, "scale", where), "scale", where)
     offsets = _as_list(_require(entry, "offset", where), "offset", where)
     if enc_type == "PER_TENSOR" and len(scales) != 1:
         raise EncodingsError(f"{where}: PER_TENSOR needs exactly one scale, got {len(scales)}")
+    offsets = _shifted(offsets, entry.get("zero_point_shift"), where)
     scale, offset = _scale_offset_arrays(scales, offsets, bitwidth, where)
     return ParamEncoding(name, bitwidth, "int", symmetric, scale, offset,
-                         per_channel=enc_type == "PER_CHANNEL")
+                         per_channel=enc_type != "PER_TENSOR", enc_type=enc_type,
+                         block_size=_block_size(entry, where) if enc_type == "PER_BLOCK" else 0)
+
+
+def _shifted(offsets: list, shift: Any, where: str) -> list:
+    """1.0.0 writes a fractional zero point as an integer offset + `zero_point_shift` (one value
+    or one per channel): the real offset is their sum."""
+    if shift is None:
+        return offsets
+    shifts = _as_list(shift, "zero_point_shift", where)
+    if len(shifts) == 1:
+        shifts = shifts * len(offsets)
+    if len(shifts) != len(offsets) or not all(_is_number(x) and math.isfinite(x) for x in shifts):
+        raise EncodingsError(f"{where}: key 'zero_point_shift' must be one number or one per "
+                             f"offset ({len(offsets)}), got {_short(shift)}")
+    return [o + x if _is_number(o) else o for o, x in zip(offsets, shifts)]
+
+
+def _block_size(entry: dict, where: str) -> int:
+    value = _require(entry, "block_size", where)
+    if not _is_integral(value) or int(value) < 1:
+        raise EncodingsError(f"{where}: key 'block_size' must be a positive integer, got {_short(value)}")
+    return int(value)
+
+
+def _parse_v1_lpbq(name: str, entry: dict, bitwidth: int, symmetric: bool, where: str) -> ParamEncoding:
+    """LPBQ: `bw` is the decompressed width, `compressed_bw` the stored one; the block scale is
+    scale[c] * per_block_int_scale[c][b]."""
+    compressed = _require(entry, "compressed_bw", where)
+    if not _is_integral(compressed) or int(compressed) not in INT_BITWIDTHS or compressed >= bitwidth:
+        raise EncodingsError(f"{where}: key 'compressed_bw' is {_short(compressed)}; it must be one of "
+                             f"{', '.join(map(str, INT_BITWIDTHS))} and below 'bw' ({bitwidth})")
+    if not symmetric:
+        raise EncodingsError(f"{where}: LPBQ with is_sym false: hexbundle reads symmetric LPBQ "
+                             "only (what AIMET exports); re-export symmetric")
+    channel_scale = _as_list(_require(entry, "scale", where), "scale", where)
+    int_scales = _as_list(_require(entry, "per_block_int_scale", where), "per_block_int_scale", where)
+    return _lpbq_encoding(name, channel_scale, int_scales, int(compressed), bitwidth,
+                          _block_size(entry, where), where)
+
+
+def _lpbq_encoding(name, channel_scale: list, int_scales: list, compressed: int, decompressed: int,
+                   block_size: int, where: str, axis=None, block_axis=None) -> ParamEncoding:
+    """int_scales in [channel][block] order, len C x B."""
+    channels = len(channel_scale)
+    if not channels or len(int_scales) % channels:
+        raise EncodingsError(f"{where}: {len(int_scales)} per-block int scales do not divide into "
+                             f"the {channels} channels of 'scale'")
+    limit = 2 ** (decompressed - compressed)
+    if not all(_is_integral(x) and 1 <= x <= limit for x in int_scales):
+        bad = next(x for x in int_scales if not (_is_integral(x) and 1 <= x <= limit))
+        raise EncodingsError(f"{where}: key 'per_block_int_scale' holds {_short(bad)}; each must be "
+                             f"an integer in [1, {limit}] (2^(bw - compressed_bw))")
+    blocks = len(int_scales) // channels
+    cs = np.asarray(channel_scale, dtype=np.float64)
+    ints = np.asarray(int_scales, dtype=np.float64).reshape(channels, blocks)
+    effective = (cs[:, None] * ints).reshape(-1)
+    offsets = [-(2 ** (compressed - 1))] * effective.size
+    scale, offset = _scale_offset_arrays(effective.tolist(), offsets, compressed, where)
+    return ParamEncoding(name, compressed, "int", True, scale, offset, per_channel=True,
+                         enc_type="LPBQ", block_size=block_size, axis=axis, block_axis=block_axis,
+                         lpbq=(cs.astype(np.float32), ints.astype(np.uint8), decompressed))
 
 
 def _as_list(value: Any, key: str, where: str) -> list:
@@ -231,11 +331,112 @@ def _as_list(value: Any, key: str, where: str) -> list:
     raise EncodingsError(f"{where}: key '{key}' must be a list of numbers, got {_kind(value)}")
 
 
+# --- v2.0.0: {"encodings": [{"name", "output_dtype", "y_scale", "y_zero_point", "axis", ...}]} ---
+#
+# One list for every tensor: whether an entry is a weight's or an activation's is the graph's to
+# say (`Encodings.for_graph`). Signed dtypes hold q_s = q - 2^(bw-1): real = (q_s - zp) * scale,
+# so in hexbundle's unsigned convention offset = -2^(bw-1) - zp (unsigned: offset = -zp).
+# y_scale has the weight's rank where it is per block, the block axis reduced (e.g. [in/B][out]).
+
+def _parse_v2(data: dict, source: str) -> Encodings:
+    entries = data.get("encodings")
+    if not isinstance(entries, list):
+        raise EncodingsError(f"{source}: '2.0.0' encodings need a top-level 'encodings' list, got "
+                             f"{_kind(entries)}")
+    result = {}
+    for i, entry in enumerate(entries):
+        where = f"{source}: encodings[{i}]"
+        if not isinstance(entry, dict):
+            raise EncodingsError(f"{where}: must be an object, got {_kind(entry)}")
+        name = _require(entry, "name", where)
+        if not isinstance(name, str) or not name:
+            raise EncodingsError(f"{where}: key 'name' must be a non-empty string, got {_short(name)}")
+        where = f"{source}: encodings[{i}] ('{name}')"
+        if name in result:
+            raise EncodingsError(f"{where}: tensor listed twice; keep one entry")
+        result[name] = _parse_v2_entry(name, entry, where)
+    return Encodings(source=source, schema="2.0.0", params={}, activations=result)
+
+
+def _parse_v2_entry(name: str, entry: dict, where: str) -> ParamEncoding:
+    dtype_name = _require(entry, "output_dtype", where)
+    if dtype_name not in V2_DTYPES:
+        raise EncodingsError(f"{where}: key 'output_dtype' is {_short(dtype_name)}; hexbundle reads "
+                             f"{', '.join(sorted(V2_DTYPES))}")
+    dtype, bitwidth, signed = V2_DTYPES[dtype_name]
+    if dtype == "float":
+        return _float_encoding(name, bitwidth, False)
+    axis, block_size = entry.get("axis"), entry.get("block_size")
+    if axis is not None and (not _is_integral(axis) or axis < 0):
+        raise EncodingsError(f"{where}: key 'axis' must be a non-negative integer, got {_short(axis)}")
+    if block_size is not None:
+        block_size = _block_size(entry, where)
+        if axis is None:
+            raise EncodingsError(f"{where}: 'block_size' without 'axis'; the block axis is needed")
+    if "per_block_int_scale" in entry:
+        return _parse_v2_lpbq(name, entry, bitwidth, block_size, int(axis), where)
+    scale = np.asarray(_require(entry, "y_scale", where), dtype=object)
+    zero = entry.get("y_zero_point", 0)
+    groups, channel_axis = _v2_groups(scale, block_size, axis, where)
+    zeros = np.broadcast_to(np.asarray(zero, dtype=object), scale.shape) if np.ndim(zero) in (0, scale.ndim) \
+        else None
+    if zeros is None:
+        raise EncodingsError(f"{where}: key 'y_zero_point' does not match the shape of 'y_scale'")
+    zeros = groups(zeros)
+    base = -(2 ** (bitwidth - 1)) if signed else 0
+    offsets = [base - z if _is_number(z) else z for z in zeros]
+    symmetric = signed and all(_is_number(z) and z == 0 for z in zeros)
+    scale_flat, offset_flat = _scale_offset_arrays(groups(scale), offsets, bitwidth, where)
+    kind = "PER_BLOCK" if block_size else ("PER_CHANNEL" if scale.ndim else "PER_TENSOR")
+    return ParamEncoding(name, bitwidth, "int", symmetric, scale_flat, offset_flat,
+                         per_channel=kind != "PER_TENSOR", enc_type=kind, block_size=block_size or 0,
+                         axis=channel_axis, block_axis=int(axis) if block_size else None)
+
+
+def _v2_groups(scale: np.ndarray, block_size, axis, where: str):
+    """(flatten, channel axis): a function flattening an array shaped like y_scale into
+    hexbundle's group order ([channel][block] for blocks), and the channel axis."""
+    if not block_size:
+        if scale.ndim > 1:
+            raise EncodingsError(f"{where}: key 'y_scale' has {scale.ndim} dimensions without "
+                                 "'block_size'; per-channel scales are one list")
+        return (lambda a: list(np.asarray(a, dtype=object).reshape(-1))), \
+            (int(axis) if scale.ndim and axis is not None else None)
+    axis = int(axis)
+    if scale.ndim < 2 or axis >= scale.ndim:
+        raise EncodingsError(f"{where}: per-block 'y_scale' must have the weight's rank with the "
+                             f"block axis {axis} reduced, got {scale.ndim} dimension(s)")
+    others = [d for d in range(scale.ndim) if d != axis and scale.shape[d] > 1]
+    channel = others[0] if others else next(d for d in range(scale.ndim) if d != axis)
+    if len(others) > 1:
+        raise EncodingsError(f"{where}: per-block 'y_scale' of shape {list(scale.shape)} varies "
+                             "along more than one axis besides the block axis")
+
+    def flatten(a):
+        a = np.asarray(a, dtype=object)
+        return list(np.moveaxis(a, (channel, axis), (0, 1)).reshape(-1))
+    return flatten, channel
+
+
+def _parse_v2_lpbq(name: str, entry: dict, compressed: int, block_size, axis: int,
+                   where: str) -> ParamEncoding:
+    if not block_size:
+        raise EncodingsError(f"{where}: 'per_block_int_scale' without 'block_size'")
+    channel_scale = np.asarray(_require(entry, "per_channel_float_scale", where), dtype=object)
+    ints = np.asarray(entry["per_block_int_scale"], dtype=object)
+    if ints.ndim < 2 or ints.shape[axis] * 0 != 0:
+        raise EncodingsError(f"{where}: 'per_block_int_scale' must have the weight's rank")
+    flatten, channel = _v2_groups(ints, block_size, axis, where)
+    decompressed = 2 * compressed    # AIMET's 2.0.0 LPBQ: decompressed = 2 x compressed
+    return _lpbq_encoding(name, list(channel_scale.reshape(-1)), flatten(ints), compressed,
+                          decompressed, block_size, where, axis=channel, block_axis=axis)
+
+
 # --- shared validation ---------------------------------------------------------------------------
 
 def _float_encoding(name: str, bitwidth: int, symmetric: bool) -> ParamEncoding:
     return ParamEncoding(name, bitwidth, "float", symmetric, np.zeros(0, np.float32),
-                         np.zeros(0, np.int32), per_channel=False)
+                         np.zeros(0, np.float32), per_channel=False)
 
 
 def _require(obj: dict, key: str, where: str) -> Any:
@@ -264,10 +465,13 @@ def _scale_offset_arrays(scales: list, offsets: list, bitwidth: int, where: str)
         if not _is_valid_float32_scale(scale):
             raise EncodingsError(f"{where}: key 'scale' channel {c} is {_short(scale)}; scales must "
                                  f"be finite, > 0 and representable in float32")
-        if not _is_integral(offset) or not low <= offset <= high:
+        # fractional only through a shifted zero point (1.0.0 zero_point_shift, 2.0.0 y_zero_point)
+        if not _is_number(offset) or not math.isfinite(offset) or not low - 1 < offset < high + 1 \
+                or offset * 2 != int(offset * 2):
             raise EncodingsError(f"{where}: key 'offset' channel {c} is {_short(offset)}; for "
-                                 f"{bitwidth}-bit it must be an integer in [{low}, {high}]")
-    return np.asarray(scales, dtype=np.float32), np.asarray([int(o) for o in offsets], dtype=np.int32)
+                                 f"{bitwidth}-bit it must be an integer (or a half, with a shifted "
+                                 f"zero point) in [{low}, {high}]")
+    return np.asarray(scales, dtype=np.float32), np.asarray(offsets, dtype=np.float32)
 
 
 def _is_valid_float32_scale(value: Any) -> bool:

@@ -116,8 +116,8 @@ def _matmul(node, a, b):
     if not isinstance(b, _Weight):
         return np.matmul(a, b)
     values, quant = b.values(), b.quant()
-    if values.ndim != 2 or (quant is not None and quant.axis not in (None, 1)):
-        return np.matmul(a, b.full())
+    if values.ndim != 2 or (quant is not None and (quant.axis not in (None, 1) or quant.block_size)):
+        return np.matmul(a, b.full())   # per-block weights: dequantized whole (format's formula)
     return _matmul_by_columns(a, values, quant)
 
 
@@ -146,7 +146,8 @@ def _gather(node, data, indices):
     if not isinstance(data, _Weight):
         return np.take(data, indices, axis=axis)
     values = data.values()
-    if axis != 0:
+    quant = data.quant()
+    if axis != 0 or (quant is not None and quant.block_size):   # blocks: dequantize whole
         return np.take(data.full(), indices, axis=axis)
     bad = (indices < 0) | (indices >= values.shape[0])
     if bad.any():
@@ -154,7 +155,7 @@ def _gather(node, data, indices):
                           f"{int(indices[bad][0])}, outside [0, {values.shape[0]}); the token ids "
                           f"must be < n-vocab")
     rows = values[indices.reshape(-1)]
-    return dequantize(rows, _sliced(data.quant(), 0, indices.reshape(-1))).reshape(
+    return dequantize(rows, _sliced(quant, 0, indices.reshape(-1))).reshape(
         indices.shape + values.shape[1:])
 
 
@@ -296,7 +297,7 @@ def _pointwise_conv(x: np.ndarray, w) -> np.ndarray:
     if isinstance(w, _Weight):
         values, quant = w.values(), w.quant()
         matrix = values.reshape(values.shape[0], c).T                     # C x O, a view
-        if quant is None or quant.axis in (None, 0):
+        if quant is None or (quant.axis in (None, 0) and not quant.block_size):
             columns = None if quant is None else QuantParams(
                 quant.bitwidth, None if quant.axis is None else 1, quant.scale, quant.offset,
                 quant.symmetric)
