@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import onnx
 
 from hexbundle.backends.weightplan import plan_weights
 from hexbundle.formats.encodings import Encodings, load_encodings
@@ -207,7 +208,7 @@ def _describe_graph(report: GraphReport, model) -> None:
     report.ops = Counter(node.op_type for node in model.graph.node)
     inline, external = [0, 0], [0, 0]
     for init in model.graph.initializer:
-        is_external = bool(init.external_data) and init.data_location == 1   # EXTERNAL
+        is_external = init.data_location == onnx.TensorProto.EXTERNAL
         side = external if is_external else inline
         side[0] += 1
         side[1] += initializer_bytes(init, is_external)
@@ -221,7 +222,6 @@ def initializer_bytes(init, is_external: bool) -> int:
             return int(length)
     elif init.raw_data:
         return len(init.raw_data)
-    import onnx
     if init.data_type == onnx.TensorProto.STRING:
         return sum(len(s) for s in init.string_data)
     try:
@@ -277,7 +277,8 @@ def graph_lines(found: Inspection, g: GraphReport) -> list:
         return lines + ["  (cannot be read: see problems)"]
     opsets = ", ".join(f"{d} {v}" for d, v in g.opsets)
     lines.append(f"  IR version {g.ir_version}; opset {opsets}")
-    rows = [("inputs", "", "")] + io_rows(g.io.inputs) + [("outputs", "", "")] + io_rows(g.io.outputs)
+    rows = ([("inputs", "", "")] + io_rows(g.io.inputs)
+            + [("outputs", "", "")] + io_rows(g.io.outputs))
     lines += table(rows, indent=2, header=None)
     ops = sorted(g.ops.items(), key=lambda kv: (-kv[1], kv[0]))
     lines += wrap(f"  ops ({plural(sum(g.ops.values()), 'node')}):", [f"{op} {n}" for op, n in ops])
