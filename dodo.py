@@ -8,6 +8,8 @@ Each task and the module that does its work, under hexbundle/:
                                            inputs/synthetic.py), or split an export's unsplit
                                            graphs (inputs/split.py); inputs/export.py checks one
   import_export   inputs/import_export.py  a qai-hub-models export -> configs/models/NAME.toml
+  inspect         checks/inspect.py        what an export, ONNX or encodings file holds; every
+                                           problem the build would refuse, before building
   convert         steps/convert.py         ONNX + AIMET encodings -> DLC (backends/)
   compile         steps/compile.py         a part's DLCs -> one context binary (backends/)
   check_sizes     checks/sizes.py          bins vs the size model; checks/integrity.py re-hashes
@@ -28,6 +30,7 @@ run guard, reporter, the action wrapper -- is graph/.
 from pathlib import Path
 
 from hexbundle.bench.benchmark import run_bench
+from hexbundle.checks.inspect import inspect_command
 from hexbundle.checks.integrity import check_bundle_integrity
 from hexbundle.checks.sizes import check_built_sizes
 from hexbundle.checks.verify import code_digest, run_verify
@@ -131,6 +134,19 @@ def task_import_export():
                         "help": "the model's tokenizer.json (default: DIR/tokenizer.json)"},
                        {"name": "rope_theta", "long": "rope-theta", "type": float,
                         "default": QWEN2_ROPE_THETA, "help": "RoPE theta (not in the files)"}],
+            "uptodate": [False], "verbosity": 2}
+
+
+def task_inspect():
+    """Inspect an export, an ONNX or an AIMET encodings file before a long build.
+
+    `doit inspect --path FILE_OR_DIR`: per graph its inputs and outputs, op counts, IR version
+    and opset, external data; per encodings file its schema and counts per (enc type, bitwidth,
+    dtype, symmetric); then every problem the build would refuse (the build's own checks, all
+    of them, not just the first). Exits non-zero if there is any."""
+    return {"actions": [action(inspect_command)],
+            "params": [{"name": "path", "long": "path", "default": "",
+                        "help": "an export directory, an .onnx or an .encodings file"}],
             "uptodate": [False], "verbosity": 2}
 
 
