@@ -17,6 +17,7 @@ from hexbundle.support.errors import BackendError
 @dataclass(frozen=True)
 class ConvertOptions:
     float_bitwidth: int = 16          # params left in float: 16 -> float16, 32 -> float32
+    unencoded_weights: str = "refuse" # a layer weight without an encoding: refuse | int8 | float
 
 
 @dataclass(frozen=True)

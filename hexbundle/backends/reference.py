@@ -52,7 +52,8 @@ class ReferenceBackend:
             raise BackendError(f"float_bitwidth {options.float_bitwidth} is not supported; use 16 or 32")
         model = load_onnx_structure(onnx_path)
         encodings = graph_encodings(model, onnx_path, encodings_path)
-        weights, constants = plan_weights(model.graph, encodings, onnx_path, encodings_path)
+        weights, constants = plan_weights(model.graph, encodings, onnx_path, encodings_path,
+                                          options.unencoded_weights)
         weight_names = {w.name for w in weights}
         info = graph_info(model, graph_name, encodings)
         topology = topology_bytes(model.graph, weight_names,
@@ -214,11 +215,20 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
         init, enc, dtype = plan.initializer, plan.encoding, plan.stored_dtype(float_bitwidth)
         values = _initializer_values(init, onnx_path)
         notes = _StreamNotes()
-        if enc is None:
+        policy = " (no encoding: unencoded_weights = " if plan.unencoded else ""
+        if plan.derived_bitwidth:
+            quant = _derived_quant(values, plan)
+            yield TensorStream(init.name, dtype, values.shape,
+                               _quantized_blocks(values, quant, notes), quant)
+            granularity = "per-tensor" if plan.axis is None else f"per-channel axis {plan.axis}"
+            log(f"{init.name}: int{plan.derived_bitwidth} symmetric {granularity} shape "
+                f"{list(values.shape)}{policy}int8, as QNN's --quantize_full_type w8a16)")
+        elif enc is None:
             yield TensorStream(init.name, dtype, values.shape,
                                _float_blocks(values, np.dtype(dtype), notes))
             note = f" (warning: {notes.overflowed} values overflow {dtype})" if notes.overflowed else ""
-            log(f"{init.name}: {dtype} shape {list(values.shape)}{note}")
+            log(f"{init.name}: {dtype} shape {list(values.shape)}{note}"
+                + (f"{policy}float)" if policy else ""))
         else:
             quant = plan.quant_params()
             yield TensorStream(init.name, dtype, values.shape,
@@ -229,6 +239,27 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
                                f"axis {quant.block_axis}, channels axis {plan.axis}")
             note = f", {notes.clipped} values clipped to the encoding range" if notes.clipped else ""
             log(f"{init.name}: int{enc.bitwidth} {granularity} shape {list(values.shape)}{note}")
+
+
+def _derived_quant(values: _Values, plan) -> QuantParams:
+    """Symmetric per-channel (or per-tensor) int encoding of a weight that has none, from its
+    values (one streamed pass): scale = max|w| / (2^(bw-1) - 1), offset -2^(bw-1)."""
+    bits, axis = plan.derived_bitwidth, plan.axis
+    shape = values.shape if values.shape else (1,)
+    groups = 1 if axis is None else shape[axis]
+    absmax = np.zeros(groups, np.float32)
+    for rows, block in values.rows():
+        a = np.abs(block)
+        if axis is None:
+            absmax[0] = max(absmax[0], float(a.max(initial=0.0)))
+        elif axis == 0:
+            absmax[rows] = np.maximum(absmax[rows], a.reshape(len(a), -1).max(axis=1, initial=0.0))
+        else:
+            reduced = np.moveaxis(a, axis, 0).reshape(groups, -1).max(axis=1, initial=0.0)
+            absmax = np.maximum(absmax, reduced)
+    scale = np.maximum(absmax, np.finfo(np.float32).tiny) / np.float32(2 ** (bits - 1) - 1)
+    return QuantParams(bits, axis, scale.astype(np.float32),
+                       np.full(groups, -(2.0 ** (bits - 1)), np.float32), True)
 
 
 def _float_blocks(values: _Values, dtype: np.dtype, notes: _StreamNotes):

@@ -38,6 +38,8 @@ class WeightPlan:
     encoding: Optional[ParamEncoding]
     axis: Optional[int]
     block_axis: Optional[int] = None  # per-block encodings: the input axis the blocks run along
+    derived_bitwidth: int = 0         # no encoding, policy int8: quantized per channel at convert
+    feeds_linear: bool = False        # a layer weight (MatMul/Gemm/Conv/Gather input)
 
     @property
     def name(self) -> str:
@@ -49,12 +51,24 @@ class WeightPlan:
 
     def stored_dtype(self, float_bitwidth: int) -> str:
         """The container dtype the weight is stored as."""
+        if self.derived_bitwidth:
+            return QUANT_DTYPE_FOR_BITWIDTH[self.derived_bitwidth]
         if self.encoding is None:
             return "float16" if float_bitwidth == 16 else "float32"
         return QUANT_DTYPE_FOR_BITWIDTH[self.encoding.bitwidth]
 
+    @property
+    def unencoded(self) -> bool:
+        """A layer weight the encodings say nothing about (kept float or quantized by policy)."""
+        return self.derived_bitwidth > 0 or (self.encoding is None and self.feeds_linear)
+
     def quant_params(self) -> Optional[QuantParams]:
         enc = self.encoding
+        if self.derived_bitwidth:   # the layout; convert computes the scales from the values
+            groups = 1 if self.axis is None else self.shape[self.axis]
+            return QuantParams(self.derived_bitwidth, self.axis, np.ones(groups, np.float32),
+                               np.full(groups, -(2.0 ** (self.derived_bitwidth - 1)), np.float32),
+                               True)
         if enc is None:
             return None
         return QuantParams(enc.bitwidth, self.axis, enc.scale, enc.offset, enc.symmetric,
@@ -99,8 +113,11 @@ def consumers_of(graph: onnx.GraphProto) -> dict:
     return result
 
 
+UNENCODED_POLICIES = ("refuse", "int8", "float")
+
+
 def plan_weights(graph: onnx.GraphProto, encodings: Encodings, onnx_path: Path,
-                 encodings_path: Path):
+                 encodings_path: Path, unencoded: str = "refuse"):
     """Split initializers into weights (own blobs) and small constants (stay in the topology)."""
     if len(graph.sparse_initializer):
         raise InputError(f"{onnx_path}: sparse initializers are not supported; export dense weights")
@@ -114,13 +131,13 @@ def plan_weights(graph: onnx.GraphProto, encodings: Encodings, onnx_path: Path,
     weights, constants = [], []
     for init in graph.initializer:
         plan = plan_one(init, encodings.params.get(init.name), consumers.get(init.name, []),
-                        onnx_path, encodings_path)
+                        onnx_path, encodings_path, unencoded)
         (weights if plan is not None else constants).append(plan if plan is not None else init)
     return weights, constants
 
 
 def plan_one(init: onnx.TensorProto, encoding: Optional[ParamEncoding], consumers: list,
-             onnx_path: Path, encodings_path: Path) -> Optional[WeightPlan]:
+             onnx_path: Path, encodings_path: Path, unencoded: str = "refuse") -> Optional[WeightPlan]:
     is_float = init.data_type in FLOAT_TYPES
     count = int(np.prod(init.dims, dtype=np.int64))
     if encoding is not None and encoding.is_int:
@@ -135,14 +152,28 @@ def plan_one(init: onnx.TensorProto, encoding: Optional[ParamEncoding], consumer
                               block_axis(init, encoding, consumers, axis, onnx_path, encodings_path))
         return WeightPlan(init, encoding, axis)
     feeds_linear = any(index in LINEAR_WEIGHT_INPUTS.get(op, ()) for op, index, _ in consumers)
-    if is_float and count > SMALL_CONSTANT_ELEMENTS and feeds_linear:
-        # A real converter would silently keep this layer in float (big and slow); refuse instead.
-        raise EncodingsError(
-            f"{encodings_path}: no int encoding for weight '{init.name}' of {onnx_path} "
-            f"({count} elements feeding {consumers[0][0]}); re-export the encodings with this layer quantized")
+    if is_float and count > SMALL_CONSTANT_ELEMENTS and feeds_linear and encoding is None:
+        return _unencoded(init, consumers, count, onnx_path, encodings_path, unencoded)
     if is_float and (encoding is not None or count > SMALL_CONSTANT_ELEMENTS):
         return WeightPlan(init, None, None)
     return None
+
+
+def _unencoded(init: onnx.TensorProto, consumers: list, count: int, onnx_path: Path,
+               encodings_path: Path, unencoded: str) -> WeightPlan:
+    """A layer weight with no encoding, by the model's policy: a real converter would silently
+    keep it in float (big and slow); hexbundle refuses unless the config says what to do."""
+    if unencoded == "float":
+        return WeightPlan(init, None, None, feeds_linear=True)
+    if unencoded == "int8":
+        axes = {output_axis(op, index, node, len(init.dims)) for op, index, node in consumers}
+        axis = axes.pop() if len(axes) == 1 and None not in axes else None
+        return WeightPlan(init, None, axis, derived_bitwidth=8, feeds_linear=True)
+    raise EncodingsError(
+        f"{encodings_path}: no int encoding for weight '{init.name}' of {onnx_path} ({count} "
+        f"elements feeding {consumers[0][0]}); re-export the encodings with this layer quantized, "
+        "or set [quantization] unencoded_weights = \"int8\" (as QNN's --quantize_full_type w8a16) "
+        "or \"float\" in the model config")
 
 
 def channel_axis(init: onnx.TensorProto, encoding: ParamEncoding, consumers: list,

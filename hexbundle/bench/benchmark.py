@@ -484,7 +484,9 @@ def backend_step(spec: dict) -> dict:
         graph = next(g for g in graphs if g.kind == spec["graph"])
         out = scratch / dlc_name(graph)
         backend.convert(layout.onnx(graph), layout.encodings(graph), out, graph.name,
-                        ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"]), lambda m: None)
+                        ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"],
+                                       unencoded_weights=cfg.model.quantization.unencoded_weights),
+                        lambda m: None)
         read = layout.onnx_data(graph).stat().st_size
     else:
         dlcs = [scratch / dlc_name(g) for g in graphs]

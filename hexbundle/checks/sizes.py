@@ -68,6 +68,7 @@ class PartExpectation:
     # The architecture formula's packed figure, as a cross-check of a tensor-derived
     # expectation (None when the expectation IS the architecture formula).
     architecture: Optional[int] = None
+    unencoded: tuple = ()   # (weight, how it is stored) for layer weights without an encoding
 
     @property
     def content(self) -> str:
@@ -119,6 +120,7 @@ class NamedGraph:
     name: str
     onnx: Path
     encodings: Path
+    unencoded: str = "refuse"   # the model's unencoded_weights policy
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,8 @@ def plan_graph(graph: NamedGraph) -> PlannedGraph:
     """Read the graph's ONNX structure and encodings; decide per initializer as convert does."""
     model = load_onnx_structure(graph.onnx)
     encodings = graph_encodings(model, graph.onnx, graph.encodings)
-    weights, constants = plan_weights(model.graph, encodings, graph.onnx, graph.encodings)
+    weights, constants = plan_weights(model.graph, encodings, graph.onnx, graph.encodings,
+                                      graph.unencoded)
     # Constants are inlined into the topology; stand-ins of their size keep their values unread.
     topology = topology_bytes(model.graph, {w.name for w in weights},
                               [constant_stand_in(c) for c in constants])
@@ -199,8 +202,10 @@ def part_expectation(part: Part, graphs: list, float_bitwidth: int = 16,
 
     has_4bit = any(p.encoding is not None and p.encoding.bitwidth == 4
                    for g in planned for p in g.weights)
+    unencoded = tuple(sorted({(p.name, p.stored_dtype(float_bitwidth)) for g in planned
+                              for p in g.weights if p.unencoded}))
     return PartExpectation(part, size(True, True), size(False, True), size(True, False), has_4bit,
-                           architecture)
+                           architecture, unencoded)
 
 
 def expect_from_inputs(layout: Layout) -> list:
@@ -214,7 +219,8 @@ def expect_from_inputs(layout: Layout) -> list:
         {"soc_model": cfg.device.soc_model, "dsp_arch": cfg.device.dsp_arch})
     out = []
     for part in cfg.plan.parts():
-        graphs = [NamedGraph(g.name, layout.onnx(g), layout.encodings(g))
+        graphs = [NamedGraph(g.name, layout.onnx(g), layout.encodings(g),
+                             cfg.model.quantization.unencoded_weights)
                   for g in cfg.model.graphs(part)]
         out.append(part_expectation(part, graphs, float_bitwidth, fields,
                                     part_bytes(cfg.model, part, float_bitwidth=float_bitwidth)))
@@ -344,7 +350,13 @@ def check_built_sizes(layout: Layout) -> None:
     cfg = layout.cfg
     actual = {p.index: (layout.bin(p).stat().st_size if layout.bin(p).is_file() else None)
               for p in cfg.plan.parts()}
-    rows = judge(expect_from_inputs(layout), cfg.plan, actual)
+    expectations = expect_from_inputs(layout)
+    rows = judge(expectations, cfg.plan, actual)
     table = format_table(cfg.model, cfg.plan, rows)
     raise_on_failure(cfg.model, cfg.plan, rows, table)
     say(table)
+    unencoded = sorted({u for e in expectations for u in e.unencoded})
+    if unencoded:   # no silent fallback: which weights the policy stored, and how
+        say(f"note: {len(unencoded)} layer weight(s) without an encoding, stored by the policy "
+            f"unencoded_weights = {cfg.model.quantization.unencoded_weights!r}: "
+            + ", ".join(f"{n} ({d})" for n, d in unencoded[:8]) + (" ..." if len(unencoded) > 8 else ""))

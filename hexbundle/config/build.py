@@ -110,6 +110,10 @@ MODEL_SCHEMA = {
         "lm_head_bitwidth": Field(int, 8, choices=(4, 8, 16)),
         "embedding_bitwidth": Field(int, 16, choices=(8, 16)),
         "activation_bitwidth": Field(int, 16, choices=(8, 16)),
+        "unencoded_weights": Field(str, "refuse", choices=("refuse", "int8", "float"),
+                                   doc="a layer weight without an encoding: refuse the build, "
+                                       "quantize it to int8 per channel (QNN's "
+                                       "--quantize_full_type w8a16) or keep it float"),
     }),
     "tokenizer": Field({
         "bos": Field(str, doc="content of the BOS special token in tokenizer.json"),
@@ -351,7 +355,8 @@ def load_model(root: Path, name: str) -> tuple:
                         a["num_kv_heads"], a["head_dim"], a["intermediate_size"],
                         a["vocab_size"], a["rope_theta"], a["rms_norm_eps"])
     quant = Quantization(q["decoder_linear_bitwidth"], q["lm_head_bitwidth"],
-                         q["embedding_bitwidth"], q["activation_bitwidth"])
+                         q["embedding_bitwidth"], q["activation_bitwidth"],
+                         unencoded_weights=q["unencoded_weights"])
     plans = {pname: make_plan(where, pname, p, arch) for pname, p in d["plans"].items()}
     if m["default_plan"] not in plans:
         raise ConfigError(f"{where}: model.default_plan {m['default_plan']!r} is not one of the "

@@ -43,6 +43,10 @@ class Quantization:
     embedding_bitwidth: int = 16       # per tensor
     activation_bitwidth: int = 16
     float_bitwidth: int = 16           # biases, norms and anything left in float
+    # A layer weight with no encoding: "refuse" (the default: say so, build nothing), "int8"
+    # (quantize it to 8 bits per channel, as QNN's --quantize_full_type w8a16 does) or "float"
+    # (keep it at float_bitwidth). The build says per tensor which it did.
+    unencoded_weights: str = "refuse"
 
 
 @dataclass(frozen=True)

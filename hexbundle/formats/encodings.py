@@ -320,7 +320,7 @@ def _lpbq_encoding(name, channel_scale: list, int_scales: list, compressed: int,
     scale, offset = _scale_offset_arrays(effective.tolist(), offsets, compressed, where)
     return ParamEncoding(name, compressed, "int", True, scale, offset, per_channel=True,
                          enc_type="LPBQ", block_size=block_size, axis=axis, block_axis=block_axis,
-                         lpbq=(cs.astype(np.float32), ints.astype(np.uint8), decompressed))
+                         lpbq=(cs, ints.astype(np.uint8), decompressed))   # cs: float64, as written
 
 
 def _as_list(value: Any, key: str, where: str) -> list:

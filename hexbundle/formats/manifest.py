@@ -17,7 +17,7 @@ MANIFEST_FORMAT = 1
 
 
 def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
-                    sizes_expected: dict) -> dict:
+                    sizes_expected: dict, unencoded: dict = None) -> dict:
     """What the bundle holds. It says nothing about HOW it was built (executor, image, host):
     that goes to build-info.json and a release's provenance, so the bundle's bytes do not depend
     on the executor."""
@@ -43,6 +43,9 @@ def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
         "expected_bins_total_bytes": sum(sizes_expected.values()),
         "inputs": {layout.logical(p): hashing.digest(p) for p in layout.source_inputs()},
         "graphs": graph_sources(layout),
+        # layer weights the encodings say nothing about, and how the policy stored them
+        "unencoded_weights": {"policy": cfg.model.quantization.unencoded_weights,
+                              "tensors": dict(sorted((unencoded or {}).items()))},
         "configs": {layout.logical(p): hashing.digest(p) for p in cfg.config_files},
     }
 

@@ -308,6 +308,7 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
         "[graphs]", f"context_length = {cl}", f"prompt_ar = {inferred.prompt_ar}",
         f"token_ar = {inferred.token_ar}", "",
         "[quantization]   # read from the encodings"] + [f"{k} = {v}" for k, v in q.items()] + [
+        'unencoded_weights = "int8"   # as Qualcomm compiles it (--quantize_full_type w8a16)',
         "",
         "[tokenizer]   # Qwen2 chat special tokens"] + [
         f"{k} = {_s(v)}" for k, v in QWEN2_SPECIALS.items()] + [

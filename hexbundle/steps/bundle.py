@@ -28,8 +28,16 @@ def assemble_bundle(layout: Layout, spec: dict, log) -> None:
     cfg = layout.cfg
     check_pins(layout, [layout.tokenizer])
     # The manifest records what the size check judged by: the size the inputs' tensors make.
-    expected = {layout.bin_name(e.part): e.packed for e in sizes.expect_from_inputs(layout)}
-    final = assemble(layout, get_backend(cfg.backend).toolchain_version(), expected, log)
+    expectations = sizes.expect_from_inputs(layout)
+    expected = {layout.bin_name(e.part): e.packed for e in expectations}
+    unencoded = {name: dtype for e in expectations for name, dtype in e.unencoded}
+    if unencoded:
+        log(f"{len(unencoded)} layer weight(s) without an encoding, stored by the policy "
+            f"unencoded_weights = {cfg.model.quantization.unencoded_weights!r}: "
+            + ", ".join(f"{n} ({d})" for n, d in sorted(unencoded.items())[:8])
+            + (" ..." if len(unencoded) > 8 else ""))
+    final = assemble(layout, get_backend(cfg.backend).toolchain_version(), expected, log,
+                     unencoded)
     write_build_info(layout, cfg.executor, spec.get("image", ""))   # set by the docker executor
     log(f"bundle ready: {layout.rel(final)}")
 
@@ -44,7 +52,8 @@ def link_or_copy(src: Path, dst: Path) -> str:
         return "copied"
 
 
-def assemble(layout: Layout, backend_version: str, sizes_expected: dict, log) -> Path:
+def assemble(layout: Layout, backend_version: str, sizes_expected: dict, log,
+             unencoded: dict = None) -> Path:
     cfg = layout.cfg
     bins = [layout.bin(p) for p in cfg.plan.parts()]
     for b in bins:
@@ -65,7 +74,7 @@ def assemble(layout: Layout, backend_version: str, sizes_expected: dict, log) ->
         except OSError as exc:   # a full disk while copying: the previous bundle stays
             raise output_error(exc.filename or staging, exc) from None
         write_json(staging / MANIFEST, bundle_manifest(layout, staging, backend_version,
-                                                       sizes_expected))
+                                                       sizes_expected, unencoded or {}))
         os.chmod(staging, 0o755)
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in
     return final

@@ -14,4 +14,5 @@ def convert_graph(layout: Layout, spec: dict, log) -> None:
     check_pins(layout, layout.graph_inputs(graph))
     layout.dlc_dir.mkdir(parents=True, exist_ok=True)
     backend.convert(layout.onnx(graph), layout.encodings(graph), layout.dlc(graph), graph.name,
-                    ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"]), log)
+                    ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"],
+                                   unencoded_weights=cfg.model.quantization.unencoded_weights), log)
