@@ -213,7 +213,8 @@ def test_import_infers_the_model_from_the_files(imported):
     assert cfg["architecture"]["vocab_size"] == 1024
     assert cfg["graphs"] == {"context_length": 256, "prompt_ar": 128, "token_ar": 1}
     assert cfg["quantization"] == {"decoder_linear_bitwidth": 4, "lm_head_bitwidth": 8,
-                                   "embedding_bitwidth": 16, "activation_bitwidth": 16}
+                                   "embedding_bitwidth": 16, "activation_bitwidth": 16,
+                                   "unencoded_weights": "int8"}   # as Qualcomm compiles it
     assert cfg["plans"]["export"]["layers_per_part"] == PLAN
     assert cfg["inputs"]["split"] == "export" and cfg["inputs"]["source"] == "qai-hub-models"
     assert "rope_theta and rms_norm_eps are not in the files" in run.out

@@ -21,7 +21,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from hexbundle.backends import CompileOptions, ConvertOptions, reference_toolchain_version
-from hexbundle.backends.weightplan import (graph_encodings, graph_info, load_onnx_structure, plan_weights,
+from hexbundle.backends.weightplan import (graph_encodings, graph_info, load_onnx_structure,
+                                          outputs_without_encoding, plan_weights,
                                           topology_bytes)
 from hexbundle.formats.container import QuantParams, TensorStream
 from hexbundle.formats.ctxbin import CtxGraph, write_ctxbin
@@ -52,6 +53,14 @@ class ReferenceBackend:
             raise BackendError(f"float_bitwidth {options.float_bitwidth} is not supported; use 16 or 32")
         model = load_onnx_structure(onnx_path)
         encodings = graph_encodings(model, onnx_path, encodings_path)
+        if encodings.derived:
+            outputs = [o.name for o in model.graph.output if o.name in encodings.derived]
+            log(f"{len(encodings.derived)} activation encoding(s) carried through data-movement "
+                f"ops (as QNN does)" + (f", graph outputs among them: {', '.join(outputs)}"
+                                        if outputs else ""))
+        for name in outputs_without_encoding(model, encodings):
+            log(f"graph output {name!r} has no activation encoding (none in {encodings_path.name}, "
+                "none derivable): it leaves the graph in float")
         weights, constants = plan_weights(model.graph, encodings, onnx_path, encodings_path,
                                           options.unencoded_weights)
         weight_names = {w.name for w in weights}

@@ -8,7 +8,7 @@ Nothing here reads weight values: the ONNX is loaded without its external data.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -86,10 +86,36 @@ def load_onnx_structure(onnx_path: Path) -> onnx.ModelProto:
                          f"re-export it") from None
 
 
+# Ops that move data without computing: their output takes the input's encoding, as QNN carries
+# the producer's encoding through them (AIMET 0.6.1/1.0.0 write none for those outputs; 2.0.0
+# writes them as derived encodings). Input 0 is the data (Concat: every input, if they agree).
+DATA_MOVEMENT_OPS = ("Transpose", "Reshape", "Slice", "Concat", "Squeeze", "Unsqueeze", "Cast",
+                     "Identity", "Flatten", "Expand", "Gather")
+
+
+def derive_through_data_movement(graph: onnx.GraphProto, activations: dict) -> tuple:
+    """(activations with the derived ones added, names of the derived ones), in node order."""
+    out, derived = dict(activations), []
+    for node in graph.node:
+        if node.op_type not in DATA_MOVEMENT_OPS or not node.output or node.output[0] in out:
+            continue
+        sources = [i for i in (node.input if node.op_type == "Concat" else node.input[:1]) if i]
+        encodings = [out.get(i) for i in sources]
+        if not encodings or any(e is None for e in encodings):
+            continue
+        first = encodings[0]
+        if all(e is first or (np.array_equal(e.scale, first.scale) and np.array_equal(
+                e.offset, first.offset) and e.bitwidth == first.bitwidth) for e in encodings):
+            out[node.output[0]] = first
+            derived.append(node.output[0])
+    return out, tuple(derived)
+
+
 def graph_encodings(model: onnx.ModelProto, onnx_path: Path, encodings_path: Path) -> Encodings:
-    """The graph's encodings file, as this graph sees it (`Encodings.for_graph`). An activation
-    encoding for a tensor the graph does not have is refused: it belongs to another graph (and
-    would be copied into the bin, describing nothing)."""
+    """The graph's encodings file, as this graph sees it (`Encodings.for_graph`), with the
+    encodings carried through data-movement ops. An activation encoding for a tensor the graph
+    does not have is refused: it belongs to another graph (and would be copied into the bin,
+    describing nothing)."""
     graph = model.graph
     encodings = load_encodings(encodings_path).for_graph({i.name for i in graph.initializer})
     tensors = {n for node in graph.node for n in (*node.input, *node.output) if n}
@@ -100,7 +126,13 @@ def graph_encodings(model: onnx.ModelProto, onnx_path: Path, encodings_path: Pat
             f"{encodings_path}: activation encoding for '{unknown[0]}', a tensor {onnx_path} does "
             f"not have ({len(unknown)} such in total); the encodings belong to another graph or "
             "export: use the encodings exported with this ONNX")
-    return encodings
+    activations, derived = derive_through_data_movement(graph, encodings.activations)
+    return replace(encodings, activations=activations, derived=derived)
+
+
+def outputs_without_encoding(model: onnx.ModelProto, encodings: Encodings) -> list:
+    """Graph outputs that leave the graph in float (no encoding, none derivable)."""
+    return [o.name for o in model.graph.output if o.name not in encodings.activations]
 
 
 def consumers_of(graph: onnx.GraphProto) -> dict:

@@ -71,6 +71,7 @@ class Encodings:
     schema: str                # "0.6.1" (legacy) | "1.0.0"
     params: dict = field(default_factory=dict)        # name -> ParamEncoding
     activations: dict = field(default_factory=dict)   # name -> ParamEncoding
+    derived: tuple = ()        # activations carried through data-movement ops (not in the file)
 
     def for_graph(self, initializers: set) -> "Encodings":
         """The encodings as a graph with these initializers sees them. An encoding named after
