@@ -221,6 +221,11 @@ def _parse_v1_section(section: Any, key: str, source: str) -> dict:
     if not isinstance(section, list):
         raise EncodingsError(f"{source}: '{key}' must be a list of encoding objects "
                              f"(1.0.0 schema), got {_kind(section)}")
+    return _parse_named_list(section, key, source, _parse_v1_entry)
+
+
+def _parse_named_list(section: list, key: str, source: str, parse_entry) -> dict:
+    """name -> encoding for a list of {"name": ..., ...} entries (1.0.0 sections, 2.0.0)."""
     result = {}
     for i, entry in enumerate(section):
         where = f"{source}: {key}[{i}]"
@@ -232,7 +237,7 @@ def _parse_v1_section(section: Any, key: str, source: str) -> dict:
         where = f"{source}: {key}[{i}] ('{name}')"
         if name in result:
             raise EncodingsError(f"{where}: tensor listed twice; keep one entry")
-        result[name] = _parse_v1_entry(name, entry, where)
+        result[name] = parse_entry(name, entry, where)
     return result
 
 
@@ -344,18 +349,7 @@ def _parse_v2(data: dict, source: str) -> Encodings:
     if not isinstance(entries, list):
         raise EncodingsError(f"{source}: '2.0.0' encodings need a top-level 'encodings' list, got "
                              f"{_kind(entries)}")
-    result = {}
-    for i, entry in enumerate(entries):
-        where = f"{source}: encodings[{i}]"
-        if not isinstance(entry, dict):
-            raise EncodingsError(f"{where}: must be an object, got {_kind(entry)}")
-        name = _require(entry, "name", where)
-        if not isinstance(name, str) or not name:
-            raise EncodingsError(f"{where}: key 'name' must be a non-empty string, got {_short(name)}")
-        where = f"{source}: encodings[{i}] ('{name}')"
-        if name in result:
-            raise EncodingsError(f"{where}: tensor listed twice; keep one entry")
-        result[name] = _parse_v2_entry(name, entry, where)
+    result = _parse_named_list(entries, "encodings", source, _parse_v2_entry)
     return Encodings(source=source, schema="2.0.0", params={}, activations=result)
 
 
