@@ -192,8 +192,34 @@ def mutated(base):
     return st.builds(replace, st.just(base), st.sampled_from(paths), json_like)
 
 
+# 2.0.0 entries as aimet-onnx 2.42 writes them (tests/data/aimet): per channel, per block, LPBQ,
+# an int32 bias, an activation with a zero point, a shifted (fractional) zero point.
+V2 = {"version": "2.0.0", "encodings": [
+    {"name": "w1", "output_dtype": "int4", "axis": 1, "y_scale": [0.1, 0.2]},
+    {"name": "w2", "output_dtype": "int4", "axis": 0, "block_size": 2, "y_scale": [[0.1, 0.2], [0.3, 0.4]]},
+    {"name": "w3", "output_dtype": "int4", "axis": 0, "block_size": 2,
+     "per_channel_float_scale": [[0.01, 0.02]], "per_block_int_scale": [[1, 16], [3, 4]]},
+    {"name": "b1", "output_dtype": "int32", "axis": 0, "y_scale": [1e-7, 2e-7]},
+    {"name": "x", "output_dtype": "uint16", "y_scale": 1.3e-4, "y_zero_point": 32710},
+    {"name": "z", "output_dtype": "int4", "axis": 1, "y_scale": [0.1, 0.2], "y_zero_point": [-0.5, -0.5]}]}
+
+
+def test_v2_reads_each_kind_into_the_unsigned_convention():
+    enc = parse_encodings(V2, source="v2.encodings").for_graph({"w1", "w2", "w3", "b1", "z"})
+    w1, w2, w3, z = (enc.params[n] for n in ("w1", "w2", "w3", "z"))
+    assert (w1.enc_type, w1.bitwidth, w1.axis, w1.offset.tolist()) == ("PER_CHANNEL", 4, 1, [-8, -8])
+    # [in/2][out] y_scale -> [channel][block] order
+    assert (w2.enc_type, w2.block_size, w2.axis, w2.block_axis) == ("PER_BLOCK", 2, 1, 0)
+    assert w2.scale.tolist() == pytest.approx([0.1, 0.3, 0.2, 0.4])
+    assert w3.enc_type == "LPBQ" and w3.scale.tolist() == pytest.approx([0.01, 0.03, 0.32, 0.08])
+    assert enc.params["b1"].dtype == "float"        # an int32 bias stays float
+    x = enc.activations["x"]
+    assert (x.bitwidth, x.symmetric, x.offset.tolist()) == (16, False, [-32710])
+    assert z.offset.tolist() == [-7.5, -7.5] and not z.symmetric
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(json_like, mutated(LEGACY), mutated(V1),
+@given(st.one_of(json_like, mutated(LEGACY), mutated(V1), mutated(V2),
                  st.fixed_dictionaries({"version": st.sampled_from(["1.0.0", "0.6.1"]),
                                         "param_encodings": json_like,
                                         "activation_encodings": json_like})))

@@ -310,6 +310,9 @@ def _lpbq_encoding(name, channel_scale: list, int_scales: list, compressed: int,
                    block_size: int, where: str, axis=None, block_axis=None) -> ParamEncoding:
     """int_scales in [channel][block] order, len C x B."""
     channels = len(channel_scale)
+    if not all(_is_valid_float32_scale(x) for x in channel_scale):
+        raise EncodingsError(f"{where}: the per-channel float scales must be finite, > 0 and "
+                             "representable in float32")
     if not channels or len(int_scales) % channels:
         raise EncodingsError(f"{where}: {len(int_scales)} per-block int scales do not divide into "
                              f"the {channels} channels of 'scale'")
@@ -355,7 +358,7 @@ def _parse_v2(data: dict, source: str) -> Encodings:
 
 def _parse_v2_entry(name: str, entry: dict, where: str) -> ParamEncoding:
     dtype_name = _require(entry, "output_dtype", where)
-    if dtype_name not in V2_DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in V2_DTYPES:
         raise EncodingsError(f"{where}: key 'output_dtype' is {_short(dtype_name)}; hexbundle reads "
                              f"{', '.join(sorted(V2_DTYPES))}")
     dtype, bitwidth, signed = V2_DTYPES[dtype_name]
@@ -370,14 +373,14 @@ def _parse_v2_entry(name: str, entry: dict, where: str) -> ParamEncoding:
             raise EncodingsError(f"{where}: 'block_size' without 'axis'; the block axis is needed")
     if "per_block_int_scale" in entry:
         return _parse_v2_lpbq(name, entry, bitwidth, block_size, int(axis), where)
-    scale = np.asarray(_require(entry, "y_scale", where), dtype=object)
-    zero = entry.get("y_zero_point", 0)
+    scale = _array(_require(entry, "y_scale", where), "y_scale", where)
+    zero = _array(entry.get("y_zero_point", 0), "y_zero_point", where)
     groups, channel_axis = _v2_groups(scale, block_size, axis, where)
-    zeros = np.broadcast_to(np.asarray(zero, dtype=object), scale.shape) if np.ndim(zero) in (0, scale.ndim) \
-        else None
-    if zeros is None:
-        raise EncodingsError(f"{where}: key 'y_zero_point' does not match the shape of 'y_scale'")
-    zeros = groups(zeros)
+    try:
+        zeros = groups(np.broadcast_to(zero, scale.shape))
+    except ValueError:
+        raise EncodingsError(f"{where}: key 'y_zero_point' of shape {list(zero.shape)} does not "
+                             f"match 'y_scale' of shape {list(scale.shape)}") from None
     base = -(2 ** (bitwidth - 1)) if signed else 0
     offsets = [base - z if _is_number(z) else z for z in zeros]
     symmetric = signed and all(_is_number(z) and z == 0 for z in zeros)
@@ -417,10 +420,12 @@ def _parse_v2_lpbq(name: str, entry: dict, compressed: int, block_size, axis: in
                    where: str) -> ParamEncoding:
     if not block_size:
         raise EncodingsError(f"{where}: 'per_block_int_scale' without 'block_size'")
-    channel_scale = np.asarray(_require(entry, "per_channel_float_scale", where), dtype=object)
-    ints = np.asarray(entry["per_block_int_scale"], dtype=object)
-    if ints.ndim < 2 or ints.shape[axis] * 0 != 0:
-        raise EncodingsError(f"{where}: 'per_block_int_scale' must have the weight's rank")
+    channel_scale = _array(_require(entry, "per_channel_float_scale", where),
+                           "per_channel_float_scale", where)
+    ints = _array(entry["per_block_int_scale"], "per_block_int_scale", where)
+    if ints.ndim < 2 or axis >= ints.ndim:
+        raise EncodingsError(f"{where}: 'per_block_int_scale' must have the weight's rank (at "
+                             f"least 2, more than 'axis' {axis}), got {ints.ndim} dimension(s)")
     flatten, channel = _v2_groups(ints, block_size, axis, where)
     decompressed = 2 * compressed    # AIMET's 2.0.0 LPBQ: decompressed = 2 x compressed
     return _lpbq_encoding(name, list(channel_scale.reshape(-1)), flatten(ints), compressed,
@@ -428,6 +433,18 @@ def _parse_v2_lpbq(name: str, entry: dict, compressed: int, block_size, axis: in
 
 
 # --- shared validation ---------------------------------------------------------------------------
+
+def _array(value: Any, key: str, where: str) -> np.ndarray:
+    """A number or a rectangular nested list of numbers, as an object array (exact values)."""
+    try:
+        array = np.array(value, dtype=object)
+    except (ValueError, TypeError):
+        array = None
+    if array is None or not all(_is_number(x) for x in array.reshape(-1)):
+        raise EncodingsError(f"{where}: key '{key}' must be a number or a rectangular list of "
+                             f"numbers, got {_short(value)}")
+    return array
+
 
 def _float_encoding(name: str, bitwidth: int, symmetric: bool) -> ParamEncoding:
     return ParamEncoding(name, bitwidth, "float", symmetric, np.zeros(0, np.float32),
