@@ -295,14 +295,13 @@ def _quantized_blocks(values: _Values, quant: QuantParams, notes: _StreamNotes):
             if scratch is None:
                 scratch = np.empty(block.shape, np.float32)
             scale, offset = quant.expanded(shape, rows)
-            # round(w/s - offset) with the offset's integer part subtracted after rounding: exact
-            # in float32 for a 16-bit offset (-30000 + w/s would lose bits), same result
-            whole = np.floor(offset)
             q = np.divide(block, scale, out=scratch[:len(block)].reshape(block.shape))
-            if np.any(offset != whole):
-                q -= offset - whole
-            np.rint(q, out=q)
-            q -= whole
+            if np.any(offset != np.floor(offset)):
+                q -= offset          # a shifted zero point: round after it, in float32, as AIMET
+                np.rint(q, out=q)
+            else:                    # integral: round first, exact even for a 16-bit offset
+                np.rint(q, out=q)    # (w/s + 30000 in float32 would lose bits)
+                q -= offset
             if q.size and (q.min() < 0 or q.max() > qmax):   # rare: count only when it happens
                 notes.clipped += int(np.count_nonzero((q < 0) | (q > qmax)))
                 np.clip(q, 0, qmax, out=q)
