@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from hexbundle.formats.container import (ALIGN, PREAMBLE, GraphInfo, IoSpec, QuantParams, Tensor,
+from hexbundle.formats.container import (ALIGN, FORMAT_VERSION, PREAMBLE, GraphInfo, IoSpec, QuantParams, Tensor,
                                          container_size, pack_uint4, tensor_blob_nbytes,
                                          unpack_uint4)
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
@@ -271,7 +271,7 @@ class TestCorruption:
         header = json.loads(data[offset:])
         header["tensors"][0]["shape"] = [34, 7]
         new_header = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        preamble = PREAMBLE.pack(data[:8], 1, 0, offset, len(new_header), count)
+        preamble = PREAMBLE.pack(data[:8], FORMAT_VERSION, 0, offset, len(new_header), count)
         path.write_bytes(preamble + data[64:offset] + new_header)
         with pytest.raises(FormatError, match="disagree"):
             reader(path)
