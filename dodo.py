@@ -150,6 +150,9 @@ def task_inspect():
             "uptodate": [False], "verbosity": 2}
 
 
+CONVERT_IO_KEYS = ("truncate_64bit_io", "quantize_io", "quantize_full_type")
+
+
 def task_convert():
     """ONNX + AIMET encodings -> DLC, one per graph (quantize weights; floats to fp16)."""
     for part in PARTS:
@@ -162,6 +165,7 @@ def task_convert():
                    "targets": [rel(LAYOUT.dlc(graph))],
                    "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
                                             float_bitwidth=CFG.compile["float_bitwidth"],
+                                            io={k: CFG.compile[k] for k in CONVERT_IO_KEYS},
                                             pins=pinned(CFG, LAYOUT.graph_inputs(graph))),
                                targets_unchanged()],
                    "clean": True, "io": NO_CAPTURE}
