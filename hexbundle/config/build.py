@@ -51,6 +51,8 @@ COMPILE_SCHEMA = {
                                 "the cloud compile without it)"),
 }
 
+CONVERT_IO_KEYS = ("truncate_64bit_io", "quantize_io", "quantize_full_type")   # convert's key
+
 BUILD_SCHEMA = {
     "model": Field(str, pattern=NAME, doc="a file in configs/models, without .toml"),
     "device": Field(str, pattern=r"[A-Za-z0-9][A-Za-z0-9._-]*",
