@@ -6,8 +6,8 @@ with an "Unknown Key" line and exit code 0 (a 2x binary). The Python API hands t
 to the QNN C API as objects, and they are honoured.
 
 Per graph (the `convert` step):
-    model = qairt.convert(onnx, encodings=encodings, float_bitwidth=16)
-    model.save(<graph>.dlc)
+    model = qairt.convert(onnx, encodings=encodings, float_precision=16, truncate_64bit_io=True)
+    model.save(<scratch>/<graph>.dlc)      # only the .dlc moves to dlc/
 Per part (the `compile` step):
     models = [qairt.load(<prompt>.dlc), qairt.load(<token>.dlc)]
     config = CompileConfig(backend="HTP",
@@ -28,9 +28,10 @@ both graphs with shared weights.
 Before anything else the SDK found at run time (sdk.yaml of $QAIRT_SDK_ROOT or $QNN_SDK_ROOT)
 must be the pinned version. While an SDK call runs, everything it says -- Python logging, Python
 prints, and what its C++ libraries and child processes write to file descriptors 1 and 2 -- is
-copied line by line into the step's log, and any "Unknown Key" or "[ ERROR ]" line fails the
-step even though the call returned normally (the seeds' silent-ignore trap). The output is then
-not kept. The capture is process-wide: run qairt steps in the container (each its own process),
+copied line by line into the step's log, and any ERROR record, SDK-format ERROR line, "Unknown
+Key" or "[ ERROR ]" line fails the step even though the call returned normally (the seeds'
+silent-ignore trap; see the capture section below for the SDK's own loggers and stdout mute).
+The output is then not kept. After compile, the bin's own metadata is checked (bincheck). The capture is process-wide: run qairt steps in the container (each its own process),
 or with `-n 1` under the local executor.
 """
 from __future__ import annotations
