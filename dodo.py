@@ -18,6 +18,7 @@ Each task and the module that does its work, under hexbundle/:
   release         release/reproducible.py  clean rebuild, deterministic archive, provenance
   verify_release  release/reproducible.py  rebuild from a release's provenance and compare
   wheelhouse      toolchain/wheelhouse.py  the image's locked Python wheels
+  contract_wheel  toolchain/wheelhouse.py  qairt-dev for the real_qairt contract tests (not the image)
   image           toolchain/image.py       the pinned toolchain image
   gen_inputs      inputs/generate.py       full-size stand-in inputs, streamed
   bench           bench/benchmark.py       side-by-side measurements
@@ -34,6 +35,7 @@ from hexbundle.checks.inspect import inspect_command
 from hexbundle.checks.integrity import check_bundle_integrity
 from hexbundle.checks.sizes import check_built_sizes
 from hexbundle.checks.verify import code_digest, run_verify
+from hexbundle.config.build import CONVERT_IO_KEYS
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.graph.actions import action
 from hexbundle.graph.keys import (generator_digest, image_unchanged, options_key, pinned,
@@ -162,6 +164,7 @@ def task_convert():
                    "targets": [rel(LAYOUT.dlc(graph))],
                    "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
                                             float_bitwidth=CFG.compile["float_bitwidth"],
+                                            io={k: CFG.compile[k] for k in CONVERT_IO_KEYS},
                                             pins=pinned(CFG, LAYOUT.graph_inputs(graph))),
                                targets_unchanged()],
                    "clean": True, "io": NO_CAPTURE}
@@ -231,6 +234,15 @@ def task_verify():
             "uptodate": [options_key(verify=CFG.verify, backend=CFG.backend,
                                      runtime=code_digest)],
             "verbosity": 2}
+
+
+def task_contract_wheel():
+    """Fetch and verify the pinned qairt-dev wheel (requirements/contract.lock) the contract
+    tests load the real QAIRT API classes from, into build/wheelhouse/contract. Not part of the
+    image."""
+    return {"actions": [action(wheelhouse.fetch_contract, ROOT)],
+            "file_dep": [rel(ROOT / wheelhouse.CONTRACT_LOCK)],
+            "uptodate": [False], "verbosity": 2}
 
 
 def task_wheelhouse():

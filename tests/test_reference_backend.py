@@ -420,3 +420,31 @@ def test_reassembled_model_matches_float_model(backend, inputs, tmp_path, packin
             assert got.shape == expected.shape
             rel_rms = np.sqrt(np.mean((got - expected) ** 2)) / np.sqrt(np.mean(expected ** 2))
             assert rel_rms < 0.1, f"{graph}: relative RMS error {rel_rms:.3f}"
+
+
+# --- after compile: the binary as its own reader sees it (backends.bincheck, as for qairt) ---
+
+def test_the_compiled_bin_is_checked_by_its_reader(backend, inputs, tmp_path):
+    from hexbundle.backends.bincheck import check_bin_facts, facts_from_ctxbin
+    from hexbundle.formats.ctxbin import read_ctxbin
+    dlcs = convert_both(backend, inputs, tmp_path)
+    lines = []
+    options = CompileOptions(graph_names=(PROMPT, TOKEN), device=DEVICE)
+    backend.compile(dlcs, tmp_path / "ok.bin", options, lines.append)
+    assert any("checked by hexbundle's context-binary reader" in line and "1 weight copy" in line
+               for line in lines)
+    compile_bin(backend, dlcs, tmp_path / "unshared.bin", sharing=False)   # asked for: kept
+    reader = read_ctxbin(tmp_path / "unshared.bin")
+    facts = facts_from_ctxbin(reader)
+    reader.close()
+    assert facts.weight_copies == 2 and facts.graphs == (PROMPT, TOKEN)
+    with pytest.raises(BackendError, match="holds 2 copies of the weights although "
+                                           "weight_sharing is on"):
+        check_bin_facts(tmp_path / "unshared.bin", facts, (PROMPT, TOKEN), DEVICE.soc_model,
+                        DEVICE.dsp_arch, True, lines.append)
+    with pytest.raises(BackendError, match=r"is built for soc_model \d+, not the configured 1"):
+        check_bin_facts(tmp_path / "unshared.bin", facts, (PROMPT, TOKEN), 1,
+                        DEVICE.dsp_arch, False, lines.append)
+    with pytest.raises(BackendError, match=r"\(missing: extra_graph\)"):
+        check_bin_facts(tmp_path / "unshared.bin", facts, (PROMPT, TOKEN, "extra_graph"),
+                        DEVICE.soc_model, DEVICE.dsp_arch, False, lines.append)

@@ -18,6 +18,10 @@ from hexbundle.support.errors import BackendError
 class ConvertOptions:
     float_bitwidth: int = 16          # params left in float: 16 -> float16, 32 -> float32
     unencoded_weights: str = "refuse" # a layer weight without an encoding: refuse | int8 | float
+    # Qualcomm's LLM compile options (qai-hub-models), by [compile]'s names (config.build)
+    truncate_64bit_io: bool = True    # int64 graph I/O (input_ids) as int32
+    quantize_io: bool = False         # graph I/O quantized rather than float
+    quantize_full_type: str = ""      # e.g. "w8a16": weights/activations without encodings
 
 
 @dataclass(frozen=True)

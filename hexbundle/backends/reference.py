@@ -21,13 +21,14 @@ import onnx
 from onnx import helper, numpy_helper
 
 from hexbundle.backends import CompileOptions, ConvertOptions, reference_toolchain_version
+from hexbundle.backends.bincheck import check_bin_facts, facts_from_ctxbin
 from hexbundle.backends.weightplan import (graph_encodings, graph_info, load_onnx_structure,
                                           outputs_without_encoding, plan_weights,
                                           topology_bytes)
 from hexbundle.formats.container import QuantParams, TensorStream
-from hexbundle.formats.ctxbin import CtxGraph, write_ctxbin
+from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
 from hexbundle.formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
-from hexbundle.support.errors import BackendError, InputError
+from hexbundle.support.errors import BackendError, HexbundleError, InputError
 
 # Non-weight initializers kept inside the topology must stay small: the topology is one blob
 # that is parsed whole.
@@ -105,6 +106,23 @@ class ReferenceBackend:
         log(f"{bin_path.name}: {len(names)} graphs ({', '.join(names)}), "
             f"weights_packing={options.weights_packing}, weight_sharing={options.weight_sharing}, "
             f"{size} bytes ({size / 2**20:.1f} MiB)")
+        check_compiled(bin_path, options, log)
+
+
+def check_compiled(bin_path: Path, options: CompileOptions, log: Callable[[str], None]) -> None:
+    """The binary as its own reader sees it, by the qairt backend's check (backends.bincheck);
+    a refused binary is removed."""
+    try:
+        reader = read_ctxbin(bin_path)
+        try:
+            facts = facts_from_ctxbin(reader)
+        finally:
+            reader.close()
+        check_bin_facts(bin_path, facts, tuple(options.graph_names), options.device.soc_model,
+                        options.device.dsp_arch, options.weight_sharing, log)
+    except HexbundleError:
+        bin_path.unlink(missing_ok=True)
+        raise
 
 
 # ==================================================================================== compile

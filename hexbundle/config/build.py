@@ -35,8 +35,23 @@ COMPILE_SCHEMA = {
     "weights_packing": Field(bool, True, doc="pack two 4-bit weights per byte"),
     "weight_sharing": Field(bool, True, doc="prompt and token graphs share one copy of weights"),
     "optimization_type": Field(int, 3, min=1, max=3, doc="HTP graph optimization level (JSON 'O')"),
-    "float_bitwidth": Field(int, 16, choices=(16, 32), doc="float fallback width at convert"),
+    "float_bitwidth": Field(int, 16, choices=(16, 32),
+                            doc="float fallback width at convert (qairt.convert float_precision)"),
+    # The options Qualcomm's own LLM compile (qai-hub-models) adds, by the names hexbundle passes
+    # to qairt.convert. truncate_64bit_io is on: the exports' input_ids are int64, which HTP
+    # does not take. quantize_io / quantize_full_type are off: the seeds' local compile came
+    # within 0.2% of the cloud's without them, and the encodings already cover the weights.
+    "truncate_64bit_io": Field(bool, True, doc="int64 graph inputs/outputs as int32 "
+                               "(qai-hub-models --truncate_64bit_io; input_ids are int64)"),
+    "quantize_io": Field(bool, False, doc="quantized graph I/O (qai-hub-models --quantize_io); "
+                         "off: within 0.2% of the cloud compile without it"),
+    "quantize_full_type": Field(str, "", choices=("", "w8a16", "w8a8", "w4a16", "float"),
+                                doc="quantize what has no encoding to this type (qai-hub-models "
+                                "--quantize_full_type w8a16); empty: not passed (within 0.2% of "
+                                "the cloud compile without it)"),
 }
+
+CONVERT_IO_KEYS = ("truncate_64bit_io", "quantize_io", "quantize_full_type")   # convert's key
 
 BUILD_SCHEMA = {
     "model": Field(str, pattern=NAME, doc="a file in configs/models, without .toml"),

@@ -25,7 +25,10 @@ def banner(layout: Layout) -> str:
             f"({len(cfg.plan.layers_per_part)} parts) for {d.name} (soc_model {d.soc_model}, "
             f"{d.dsp_arch})\n  backend {cfg.backend} ({version}), executor "
             f"{cfg.executor}, weights_packing {cfg.compile['weights_packing']}, weight_sharing "
-            f"{cfg.compile['weight_sharing']}{note}\n  output: "
+            f"{cfg.compile['weight_sharing']}{note}\n  convert: float_precision "
+            f"{cfg.compile['float_bitwidth']}, truncate_64bit_io "
+            f"{cfg.compile['truncate_64bit_io']}, quantize_io {cfg.compile['quantize_io']}, "
+            f"quantize_full_type {cfg.compile['quantize_full_type'] or '(not passed)'}\n  output: "
             f"{layout.rel(layout.build_dir)}")
 
 

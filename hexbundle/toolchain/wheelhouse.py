@@ -26,7 +26,8 @@ from hexbundle.support.atomic import atomic_output, commit, temp_dir
 from hexbundle.support.errors import HexbundleError, ToolchainError
 from hexbundle.support.hashing import sha256_file
 
-SUMS = "SHA256SUMS"   # written into the wheelhouse: what `doit wheelhouse` produced
+SUMS = "SHA256SUMS"
+CONTRACT_LOCK = "requirements/contract.lock"   # qairt-dev, for the contract tests only   # written into the wheelhouse: what `doit wheelhouse` produced
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,38 @@ def write_sums(directory: Path, wheels: list) -> None:
     lines = [f"{sha256_file(w)}  {w.name}" for w in wheels]
     with atomic_output(directory / SUMS, "w", perms=None) as fh:
         fh.write("\n".join(lines) + "\n")
+
+
+def fetch_contract(root: Path) -> Path:
+    """`doit contract_wheel`: the qairt-dev wheel of requirements/contract.lock, which the
+    contract tests (pytest -m real_qairt) load the real QAIRT API classes from, into
+    <wheelhouse>/contract -- fetched and verified like the image's wheels, but never part of the
+    image (its lock is container.lock; the image context takes only the wheels that lock names)."""
+    tc = load_toolchain(root)
+    lock = Path(root) / CONTRACT_LOCK
+    (entry,) = read_lock(lock)
+    dest = tc.wheelhouse / "contract"
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def present():
+        return next((w for w in sorted(dest.glob("*.whl"))
+                     if wheel_name(w.name) == entry.name and sha256_file(w) in entry.hashes), None)
+
+    wheel = present()
+    if wheel is None:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+            fh.write(entry.line() + "\n")
+        try:
+            pip_download(tc, dest, Path(fh.name), ["--no-deps", "--require-hashes"])
+        finally:
+            os.unlink(fh.name)
+        wheel = present()
+    if wheel is None:
+        raise ToolchainError(f"{dest}: no wheel of {entry.name}=={entry.version} matching "
+                             f"{lock}; run `doit contract_wheel` where PyPI is reachable and "
+                             "bring the directory along")
+    print(f"contract wheel {wheel} matches {lock.name}")
+    return wheel
 
 
 def fetch(root: Path) -> dict:

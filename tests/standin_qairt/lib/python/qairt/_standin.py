@@ -32,8 +32,13 @@ def mode() -> str:
     return os.environ.get("STANDIN_QAIRT_MODE", "ok")
 
 
+REQUIRED = object()
+
+
 class Config:
-    """Declared fields with defaults; an unknown field is an error (pydantic extra='forbid')."""
+    """Declared fields with defaults; an unknown field, a missing required one or a value its
+    check() refuses is an error, at construction and on assignment (pydantic extra='forbid',
+    validate_assignment=True)."""
 
     FIELDS: dict = {}
 
@@ -42,9 +47,28 @@ class Config:
         if unknown:
             raise TypeError(f"{type(self).__name__}: unknown field(s) {unknown} "
                             "(extra fields not permitted)")
-        self.set_fields = dict(kwargs)
+        missing = [k for k, v in self.FIELDS.items() if v is REQUIRED and k not in kwargs]
+        if missing:
+            raise ValueError(f"{type(self).__name__}: field(s) {missing} required")
+        object.__setattr__(self, "set_fields", dict(kwargs))
         for name, default in self.FIELDS.items():
-            setattr(self, name, kwargs.get(name, default))
+            object.__setattr__(self, name, kwargs.get(name, default))
+        self.check()
+
+    def check(self):
+        pass
+
+    def __setattr__(self, name, value):
+        if name not in self.FIELDS:
+            raise TypeError(f"{type(self).__name__}: unknown field {name!r}")
+        old = getattr(self, name)
+        object.__setattr__(self, name, value)
+        try:
+            self.check()
+        except Exception:
+            object.__setattr__(self, name, old)
+            raise
+        self.set_fields[name] = value
 
     def __repr__(self):
         inner = ", ".join(f"{k}={v!r}" for k, v in self.set_fields.items())
