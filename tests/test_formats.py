@@ -251,8 +251,8 @@ class TestCorruption:
     def test_wrong_version(self, tmp_path, source, reader, writer, suffix):
         path = tmp_path / f"m.{suffix}"
         writer(path, source)
-        rewrite(path, lambda d: d[:8] + struct.pack("<I", 2) + d[12:])
-        with pytest.raises(FormatError, match="version 2"):
+        rewrite(path, lambda d: d[:8] + struct.pack("<I", FORMAT_VERSION + 1) + d[12:])
+        with pytest.raises(FormatError, match=f"version {FORMAT_VERSION + 1} is not supported"):
             reader(path)
 
     def test_corrupt_header(self, tmp_path, source, reader, writer, suffix):

@@ -512,7 +512,8 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
 
     def qairt_outputs():   # backends.qairt: the SDK's save path and its scratch directory
         with qairt.output_file(d / "dlc" / "g.dlc") as tmp, qairt.scratch_dir(d / "dlc") as s:
-            (s / "sdk-scratch").write_text("scratch")
+            (s.tmp / "sdk-scratch").write_text("scratch")   # the SDK's working dir
+            (s.save / "g.dlc").write_text("dlc")
             tmp.write_text("dlc")
             os.kill(os.getpid(), signal.SIGKILL)
 
