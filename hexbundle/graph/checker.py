@@ -14,28 +14,27 @@ from doit.dependency import FileChangedChecker
 
 from hexbundle.config.layout import MD5_DOIT_DB
 from hexbundle.support import hashing
-from hexbundle.support.hashing import TRACE_ENV, stat_key
+from hexbundle.support.hashing import TRACE_ENV
 
 
 class XXH3Checker(FileChangedChecker):
     """doit checker: stat fast path, then XXH3-128 through the shared digest cache.
 
-    State saved per (task, file): [size, mtime_ns, inode, digest] (a list: it goes through JSON).
+    State saved per (task, file): [size, mtime_ns, ctime_ns, inode, recorded_ns, digest] (a list:
+    it goes through JSON); a stat match is trusted only if recorded after the file's last tick
+    (hashing.racy). A state of another shape (another checker's) counts as changed.
     """
 
     def check_modified(self, file_path, file_stat, state):
-        if not isinstance(state, list) or len(state) != 4:
-            return True  # state from another checker: treat as changed
-        if stat_key(file_stat) == state[:3]:
-            return False
-        if file_stat.st_size != state[0]:
-            return True
-        return hashing.cache().digest(file_path, file_stat) != state[3]
+        return hashing.state_changed(file_path, file_stat, state)
 
     def get_state(self, dep, current_state):
-        st = os.stat(dep)
-        new = stat_key(st) + [hashing.cache().digest(dep, st)]
-        return None if new == current_state else new
+        new = hashing.file_state(dep)
+        if (isinstance(current_state, list) and len(current_state) == 6
+                and current_state[:4] == new[:4] and current_state[5] == new[5]
+                and not hashing.racy(os.stat(dep), current_state[4])):
+            return None   # unchanged and trusted: keep it (no DB write)
+        return new
 
 
 def comparison_checker(name: str):

@@ -1,15 +1,17 @@
 """Targets that changed after they were built: doit only checks that targets exist.
 
 `targets_unchanged()` is a doit uptodate item. When its task succeeds it records each target's
-[size, mtime_ns, inode, XXH3-128] (through the shared digest cache: the bytes were usually just
+[size, mtime_ns, ctime_ns, inode, recorded_ns, XXH3-128] (through the shared digest cache: the bytes were usually just
 hashed as another task's file_dep, so nothing is read twice). On later runs the task is out of
 date when a target's digest no longer matches, with a line naming the file:
 
     hexbundle: build/qwen2-tiny/iq9075/bin/qwen2_tiny_part_2_of_4.bin changed since
     compile:part_2_of_4 built it: rebuilding
 
-The stat triple is the fast path: an unchanged file costs one stat. A hand edit changes the
-mtime (or the inode, for an editor that writes a new file), so it is hashed and compared. The
+The stat key is the fast path: an unchanged file costs one stat. A hand edit changes the
+ctime, even when the mtime is put back (`touch -r`, `cp -p`), or the inode, for an editor that
+writes a new file, so it is hashed and compared; so is a file recorded in its own timestamp
+tick (hashing.racy: a second write in that tick would leave the stat as it was). The
 bundle's bins are hard links to bin/ (one inode): an edit through either name shows under
 both, and the digest cache finds the digest under the other name instead of hashing again.
 """
@@ -23,30 +25,23 @@ KEY = "_targets_xxh3"
 
 
 def record(targets) -> dict:
-    """{target: [size, mtime_ns, inode, digest]} for the targets that exist."""
+    """{target: hashing.file_state()} for the targets that exist."""
     out = {}
     for target in sorted(targets):
         try:
-            st = os.stat(target)
+            out[target] = hashing.file_state(target)
         except FileNotFoundError:
             continue   # doit sees a missing target by itself on the next run
-        out[target] = hashing.stat_key(st) + [hashing.cache().digest(target, st)]
     return out
 
 
 def changed(target: str, state) -> bool:
     """True if the target's bytes differ from the recorded state (or it cannot be read)."""
-    if not isinstance(state, list) or len(state) != 4:
-        return True
     try:
         st = os.stat(target)
     except OSError:
         return True
-    if hashing.stat_key(st) == state[:3]:
-        return False
-    if st.st_size != state[0]:
-        return True
-    return hashing.cache().digest(target, st) != state[3]
+    return hashing.state_changed(target, st, state)
 
 
 class targets_unchanged:

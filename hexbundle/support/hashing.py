@@ -1,8 +1,13 @@
 """Content digests: XXH3-128 of a file, sha256 for releases, and the persistent digest cache.
 
 A file is hashed at most once per change of its bytes: the cache maps (path, size, mtime_ns,
-inode) to the digest, shared by every task and every run (doit's checker built on it is
+ctime_ns, inode) to the digest, shared by every task and every run (doit's checker built on it is
 hexbundle.graph.checker).
+
+ctime is in the key because no user call can set it: an in-place edit of the same size followed by
+`touch -r`, `cp -p` or `os.utime` restores the mtime, never the ctime. And a stat match is only
+trusted for an entry recorded after the file's last change had left its timestamp tick (git's
+"racy clean"): a second write in the same tick leaves size, mtime and ctime as they were.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -60,12 +66,53 @@ def bytes_digest(data: bytes) -> str:
 
 
 def stat_key(st: os.stat_result) -> list:
-    # mtime in ns and the inode: an edit or a replace (write temp + rename) changes one of them.
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    # An edit changes the ctime (whatever it does to the mtime); a replace (write temp + rename)
+    # changes the inode.
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _coarse_tick_ns() -> int:
+    try:   # Linux stamps files from the coarse clock: one tick of it (1-10 ms)
+        res = time.clock_getres(time.CLOCK_REALTIME_COARSE)
+    except (AttributeError, OSError):
+        res = 0.0
+    return max(int(res * 1e9), 10_000_000)
+
+
+COARSE_TICK_NS = _coarse_tick_ns()
+now_ns = time.time_ns   # the clock entries are recorded with (tests replace it)
+
+
+def tick_ns(stamp_ns: int) -> int:
+    """The timestamp granularity a file's times may have: 2 s when they are whole seconds (ext3,
+    HFS+, FAT), else a tick of the coarse clock."""
+    return 2_000_000_000 if stamp_ns % 1_000_000_000 == 0 else COARSE_TICK_NS
+
+
+def racy(st, recorded_ns) -> bool:
+    """True if an entry recorded at recorded_ns cannot vouch for the file's bytes by its stat: the
+    file last changed in the same tick (or later), so a second same-size write in that tick would
+    leave the stat as it was (git's "racy clean")."""
+    changed = max(st.st_mtime_ns, st.st_ctime_ns)
+    return not isinstance(recorded_ns, int) or recorded_ns < changed + tick_ns(changed)
+
+
+def _valid_entry(entry) -> bool:
+    """[[size, mtime_ns, ctime_ns, inode], digest, recorded_ns]"""
+    return (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], list)
+            and len(entry[0]) == 4 and all(type(v) is int for v in entry[0])
+            and isinstance(entry[1], str) and type(entry[2]) is int)
+
+
+def _old_entry(entry) -> bool:
+    """[[size, mtime_ns, inode], digest], written before ctime was in the key: hashed again."""
+    return (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list)
+            and len(entry[0]) == 3 and all(type(v) is int for v in entry[0])
+            and isinstance(entry[1], str))
 
 
 class DigestCache:
-    """path -> (stat key, digest), persisted as JSON; safe to share between threads."""
+    """path -> [stat key, digest, recorded_ns], persisted as JSON; safe to share between threads."""
 
     def __init__(self, path: Optional[Path] = None):
         self.path = Path(path) if path else None
@@ -79,12 +126,34 @@ class DigestCache:
             return {}
         try:
             data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}  # a damaged cache only costs re-hashing
+        except OSError:
+            return {}  # unreadable: a lost cache only costs re-hashing
+        except ValueError:
+            data = None
+        aside = self.path.with_name(self.path.name + ".set-aside")
         if not isinstance(data, dict):
+            try:
+                os.replace(self.path, aside)
+                where = f"set aside as {aside}"
+            except OSError as exc:
+                where = f"ignored (cannot move it: {exc.strerror})"
+            print(f"hexbundle: warning: the digest cache {self.path} is not a JSON object: "
+                  f"{where}; files will be hashed again", file=sys.stderr, flush=True)
             return {}
+        bad = {k: v for k, v in data.items() if not _valid_entry(v) and not _old_entry(v)}
+        if bad:
+            try:
+                with atomic_output(aside, "w", user_errors=False, sync=False, perms=0o600) as fh:
+                    json.dump(bad, fh, sort_keys=True)
+                where = f"set aside in {aside}"
+            except OSError as exc:
+                where = f"dropped (cannot write {aside}: {exc.strerror})"
+            print(f"hexbundle: warning: the digest cache {self.path}: {len(bad)} "
+                  f"entr{'y' if len(bad) == 1 else 'ies'} of the wrong shape (first: "
+                  f"{next(iter(bad))}) {where}; those files will be hashed again",
+                  file=sys.stderr, flush=True)
         # Entries of files that are gone (a bundle's staging directory) would pile up forever.
-        return {k: v for k, v in data.items() if os.path.lexists(k)}
+        return {k: v for k, v in data.items() if _valid_entry(v) and os.path.lexists(k)}
 
     def digest(self, path, st: Optional[os.stat_result] = None) -> str:
         key = os.path.abspath(path)
@@ -92,30 +161,38 @@ class DigestCache:
         want = stat_key(st)
         with self._lock:
             entry = self._entries.get(key)
-            if entry and entry[0] == want:
+            if entry and entry[0] == want and not racy(st, entry[2]):
                 return entry[1]
             linked = self._hard_link_digest(st, want)
             if linked is not None:
-                self._entries[key] = [want, linked]
+                self._entries[key] = linked
                 self._save()
-                return linked
+                return linked[1]
+        recorded = now_ns()
+        changed = max(st.st_mtime_ns, st.st_ctime_ns)
+        if racy(st, recorded) and tick_ns(changed) <= 50_000_000:
+            # Just written: wait out its tick (a few ms), so the entry is not racy next run.
+            time.sleep(max(0, changed + tick_ns(changed) - recorded) / 1e9)
+            st = os.stat(path)
+            want = stat_key(st)
+            recorded = now_ns()
         digest = file_digest(path)
         self._trace(key)
         with self._lock:
             self.hashed += 1
-            self._entries[key] = [want, digest]
+            self._entries[key] = [want, digest, recorded]
             self._save()
         return digest
 
-    def _hard_link_digest(self, st: os.stat_result, want: list) -> Optional[str]:
+    def _hard_link_digest(self, st: os.stat_result, want: list) -> Optional[list]:
         """The digest recorded under another name of the same file (the bundle's bins are hard
-        links to bin/): same device and inode, same size and mtime -> same bytes, no re-hash."""
-        for other, (key, digest) in self._entries.items():
-            if key != want:
+        links to bin/): same device and inode, same stat key -> same bytes, no re-hash."""
+        for other, entry in self._entries.items():
+            if entry[0] != want or racy(st, entry[2]):
                 continue
             try:
                 if os.path.samestat(os.stat(other), st):
-                    return digest
+                    return list(entry)
             except OSError:
                 continue
         return None
@@ -162,3 +239,26 @@ def digest(path) -> str:
     return _cache.digest(path)
 
 
+
+
+def file_state(path) -> list:
+    """[size, mtime_ns, ctime_ns, inode, recorded_ns, digest]: what the doit checker and the
+    target records keep per file. recorded_ns is read before the stat, so it never post-dates
+    the bytes the stat vouches for."""
+    recorded = now_ns()
+    st = os.stat(path)
+    return stat_key(st) + [recorded, _cache.digest(path, st)]
+
+
+def state_changed(path, st, state) -> bool:
+    """True if the file's bytes differ from a file_state() (or the state is of another shape).
+    The stat key is trusted when the state was recorded after the file's tick; otherwise, and
+    for a state from before ctime was in the key ([size, mtime_ns, inode, digest]), the digest
+    cache decides (hashing only if its own entry cannot vouch for the bytes)."""
+    if not isinstance(state, list) or len(state) not in (4, 6) or not isinstance(state[-1], str):
+        return True
+    if len(state) == 6 and state[:4] == stat_key(st) and not racy(st, state[4]):
+        return False
+    if st.st_size != state[0]:
+        return True
+    return _cache.digest(path, st) != state[-1]
