@@ -19,7 +19,7 @@ from hexbundle.formats.genie import genie_config, htp_backend_ext_config
 from hexbundle.formats.manifest import bundle_manifest, write_build_info
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.export import check_pins
-from hexbundle.support import testhooks
+from hexbundle.support import hashing, testhooks
 from hexbundle.support.atomic import staged_dir, write_json
 from hexbundle.support.errors import InputError, output_error
 
@@ -63,6 +63,8 @@ def assemble(layout: Layout, backend_version: str, sizes_expected: dict, log,
                                   cfg.model.architecture.vocab_size)
     final = layout.bundle_dir
     final.parent.mkdir(parents=True, exist_ok=True)
+    # Linking a bin (and removing the old bundle's names) changes its ctime, not its bytes.
+    carry = hashing.cache().carry_over(bins)
     with staged_dir(final) as staging:   # swapped in whole when complete, removed on failure
         write_json(staging / GENIE_CONFIG, genie_config(cfg, token_ids, [b.name for b in bins]))
         write_json(staging / HTP_EXT_CONFIG, htp_backend_ext_config(cfg))
@@ -73,9 +75,11 @@ def assemble(layout: Layout, backend_version: str, sizes_expected: dict, log,
                 log(f"{b.name}: {how} ({b.stat().st_size / sizes.MIB:.2f} MiB)")
         except OSError as exc:   # a full disk while copying: the previous bundle stays
             raise output_error(exc.filename or staging, exc) from None
+        carry.adopt(bins + [staging / b.name for b in bins])
         write_json(staging / MANIFEST, bundle_manifest(layout, staging, backend_version,
                                                        sizes_expected, unencoded or {}))
         os.chmod(staging, 0o755)
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in
+    carry.adopt(bins + [final / b.name for b in bins])
     return final
 

@@ -197,6 +197,35 @@ class DigestCache:
                 continue
         return None
 
+    def carry_over(self, paths) -> "CarryOver":
+        """For our own hard-link operations on `paths` (see CarryOver)."""
+        return CarryOver(self, paths)
+
+    def _adopt(self, known: dict, names) -> None:
+        stats = {}
+        for name in names:
+            try:
+                stats[os.path.abspath(name)] = os.stat(name)
+            except OSError:
+                continue
+        if not stats:
+            return
+        latest = max(max(st.st_mtime_ns, st.st_ctime_ns) for st in stats.values())
+        wait = latest + tick_ns(latest) - now_ns()
+        if 0 < wait <= 50_000_000:
+            time.sleep(wait / 1e9)   # let the link's ctime leave its tick: else racy next run
+        recorded = now_ns()
+        with self._lock:
+            for key in stats:
+                try:
+                    st = os.stat(key)
+                except OSError:
+                    continue
+                was = known.get((st.st_dev, st.st_ino))
+                if was and was[:2] == (st.st_size, st.st_mtime_ns):
+                    self._entries[key] = [stat_key(st), was[2], recorded]
+            self._save()
+
     def _trace(self, key: str) -> None:
         trace = os.environ.get(TRACE_ENV)
         if trace:
@@ -216,6 +245,24 @@ class DigestCache:
                 print(f"hexbundle: warning: cannot save the digest cache {self.path} "
                       f"({exc.strerror}); unchanged files will be hashed again next run",
                       file=sys.stderr, flush=True)
+
+
+class CarryOver:
+    """Hard-linking a file, or removing one of its names, changes its ctime but not its bytes
+    (the bundle's bins are hard links to bin/). The digests of `paths` are taken (trusted, or
+    hashed) up front; adopt(names) then records them for those of `names` that are still the
+    same inodes with the same size and mtime, so our own link operations cost no re-hash."""
+
+    def __init__(self, cache: DigestCache, paths):
+        self.cache = cache
+        self.known = {}
+        for path in paths:
+            st = os.stat(path)
+            self.known[(st.st_dev, st.st_ino)] = (st.st_size, st.st_mtime_ns,
+                                                  cache.digest(path, st))
+
+    def adopt(self, names) -> None:
+        self.cache._adopt(self.known, names)
 
 
 _cache = DigestCache()
