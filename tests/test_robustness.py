@@ -191,6 +191,47 @@ def test_check_sizes_reverifies_bundle_digests_and_bundle_repairs_it(project):
     assert project.doit("check_sizes").code == 0
 
 
+def edit_keeping_mtime(path: Path, edit) -> None:
+    """An in-place edit of the same size, then the old times put back (`touch -r`, `cp -p`,
+    `os.utime`): size, mtime and inode as before; only the ctime tells."""
+    before = path.stat()
+    edit(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == \
+        (before.st_size, before.st_mtime_ns, before.st_ino)
+
+
+def same_size_genie_edit(path: Path) -> None:
+    text = path.read_text()
+    assert '"temp": 0.8' in text
+    path.write_text(text.replace('"temp": 0.8', '"temp": 0.9'))   # in place: same inode
+
+
+@pytest.mark.parametrize("kind", ["bin", "dlc", "bundle file", "input"])
+def test_same_size_edit_with_the_mtime_put_back_is_rebuilt(project, kind):
+    """Issue 14 item 1: the stat key has the ctime, which no user call can set."""
+    project.doit("bundle")
+    good = snapshot(project.bundle())
+    build = project.build_dir()
+    path, edit, expect = {
+        "bin": (build / "bin" / BIN2, flip_byte, {"compile:part_2_of_4", "bundle"}),
+        "dlc": (build / "dlc" / "prompt_ar128_cl256_3_of_4.dlc", flip_byte,
+                {"convert:part_3_of_4_prompt"}),
+        "bundle file": (project.bundle() / "genie_config.json", same_size_genie_edit, {"bundle"}),
+        "input": (project.root / "build" / "qwen2-tiny" / "inputs" / "part_2_of_4.data",
+                  flip_byte, {"convert:part_2_of_4_prompt", "convert:part_2_of_4_token"}),
+    }[kind]
+    edit_keeping_mtime(path, edit)
+    run = project.doit("bundle")
+    no_traceback(run)
+    assert expect <= run.executed, run.out
+    if kind != "input":
+        assert f"{path.relative_to(project.root)} changed since" in run.out, run.out
+        assert snapshot(project.bundle()) == good   # rebuilt to the same bytes
+    assert project.doit("bundle").executed == set()
+
+
 def test_bundle_rebuild_links_bins_without_hashing_them_again(project, tmp_path):
     project.doit("bundle")
     model = project.root / "configs" / "models" / "qwen2-tiny.toml"

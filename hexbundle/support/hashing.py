@@ -197,6 +197,15 @@ class DigestCache:
                 continue
         return None
 
+    def vouched_since(self, path, st, digest: str) -> Optional[int]:
+        """When the cache's entry for `path` was recorded, if it vouches that the bytes of this
+        stat are `digest` (same key, not racy); else None."""
+        with self._lock:
+            entry = self._entries.get(os.path.abspath(path))
+        if entry and entry[0] == stat_key(st) and entry[1] == digest and not racy(st, entry[2]):
+            return entry[2]
+        return None
+
     def carry_over(self, paths) -> "CarryOver":
         """For our own hard-link operations on `paths` (see CarryOver)."""
         return CarryOver(self, paths)
@@ -290,11 +299,15 @@ def digest(path) -> str:
 
 def file_state(path) -> list:
     """[size, mtime_ns, ctime_ns, inode, recorded_ns, digest]: what the doit checker and the
-    target records keep per file. recorded_ns is read before the stat, so it never post-dates
-    the bytes the stat vouches for."""
+    target records keep per file. recorded_ns is read before the stat (so it never post-dates the
+    bytes the stat stands for), or is the time of the cache entry that vouches for them."""
     recorded = now_ns()
     st = os.stat(path)
-    return stat_key(st) + [recorded, _cache.digest(path, st)]
+    digest = _cache.digest(path, st)
+    # A file just written is hashed once its tick is over (DigestCache.digest): from then on
+    # the cache vouches for its stat, and so can the state.
+    vouched = _cache.vouched_since(path, st, digest)
+    return stat_key(st) + [max(recorded, vouched or 0), digest]
 
 
 def state_changed(path, st, state) -> bool:
