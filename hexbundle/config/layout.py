@@ -102,11 +102,16 @@ class ProjectLayout:
 
     def __init__(self, root: Path, build_root: Path | None = None):
         self.root = Path(root).resolve()
-        given = build_root or os.environ.get(BUILD_ROOT_ENV)
-        self.build_root = Path(given or self.root / "build").resolve()
-        if given:
+        self._given = build_root or os.environ.get(BUILD_ROOT_ENV)
+        self._from_env = not build_root and bool(self._given)
+        self.build_root = Path(self._given or self.root / "build").resolve()
+
+    def check_build_root(self) -> None:
+        """ConfigError if the build root may not be one (check_build_root): called where a run
+        resolves it (graph.session.load, `doit dumpdb`), not on every construction."""
+        if self._given:
             check_build_root(self.root, self.build_root,
-                             "" if build_root else f"{BUILD_ROOT_ENV}={given}: ")
+                             f"{BUILD_ROOT_ENV}={self._given}: " if self._from_env else "")
 
     def rel(self, path: Path) -> str:
         """Project-relative when inside the project (stable doit keys), else absolute."""

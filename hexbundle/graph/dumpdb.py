@@ -48,7 +48,9 @@ class DumpDB(Command):
 
 def default_db() -> Path:
     from hexbundle.config.layout import ProjectLayout
-    return ProjectLayout(Path.cwd()).doit_db()
+    layout = ProjectLayout(Path.cwd())
+    layout.check_build_root()
+    return layout.doit_db()
 
 
 def dump(path: Path, out=None) -> int:
