@@ -204,3 +204,20 @@ def test_an_onnx_onnxruntime_refuses_is_a_verify_error_naming_it(tmp_path):
     import numpy as np
     with pytest.raises(VerifyError, match=r"refused\.onnx: onnxruntime .* refused the float ONNX"):
         OnnxGraph(path).run({"x": np.zeros((1, 4), np.float32)})
+
+
+def test_doit_verify_when_onnxruntime_refuses_the_float_onnx(built_copy):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    path = built_copy.root / "build/qwen2-tiny/inputs/prompt_ar128_cl256_1_of_4.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    for opset in model.opset_import:   # the build takes it; onnxruntime refuses opset 99
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = 99
+    onnx.save(model, str(path))
+    run = built_copy.doit("verify", check=False)
+    assert run.code != 0
+    no_traceback(run)
+    text = run.out + run.err
+    assert f"verify failed: {path}: onnxruntime " in text and "refused the float ONNX" in text, \
+        text
