@@ -80,10 +80,15 @@ def test_a_new_build_root_is_marked_and_cleaned_up(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # 8. the doit DB and bundle/ of the wrong shape
 
-def test_a_db_record_of_another_type_is_set_aside_and_the_run_carries_on(built_copy):
+@pytest.mark.parametrize("key, value", [(None, ["not", "a", "record"]), ("_values_:", [1]),
+                                        ("deps:", 5)])
+def test_a_db_record_of_another_type_is_set_aside_and_the_run_carries_on(built_copy, key, value):
     db = built_copy.root / STATE / "doit-db.json"
     data = json.loads(db.read_text())
-    data["bundle"] = ["not", "a", "record"]
+    if key is None:
+        data["bundle"] = value
+    else:
+        data["bundle"][key] = value
     db.write_text(json.dumps(data))
     run = built_copy.doit("bundle")
     no_traceback(run)

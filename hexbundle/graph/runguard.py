@@ -273,7 +273,7 @@ def set_aside_damaged_db(db: Path, root: Path) -> Optional[Path]:
         data = json.loads(db.read_text())
     except (OSError, ValueError, UnicodeDecodeError):
         data = None
-    if isinstance(data, dict) and all(isinstance(v, dict) for v in data.values()):
+    if isinstance(data, dict) and all(_record_ok(v) for v in data.values()):
         return None
     aside = _aside(db, "damaged")
     if not isinstance(data, dict):
@@ -281,7 +281,7 @@ def set_aside_damaged_db(db: Path, root: Path) -> Optional[Path]:
         _notice(f"{where} was unreadable (damaged outside hexbundle?); set aside as "
                 f"{aside.name}: every task runs again this time")
         return aside
-    bad = sorted(k for k, v in data.items() if not isinstance(v, dict))
+    bad = sorted(k for k, v in data.items() if not _record_ok(v))
     shutil.copy2(db, aside)
     with atomic_output(db, "w", user_errors=False) as fh:
         json.dump({k: v for k, v in data.items() if k not in bad}, fh)
@@ -289,6 +289,17 @@ def set_aside_damaged_db(db: Path, root: Path) -> Optional[Path]:
             f"{', ...' if len(bad) > 3 else ''}); the DB was set aside as {aside.name} and "
             "those tasks run again")
     return aside
+
+
+def _record_ok(record) -> bool:
+    """A task's record as doit reads it: an object; its values (`_values_:`) an object, its
+    dependencies (`deps:`) a list of names. (File states of another shape are the checker's to
+    judge: XXH3Checker takes them as changed.)"""
+    if not isinstance(record, dict):
+        return False
+    deps = record.get("deps:", [])
+    return (isinstance(record.get("_values_:", {}), dict) and isinstance(deps, list)
+            and all(isinstance(d, str) for d in deps))
 
 
 def set_aside_bundle_link(bundle: Path, root: Path) -> Optional[Path]:
