@@ -189,6 +189,7 @@ NAMED_TEMPS = {"mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryDirectory"}
 # Renames that are not part of writing an output (module, function): why.
 OTHER_RENAMES = {
     ("hexbundle.graph.runguard", "set_aside_damaged_db"): "keeps an unreadable DB as .damaged",
+    ("hexbundle.graph.runguard", "set_aside_bundle_link"): "moves a bundle/ symlink aside",
     ("hexbundle.backends.qairt", "_settle"): "moves a file the SDK saved elsewhere onto the "
                                              "temp path support.atomic gave it",
 }

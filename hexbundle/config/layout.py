@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hexbundle.config.model import Graph, Part
+from hexbundle.support.errors import ConfigError
 
 BUILD_ROOT_ENV = "HEXBUNDLE_BUILD_ROOT"
 GENIE_CONFIG = "genie_config.json"
@@ -35,6 +36,7 @@ BUNDLE_CONFIG_FILES = (GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER)
 MANIFEST = "manifest.json"
 STATE_DIR = ".hexbundle"           # in a build root: hexbundle's own state
 DOIT_DB = "doit-db.json"
+ROOT_MARKER = "build-root.json"    # in STATE_DIR: this build root is hexbundle's own
 MD5_DOIT_DB = "doit-db-md5.json"   # `doit bench` only: doit's stock checker keeps its own DB
 RELEASE_PROVENANCE = "provenance.json"   # beside the release archive, wherever it is copied
 RELEASE_SUMS = "SHA256SUMS"
@@ -74,13 +76,42 @@ class GraphInputs:
         return [self.onnx, *self.data, self.encodings]
 
 
+def check_build_root(root: Path, build_root: Path, origin: str = "") -> None:
+    """Refuse a build root whose clean-up and outputs could reach files that are not the
+    build's: the file-system root, the home directory, the source tree or a directory holding
+    it. ConfigError naming it."""
+    root, build_root = Path(root).resolve(), Path(build_root).resolve()
+    home = Path(os.path.expanduser("~")).resolve()
+    why = None
+    if build_root == Path(build_root.anchor):
+        why = "the root of the file system"
+    elif build_root == home and home != Path(home.anchor):
+        why = "your home directory"
+    elif build_root == root or build_root in root.parents:
+        why = f"the source tree {root} itself" if build_root == root else \
+            f"a directory holding the source tree {root}"
+    if why:
+        raise ConfigError(f"{origin}build root {build_root} is {why}; hexbundle writes its "
+                          "outputs there and cleans up its temporary files in it: use a "
+                          "directory of its own (a new or empty one, e.g. <project>/build or "
+                          "a scratch directory)")
+
+
 class ProjectLayout:
     """Paths that depend on the project alone."""
 
     def __init__(self, root: Path, build_root: Path | None = None):
         self.root = Path(root).resolve()
-        self.build_root = Path(build_root or os.environ.get(BUILD_ROOT_ENV)
-                               or self.root / "build").resolve()
+        self._given = build_root or os.environ.get(BUILD_ROOT_ENV)
+        self._from_env = not build_root and bool(self._given)
+        self.build_root = Path(self._given or self.root / "build").resolve()
+
+    def check_build_root(self) -> None:
+        """ConfigError if the build root may not be one (check_build_root): called where a run
+        resolves it (graph.session.load, `doit dumpdb`), not on every construction."""
+        if self._given:
+            check_build_root(self.root, self.build_root,
+                             f"{BUILD_ROOT_ENV}={self._given}: " if self._from_env else "")
 
     def rel(self, path: Path) -> str:
         """Project-relative when inside the project (stable doit keys), else absolute."""
@@ -153,6 +184,12 @@ class ProjectLayout:
     @property
     def lock(self) -> Path:
         return self.state_dir / "lock"
+
+    @property
+    def root_marker(self) -> Path:
+        """Written when hexbundle creates (or first uses, empty) a build root: only a root with
+        it is cleaned up after an interrupted run (graph.runguard)."""
+        return self.state_dir / ROOT_MARKER
 
     # project-wide outputs -----------------------------------------------------------------
     @property

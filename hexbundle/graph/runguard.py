@@ -22,7 +22,9 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -59,11 +61,48 @@ def guard_run(layout, argv: list) -> None:
         return
     root, build = layout.root, layout.build_root
     report_interrupts_cleanly()   # first: Ctrl-C while waiting for the lock is clean too
+    owned = claim_build_root(layout)   # before the lock creates .hexbundle/ in it
     hold_lock(layout.lock, root)
-    restore_interrupted_swaps(build, root)
-    sweep_temp_files(build, root)
+    if owned:
+        restore_interrupted_swaps(build, root)
+        sweep_temp_files(build, root)
+    else:
+        _notice(f"{build} is not a build root hexbundle made (it held other files when first "
+                f"used, and has no {_rel(layout.root_marker, root)}): nothing in it is cleaned "
+                "up after an interrupted run; use a new or empty directory as the build root")
     set_aside_damaged_db(layout.doit_db(), root)
+    bundle = getattr(layout, "bundle_dir", None)
+    if bundle is not None:
+        set_aside_bundle_link(bundle, root)
     make_doit_db_durable()
+
+
+# ---------------------------------------------------------------------------------------------
+# 0. whose build root
+
+def claim_build_root(layout) -> bool:
+    """True if the build root is hexbundle's own, so the clean-up may walk it: it carries the
+    marker (layout.root_marker), or it is the project's build/ (or inside it), or it is new or
+    empty now (then the marker is written). A directory that already held other files (a shared
+    scratch directory) is never claimed: nothing in it is removed."""
+    from hexbundle.support.atomic import write_json
+    build, marker = layout.build_root, layout.root_marker
+    if marker.is_file():
+        return True
+    default = layout.root / "build"
+    ours = build == default or default in build.parents
+    if not ours:
+        try:
+            ours = all(entry.name == STATE_DIR for entry in build.iterdir())
+        except FileNotFoundError:
+            ours = True
+        except OSError:
+            return False
+    if ours:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        write_json(marker, {"hexbundle": "build root", "project": str(layout.root),
+                            "claimed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return ours
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,14 +110,17 @@ def guard_run(layout, argv: list) -> None:
 
 def lock_timeout() -> float:
     text = os.environ.get(LOCK_TIMEOUT_ENV, "")
-    if not text:
+    if not text.strip():
         return DEFAULT_LOCK_TIMEOUT_S
     try:
         value = float(text)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
         raise HexbundleError(f"environment variable {LOCK_TIMEOUT_ENV}={text!r}: expected a "
-                             "number of seconds (0 = do not wait)") from None
-    return max(value, 0.0)
+                             "finite number of seconds, 0 or more (0 = do not wait); unset it "
+                             f"for the default ({DEFAULT_LOCK_TIMEOUT_S:.0f}s)")
+    return value
 
 
 def hold_lock(path: Path, root: Path) -> None:
@@ -202,33 +244,119 @@ def _notice(msg: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # 3. the dependency DB
 
+def _aside(path: Path, tag: str) -> Path:
+    """A free name beside `path` to move it to: <name>.<tag>, or <name>.<tag>.<n>."""
+    aside, n = path.with_name(f"{path.name}.{tag}"), 1
+    while aside.exists() or aside.is_symlink():
+        n += 1
+        aside = path.with_name(f"{path.name}.{tag}.{n}")
+    return aside
+
+
 def set_aside_damaged_db(db: Path, root: Path) -> Optional[Path]:
-    """doit refuses to start on an unreadable DB; set it aside so the run rebuilds instead."""
-    if not db.is_file():
+    """doit refuses to start on an unreadable DB, and stops with a traceback on an entry that
+    is not a task record: set such a DB aside (what is left of it, the well-formed records, is
+    kept) so the run carries on, rebuilding what it must. Anything but a regular file there
+    (a directory, say) is moved aside as it is. Returns where the damaged one went, or None."""
+    if not (db.exists() or db.is_symlink()):
         return None
+    where = _rel(db, root)
+    if db.is_symlink() or not db.is_file():
+        aside = _aside(db, "damaged")
+        os.replace(db, aside)
+        kind = "a symlink" if aside.is_symlink() else "a directory" if aside.is_dir() else \
+            "not a regular file"
+        _notice(f"{where} was {kind}, not hexbundle's DB; set aside as {aside.name}: every task "
+                "runs again this time")
+        return aside
     try:
-        ok = isinstance(json.loads(db.read_text()), dict)
+        data = json.loads(db.read_text())
     except (OSError, ValueError, UnicodeDecodeError):
-        ok = False
-    if ok:
+        data = None
+    if isinstance(data, dict) and all(_record_ok(v) for v in data.values()):
         return None
-    aside = db.with_name(db.name + ".damaged")
-    os.replace(db, aside)
-    _notice(f"{_rel(db, root)} was unreadable (damaged outside hexbundle?); set aside as "
-            f"{aside.name}: every task runs again this time")
+    aside = _aside(db, "damaged")
+    if not isinstance(data, dict):
+        os.replace(db, aside)
+        _notice(f"{where} was unreadable (damaged outside hexbundle?); set aside as "
+                f"{aside.name}: every task runs again this time")
+        return aside
+    bad = sorted(k for k, v in data.items() if not _record_ok(v))
+    shutil.copy2(db, aside)
+    with atomic_output(db, "w", user_errors=False) as fh:
+        json.dump({k: v for k, v in data.items() if k not in bad}, fh)
+    _notice(f"{where} had {len(bad)} record(s) of the wrong shape ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}); the DB was set aside as {aside.name} and "
+            "those tasks run again")
+    return aside
+
+
+def _record_ok(record) -> bool:
+    """A task's record as doit reads it: an object; its values (`_values_:`) an object, its
+    dependencies (`deps:`) a list of names. (File states of another shape are the checker's to
+    judge: XXH3Checker takes them as changed.)"""
+    if not isinstance(record, dict):
+        return False
+    deps = record.get("deps:", [])
+    return (isinstance(record.get("_values_:", {}), dict) and isinstance(deps, list)
+            and all(isinstance(d, str) for d in deps))
+
+
+def set_aside_bundle_link(bundle: Path, root: Path) -> Optional[Path]:
+    """bundle/ is a directory hexbundle replaces whole; a symlink there (made by hand) would be
+    swapped out from under its target. Move the link aside (its target is left alone) so the
+    bundle is built again as a directory."""
+    if not bundle.is_symlink():
+        return None
+    aside = _aside(bundle, "link")
+    os.replace(bundle, aside)
+    _notice(f"{_rel(bundle, root)} was a symlink (to {os.readlink(aside)}), not a directory; "
+            f"set aside as {aside.name}: the bundle is assembled again")
     return aside
 
 
 def atomic_dump(self) -> None:
-    """doit's JsonDB.dump, but temp + fsync + rename: a kill never leaves half a DB."""
-    with atomic_output(self.name, "w", user_errors=False) as fh:
-        fh.write(self.codec.encode(self._db))
+    """doit's JsonDB.dump, but temp + fsync + rename: a kill never leaves half a DB. A full disk
+    (or quota) stops the run with a message rather than a traceback; the DB on disk is the last
+    one saved, so the next run redoes only what was not recorded."""
+    try:
+        with atomic_output(self.name, "w", user_errors=False) as fh:
+            fh.write(self.codec.encode(self._db))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        raise DbSaveError(_db_save_message(Path(self.name), exc)) from None
+
+
+class DbSaveError(HexbundleError):
+    """The dependency DB could not be saved (full disk, quota, file-size limit)."""
+
+
+def _db_save_message(path: Path, exc: OSError) -> str:
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 1024:.0f} KiB free"
+    except OSError:
+        free = "free space unknown"
+    return (f"cannot save the dependency DB {path} ({exc.strerror or exc}; {free} on its file "
+            "system): free some disk space (or raise the quota / ulimit -f) and run the build "
+            "again; the steps that finished before the last save are kept, the others run again")
+
+
+_reported_db_failure = False
+
+
+def _report_db_failure(exc: DbSaveError) -> None:
+    global _reported_db_failure
+    if not _reported_db_failure:
+        _reported_db_failure = True
+        print(f"hexbundle: {exc}", file=sys.stderr, flush=True)
 
 
 def make_doit_db_durable() -> None:
     """Write doit's JSON DB atomically (doit 0.37 opens it with 'w' and writes in place)."""
     from doit.dependency import JsonDB
     JsonDB.dump = atomic_dump
+    _make_db_close_clean()
 
 
 def save_progress() -> None:
@@ -238,7 +366,30 @@ def save_progress() -> None:
     manager = Globals.dep_manager
     backend = getattr(manager, "backend", None)
     if isinstance(backend, JsonDB) and JsonDB.dump is atomic_dump:
-        backend.dump()
+        try:
+            backend.dump()
+        except DbSaveError as exc:   # reported; the run goes on (steps fail cleanly on their
+            _report_db_failure(exc)   # own writes) and the final save reports it again
+
+
+def _make_db_close_clean() -> None:
+    """doit saves the DB once more when the run ends (Dependency.close, from Runner.finish): a
+    failure there ends the run with the message and exit code 3, not a traceback."""
+    from doit.dependency import Dependency
+    if getattr(Dependency.close, "hexbundle", False):
+        return
+    original = Dependency.close
+
+    def close(self):
+        try:
+            original(self)
+        except DbSaveError as exc:
+            _report_db_failure(exc)
+            sys.stdout.flush()
+            raise SystemExit(3) from None   # not a traceback from doit
+
+    close.hexbundle = True
+    Dependency.close = close
 
 
 # ---------------------------------------------------------------------------------------------

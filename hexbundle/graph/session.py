@@ -11,7 +11,7 @@ from pathlib import Path
 from doit import doit_cmd
 
 from hexbundle.config.build import load_build
-from hexbundle.config.layout import DOIT_DB, Layout
+from hexbundle.config.layout import DOIT_DB, Layout, ProjectLayout
 from hexbundle.graph import runguard
 from hexbundle.graph.checker import XXH3Checker, comparison_checker
 from hexbundle.graph.reporter import Reporter, set_banner
@@ -32,6 +32,7 @@ def load(root: Path):
     """Resolve the build for this doit run, or exit with a clean message (no traceback)."""
     overrides = command_line_overrides()
     try:
+        ProjectLayout(root).check_build_root()   # not /, $HOME, the source tree: before any use
         cfg = load_build(root, overrides)
     except HexbundleError as exc:
         print(f"hexbundle: {exc}", file=sys.stderr)

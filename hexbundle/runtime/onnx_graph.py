@@ -58,16 +58,24 @@ class OnnxGraph:
         try:
             return onnxruntime.InferenceSession(str(self.path), options,
                                                 providers=["CPUExecutionProvider"])
-        except Exception as exc:   # onnxruntime raises its own Fail/InvalidGraph types
-            if "IR version" not in str(exc):
-                raise
-            # qai-hub-models exports are IR 11: an older onnxruntime refuses them outright
-            found = re.search(r"Unsupported model IR version[^\n]*", str(exc))
-            detail = found.group(0) if found else str(exc).strip()
+        except Exception as exc:   # onnxruntime raises its own Fail/InvalidGraph/... types
+            text = str(exc).strip()
+            if "IR version" in text:
+                # qai-hub-models exports are IR 11: an older onnxruntime refuses them outright
+                found = re.search(r"Unsupported model IR version[^\n]*", text)
+                detail = found.group(0) if found else text
+                raise VerifyError(
+                    f"{self.path}: onnxruntime {onnxruntime.__version__} cannot load IR version "
+                    f"{self.ir_version} ({detail}); upgrade it (python3 -m pip install -U "
+                    f"onnxruntime) or re-export the model with a lower IR version") from None
+            detail = text.splitlines()[0] if text else type(exc).__name__
+            if len(detail) > 500:
+                detail = detail[:500] + "..."
             raise VerifyError(
-                f"{self.path}: onnxruntime {onnxruntime.__version__} cannot load IR version "
-                f"{self.ir_version} ({detail}); upgrade it (python3 -m pip install -U "
-                f"onnxruntime) or re-export the model with a lower IR version") from None
+                f"{self.path}: onnxruntime {onnxruntime.__version__} refused the float ONNX "
+                f"({type(exc).__name__}: {detail}); check the export (python3 -c \"import onnx; "
+                f"onnx.checker.check_model('{self.path}', full_check=True)\") and rebuild its "
+                "inputs") from None
 
     def close(self) -> None:
         self._session = None

@@ -1,0 +1,228 @@
+"""Issue 14, items 7, 8 (the doit DB, bundle/) and 9: the build root is checked and only a root
+hexbundle made is cleaned up; state of the wrong shape is set aside with one line; a full disk
+under the DB, a bad lock timeout, `doit dumpdb` and an ONNX onnxruntime refuses are messages,
+never tracebacks. Real `doit` runs in a copy of the project."""
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, copy_project
+
+STATE = Path("build") / ".hexbundle"
+
+
+def no_traceback(run) -> None:
+    assert "Traceback" not in run.out + run.err, run.out + run.err
+
+
+@pytest.fixture
+def built_copy(tmp_path):
+    proj = copy_project(tmp_path / "proj")
+    proj.doit("bundle")
+    return proj
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. the build root
+
+@pytest.mark.parametrize("where", ["/", "home", "project", "parent"])
+def test_a_build_root_that_is_not_a_build_directory_is_refused(tmp_path, where):
+    proj = copy_project(tmp_path / "proj")
+    home = tmp_path / "home"
+    home.mkdir()
+    root = {"/": "/", "home": str(home), "project": str(proj.root),
+            "parent": str(proj.root.parent)}[where]
+    run = proj.doit("bundle", env={"HEXBUNDLE_BUILD_ROOT": root, "HOME": str(home)},
+                    check=False)
+    assert run.code == 3, run.out + run.err
+    assert f"HEXBUNDLE_BUILD_ROOT={root}: build root" in run.err, run.err
+    no_traceback(run)
+    assert not (Path(root) / ".hexbundle").exists()
+
+
+def test_a_shared_scratch_directory_is_never_swept(tmp_path):
+    proj = copy_project(tmp_path / "proj")
+    shared = tmp_path / "scratch"
+    shared.mkdir()
+    # another program's files, named like ours by chance
+    (shared / ".x.123.0123456789ab.tmp").write_text("theirs")
+    (shared / ".bundle.4242.0123456789ab.old").mkdir()
+    (shared / ".bundle.4242.0123456789ab.old" / "keep").write_text("theirs")
+    (shared / ".bundle.4242.0123456789ab.tmp").mkdir()
+    before = sorted(p.relative_to(shared) for p in shared.rglob("*"))
+    env = {"HEXBUNDLE_BUILD_ROOT": str(shared)}
+    for command in ("bundle", "check_sizes"):
+        run = proj.doit(command, env=env)
+        assert "is not a build root hexbundle made" in run.err, run.err
+        after = {p.relative_to(shared) for p in shared.rglob("*")}
+        assert set(before) <= after, set(before) - after
+    assert not (shared / "bundle").exists()   # their .old directory was not "put back"
+    assert not (shared / ".hexbundle" / "build-root.json").exists()
+
+
+def test_a_new_build_root_is_marked_and_cleaned_up(tmp_path):
+    proj = copy_project(tmp_path / "proj")
+    scratch = tmp_path / "new-root"
+    env = {"HEXBUNDLE_BUILD_ROOT": str(scratch)}
+    proj.doit("bundle", env=env)
+    assert json.loads((scratch / ".hexbundle" / "build-root.json").read_text())["hexbundle"]
+    left = scratch / "qwen2-tiny" / "iq9075" / "bin" / ".x.bin.4242.0123456789ab.tmp"
+    left.write_text("left by a killed run")
+    run = proj.doit("bundle", env=env)
+    assert not left.exists() and "left by an interrupted run" in run.err
+    assert "not a build root hexbundle made" not in run.err
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. the doit DB and bundle/ of the wrong shape
+
+@pytest.mark.parametrize("key, value", [(None, ["not", "a", "record"]), ("_values_:", [1]),
+                                        ("deps:", 5)])
+def test_a_db_record_of_another_type_is_set_aside_and_the_run_carries_on(built_copy, key, value):
+    db = built_copy.root / STATE / "doit-db.json"
+    data = json.loads(db.read_text())
+    if key is None:
+        data["bundle"] = value
+    else:
+        data["bundle"][key] = value
+    db.write_text(json.dumps(data))
+    run = built_copy.doit("bundle")
+    no_traceback(run)
+    lines = [ln for ln in run.err.splitlines() if "wrong shape" in ln]
+    assert len(lines) == 1 and "doit-db.json" in lines[0] and "(bundle)" in lines[0], run.err
+    assert run.executed == {"bundle"}   # the other records were kept
+    assert (db.parent / "doit-db.json.damaged").is_file()
+    assert built_copy.doit("bundle").executed == set()
+
+
+def test_a_directory_in_place_of_the_db_is_set_aside(built_copy):
+    db = built_copy.root / STATE / "doit-db.json"
+    db.unlink()
+    db.mkdir()
+    (db / "x").write_text("x")
+    run = built_copy.doit("bundle")
+    no_traceback(run)
+    assert "doit-db.json was a directory" in run.err and "set aside" in run.err, run.err
+    assert db.is_file() and (db.parent / "doit-db.json.damaged" / "x").is_file()
+    assert built_copy.doit("bundle").executed == set()
+
+
+def test_a_bundle_symlink_is_set_aside_and_the_bundle_rebuilt(built_copy, tmp_path):
+    bundle = built_copy.bundle()
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(bundle, elsewhere)
+    bundle.symlink_to(elsewhere)
+    good = sorted(p.name for p in elsewhere.iterdir())
+    run = built_copy.doit("bundle")
+    no_traceback(run)
+    assert "bundle was a symlink" in run.err and "bundle.link" in run.err, run.err
+    assert bundle.is_dir() and not bundle.is_symlink()
+    assert sorted(p.name for p in bundle.iterdir()) == good
+    assert sorted(p.name for p in elsewhere.iterdir()) == good   # the link's target: untouched
+    assert built_copy.doit("bundle").executed == set()
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. tracebacks that are messages
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
+def test_a_bad_lock_timeout_is_refused_naming_the_variable(tmp_path, value):
+    proj = copy_project(tmp_path / "proj")
+    run = proj.doit("bundle", env={"HEXBUNDLE_LOCK_TIMEOUT": value}, check=False)
+    assert run.code == 3
+    assert f"HEXBUNDLE_LOCK_TIMEOUT={value!r}" in run.err, run.err
+    no_traceback(run)
+
+
+def test_doit_dumpdb_prints_the_json_db(built_copy):
+    shutil.copy2(ROOT / "pyproject.toml", built_copy.root)   # where the command is registered
+    run = built_copy.doit("dumpdb")
+    assert "doit-db.json: " in run.out and "\nbundle -> {" in run.out, run.out
+    no_traceback(run)
+    (built_copy.root / STATE / "doit-db.json").write_text("[1]")
+    bad = built_copy.doit("dumpdb", check=False)
+    assert bad.code == 3 and "not a dependency DB" in bad.err
+    no_traceback(bad)
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_a_full_disk_under_the_db_is_a_message_and_the_next_run_resumes(built_copy, tmp_path):
+    state = built_copy.root / STATE
+    saved = tmp_path / "state"
+    shutil.copytree(state, saved)
+    if not _mount_tmpfs(state, "64k"):
+        pytest.skip("needs root and tmpfs mounts (a small file system under build/.hexbundle)")
+    try:
+        for f in saved.iterdir():
+            shutil.copy2(f, state / f.name)
+        fd = os.open(state / "filler", os.O_WRONLY | os.O_CREAT)   # no room for a new DB
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        (built_copy.build_dir() / "bin" / "qwen2_tiny_part_2_of_4.bin").unlink()
+        run = built_copy.doit("bundle", check=False)
+        assert run.code == 3, run.out + run.err
+        no_traceback(run)
+        msg = [ln for ln in run.err.splitlines() if "cannot save the dependency DB" in ln]
+        assert len(msg) == 1 and "doit-db.json (No space left on device;" in msg[0], run.err
+        assert "KiB free" in msg[0] and "free some disk space" in msg[0]
+        assert json.loads((state / "doit-db.json").read_text())   # the last saved DB, whole
+    finally:
+        for f in state.iterdir():
+            if f.name != "filler":
+                shutil.copy2(f, saved / f.name)
+        subprocess.run(["umount", str(state)], check=True)
+    shutil.rmtree(state)
+    shutil.copytree(saved, state)
+    again = built_copy.doit("bundle")
+    no_traceback(again)
+    assert built_copy.doit("bundle").executed == set()
+
+
+def test_an_onnx_onnxruntime_refuses_is_a_verify_error_naming_it(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    from hexbundle.runtime.onnx_graph import OnnxGraph
+    from hexbundle.support.errors import VerifyError
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("NoSuchOp", ["x"], ["y"])], "g", [x], [y])
+    path = tmp_path / "refused.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    import numpy as np
+    with pytest.raises(VerifyError, match=r"refused\.onnx: onnxruntime .* refused the float ONNX"):
+        OnnxGraph(path).run({"x": np.zeros((1, 4), np.float32)})
+
+
+def test_doit_verify_when_onnxruntime_refuses_the_float_onnx(built_copy):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    path = built_copy.root / "build/qwen2-tiny/inputs/prompt_ar128_cl256_1_of_4.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    for opset in model.opset_import:   # the build takes it; onnxruntime refuses opset 99
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = 99
+    onnx.save(model, str(path))
+    run = built_copy.doit("verify", check=False)
+    assert run.code != 0
+    no_traceback(run)
+    text = run.out + run.err
+    assert f"verify failed: {path}: onnxruntime " in text and "refused the float ONNX" in text, \
+        text
