@@ -202,6 +202,26 @@ def test_bundle_rebuild_links_bins_without_hashing_them_again(project, tmp_path)
     assert hashed and not [h for h in hashed if h.endswith(".bin")], hashed
 
 
+def test_compile_refuses_a_dlc_whose_weight_bytes_changed(project):
+    """Issue 14 item 3: a DLC edited after convert (however its change went unseen) is refused
+    by the compile that reads it, naming the DLC and the tensor; no bin is committed."""
+    from hexbundle.formats.dlc import read_dlc
+    project.doit("bundle")
+    dlc = project.build_dir() / "dlc" / "prompt_ar128_cl256_2_of_4.dlc"
+    with read_dlc(dlc) as reader:
+        tensor = next(iter(reader.tensors))
+        offset = reader.blobs[reader.tensors[tensor].blob].offset + 3
+    flip_byte(dlc, offset)
+    (project.build_dir() / "bin" / BIN2).unlink()
+    run = project.doit("-s", "compile:part_2_of_4", check=False)   # compile alone, no convert
+    assert run.code != 0
+    assert (f"{dlc.name}: blob 'weight/{tensor}' (tensor '{tensor}') does not match its recorded "
+            "XXH3-128") in run.out + run.err and "rebuild it (doit convert)" in run.out + run.err
+    no_traceback(run)
+    assert not (project.build_dir() / "bin" / BIN2).exists()
+    assert not leftovers(project.build_dir())
+
+
 def copy_bundle(src: Path, dest: Path) -> Path:
     shutil.copytree(src, dest)
     return dest
