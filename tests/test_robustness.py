@@ -222,6 +222,72 @@ def test_compile_refuses_a_dlc_whose_weight_bytes_changed(project):
     assert not leftovers(project.build_dir())
 
 
+def _rewrite_manifest(project, edit) -> None:
+    path = project.bundle() / "manifest.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+
+
+@pytest.mark.parametrize("key, value", [("deployable", True), ("backend", "qairt"),
+                                        ("plan", "other"), ("compile", {})])
+def test_check_sizes_checks_the_manifests_own_fields_against_the_build(project, key, value):
+    """Issue 14 item 4: a manifest edited to say what the build is not ("deployable": false ->
+    true) is refused by check_sizes."""
+    project.doit("bundle")
+    _rewrite_manifest(project, lambda doc: doc.__setitem__(key, value))
+    run = project.doit("check_sizes", check=False)
+    assert run.code != 0, run.out
+    assert f"bundle/manifest.json: '{key}' is {json.dumps(value)}, but this build makes" in run.out
+    no_traceback(run)
+
+
+@pytest.mark.parametrize("args, named", [
+    # compile first rebuilds bin/X.bin (it sees its target changed): the bundle's copy differs
+    (["check_sizes"], "differs from build/qwen2-tiny/iq9075/bin/" + BIN2 + ", which compile wrote"),
+    # the check alone: bin/ is the same tampered inode; the bin's own blob digests tell
+    (["-s", "check_sizes"], "digest mismatch"),
+], ids=["with-compile", "alone"])
+def test_check_sizes_refuses_a_tampered_bin_whose_manifest_digest_was_rewritten(project, args,
+                                                                                 named):
+    from hexbundle.formats.ctxbin import read_ctxbin
+    from hexbundle.support.hashing import file_digest
+    project.doit("bundle")
+    shipped = project.bundle() / BIN2
+    with read_ctxbin(shipped) as reader:
+        weight = list(reader.blobs.values())[-1]
+    flip_byte(shipped, weight.offset + 1)   # bin/ too: one inode
+    _rewrite_manifest(project, lambda doc: doc["files"][BIN2].__setitem__(
+        "xxh3_128", file_digest(shipped)))
+    run = project.doit(*args, check=False)
+    assert run.code != 0, run.out
+    assert f"bundle/{BIN2}" in run.out and named in run.out, run.out
+    no_traceback(run)
+
+
+def test_bundle_removes_an_unlisted_file_from_the_bundle(project):
+    project.doit("bundle")
+    good = snapshot(project.bundle())
+    (project.bundle() / "notes.txt").write_text("x")
+    run = project.doit("bundle")
+    assert "bundle/notes.txt is not part of the bundle: removing it" in run.out
+    assert run.executed == {"bundle"}, run.out
+    assert snapshot(project.bundle()) == good
+    assert project.doit("check_sizes").code == 0
+    assert project.doit("bundle").executed == set()
+
+
+def test_after_a_recompile_the_bundles_bins_are_hard_links_again(project):
+    project.doit("bundle")
+    built, shipped = project.build_dir() / "bin" / BIN2, project.bundle() / BIN2
+    assert os.path.samefile(built, shipped)
+    built.unlink()   # compile writes the same bytes again, as a new file
+    run = project.doit("bundle")
+    assert "compile:part_2_of_4" in run.executed, run.out
+    assert os.path.samefile(built, shipped), run.out
+    assert project.doit("bundle").executed == set()
+
+
 def copy_bundle(src: Path, dest: Path) -> Path:
     shutil.copytree(src, dest)
     return dest
