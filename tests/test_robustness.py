@@ -401,8 +401,10 @@ def test_full_disk_during_compile_is_a_clean_error_with_nothing_partial(project)
     assert not victim.exists() and leftovers(project.root / "build") == []
     assert snapshot(project.bundle()) == good
 
-    again = project.doit("bundle")   # the same bytes again: the bundle needs no change
-    assert again.executed == {"compile:part_2_of_4"}
+    again = project.doit("bundle")   # the same bytes again, as a new file: the bundle relinks
+    assert again.executed == {"compile:part_2_of_4", "bundle"}
+    assert f"bundle/{BIN2} is no longer a hard link to" in again.out
+    assert os.path.samefile(victim, project.bundle() / BIN2)
     assert snapshot(project.bundle()) == good
 
 
