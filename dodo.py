@@ -47,6 +47,7 @@ from hexbundle.inputs.generate import generate_action
 from hexbundle.inputs.import_export import QWEN2_ROPE_THETA, import_export
 from hexbundle.release.offline_kit import load_kit_command, offline_kit_command
 from hexbundle.release.reproducible import make_release, verify_release_command
+from hexbundle.steps.bundle import bundle_in_place
 from hexbundle.steps.compile import compile_options
 from hexbundle.steps.executor import run_step
 from hexbundle.toolchain import image, wheelhouse
@@ -205,7 +206,7 @@ def task_bundle():
                                              CFG.device.runtime], genie=CFG.genie,
                                      specials=CFG.tokenizer_specials,
                                      pins=pinned(CFG, [LAYOUT.tokenizer])),
-                         targets_unchanged()],
+                         targets_unchanged(), bundle_in_place(LAYOUT)],
             "clean": True}
 
 

@@ -289,3 +289,46 @@ class TestCorruption:
     def test_missing_file(self, tmp_path, source, reader, writer, suffix):
         with pytest.raises(FormatError, match="not found"):
             reader(tmp_path / f"missing.{suffix}")
+
+
+# --- digests verified while reading (issue 14, item 3) -----------------------------------------
+
+def _flip(path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _bin_from_dlc(dlc_path, bin_path):
+    with read_dlc(dlc_path) as dlc:
+        graphs = [CtxGraph(dlc.graph, dlc.topology_bytes(),
+                           (dlc.tensor_stream(n) for n in dlc.tensors))]
+        return write_ctxbin(bin_path, graphs, weights_packing=True, weight_sharing=True,
+                            optimization_type=3, vtcm_mb=8, device=DEVICE, producer=PRODUCER)
+
+
+@pytest.mark.parametrize("blob, where, named", [
+    ("weight/w8", "data", "tensor 'w8'"),
+    ("weight/w8", "scales", "tensor 'w8'"),
+    ("weight/norm", "data", "tensor 'norm'"),
+    ("topology", "data", "blob 'topology'"),
+])
+def test_a_flipped_dlc_byte_is_refused_while_compiling_and_nothing_is_written(
+        tmp_path, source, blob, where, named):
+    dlc_path, bin_path = tmp_path / "g.dlc", tmp_path / "out" / "g.bin"
+    bin_path.parent.mkdir()
+    write_test_dlc(dlc_path, source)
+    _bin_from_dlc(dlc_path, bin_path)   # the intact DLC compiles
+    good = bin_path.read_bytes()
+    with read_dlc(dlc_path) as dlc:
+        entry = dlc.blobs[blob]
+        record = dlc.tensors.get(blob.split("/", 1)[-1])
+        offset = entry.offset + (record.scales_offset if where == "scales" else 1)
+    _flip(dlc_path, offset)
+    with pytest.raises(FormatError) as err:
+        _bin_from_dlc(dlc_path, bin_path)
+    message = str(err.value)
+    assert str(dlc_path) in message and f"'{blob}'" in message and named in message
+    assert "rebuild it (doit convert)" in message
+    assert bin_path.read_bytes() == good                     # the previous bin untouched
+    assert [p.name for p in bin_path.parent.iterdir()] == ["g.bin"]   # no temp file left

@@ -243,6 +243,92 @@ def test_bundle_rebuild_links_bins_without_hashing_them_again(project, tmp_path)
     assert hashed and not [h for h in hashed if h.endswith(".bin")], hashed
 
 
+def test_compile_refuses_a_dlc_whose_weight_bytes_changed(project):
+    """Issue 14 item 3: a DLC edited after convert (however its change went unseen) is refused
+    by the compile that reads it, naming the DLC and the tensor; no bin is committed."""
+    from hexbundle.formats.dlc import read_dlc
+    project.doit("bundle")
+    dlc = project.build_dir() / "dlc" / "prompt_ar128_cl256_2_of_4.dlc"
+    with read_dlc(dlc) as reader:
+        tensor = next(iter(reader.tensors))
+        offset = reader.blobs[reader.tensors[tensor].blob].offset + 3
+    flip_byte(dlc, offset)
+    (project.build_dir() / "bin" / BIN2).unlink()
+    run = project.doit("-s", "compile:part_2_of_4", check=False)   # compile alone, no convert
+    assert run.code != 0
+    assert (f"{dlc.name}: blob 'weight/{tensor}' (tensor '{tensor}') does not match its recorded "
+            "XXH3-128") in run.out + run.err and "rebuild it (doit convert)" in run.out + run.err
+    no_traceback(run)
+    assert not (project.build_dir() / "bin" / BIN2).exists()
+    assert not leftovers(project.build_dir())
+
+
+def _rewrite_manifest(project, edit) -> None:
+    path = project.bundle() / "manifest.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+
+
+@pytest.mark.parametrize("key, value", [("deployable", True), ("backend", "qairt"),
+                                        ("plan", "other"), ("compile", {})])
+def test_check_sizes_checks_the_manifests_own_fields_against_the_build(project, key, value):
+    """Issue 14 item 4: a manifest edited to say what the build is not ("deployable": false ->
+    true) is refused by check_sizes."""
+    project.doit("bundle")
+    _rewrite_manifest(project, lambda doc: doc.__setitem__(key, value))
+    run = project.doit("check_sizes", check=False)
+    assert run.code != 0, run.out
+    assert f"bundle/manifest.json: '{key}' is {json.dumps(value)}, but this build makes" in run.out
+    no_traceback(run)
+
+
+@pytest.mark.parametrize("args, named", [
+    # compile first rebuilds bin/X.bin (it sees its target changed): the bundle's copy differs
+    (["check_sizes"], "differs from build/qwen2-tiny/iq9075/bin/" + BIN2 + ", which compile wrote"),
+    # the check alone: bin/ is the same tampered inode; the bin's own blob digests tell
+    (["-s", "check_sizes"], "digest mismatch"),
+], ids=["with-compile", "alone"])
+def test_check_sizes_refuses_a_tampered_bin_whose_manifest_digest_was_rewritten(project, args,
+                                                                                 named):
+    from hexbundle.formats.ctxbin import read_ctxbin
+    from hexbundle.support.hashing import file_digest
+    project.doit("bundle")
+    shipped = project.bundle() / BIN2
+    with read_ctxbin(shipped) as reader:
+        weight = list(reader.blobs.values())[-1]
+    flip_byte(shipped, weight.offset + 1)   # bin/ too: one inode
+    _rewrite_manifest(project, lambda doc: doc["files"][BIN2].__setitem__(
+        "xxh3_128", file_digest(shipped)))
+    run = project.doit(*args, check=False)
+    assert run.code != 0, run.out
+    assert f"bundle/{BIN2}" in run.out and named in run.out, run.out
+    no_traceback(run)
+
+
+def test_bundle_removes_an_unlisted_file_from_the_bundle(project):
+    project.doit("bundle")
+    good = snapshot(project.bundle())
+    (project.bundle() / "notes.txt").write_text("x")
+    run = project.doit("bundle")
+    assert "bundle/notes.txt is not part of the bundle: removing it" in run.out
+    assert run.executed == {"bundle"}, run.out
+    assert snapshot(project.bundle()) == good
+    assert project.doit("check_sizes").code == 0
+    assert project.doit("bundle").executed == set()
+
+
+def test_after_a_recompile_the_bundles_bins_are_hard_links_again(project):
+    project.doit("bundle")
+    built, shipped = project.build_dir() / "bin" / BIN2, project.bundle() / BIN2
+    assert os.path.samefile(built, shipped)
+    built.unlink()   # compile writes the same bytes again, as a new file
+    run = project.doit("bundle")
+    assert "compile:part_2_of_4" in run.executed, run.out
+    assert os.path.samefile(built, shipped), run.out
+    assert project.doit("bundle").executed == set()
+
+
 def copy_bundle(src: Path, dest: Path) -> Path:
     shutil.copytree(src, dest)
     return dest
@@ -356,8 +442,10 @@ def test_full_disk_during_compile_is_a_clean_error_with_nothing_partial(project)
     assert not victim.exists() and leftovers(project.root / "build") == []
     assert snapshot(project.bundle()) == good
 
-    again = project.doit("bundle")   # the same bytes again: the bundle needs no change
-    assert again.executed == {"compile:part_2_of_4"}
+    again = project.doit("bundle")   # the same bytes again, as a new file: the bundle relinks
+    assert again.executed == {"compile:part_2_of_4", "bundle"}
+    assert f"bundle/{BIN2} is no longer a hard link to" in again.out
+    assert os.path.samefile(victim, project.bundle() / BIN2)
     assert snapshot(project.bundle()) == good
 
 

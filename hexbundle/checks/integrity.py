@@ -1,14 +1,27 @@
-"""Re-verify a built bundle against its manifest: every file there, nothing extra, same bytes.
+"""Re-verify a built bundle against its manifest and the build: every file there, nothing extra,
+same bytes, and a manifest that says what this build is.
 
 `doit check_sizes` runs it. It hashes every file again (XXH3-128, no digest cache, no stat
 shortcut): it is the check that trusts nothing, for a bundle that is about to be shipped or has
 been copied around. The bins are hard links to bin/, so this also catches a bin edited there.
+
+The manifest itself is no witness (it can be edited along with a file, its digest rewritten to
+match), so it is checked against the build: its model, device, plan, backend, `deployable`
+(only the qairt backend makes deployable bins) and compile options against the configuration;
+each bin against bin/ (re-hashed) and, for bins in hexbundle's container format, against the
+XXH3-128 every blob carries inside the bin.
 """
 from __future__ import annotations
+
+import json
+import os
 
 from hexbundle.config.layout import MANIFEST, Layout
 from hexbundle.formats.manifest import BundleIntegrityError, verify_bundle_files
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.hashing import file_digest
+
+REBUILD = "run `doit bundle` to rebuild it"
 
 
 def check_bundle_integrity(layout: Layout) -> None:
@@ -19,6 +32,69 @@ def check_bundle_integrity(layout: Layout) -> None:
         return
     try:
         count = verify_bundle_files(bundle, where=layout.rel)
+        doc = json.loads((bundle / MANIFEST).read_bytes())
+        check_manifest_fields(layout, doc)
+        check_bins(layout, doc)
     except HexbundleError as exc:
         raise BundleIntegrityError(f"bundle check: {exc}") from None
-    print(f"bundle check: {count} files of {layout.rel(bundle)} match {MANIFEST}", flush=True)
+    print(f"bundle check: {count} files of {layout.rel(bundle)} match {MANIFEST}, which matches "
+          f"the build", flush=True)
+
+
+def expected_manifest_fields(layout: Layout) -> dict:
+    """The manifest fields the configuration decides (as bundle_manifest writes them)."""
+    cfg = layout.cfg
+    return {"model": cfg.model.name, "device": cfg.device.name, "plan": cfg.plan.name,
+            "backend": cfg.backend, "deployable": cfg.backend == "qairt",
+            "compile": json.loads(json.dumps(cfg.compile))}
+
+
+def check_manifest_fields(layout: Layout, doc: dict) -> None:
+    where = layout.rel(layout.manifest)
+    for key, want in expected_manifest_fields(layout).items():
+        got = doc.get(key)
+        if got != want or type(got) is not type(want):
+            raise BundleIntegrityError(
+                f"{where}: {key!r} is {json.dumps(got)}, but this build makes {json.dumps(want)} "
+                f"(backend {layout.cfg.backend}): the manifest was changed or is from another "
+                f"build; {REBUILD}")
+    if doc["deployable"] != (doc["backend"] == "qairt"):   # also holds for the fields themselves
+        raise BundleIntegrityError(f"{where}: 'deployable' disagrees with 'backend'; {REBUILD}")
+
+
+def check_bins(layout: Layout, doc: dict) -> None:
+    """Each part's bin: listed, the same bytes as bin/ (re-hashed), and (container bins) every
+    blob's own digest intact, so a bin whose manifest digest was rewritten to match is caught."""
+    files = doc.get("files") or {}
+    for part in layout.cfg.plan.parts():
+        name = layout.bin_name(part)
+        shipped, built = layout.bundle_dir / name, layout.bin(part)
+        if name not in files:
+            raise BundleIntegrityError(f"{layout.rel(layout.manifest)}: does not list {name}, "
+                                       f"part {part.index}'s context binary; {REBUILD}")
+        if built.is_file() and not _same_file(shipped, built):
+            if file_digest(built) != files[name].get("xxh3_128"):
+                raise BundleIntegrityError(
+                    f"{layout.rel(shipped)}: differs from {layout.rel(built)}, which compile "
+                    f"wrote; {REBUILD}")
+        _check_container_bin(layout, shipped)
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_container_bin(layout: Layout, path) -> None:
+    from hexbundle.formats.container import PREAMBLE
+    from hexbundle.formats.ctxbin import CTXBIN_MAGIC, read_ctxbin
+    with open(path, "rb") as fh:
+        if fh.read(PREAMBLE.size)[:len(CTXBIN_MAGIC)] != CTXBIN_MAGIC:
+            return   # a QAIRT context binary: its bytes are checked against bin/ and the manifest
+    with read_ctxbin(path) as reader:
+        reader.verify_digests()
+        if reader.deployable != (layout.cfg.backend == "qairt"):
+            raise BundleIntegrityError(f"{layout.rel(path)}: its header says deployable "
+                                       f"{reader.deployable}; {REBUILD}")

@@ -164,9 +164,10 @@ def _byte_pieces(chunk):
 class ContainerReader:
     """mmap-backed reader: validates the preamble, header and blob table; hands out views."""
 
-    def __init__(self, path: Union[str, Path], magic: bytes, kind: str):
+    def __init__(self, path: Union[str, Path], magic: bytes, kind: str, rebuild: str = ""):
         self.path = Path(path)
         self.kind = kind
+        self.rebuild = rebuild   # the step that rebuilds this file, e.g. "doit convert"
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -253,20 +254,46 @@ class ContainerReader:
 
     def blob_stream(self, record: "TensorRecord") -> Callable[[], Iterator[np.ndarray]]:
         """A `TensorStream.blocks` factory over a stored tensor: consecutive flat views of its
-        elements, each block's pages released once the consumer asks for the next one."""
+        elements, each block's pages released once the consumer asks for the next one.
+
+        The blob's XXH3-128 is verified on the way: each block is hashed as it is handed out, the
+        rest of the blob (scales, offsets) after the last one, and a mismatch raises FormatError
+        at the end of the blob -- before a writer consuming the stream can commit its output."""
         entry = self.blobs[record.blob]
 
         def blocks() -> Iterator[np.ndarray]:
+            digest = xxhash.xxh3_128()
             if record.packed:   # unpacking needs the whole tensor; readers of packed data are small
-                yield tensor_values(record, self.blob(record.blob)).reshape(-1)
-                return
-            values = tensor_values(record, self.blob(record.blob)).reshape(-1)
-            itemsize = values.dtype.itemsize
-            for start in range(0, values.size, STREAM_BLOCK_ELEMENTS):
-                block = values[start:start + STREAM_BLOCK_ELEMENTS]
-                yield block
-                self.release(entry.offset + start * itemsize, block.nbytes)
+                raw = self.blob(record.blob)
+                digest.update(raw[:record.data_nbytes])
+                yield tensor_values(record, raw).reshape(-1)
+            else:
+                values = tensor_values(record, self.blob(record.blob)).reshape(-1)
+                itemsize = values.dtype.itemsize
+                for start in range(0, values.size, STREAM_BLOCK_ELEMENTS):
+                    block = values[start:start + STREAM_BLOCK_ELEMENTS]
+                    digest.update(block.view(np.uint8))
+                    yield block
+                    self.release(entry.offset + start * itemsize, block.nbytes)
+            rest = entry.offset + record.data_offset + record.data_nbytes
+            digest.update(self._mmap[rest:entry.offset + entry.nbytes])
+            self._check_digest(entry, digest.hexdigest(), f"tensor '{record.name}'")
         return blocks
+
+    def verified_blob(self, name: str) -> np.ndarray:
+        """`blob`, after checking the blob's XXH3-128 (for blobs read whole, e.g. a topology)."""
+        view = self.blob(name)
+        self._check_digest(self.blobs[name], xxhash.xxh3_128(view).hexdigest())
+        return view
+
+    def _check_digest(self, entry: BlobEntry, computed: str, what: str = "") -> None:
+        if computed == entry.xxh3_128:
+            return
+        holds = f" ({what})" if what else ""
+        rebuild = f"rebuild it ({self.rebuild})" if self.rebuild else "rebuild it"
+        raise FormatError(f"{self.path}: blob '{entry.name}'{holds} does not match its recorded "
+                          f"XXH3-128 (stored {entry.xxh3_128}, computed {computed}): this "
+                          f"{self.kind} was changed after it was written; {rebuild}")
 
     def check_tensor_blob(self, record: "TensorRecord") -> None:
         """A tensor record's blob must exist and be exactly as long as its layout says."""

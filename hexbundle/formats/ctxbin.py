@@ -136,7 +136,8 @@ class CtxBinReader(FormatReader):
     """mmap-backed context binary reader."""
 
     def __init__(self, path: Union[str, Path]):
-        self._container = ContainerReader(path, CTXBIN_MAGIC, "context binary")
+        self._container = ContainerReader(path, CTXBIN_MAGIC, "context binary",
+                                          rebuild="doit compile")
         self.path = self._container.path
         header = self._container.header
         if header.get("kind") != "ctxbin":

@@ -69,7 +69,7 @@ class DlcReader(FormatReader):
     """mmap-backed DLC reader; tensor data comes back as read-only views into the file."""
 
     def __init__(self, path: Union[str, Path]):
-        self._container = ContainerReader(path, DLC_MAGIC, "DLC")
+        self._container = ContainerReader(path, DLC_MAGIC, "DLC", rebuild="doit convert")
         self.path = self._container.path
         header = self._container.header
         where = str(self.path)
@@ -129,7 +129,8 @@ class DlcReader(FormatReader):
         return dequantize(self.tensor_data(name), self.quant_params(name))
 
     def topology_bytes(self) -> np.ndarray:
-        return self._container.blob(self.graph.topology_blob)
+        """The topology blob, its XXH3-128 checked (it goes into a context binary as it is)."""
+        return self._container.verified_blob(self.graph.topology_blob)
 
     def topology(self) -> onnx.GraphProto:
         return self.parse_topology(self.graph.topology_blob, "topology blob")
