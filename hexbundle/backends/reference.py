@@ -29,6 +29,7 @@ from hexbundle.formats.container import QuantParams, TensorStream
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
 from hexbundle.formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
 from hexbundle.formats.onnxfile import BLOCK_ELEMENTS, TensorValues, initializer_values
+from hexbundle.inputs.validate import WeightValueCheck
 from hexbundle.support.errors import BackendError, HexbundleError
 
 # Non-weight initializers kept inside the topology must stay small: the topology is one blob
@@ -40,6 +41,7 @@ QUANTIZE_BLOCK_ELEMENTS = BLOCK_ELEMENTS   # rows per block ~ 16 MiB of float32 
 class ReferenceBackend:
     name = "reference"
     deployable = False
+    checks_weight_values = True       # in the conversion pass itself (_stored_tensors)
 
     def toolchain_version(self) -> str:
         return reference_toolchain_version()
@@ -152,7 +154,6 @@ class _StreamNotes:
     """What streaming a weight found, logged once the writer has consumed it."""
 
     clipped: int = 0
-    overflowed: int = 0
 
 
 def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
@@ -162,10 +163,12 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
     for plan in weights:
         init, enc, dtype = plan.initializer, plan.encoding, plan.stored_dtype(float_bitwidth)
         values = initializer_values(init, onnx_path)
+        # NaN, infinity, float16 overflow: checked on the blocks this pass reads anyway
+        check = WeightValueCheck(onnx_path, init.name, values.shape, dtype)
         notes = _StreamNotes()
         policy = " (no encoding: unencoded_weights = " if plan.unencoded else ""
         if plan.derived_bitwidth:
-            quant = _derived_quant(values, plan)
+            quant = _derived_quant(values, plan, check)
             yield TensorStream(init.name, dtype, values.shape,
                                _quantized_blocks(values, quant, notes), quant)
             granularity = "per-tensor" if plan.axis is None else f"per-channel axis {plan.axis}"
@@ -173,14 +176,13 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
                 f"{list(values.shape)}{policy}int8, as QNN's --quantize_full_type w8a16)")
         elif enc is None:
             yield TensorStream(init.name, dtype, values.shape,
-                               _float_blocks(values, np.dtype(dtype), notes))
-            note = f" (warning: {notes.overflowed} values overflow {dtype})" if notes.overflowed else ""
-            log(f"{init.name}: {dtype} shape {list(values.shape)}{note}"
+                               _float_blocks(values, np.dtype(dtype), check))
+            log(f"{init.name}: {dtype} shape {list(values.shape)}"
                 + (f"{policy}float)" if policy else ""))
         else:
             quant = plan.quant_params()
             yield TensorStream(init.name, dtype, values.shape,
-                               _quantized_blocks(values, quant, notes), quant)
+                               _quantized_blocks(values, quant, notes, check), quant)
             granularity = "per-tensor" if plan.axis is None else f"per-channel axis {plan.axis}"
             if quant.block_size:
                 granularity = (f"{enc.enc_type.lower().replace('_', '-')} {quant.block_size} along "
@@ -189,14 +191,16 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
             log(f"{init.name}: int{enc.bitwidth} {granularity} shape {list(values.shape)}{note}")
 
 
-def _derived_quant(values: TensorValues, plan) -> QuantParams:
+def _derived_quant(values: TensorValues, plan, check: WeightValueCheck) -> QuantParams:
     """Symmetric per-channel (or per-tensor) int encoding of a weight that has none, from its
-    values (one streamed pass): scale = max|w| / (2^(bw-1) - 1), offset -2^(bw-1)."""
+    values (one streamed pass, which also checks them): scale = max|w| / (2^(bw-1) - 1),
+    offset -2^(bw-1)."""
     bits, axis = plan.derived_bitwidth, plan.axis
     shape = values.shape if values.shape else (1,)
     groups = 1 if axis is None else shape[axis]
     absmax = np.zeros(groups, np.float32)
     for rows, block in values.rows(QUANTIZE_BLOCK_ELEMENTS):
+        check(block, rows.start)
         a = np.abs(block)
         if axis is None:
             absmax[0] = max(absmax[0], float(a.max(initial=0.0)))
@@ -210,17 +214,18 @@ def _derived_quant(values: TensorValues, plan) -> QuantParams:
                        np.full(groups, -(2.0 ** (bits - 1)), np.float32), True)
 
 
-def _float_blocks(values: TensorValues, dtype: np.dtype, notes: _StreamNotes):
-    """blocks() factory: the values narrowed (or kept) to `dtype`, row block by row block."""
+def _float_blocks(values: TensorValues, dtype: np.dtype, check: WeightValueCheck):
+    """blocks() factory: the values narrowed (or kept) to `dtype`, row block by row block,
+    each checked first (a value float16 cannot hold is an error, not infinity in the DLC)."""
     def blocks():
-        for _, block in values.rows(QUANTIZE_BLOCK_ELEMENTS):
-            stored = block.astype(dtype)
-            notes.overflowed += int(stored.size - np.count_nonzero(np.isfinite(stored)))
-            yield stored
+        for rows, block in values.rows(QUANTIZE_BLOCK_ELEMENTS):
+            check(block, rows.start)
+            yield block.astype(dtype)
     return blocks
 
 
-def _quantized_blocks(values: TensorValues, quant: QuantParams, notes: _StreamNotes):
+def _quantized_blocks(values: TensorValues, quant: QuantParams, notes: _StreamNotes,
+                      check: WeightValueCheck = None):
     """blocks() factory: q = clip(round(w / scale - offset), 0, 2^bw - 1), so that
     real = (q + offset) * scale (a shifted, fractional offset is rounded with, as AIMET does);
     row block by row block."""
@@ -231,6 +236,8 @@ def _quantized_blocks(values: TensorValues, quant: QuantParams, notes: _StreamNo
     def blocks():
         scratch = None   # one float32 work buffer for every block: no per-block allocation
         for rows, block in values.rows(QUANTIZE_BLOCK_ELEMENTS):
+            if check is not None:   # None: the derived-encoding pass checked them already
+                check(block, rows.start)
             if scratch is None:
                 scratch = np.empty(block.shape, np.float32)
             scale, offset = quant.expanded(shape, rows)
@@ -275,6 +282,4 @@ def _inline_constant(init: onnx.TensorProto, onnx_path: Path) -> onnx.TensorProt
             f"{onnx_path}: initializer '{init.name}' ({values.nbytes} bytes, {values.dtype}) is neither "
             f"a float weight nor a small constant; the reference backend keeps such tensors in the "
             f"topology only up to {MAX_TOPOLOGY_INITIALIZER_BYTES} bytes")
-    # np.asarray, not np.ascontiguousarray: that one makes a 0-d constant 1-d, and the topology
-    # must keep the ONNX's shapes (the size model counts the constant as the ONNX has it)
-    return numpy_helper.from_array(np.asarray(values.whole(), order="C"), name=init.name)
+    return numpy_helper.from_array(np.ascontiguousarray(values.whole()), name=init.name)
