@@ -8,6 +8,7 @@ In process: the validation module (hexbundle/inputs/validate.py), the tokenizer 
 (hexbundle/formats/tokenizer.py, with the real `tokenizers` library) and `doit inspect` on the
 export qai-hub-models 0.55.0's own code wrote (tests/data/qaihm/export, copied, never written).
 """
+import hashlib
 import json
 import os
 import re
@@ -331,6 +332,19 @@ def test_a_fifo_where_a_file_belongs_is_refused_at_once(exported, name, what):
     text = refused(exported, lambda p: fifo_in_place_of(ex(p, name)))
     assert re.search(rf"{re.escape(str(ex(exported, name)))}: the {what} is a named pipe "
                      r"\(FIFO\), not a regular file", text), text
+
+
+def test_a_pinned_input_that_is_a_fifo_is_refused_before_it_is_hashed(exported):
+    model = exported.root / "configs" / "models" / f"{EXPORT}.toml"
+    text = model.read_text()
+    digest = hashlib.sha256(ex(exported, "tokenizer.json").read_bytes()).hexdigest()
+    model.write_text(text.replace('dir = "exports/qwen2-tiny"\n', 'dir = "exports/qwen2-tiny"\n\n'
+                                  f'[inputs.pins]\n"tokenizer.json" = "sha256:{digest}"\n'))
+    try:
+        said = refused(exported, lambda p: fifo_in_place_of(ex(p, "tokenizer.json")))
+    finally:
+        model.write_text(text)
+    assert f"{ex(exported, 'tokenizer.json')}: the pinned input is a named pipe (FIFO)" in said
 
 
 # ---------------------------------------------------------------------------------------------

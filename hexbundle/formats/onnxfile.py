@@ -88,6 +88,8 @@ class TensorValues:
 
 def load_structure(onnx_path: Path) -> onnx.ModelProto:
     """The model proto without its weights (they are read later, one by one, via memmap)."""
+    if not Path(onnx_path).exists():
+        raise InputError(f"{onnx_path}: ONNX model not found; export it or fix the path")
     require_regular_file(onnx_path, "ONNX model")
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
