@@ -386,6 +386,14 @@ def test_a_bad_tokenizer_is_refused_naming_file_and_key(tmp_path, case):
     assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
 
 
+def test_a_device_where_tokenizer_json_belongs_is_refused_unread(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.symlink_to("/dev/null")
+    with pytest.raises(InputError, match=r"tokenizer\.json: the tokenizer\.json is a device, "
+                                         r"not a regular file"):
+        special_token_ids(path, QWEN2_SPECIALS, 1024)
+
+
 def test_a_vocab_wider_than_n_vocab_is_refused(tmp_path):
     path = write_tokenizer(tmp_path, tokenizer_json())   # 512 tokens, specials at 0, 1, 2
     with pytest.raises(InputError, match=r"token '.+' has id 511, but the model's vocab_size "
