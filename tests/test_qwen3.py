@@ -339,6 +339,23 @@ def test_qwen3_tiny_bins_are_the_tensor_expectation_and_the_formula_agrees(tmp_p
         assert sizes._cross_check(e, plan.tolerance_pct) == "", part.tag
 
 
+def test_qwen3_4b_plan_is_within_tolerance_of_the_seeds_3_0_gb():
+    """The seeds: Qwen3-4B w4a16, 4 parts, 3.0 GB on IQ-9075 (no per-part figures)."""
+    model, _ = load_model(ROOT, "qwen3-4b")
+    plan = model.plans[model.default_plan]
+    assert plan.layers_per_part == (0, 12, 12, 12)            # qai-hub-models' split
+    assert round(plan.expected_total_mib * MIB / 1e9, 1) == 3.0   # the config records the seed
+    expected = sizes.expect(model, plan)
+    total = sum(e.packed for e in expected) / MIB
+    assert abs(total - plan.expected_total_mib) <= plan.expected_total_mib * plan.tolerance_pct / 100, total
+    embedding, *layers, last = [e.packed / MIB for e in expected]
+    assert embedding == pytest.approx(151936 * 2560 * 2 / MIB, rel=1e-3)     # 16-bit table
+    assert layers[0] == pytest.approx(layers[1])
+    # the last part: 12 layers + its own 8-bit copy of the tied matrix (+ a scale and an
+    # offset per vocab entry, 1.2 MiB)
+    assert last - layers[0] == pytest.approx(151936 * 2560 / MIB, rel=5e-3)
+
+
 # --------------------------------------------------------------------------- end to end
 
 
