@@ -500,3 +500,25 @@ def test_kit_source_keeps_packages_named_like_excluded_top_level_dirs(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x")
     assert source_files(tmp_path) == ["dodo.py", "hexbundle/toolchain/image.py"]
+
+
+def test_hexbundles_wheel_is_built_from_the_kits_source_and_its_bytes_depend_on_nothing_else(
+        tmp_path):
+    """The wheel the offline side installs is made here, from the source the kit carries. Its
+    bytes do not depend on file times (so the kit archive stays a function of its files), and the
+    tree it is built from is left as it was (setuptools writes build/ and *.egg-info/ into it)."""
+    from hexbundle import __version__
+    from hexbundle.release.offline_kit import build_host_wheel, source_files
+    wheels = []
+    for name, mtime in (("a", 1_600_000_000), ("b", 1_700_000_000)):
+        source = tmp_path / name / "source"
+        for rel in source_files(ROOT):
+            (source / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / rel, source / rel)
+            os.utime(source / rel, (mtime, mtime))
+        before = sorted(p.relative_to(source) for p in source.rglob("*"))
+        wheels.append(build_host_wheel(source, tmp_path / name / "wheels", tmp_path / name))
+        assert sorted(p.relative_to(source) for p in source.rglob("*")) == before
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["source", "wheels"]
+    assert wheels[0].name == wheels[1].name == f"hexbundle-{__version__}-py3-none-any.whl"
+    assert wheels[0].read_bytes() == wheels[1].read_bytes()
