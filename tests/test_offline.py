@@ -248,14 +248,31 @@ def test_an_archive_that_would_unpack_beyond_the_cap_is_refused_before_writing(t
     archive = gzip_bomb(tmp_path, 64 << 20)
     assert archive.stat().st_size < (1 << 20)
     proc = run_loader(archive, "--dest", tmp_path / "out", "--no-images")
-    refused(proc, r"offline-kit.tar.gz: would unpack to 0.06 GiB, more than the cap of 0.00 GiB "
-                  r"\(10x the archive's size\): refused before writing anything")
+    cap = 10 * archive.stat().st_size / (1 << 20)
+    refused(proc, rf"offline-kit.tar.gz: would unpack to 64.0 MiB, more than the cap of "
+                  rf"{cap:.1f} MiB \(10x the archive's size\): refused before writing anything")
     assert not (tmp_path / "out").exists()
     small = pack(small_kit(tmp_path / "small"))
     refused(run_loader(small, "--max-gib", "1e-7", "--dest", tmp_path / "out2"),
-            r"more than the cap of 0.00 GiB \(--max-gib\)")
+            r"more than the cap of 0.0 MiB \(--max-gib\)")
     ok = run_loader(archive, "--max-gib", "1", "--dest", tmp_path / "out", "--no-images")
     assert ok.returncode == 0, ok.stderr   # the cap is the user's to raise
+
+
+def test_an_archive_larger_than_the_free_space_at_dest_is_refused_before_writing(tmp_path):
+    """A real 1 MiB file system (tmpfs, in a mount namespace of its own) as the destination."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) for a private mount")
+    archive = pack(small_kit(tmp_path, files={"bring/inputs.bin": bytes(3 << 20)}))
+    small = tmp_path / "small"
+    small.mkdir()
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {small} && "
+         f"{sys.executable} {LOADER} {archive} --dest {small / 'out'} --no-images; "
+         f"status=$?; ls -A {small}; exit $status"], capture_output=True, text=True, timeout=120)
+    refused(proc, r"offline-kit.tar: unpacking needs 3.0 MiB, only 1.0 MiB is free at .*/small: "
+                  r"refused before writing anything")
+    assert proc.stdout.strip() == "", f"written on the small file system: {proc.stdout}"
 
 
 def test_a_refused_kit_leaves_nothing_unpacked(tmp_path):

@@ -242,6 +242,10 @@ def plan_members(archive: Path, members: list) -> tuple:
     return tops[0], [(m, PurePosixPath(*parts[1:])) for m, parts in placed if len(parts) > 1]
 
 
+def shown_size(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / (1 << 20):.1f} MiB"
+
+
 def check_size(archive: Path, members: list, dest: Path, max_bytes) -> None:
     """Refuse, before writing, an archive that would unpack to more than the cap or the free
     disk space at dest (tarfile writes exactly a member's declared size; sparse ones are
@@ -250,15 +254,15 @@ def check_size(archive: Path, members: list, dest: Path, max_bytes) -> None:
     cap = max_bytes if max_bytes is not None else MAX_EXPANSION * archive.stat().st_size
     if total > cap:
         how = "--max-gib" if max_bytes is not None else f"{MAX_EXPANSION}x the archive's size"
-        raise KitError(f"{archive}: would unpack to {total / GIB:.2f} GiB, more than the cap of "
-                       f"{cap / GIB:.2f} GiB ({how}): refused before writing anything; pass "
+        raise KitError(f"{archive}: would unpack to {shown_size(total)}, more than the cap of "
+                       f"{shown_size(cap)} ({how}): refused before writing anything; pass "
                        "--max-gib to allow more if this really is your kit")
     existing = next(p for p in (dest, *dest.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     if total > free:
-        raise KitError(f"{archive}: unpacking needs {total / GIB:.2f} GiB, only "
-                       f"{free / GIB:.2f} GiB is free at {existing}: free disk space or choose "
-                       "another --dest")
+        raise KitError(f"{archive}: unpacking needs {shown_size(total)}, only "
+                       f"{shown_size(free)} is free at {existing}: refused before writing "
+                       "anything; free disk space or choose another --dest")
 
 
 def temp_sibling(final: Path) -> Path:
