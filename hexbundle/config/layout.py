@@ -5,7 +5,7 @@ ProjectLayout (the project alone):
   configs/{build,socs,toolchain}.toml, configs/models/<name>.toml, configs/devices/*.toml
   <build root>/.hexbundle/               digest cache, doit database, lock
   <build root>/release/, release-work/   `doit release`
-  <build root>/offline-kit/, offline-kit.tar, load_kit.py    `doit offline_kit`
+  <build root>/offline-kit/, offline-kit.tar(.sha256), load_kit.py    `doit offline_kit`
   build/image/, build/logs/image.log     `doit image` (always the project's own build/)
 Layout (one model on one device), under the build root:
   <model>/inputs/                        generated inputs, device-independent
@@ -251,6 +251,11 @@ class ProjectLayout:
     @property
     def load_kit_script(self) -> Path:
         return self.build_root / "load_kit.py"
+
+    @property
+    def offline_kit_sha256(self) -> Path:
+        """The archive's sha256, `sha256sum -c` format: the kit's authenticity, carried apart."""
+        return self.build_root / "offline-kit.tar.sha256"
 
 
 class Layout(ProjectLayout):
