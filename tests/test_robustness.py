@@ -235,7 +235,7 @@ def test_same_size_edit_with_the_mtime_put_back_is_rebuilt(project, kind):
 def test_bundle_rebuild_links_bins_without_hashing_them_again(project, tmp_path):
     project.doit("bundle")
     model = project.root / "configs" / "models" / "qwen2-tiny.toml"
-    model.write_text(model.read_text().replace("max_num_tokens = 64", "max_num_tokens = 65"))
+    model.write_text(model.read_text().replace("max_num_tokens = 256", "max_num_tokens = 255"))
     trace = tmp_path / "hashed.txt"
     run = project.doit("bundle", env={"HEXBUNDLE_HASH_TRACE": str(trace)})
     assert run.executed == {"bundle"}
@@ -404,7 +404,7 @@ def test_kill_during_bundle_assembly_keeps_the_previous_bundle(project, tmp_path
     project.doit("bundle")
     good = snapshot(project.bundle())
     model = project.root / "configs" / "models" / "qwen2-tiny.toml"
-    model.write_text(model.read_text().replace("max_num_tokens = 64", "max_num_tokens = 65"))
+    model.write_text(model.read_text().replace("max_num_tokens = 256", "max_num_tokens = 255"))
 
     held = Held(project, ["bundle"], pause_at="bundle", tmp=tmp_path / "held")
     held.wait_paused()
@@ -418,7 +418,7 @@ def test_kill_during_bundle_assembly_keeps_the_previous_bundle(project, tmp_path
     assert rerun.executed == {"bundle"}
     assert "left by an interrupted run" in rerun.err
     genie = json.loads((project.bundle() / "genie_config.json").read_text())
-    assert genie["dialog"]["max-num-tokens"] == 65
+    assert genie["dialog"]["max-num-tokens"] == 255
     assert leftovers(project.root / "build") == []
 
 

@@ -23,6 +23,9 @@ from hexbundle.config.schema import Field, check_value, read_toml
 from hexbundle.support.errors import ConfigError
 
 BACKENDS = ("reference", "qairt")
+# genie_config.json's max-num-tokens as Qualcomm's generator writes it (qai-hub-models 0.65.0,
+# models/templates/llm/llm_helpers.py DEFAULT_MAX_NUM_TOKENS).
+QUALCOMM_MAX_NUM_TOKENS = 2048
 EXECUTORS = ("local", "docker")
 
 
@@ -156,8 +159,13 @@ MODEL_SCHEMA = {
         "pins": Field({"*": Field(str, pattern=PIN)}, {},
                       doc="file name in the inputs dir -> 'sha256:<hex>' or 'xxh3_128:<hex>'"),
     }),
+    # genie_config.json's dialog settings. Defaults: what Qualcomm's Genie bundle generator
+    # writes (qai-hub-models 0.65.0 create_genie_config; tests/test_devices.py checks them
+    # against its source).
     "genie": Field({
-        "max_num_tokens": Field(int, 200, min=1),
+        "max_num_tokens": Field(int, None, min=1,
+                                doc="tokens generated per answer at most; default: Qualcomm's "
+                                    f"{QUALCOMM_MAX_NUM_TOKENS}, capped by graphs.context_length"),
         "sampler_seed": Field(int, 42, min=0),
         "temp": Field(float, 0.8, min=0),
         "top_k": Field(int, 40, min=1),
@@ -275,6 +283,10 @@ def load_model(root: Path, name: str) -> tuple:
                           f" must be a multiple of num_kv_heads ({a['num_kv_heads']})")
     if a["head_dim"] % 2:
         raise ConfigError(f"{where}: architecture.head_dim must be even (RoPE rotates pairs)")
+    if not float(a["rope_theta"]).is_integer():
+        raise ConfigError(f"{where}: architecture.rope_theta is {a['rope_theta']!r}; Genie takes "
+                          "a whole number (genie_config.json QnnHtp rope-theta is an integer in "
+                          "Qualcomm's schema): use the model's integer theta")
     if g["prompt_ar"] >= g["context_length"] or g["token_ar"] >= g["context_length"]:
         raise ConfigError(f"{where}: graphs.prompt_ar and token_ar must be < context_length")
     arch = Architecture(a["num_layers"], a["hidden_size"], a["num_attention_heads"],
@@ -335,6 +347,19 @@ def check_known_failure(devices: Devices, device: Device, model: Model, plan: Pl
             raise ConfigError(f"plan {plan.name!r} of {model.name} is known to fail on {name}"
                               f"{same}: {plan.failure_note or 'see the model config'}; choose "
                               f"another plan (known: {', '.join(sorted(model.plans))})")
+
+
+def genie_settings(genie: dict, context_length: int, where: Path) -> dict:
+    """[genie] with max_num_tokens resolved: Qualcomm's generator value, capped by the context
+    (Genie cannot generate past it); a value given beyond the context is refused."""
+    given = genie["max_num_tokens"]
+    if given is None:
+        return {**genie, "max_num_tokens": min(QUALCOMM_MAX_NUM_TOKENS, context_length)}
+    if given > context_length:
+        raise ConfigError(f"{where}: key 'genie.max_num_tokens' is {given}, beyond "
+                          f"graphs.context_length {context_length}: Genie stops at the context; "
+                          f"set it to at most {context_length} or leave it out")
+    return genie
 
 
 def parse_override(key: str, text: str, f: Field) -> Any:
@@ -408,6 +433,7 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
     elif raw["inputs"]["source"] == "qai-hub-models":
         export_dir = check_tree_dir(root, raw["inputs"]["dir"], files[1], project.build_root)
         check_tree_covers_plan(model, plan, raw["inputs"], files[1])
+    genie = genie_settings(raw["genie"], model.context_length, files[1])
     return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],
-                       raw["tokenizer"], raw["inputs"], raw["genie"], files, project.build_root,
+                       raw["tokenizer"], raw["inputs"], genie, files, project.build_root,
                        verify=raw["verify"], export_dir=export_dir)
