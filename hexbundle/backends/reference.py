@@ -355,4 +355,6 @@ def _inline_constant(init: onnx.TensorProto, onnx_path: Path) -> onnx.TensorProt
             f"{onnx_path}: initializer '{init.name}' ({values.nbytes} bytes, {values.dtype}) is neither "
             f"a float weight nor a small constant; the reference backend keeps such tensors in the "
             f"topology only up to {MAX_TOPOLOGY_INITIALIZER_BYTES} bytes")
-    return numpy_helper.from_array(np.ascontiguousarray(values.whole()), name=init.name)
+    # np.asarray, not np.ascontiguousarray: that one makes a 0-d constant 1-d, and the topology
+    # must keep the ONNX's shapes (the size model counts the constant as the ONNX has it)
+    return numpy_helper.from_array(np.asarray(values.whole(), order="C"), name=init.name)

@@ -17,8 +17,8 @@ from typing import Any, Optional
 
 from hexbundle.config.devices import DEVICE_NAME, Device, Devices
 from hexbundle.config.layout import ProjectLayout
-from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
-                                    pipeline_order_problem)
+from hexbundle.config.model import (FAMILIES, Architecture, Graph, Model, Part, Plan,
+                                    Quantization, pipeline_order_problem)
 from hexbundle.config.schema import Field, check_value, read_toml
 from hexbundle.support.errors import ConfigError
 
@@ -109,7 +109,10 @@ MODEL_SCHEMA = {
         "default_plan": Field(str),
     }),
     "architecture": Field({
-        "family": Field(str, "qwen2", choices=("qwen2",)),
+        "family": Field(str, "qwen2", choices=FAMILIES,
+                        doc="qwen2: q/k/v biases; qwen3: q/k RMSNorm per head, no q/k/v biases"),
+        "tie_word_embeddings": Field(bool, False, doc="the LM head is the embedding matrix "
+                                     "(Hugging Face config.json's key of that name)"),
         "num_layers": Field(int, min=1, max=512),
         "hidden_size": Field(int, min=8, max=65536),
         "num_attention_heads": Field(int, min=1, max=1024),
@@ -291,7 +294,8 @@ def load_model(root: Path, name: str) -> tuple:
         raise ConfigError(f"{where}: graphs.prompt_ar and token_ar must be < context_length")
     arch = Architecture(a["num_layers"], a["hidden_size"], a["num_attention_heads"],
                         a["num_kv_heads"], a["head_dim"], a["intermediate_size"],
-                        a["vocab_size"], a["rope_theta"], a["rms_norm_eps"])
+                        a["vocab_size"], a["rope_theta"], a["rms_norm_eps"],
+                        a["tie_word_embeddings"], a["family"])
     quant = Quantization(q["decoder_linear_bitwidth"], q["lm_head_bitwidth"],
                          q["embedding_bitwidth"], q["activation_bitwidth"],
                          unencoded_weights=q["unencoded_weights"])
