@@ -17,9 +17,9 @@ facts in a generated file means no one types a soc_model; keeping board settings
 regenerated table never loses a measured value.
 
 Loading checks the whole namespace every time: a name or alias claimed twice (two boards, or a
-board and a chipset) is an error naming both files; a chipset whose (soc_model, dsp_arch) pair
-is not one of Qualcomm's table (recorded in devices.toml's [qualcomm_soc_models]) is refused.
-The one Device that comes out feeds both the compile and the bundle's runtime configs.
+board and a chipset) is an error naming both files; a chipset entry whose soc_model / dsp_arch
+is not what Qualcomm's table says of that chipset (recorded apart, in [qualcomm_soc_models]) is
+refused. The one Device that comes out feeds both the compile and the bundle's runtime configs.
 
 The writer side (`qualcomm_facts`, `render_table`) reads Qualcomm's files: devices_and_chipsets.yaml
 (names, aliases, soc_model, htp_version) and the LLM helpers whose `create_genie_config` /
