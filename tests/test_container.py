@@ -282,7 +282,7 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
     assert json.loads(info.read_text())["image"] == toolchain_image[1]["id"]
     digests = proj.root / "build" / ".hexbundle" / "digests.json"
     assert digests.stat().st_uid == 4321
-    assert str(proj.root / "configs" / "socs.toml") in json.loads(digests.read_text())
+    assert str(proj.root / "configs" / "devices.toml") in json.loads(digests.read_text())
 
 
 # --- the qairt backend in an image that carries the (stand-in) SDK -------------------------------

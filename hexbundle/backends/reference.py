@@ -134,8 +134,9 @@ def _check_compile_options(names: tuple, dlc_paths: list, options: CompileOption
         raise BackendError(f"{len(dlc_paths)} DLCs given for {len(names)} graph names {list(names)}")
     if options.optimization_type not in (1, 2, 3):
         raise BackendError(f"optimization_type {options.optimization_type} is not 1, 2 or 3")
-    if options.device.vtcm_mb <= 0:
-        raise BackendError(f"vtcm_mb {options.device.vtcm_mb} must be positive")
+    if options.device.vtcm_mb < 0:   # 0: the SoC's maximum, as QAIRT takes it
+        raise BackendError(f"vtcm_mb {options.device.vtcm_mb} must be 0 (the SoC's maximum) or "
+                           "positive")
 
 
 def _dlc_tensors(reader: DlcReader) -> Iterator[TensorStream]:
