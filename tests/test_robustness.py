@@ -884,9 +884,9 @@ def test_bad_input_fails_cleanly_and_keeps_the_good_bundle(exported, case):
 
 
 def test_unknown_model_on_the_command_line(exported):
-    run = exported.doit("bundle", "model=qwen3-tiny", check=False)
+    run = exported.doit("bundle", "model=qwen4-tiny", check=False)
     assert run.code == 3
-    assert "command line: model = 'qwen3-tiny': unknown model 'qwen3-tiny'" in run.err
+    assert "command line: model = 'qwen4-tiny': unknown model 'qwen4-tiny'" in run.err
     assert "known: qwen2-tiny" in run.err
     no_traceback(run)
 
