@@ -239,7 +239,7 @@ def run_in_container(layout: Layout, spec: dict, log_path: Path, user: str = "",
 
 
 def _run(client, image, layout: Layout, spec: dict, log, user: str, task: str) -> int:
-    from docker.errors import APIError, NotFound
+    from docker.errors import APIError
     command = [PYTHON, str(layout.script("step.py")), json.dumps(spec, sort_keys=True)]
     name = container_name(spec, task)
     record = layout.containers_dir / name
@@ -266,19 +266,23 @@ def _run(client, image, layout: Layout, spec: dict, log, user: str, task: str) -
     except APIError as exc:
         log.write(f"error: the Docker engine refused to run the step: {exc.explanation or exc}\n")
         return 3
-    finally:
-        # Also on Ctrl-C, even one that came while the container was being created.
-        try:
-            (container or client.containers.get(name)).remove(force=True)
-            gone = True
-        except NotFound:
-            gone = True
-        except APIError:   # the record stays: the next run removes the container
-            gone = False
-        if gone:
-            record.unlink(missing_ok=True)
+    finally:   # also on Ctrl-C, even one that came while the container was being created
+        _remove_own(client, container, name, record)
         if lifeline is not None:
             lifeline.close()
+
+
+def _remove_own(client, container, name: str, record: Path) -> None:
+    """This step's container, then its record; the record stays if the engine would not remove
+    the container (the next run does)."""
+    from docker.errors import APIError, NotFound
+    try:
+        (container or client.containers.get(name)).remove(force=True)
+    except NotFound:
+        pass
+    except APIError:
+        return
+    record.unlink(missing_ok=True)
 
 
 def _lifeline(client, container):
