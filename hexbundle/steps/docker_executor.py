@@ -273,13 +273,15 @@ def _run(client, image, layout: Layout, spec: dict, log, user: str, task: str) -
 
 
 def _remove_own(client, container, name: str, record: Path) -> None:
-    """This step's container, then its record; the record stays if the engine would not remove
-    the container (the next run does)."""
+    """This step's container, then its record. The record stays (the next run looks again) if
+    the engine would not remove the container, or if a Ctrl-C cut its creation short: the engine
+    may still finish creating it after our NotFound."""
     from docker.errors import APIError, NotFound
     try:
         (container or client.containers.get(name)).remove(force=True)
     except NotFound:
-        pass
+        if container is None:
+            return
     except APIError:
         return
     record.unlink(missing_ok=True)
