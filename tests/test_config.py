@@ -167,6 +167,52 @@ def test_command_line_overrides_are_typed_and_validated():
         load_build(ROOT, {"backend": "cli"})
 
 
+def test_container_limits_come_from_build_toml_and_the_command_line():
+    """[container]: the step containers' limits and uid, typed, in docker's units."""
+    settings = load_build(ROOT).container
+    assert (settings.pids_limit, settings.memory, settings.cpus, settings.tmp_size,
+            settings.user) == (4096, 32 << 30, 0.0, 256 << 20, "65534:65534")
+    given = load_build(ROOT, {"container.memory": "1g", "container.cpus": "1.5",
+                              "container.pids_limit": "64", "container.tmp_size": "8m",
+                              "container.user": "4242:4343"}).container
+    assert (given.pids_limit, given.memory, given.cpus, given.tmp_size, given.user) == \
+        (64, 1 << 30, 1.5, 8 << 20, "4242:4343")
+
+
+@pytest.mark.parametrize("line, named", [
+    ('user = "0:0"', r"build.toml: key 'container.user' is '0:0': steps never run as root"),
+    ('user = "1000:0"', r"key 'container.user' is '1000:0': steps never run as root"),
+    ('user = "nobody"', r"key 'container.user' is 'nobody'; expected a string matching"),
+    ('memory = "32 GB"', r"key 'container.memory' is '32 GB'; expected a string matching"),
+    ('memory = "32m"', r"key 'container.memory' is '32m': a step needs at least 64m"),
+    ('tmp_size = "64g"', r"key 'container.tmp_size' is '64g'; expected at least 1m and less "
+                         r"than container.memory \(32g\)"),
+    ("pids_limit = 0", r"key 'container.pids_limit' is 0; expected an integer in \[64"),
+    ("cpus = -1", r"key 'container.cpus' is -1.0; expected a number in \[0"),
+    ("memroy = \"8g\"", r"unknown key 'container.memroy' \(did you mean 'container.memory'\?\)"),
+])
+def test_bad_container_settings_are_refused_naming_the_key(project, line, named):
+    build = project / "configs" / "build.toml"
+    key = line.split(" =")[0]
+    kept = [ln for ln in build.read_text().splitlines() if not ln.startswith(key + " ")]
+    kept += [] if "[container]" in kept else ["[container]"]
+    kept.insert(kept.index("[container]") + 1, line)
+    build.write_text("\n".join(kept) + "\n")
+    with pytest.raises(ConfigError, match=named):
+        load_build(project)
+
+
+def test_bad_container_settings_on_the_command_line_name_it():
+    with pytest.raises(ConfigError, match=r"command line: key 'container.user' is '0:0'"):
+        load_build(ROOT, {"container.user": "0:0"})
+    with pytest.raises(ConfigError, match=r"command line: container.cpus='two': expected a "
+                                          "number"):
+        load_build(ROOT, {"container.cpus": "two"})
+    with pytest.raises(ConfigError, match=r"unknown setting 'container.mem'; allowed: .*"
+                                          r"container.memory"):
+        load_build(ROOT, {"container.mem": "1g"})
+
+
 def test_input_dir_outside_project_is_refused(project):
     model = project / "configs" / "models" / "qwen2.5-7b-instruct.toml"
     edit(model, 'dir = "exports/qwen2.5-7b-instruct"', 'dir = "../../etc"')

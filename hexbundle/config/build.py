@@ -11,7 +11,7 @@ Files (under <project>/configs):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,7 +19,7 @@ from hexbundle.config.devices import DEVICE_NAME, Device, Devices
 from hexbundle.config.layout import ProjectLayout
 from hexbundle.config.model import (FAMILIES, Architecture, Graph, Model, Part, Plan,
                                     Quantization, pipeline_order_problem)
-from hexbundle.config.schema import Field, check_value, read_toml
+from hexbundle.config.schema import Field, check_value, read_toml, validate
 from hexbundle.support.errors import ConfigError
 
 BACKENDS = ("reference", "qairt")
@@ -57,6 +57,28 @@ COMPILE_SCHEMA = {
 
 CONVERT_IO_KEYS = ("truncate_64bit_io", "quantize_io", "quantize_full_type")   # convert's key
 
+SIZE = r"[0-9]+[kmgKMG]?"   # bytes, or with a unit: 512m, 32g (as docker spells them)
+UID_GID = r"[0-9]+:[0-9]+"
+MIN_STEP_MEMORY = 64 << 20   # a step is a Python process with numpy and onnx loaded
+# The step containers of executor = "docker" (hexbundle/steps/docker_executor.py). They bound
+# where and how a step runs, never what it writes, so they are in no up-to-date key.
+CONTAINER_SCHEMA = {
+    "pids_limit": Field(int, 4096, min=64, max=1 << 22,
+                        doc="processes and threads a step may have at once (threads count: "
+                            "thread pools of numpy and the SDK); stops a runaway fork"),
+    "memory": Field(str, "32g", pattern=SIZE,
+                    doc="memory a step may use (its /tmp included), e.g. 32g: a QAIRT convert of "
+                        "a Qwen2.5-7B part holds ~6 GB of float32 weights several times over"),
+    "cpus": Field(float, 0.0, min=0, max=4096,
+                  doc="CPUs a step may use, fractions allowed (1.5); 0: no cap, the whole machine"),
+    "tmp_size": Field(str, "256m", pattern=SIZE,
+                      doc="size of the step's /tmp (a noexec tmpfs, counted in its memory); the "
+                          "steps' scratch space is on the build disk, /tmp only holds HOME"),
+    "user": Field(str, "65534:65534", pattern=UID_GID,
+                  doc="uid:gid the steps run as when hexbundle runs as root (never 0); as any "
+                      "other user, steps run as that user"),
+}
+
 BUILD_SCHEMA = {
     "model": Field(str, pattern=NAME, doc="a file in configs/models, without .toml"),
     "device": Field(str, pattern=DEVICE_NAME,
@@ -66,7 +88,10 @@ BUILD_SCHEMA = {
     "executor": Field(str, "local", choices=EXECUTORS),
     "plan": Field(str, "", doc="a plan of the model; empty for the model's default_plan"),
     "compile": Field(COMPILE_SCHEMA, {}),
+    "container": Field(CONTAINER_SCHEMA, {}),
 }
+# Tables whose keys the command line sets as `table.key=value` ([compile] keys also bare).
+SECTIONS = {"compile": COMPILE_SCHEMA, "container": CONTAINER_SCHEMA}
 
 PLAN_SCHEMA = {
     "layers_per_part": Field(list, item=int, min=0,
@@ -182,6 +207,21 @@ MODEL_SCHEMA = {
 # Loaded configs
 
 @dataclass(frozen=True)
+class ContainerSettings:
+    """[container], checked and in the units docker takes."""
+
+    pids_limit: int
+    memory: int          # bytes
+    cpus: float          # 0: no cap
+    tmp_size: int        # bytes
+    user: str            # uid:gid of the steps when the host user is root
+
+
+def default_container_settings() -> ContainerSettings:
+    return container_settings(validate({}, CONTAINER_SCHEMA, "defaults"), lambda key: "defaults")
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     """What one `doit` run builds: everything resolved, validated and cross-checked."""
 
@@ -199,6 +239,7 @@ class BuildConfig:
     build_root: Path       # build/ of the project, or $HEXBUNDLE_BUILD_ROOT (scratch builds)
     verify: Optional[dict] = None   # the model's [verify] table (thresholds of `doit verify`)
     export_dir: Optional[Path] = None   # inputs.dir, resolved, for an exported model
+    container: ContainerSettings = field(default_factory=default_container_settings)
 
     def part(self, index: int) -> Part:
         """Part `index` (1-based) of the plan."""
@@ -208,6 +249,33 @@ class BuildConfig:
         """The `kind` ("prompt" or "token") graph of part `part_index`."""
         return {g.kind: g for g in self.model.graphs(self.part(part_index))}[kind]
 
+
+
+def size_bytes(text: str) -> int:
+    """'256m' -> 268435456: bytes, or k/m/g (binary, as docker reads them)."""
+    unit = text[-1].lower()
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(unit)
+    return int(text[:-1]) * scale if scale else int(text)
+
+
+def container_settings(table: dict, where) -> ContainerSettings:
+    """[container] (already validated by CONTAINER_SCHEMA) checked as a whole; `where(key)` says
+    where a key was given (the file or the command line) for the message."""
+    memory, tmp_size = size_bytes(table["memory"]), size_bytes(table["tmp_size"])
+    if memory < MIN_STEP_MEMORY:
+        raise ConfigError(f"{where('memory')}: key 'container.memory' is {table['memory']!r}: a "
+                          "step needs at least 64m (a 7B model needs many GB: the default is 32g)")
+    if not 1 << 20 <= tmp_size < memory:
+        raise ConfigError(f"{where('tmp_size')}: key 'container.tmp_size' is "
+                          f"{table['tmp_size']!r}; expected at least 1m and less than "
+                          f"container.memory ({table['memory']}): /tmp is a tmpfs, its pages count "
+                          "in the step's memory")
+    uid, gid = (int(n) for n in table["user"].split(":"))
+    if uid == 0 or gid == 0:
+        raise ConfigError(f"{where('user')}: key 'container.user' is {table['user']!r}: steps "
+                          "never run as root (uid or gid 0); give an unprivileged uid:gid, e.g. "
+                          "65534:65534 (nobody:nogroup)")
+    return ContainerSettings(table["pids_limit"], memory, table["cpus"], tmp_size, table["user"])
 
 
 def resolve_inside(root: Path, value: str, where: Path, key: str) -> Path:
@@ -380,6 +448,11 @@ def parse_override(key: str, text: str, f: Field) -> Any:
             return int(text)
         except ValueError:
             raise ConfigError(f"command line: {key}={text!r}: expected an integer") from None
+    if f.type is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"command line: {key}={text!r}: expected a number") from None
     return text
 
 
@@ -393,18 +466,18 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
         if key in COMPILE_SCHEMA:
             section, sub = "compile", key
         if sub:
-            if section != "compile" or sub not in COMPILE_SCHEMA:
-                raise ConfigError(f"command line: unknown setting {key!r}")
-            with_defaults["compile"][sub] = check_value(
-                parse_override(key, text, COMPILE_SCHEMA[sub]), COMPILE_SCHEMA[sub],
-                "command line", key)
-        elif key in BUILD_SCHEMA and key != "compile":
+            schema = SECTIONS.get(section, {})
+            if sub not in schema:
+                raise ConfigError(f"command line: unknown setting {key!r}; allowed: "
+                                  + ", ".join(_settable()))
+            with_defaults[section][sub] = check_value(
+                parse_override(key, text, schema[sub]), schema[sub], "command line", key)
+        elif key in BUILD_SCHEMA and key not in SECTIONS:
             with_defaults[key] = check_value(parse_override(key, text, BUILD_SCHEMA[key]),
                                               BUILD_SCHEMA[key], "command line", key)
         else:
-            allowed = [k for k in BUILD_SCHEMA if k != "compile"] + list(COMPILE_SCHEMA)
             raise ConfigError(f"command line: unknown setting {key!r}; allowed: "
-                              + ", ".join(allowed))
+                              + ", ".join(_settable()))
     b = with_defaults
     devices = Devices(root)
     try:
@@ -438,6 +511,15 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
         export_dir = check_tree_dir(root, raw["inputs"]["dir"], files[1], project.build_root)
         check_tree_covers_plan(model, plan, raw["inputs"], files[1])
     genie = genie_settings(raw["genie"], model.context_length, files[1])
+    container = container_settings(
+        b["container"], lambda key: "command line" if f"container.{key}" in (overrides or {})
+        else path)
     return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],
                        raw["tokenizer"], raw["inputs"], genie, files, project.build_root,
-                       verify=raw["verify"], export_dir=export_dir)
+                       verify=raw["verify"], export_dir=export_dir, container=container)
+
+
+def _settable() -> list:
+    """Every key the command line may set: top-level keys, [compile] keys (bare), table.key."""
+    return ([k for k in BUILD_SCHEMA if k not in SECTIONS] + list(COMPILE_SCHEMA)
+            + [f"container.{k}" for k in CONTAINER_SCHEMA])

@@ -4,6 +4,7 @@ outputs. Nothing else in hexbundle spells a path; it asks a layout.
 ProjectLayout (the project alone):
   configs/{build,devices,toolchain}.toml, configs/models/<name>.toml, configs/boards/<name>.toml
   <build root>/.hexbundle/               digest cache, doit database, lock
+  <build root>/.hexbundle/containers/    one record per step container alive (docker executor)
   <build root>/release/, release-work/   `doit release`
   <build root>/offline-kit/, offline-kit.tar(.sha256), load_kit.py    `doit offline_kit`
   build/image/, build/logs/image.log     `doit image` (always the project's own build/)
@@ -188,6 +189,12 @@ class ProjectLayout:
         return self.state_dir / "lock"
 
     @property
+    def containers_dir(self) -> Path:
+        """One record per step container the docker executor started and has not yet removed:
+        what a run killed with kill -9 leaves, for the next run to remove (graph.runguard)."""
+        return self.state_dir / "containers"
+
+    @property
     def root_marker(self) -> Path:
         """Written when hexbundle creates (or first uses, empty) a build root: only a root with
         it is cleaned up after an interrupted run (graph.runguard)."""
@@ -281,8 +288,14 @@ class Layout(ProjectLayout):
         return self.generated_inputs_dir(self.cfg.model.name)
 
     @property
+    def model_dir(self) -> Path:
+        """Everything a build step writes, bar the digest cache: generated or split inputs, and
+        per device DLCs, bins, the bundle, logs."""
+        return self.build_root / self.cfg.model.name
+
+    @property
     def build_dir(self) -> Path:
-        return self.build_root / self.cfg.model.name / self.cfg.device.name
+        return self.model_dir / self.cfg.device.name
 
     @property
     def dlc_dir(self) -> Path:
