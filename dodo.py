@@ -37,7 +37,7 @@ from hexbundle.checks.sizes import check_built_sizes
 from hexbundle.checks.verify import code_digest, run_verify
 from hexbundle.config.build import CONVERT_IO_KEYS
 from hexbundle.config.toolchain import load_toolchain
-from hexbundle.graph.actions import action
+from hexbundle.graph.actions import action, step_action
 from hexbundle.graph.keys import (generator_digest, image_unchanged, options_key, pinned,
                                   splitter_digest, toolchain_key)
 from hexbundle.graph.session import doit_config, load
@@ -72,8 +72,9 @@ NO_CAPTURE = {"capture": False}
 
 
 def step(task, name, **extra):
-    """The action that runs build step `name` (steps/<name>.py) through the configured executor."""
-    return action(run_step, LAYOUT, OVERRIDES, task, name, **extra)
+    """The action that runs build step `name` (steps/<name>.py) through the configured executor
+    (and the remote cache, when configured: graph/remote_steps.py)."""
+    return step_action(run_step, LAYOUT, OVERRIDES, task, name, **extra)
 
 
 def task_inputs():

@@ -24,3 +24,22 @@ def _run(fn, *args, **kwargs):
     except HexbundleError as exc:
         return TaskFailed(str(exc))
     return True
+
+
+def step_action(run, layout, overrides: dict, task_name: str, step: str, **extra) -> tuple:
+    """The doit action of build step `step`: run(layout, overrides, task_name, step, **extra)
+    (steps.executor.run_step), through the remote cache when one is configured
+    (graph.remote_steps). doit hands the action its Task: the cache key is made of it."""
+    return (_run_step, [run, layout, overrides, task_name, step, extra], {})
+
+
+def _run_step(run, layout, overrides, task_name, step, extra, task):
+    from hexbundle.graph.remote_steps import run_through_cache, uses_remote_cache
+    try:
+        if uses_remote_cache(layout, step):
+            run_through_cache(run, layout, overrides, task_name, step, extra, task)
+        else:
+            run(layout, overrides, task_name, step, **extra)
+    except HexbundleError as exc:
+        return TaskFailed(str(exc))
+    return True
