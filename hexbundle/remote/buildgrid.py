@@ -88,6 +88,13 @@ class BuildGrid:
     def cas_dir(self) -> Path:
         return self.workdir / "cas"
 
+    def blob_path(self, sha256: str) -> Path:
+        """Where BuildGrid's disk storage keeps a blob (cas/objects/<2 hex>/<62 hex>)."""
+        return self.cas_dir / "cas" / "objects" / sha256[:2] / sha256[2:]
+
+    def blobs(self) -> list:
+        return sorted(p for p in (self.cas_dir / "cas" / "objects").rglob("*") if p.is_file())
+
     @property
     def log(self) -> Path:
         return self.workdir / "bgd.log"
