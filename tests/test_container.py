@@ -169,7 +169,9 @@ def test_a_docker_bundle_is_byte_identical_to_a_local_one(engine, toolchain_imag
     for name in names:   # the manifest too: how a bundle was built is recorded beside it
         assert (in_docker / name).read_bytes() == (local / name).read_bytes(), name
     info = json.loads((docker_proj.build_dir() / "build-info.json").read_text())
-    assert info == {"executor": "docker", "image": record["id"]}
+    assert (info["executor"], info["image"]) == ("docker", record["id"])
+    assert {o["origin"] for o in info["steps"].values()} == {"local"}   # no remote cache
+    assert info["remote_cache"] == {"steps_from_cache": [], "servers": []}
     # every step ran in a container, as the host's user, and none is left behind
     logs = docker_proj.build_dir() / "logs"
     assert len(list(logs.glob("*.log"))) >= 18

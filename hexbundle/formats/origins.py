@@ -20,12 +20,23 @@ from pathlib import Path
 from hexbundle.config.layout import Layout
 from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
+from hexbundle.support.console import warn
+from hexbundle.support.errors import HexbundleError
 
 
 def write_origin(layout: Layout, task: str, origin: dict, outputs: list) -> None:
     outs = {layout.logical(p): hashing.digest(p) for p in sorted(map(Path, outputs))}
     layout.origins_dir.mkdir(parents=True, exist_ok=True)
     write_json(layout.step_origin(task), {"task": task, **origin, "outputs": outs})
+
+
+def record_origin(layout: Layout, task: str, origin: dict, outputs: list) -> None:
+    """write_origin for the outputs that exist; a record is a note: a full disk warns, it does
+    not fail a good build."""
+    try:
+        write_origin(layout, task, origin, [p for p in map(Path, outputs) if p.is_file()])
+    except (OSError, HexbundleError) as exc:
+        warn(f"hexbundle: warning: cannot record where {task}'s outputs came from ({exc})")
 
 
 def read_origins(layout: Layout) -> dict:

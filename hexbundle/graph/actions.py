@@ -34,12 +34,9 @@ def step_action(run, layout, overrides: dict, task_name: str, step: str, **extra
 
 
 def _run_step(run, layout, overrides, task_name, step, extra, task):
-    from hexbundle.graph.remote_steps import run_through_cache, uses_remote_cache
+    from hexbundle.graph.remote_steps import run_step_recorded
     try:
-        if uses_remote_cache(layout, step):
-            run_through_cache(run, layout, overrides, task_name, step, extra, task)
-        else:
-            run(layout, overrides, task_name, step, **extra)
+        run_step_recorded(run, layout, overrides, task_name, step, extra, task)
     except HexbundleError as exc:
         return TaskFailed(str(exc))
     return True

@@ -9,17 +9,31 @@ input or option misses exactly the steps whose local up-to-date check it fails.
 Which steps: inputs (generate or split), convert and compile. Not bundle: its outputs are hard
 links to bin/ plus three small JSON files written in milliseconds, and fetching its bins again
 from the cache would copy gigabytes that bin/ already holds.
+
+Every run of those steps leaves a record of where its outputs came from (formats.origins),
+with or without a cache: build-info.json and a release's provenance gather them.
 """
 from __future__ import annotations
 
 from hexbundle.config.layout import Layout
+from hexbundle.formats.origins import record_origin
 from hexbundle.graph.keys import image_id, options_key
 
 CACHED_STEPS = ("inputs", "convert", "compile")
 
 
-def uses_remote_cache(layout: Layout, step: str) -> bool:
-    return step in CACHED_STEPS and bool((layout.cfg.remote or {}).get("cache"))
+def run_step_recorded(run, layout: Layout, overrides: dict, task_name: str, step: str,
+                      extra: dict, task) -> None:
+    """Run the step (through the remote cache when one is configured); for the cacheable steps,
+    record where its outputs came from (formats.origins), cache or not."""
+    if step not in CACHED_STEPS:
+        run(layout, overrides, task_name, step, **extra)
+    elif (layout.cfg.remote or {}).get("cache"):
+        run_through_cache(run, layout, overrides, task_name, step, extra, task)
+    else:   # (hexbundle.remote, and gRPC with it, is not even imported)
+        run(layout, overrides, task_name, step, **extra)
+        record_origin(layout, task_name, {"origin": "local"},
+                      [layout.root / t for t in task.targets])
 
 
 def task_options(task) -> dict:
@@ -41,5 +55,5 @@ def run_through_cache(run, layout: Layout, overrides: dict, task_name: str, step
         return step_action(layout, step, extra, task_options(task), sorted(task.file_dep),
                            list(task.targets), image)
 
-    run_cached(layout, task_name, make_action,
+    run_cached(layout, task_name, [layout.root / t for t in task.targets], make_action,
                lambda: run(layout, overrides, task_name, step, **extra))

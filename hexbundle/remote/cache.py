@@ -32,7 +32,7 @@ from typing import Callable
 
 from hexbundle import __version__
 from hexbundle.config.layout import Layout
-from hexbundle.formats.origins import write_origin
+from hexbundle.formats.origins import record_origin
 from hexbundle.remote import reapi
 from hexbundle.remote.action import StepAction
 from hexbundle.remote.cas import (BlobCheck, BlobMismatch, CasClient, RemoteError,
@@ -40,7 +40,7 @@ from hexbundle.remote.cas import (BlobCheck, BlobMismatch, CasClient, RemoteErro
 from hexbundle.support import hashing
 from hexbundle.support.atomic import commit, create_temp, discard
 from hexbundle.support.console import say, warn
-from hexbundle.support.errors import ConfigError, output_error
+from hexbundle.support.errors import HexbundleError, output_error
 
 LOG_BYTES = 1 << 20   # a step's log goes to the cache with its outputs, up to this much
 
@@ -87,39 +87,29 @@ def session(layout: Layout):
         return _sessions[key]
 
 
-def run_cached(layout: Layout, task: str, make_action: Callable[[], StepAction],
+def run_cached(layout: Layout, task: str, outputs: list, make_action: Callable[[], StepAction],
                run_locally: Callable[[], None]) -> None:
-    """Run one step through the remote cache (if one is configured), then record its origin."""
+    """Run one step (its targets: `outputs`) through the remote cache, if one is configured;
+    then record where its outputs came from."""
     remote = session(layout)
     if remote is None or remote.down:
         run_locally()
-        _record(layout, task, {"origin": "local"}, None)
+        record_origin(layout, task, {"origin": "local"}, outputs)
         return
     try:
         step = make_action()
-    except ConfigError:
-        raise
-    except (RemoteError, OSError) as exc:   # an input vanished under us: the step will say so
+    except (HexbundleError, OSError) as exc:   # e.g. an input vanished: the step will say so
         warn(f"hexbundle: warning: {task}: no remote cache lookup ({exc})")
         run_locally()
-        _record(layout, task, {"origin": "local"}, None)
+        record_origin(layout, task, {"origin": "local"}, outputs)
         return
     if fetch(layout, remote, task, step):
         return
     run_locally()
     uploaded = remote.read_write and not remote.down and upload(layout, remote, task, step)
-    origin = {"origin": "local", "server": remote.client.url,
-              "instance": remote.client.instance, "action": step.key, "uploaded": uploaded}
-    _record(layout, task, origin, step)
-
-
-def _record(layout: Layout, task: str, origin: dict, step) -> None:
-    outputs = list(step.outputs.values()) if step else []
-    try:
-        write_origin(layout, task, origin, [p for p in outputs if p.is_file()])
-    except OSError as exc:   # a record is a note: a full disk must not fail a good build
-        warn(f"hexbundle: warning: cannot record where {task}'s outputs came from "
-             f"({exc.strerror})")
+    record_origin(layout, task, {"origin": "local", "server": remote.client.url,
+                                 "instance": remote.client.instance, "action": step.key,
+                                 "uploaded": uploaded}, outputs)
 
 
 # ---------------------------------------------------------------------------------- hit
@@ -157,8 +147,9 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction) ->
         warn(f"hexbundle: warning: {task}: {exc}; building locally")
         return False
     _write_hit_log(layout, remote, task, step, result)
-    _record(layout, task, {"origin": "remote-cache", "server": remote.client.url,
-                           "instance": remote.client.instance, "action": step.key}, step)
+    record_origin(layout, task, {"origin": "remote-cache", "server": remote.client.url,
+                                 "instance": remote.client.instance, "action": step.key},
+                  list(step.outputs.values()))
     size = sum(f.digest.size_bytes for f in result.output_files)
     say(f"  cache hit {task} {time.monotonic() - started:.1f}s: {len(fetched)} file(s), "
         f"{size / (1 << 20):.1f} MiB from {remote.where}")
