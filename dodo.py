@@ -295,14 +295,17 @@ def task_bench():
     """Benchmark the build (scripts/bench.py): one table of side-by-side ratios.
 
     Digests vs doit's MD5 checker, no-op run vs `doit list`, touched inputs, one-part rebuild,
-    reference backend GB/s and peak RSS, -n 2 vs -n 1, on the Qwen2.5-7B-shaped model (~17 GB
-    of disk, ~10 min; `--small`: qwen2-tiny, seconds).
+    reference backend GB/s and peak RSS, -n 2 vs -n 1, split and import, a cache-hit build
+    through a local BuildGrid vs the full build, on the Qwen2.5-7B-shaped model (~17 GB of
+    disk, ~10 min; `--small`: qwen2-tiny, seconds; `--rows 9`: that row only).
     Table printed, results in build/bench/results.json."""
     return {"actions": [action(run_bench, ROOT)],
             "params": [{"name": "small", "long": "small", "type": bool, "default": False,
                         "help": "qwen2-tiny instead of the 7B shape"},
                        {"name": "keep", "long": "keep", "type": bool, "default": False,
-                        "help": "keep the benchmark tree in build/bench/"}],
+                        "help": "keep the benchmark tree in build/bench/"},
+                       {"name": "rows", "long": "rows", "default": "",
+                        "help": "only these rows, e.g. 9 or 1,5 (default: all)"}],
             "uptodate": [False], "verbosity": 2}
 
 

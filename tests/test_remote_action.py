@@ -197,3 +197,11 @@ def test_without_a_cache_build_info_says_every_step_was_built_here(project):
     assert set(info["steps"]) == steps
     assert all(o == {"origin": "local"} for o in info["steps"].values())
     assert info["remote_cache"] == {"steps_from_cache": [], "servers": []}
+
+
+def test_the_code_in_the_input_root_is_what_a_step_can_run(tmp_path):
+    from hexbundle.remote.action import code_files
+    names = set(code_files(machine(tmp_path, "m")))
+    assert {"hexbundle/backends/reference.py", "hexbundle/steps/compile.py",
+            "hexbundle/support/hashing.py", "scripts/step.py"} <= names
+    assert not [n for n in names if n.split("/")[1] in ("graph", "bench", "release", "remote")]

@@ -11,8 +11,8 @@ used in place outside the project as `export/`.
              pins, ...) as canonical JSON; the environment variables that change what a step
              writes, sorted; output_paths: the task's targets, sorted.
   input root the Merkle tree of the task's file_dep and of the code that runs the step (the
-             hexbundle package and scripts/step.py): a changed input file or a changed line of
-             code is another input root, hence another Action.
+             hexbundle package but the layers above steps/, and scripts/step.py): a changed
+             input file or a changed line of that code is another input root, another Action.
   platform   OSFamily, ISA, the executor; with executor=docker the toolchain image as
              container-image (docker://sha256:...), as remote-execution workers expect it; with
              the local executor the Python, numpy and onnx the step computes with.
@@ -128,12 +128,19 @@ def _local_runtime() -> dict:
     return out
 
 
+# Packages a step never runs: the layers above steps/ (tests/test_architecture.py keeps steps/
+# from importing them) and this client, which changes no step's output. Editing the benchmark
+# or the doit glue does not invalidate every cached step.
+NOT_STEP_CODE = ("release", "graph", "bench", "remote")
+
+
 def code_files(layout: Layout) -> dict:
-    """remote path -> local Path of the code a step runs: every module of the hexbundle package
-    this process imported, and the step script."""
+    """remote path -> local Path of the code a step runs: the modules of the hexbundle package
+    this process runs (all but NOT_STEP_CODE), and the step script."""
     package = Path(hexbundle.__file__).resolve().parent
     files = {f"hexbundle/{p.relative_to(package).as_posix()}": p
-             for p in sorted(package.rglob("*.py")) if "__pycache__" not in p.parts}
+             for p in sorted(package.rglob("*.py"))
+             if "__pycache__" not in p.parts and p.relative_to(package).parts[0] not in NOT_STEP_CODE}
     script = layout.script("step.py")
     if script.is_file():
         files[STEP_SCRIPT] = script
