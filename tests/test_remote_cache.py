@@ -101,7 +101,9 @@ def test_the_first_machine_builds_everything_and_uploads_it(shared):
 def test_a_second_empty_machine_gets_every_step_from_the_cache(shared, tmp_path):
     server, a = shared
     b = copy_project(tmp_path / "b")
-    run = b.doit("bundle", f"remote_cache={server.url}")
+    fetch_trace = tmp_path / "hashed-while-fetching.txt"
+    run = b.doit("bundle", f"remote_cache={server.url}",
+                 env={"HEXBUNDLE_HASH_TRACE": str(fetch_trace)})
     cached = cached_tasks(run)
     assert {t.split(":")[0] for t in cached} == set(CACHED), run.out
     assert hits(run) == cached, run.out + run.err
@@ -116,6 +118,12 @@ def test_a_second_empty_machine_gets_every_step_from_the_cache(shared, tmp_path)
     assert info["remote_cache"] == {"steps_from_cache": sorted(cached),
                                     "servers": [{"server": server.url, "instance": ""}]}
     assert {o["origin"] for o in info["steps"].values()} == {"remote-cache"}
+    # a fetched file's digests were taken as it streamed in: doit's checker, the next steps'
+    # Actions and the bundle's manifest read none of them again
+    fetched_dirs = [str(b.root / "build" / "qwen2-tiny" / "inputs"), str(b.build_dir() / "dlc"),
+                    str(b.build_dir() / "bin")]
+    hashed = fetch_trace.read_text().split() if fetch_trace.exists() else []
+    assert hashed and not [h for h in hashed if h.startswith(tuple(fetched_dirs))], hashed
     # doit's state was recorded for the fetched outputs: nothing to do, nothing hashed
     trace = tmp_path / "hashed.txt"
     again = b.doit("bundle", f"remote_cache={server.url}", env={"HEXBUNDLE_HASH_TRACE": str(trace)})
