@@ -218,6 +218,34 @@ def test_a_corrupted_blob_is_refused_and_the_step_built_locally(server, tmp_path
     assert info["compile:part_1_of_4"]["origin"] == "remote-cache"
 
 
+def test_a_refused_download_lands_nothing_and_leaves_the_targets_as_they_were(server, project):
+    """Two outputs of one Action, the second corrupted on the server: neither is renamed into
+    place (not even the first, which arrived whole), and no temp file is left."""
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.remote.action import step_action
+    from hexbundle.remote.cache import RemoteSession, fetch, upload
+    layout = Layout(load_build(project.root))
+    out_dir = layout.build_root / "m" / "d" / "bin"
+    out_dir.mkdir(parents=True)
+    targets = [out_dir / "a.bin", out_dir / "b.bin"]
+    for i, path in enumerate(targets):
+        path.write_bytes(bytes([i + 1]) * (3 << 19))   # 1.5 MiB each: ByteStream
+    step = step_action(layout, "compile", {"part": 9}, {"o": 1}, [], targets)
+    remote = RemoteSession({"cache": server.url, "instance": "", "timeout": 30}, layout.root)
+    assert upload(layout, remote, "compile:x", step)
+    blob = server.blob_path(sha256(targets[1]))
+    raw = bytearray(blob.read_bytes())
+    raw[-1] ^= 0xFF
+    blob.write_bytes(bytes(raw))
+    for path in targets:
+        path.write_bytes(b"what was there before")
+    assert fetch(layout, remote, "compile:x", step) is False
+    assert [p.read_bytes() for p in targets] == [b"what was there before"] * 2
+    assert sorted(p.name for p in out_dir.iterdir()) == ["a.bin", "b.bin"]   # no temp file
+    remote.client.close()
+
+
 def test_an_unreachable_server_gives_one_warning_and_a_local_build(project):
     url = f"grpc://127.0.0.1:{free_port()}"   # nothing listens there
     run = project.doit("bundle", f"remote_cache={url}")
