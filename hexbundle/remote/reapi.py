@@ -152,8 +152,10 @@ def _build() -> dict:
     pool = descriptor_pool.DescriptorPool()
     for package in (RPC, REAPI, BYTESTREAM):
         pool.Add(_file(package, SCHEMA[package]))
-    return {f"{package}.{name}": message_factory.GetMessageClass(
-                pool.FindMessageTypeByName(f"{package}.{name}"))
+    # GetMessageClass since protobuf 4.22; MessageFactory.GetPrototype before it (gone in 5.x)
+    make = getattr(message_factory, "GetMessageClass", None) or \
+        message_factory.MessageFactory(pool).GetPrototype
+    return {f"{package}.{name}": make(pool.FindMessageTypeByName(f"{package}.{name}"))
             for package, messages in SCHEMA.items() for name in messages}
 
 
