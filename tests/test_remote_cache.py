@@ -293,6 +293,16 @@ def test_read_mode_fetches_but_never_writes(server, tmp_path):
     assert hits(run) == cached_tasks(run) and ran_here(run) == {"bundle"}, run.out
 
 
+def test_an_instance_the_server_does_not_have_gives_one_warning_and_a_local_build(shared,
+                                                                                 tmp_path):
+    server, _ = shared
+    g = copy_project(tmp_path / "g")
+    run = g.doit("bundle", f"remote_cache={server.url}", "remote_instance=no-such-instance")
+    assert len(warnings(run)) == 1, run.err
+    assert "no-such-instance" in warnings(run)[0] and "building locally" in warnings(run)[0]
+    assert ran_here(run) == run.executed and not hits(run)
+
+
 def test_the_instance_name_and_the_environment_select_the_cache(bgd, tmp_path):
     with BuildGrid.start(tmp_path / "bgd", instance="hexbundle/ci") as server:
         env = {"HEXBUNDLE_REMOTE_CACHE": server.url, "HEXBUNDLE_REMOTE_INSTANCE": "hexbundle/ci"}

@@ -61,7 +61,7 @@ class RemoteSession:
     def where(self) -> str:
         return self.client.where
 
-    def give_up(self, exc: RemoteUnavailable) -> None:
+    def give_up(self, exc: RemoteError) -> None:
         with self._lock:
             if self.down:
                 return
@@ -120,11 +120,10 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction) ->
     started = time.monotonic()
     try:
         result = remote.client.get_action_result(step.digest)
-    except RemoteUnavailable as exc:
-        remote.give_up(exc)
-        return False
     except RemoteError as exc:
-        warn(f"hexbundle: warning: {task}: {exc}; building locally")
+        # Unreachable, or refusing lookups (a wrong instance, credentials, an API it lacks):
+        # every later step would get the same answer, so one warning and no more asking.
+        remote.give_up(exc)
         return False
     if result is None:
         return False
