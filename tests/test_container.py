@@ -287,6 +287,45 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
     assert str(proj.root / "configs" / "socs.toml") in json.loads(digests.read_text())
 
 
+def test_docker_steps_share_a_remote_cache_keyed_by_the_toolchain_image(engine, toolchain_image,
+                                                                          tmp_path):
+    """executor=docker through a real BuildGrid: a second machine gets every step from the
+    cache; the Action's platform names the image (container-image), so a local-executor build
+    shares nothing with it."""
+    import re
+    from hexbundle.remote.buildgrid import BuildGrid, find_bgd
+    if not find_bgd():
+        unavailable("no BuildGrid `bgd`: set HEXBUNDLE_BGD")
+    _, record = toolchain_image
+    with BuildGrid.start(tmp_path / "bgd") as server:
+        url = f"remote_cache={server.url}"
+        a = copy_project(tmp_path / "a")
+        a.doit("bundle", "executor=docker", url)
+        b = copy_project(tmp_path / "b")
+        run = b.doit("bundle", "executor=docker", url)
+        hits = set(re.findall(r"^  cache hit (\S+) ", run.out, re.M))
+        ran = set(re.findall(r"^  ok (\S+) \[", run.out, re.M))
+        assert hits == run.executed - {"bundle"} and ran == {"bundle"}, run.out
+        for name in sorted(p.name for p in a.bundle().iterdir()):
+            assert (a.bundle() / name).read_bytes() == (b.bundle() / name).read_bytes(), name
+        c = copy_project(tmp_path / "c")
+        local = c.doit("bundle", url)   # executor local: another platform
+        assert "cache hit" not in local.out, local.out
+        # the Action in the server's CAS names the image as remote-execution workers expect
+        from hexbundle.remote import reapi
+        from hexbundle.remote.cas import CasClient
+        origin = json.loads((b.build_dir() / "origins" / "compile__part_1_of_4.json").read_text())
+        hash_, size = origin["action"].split("/")
+        pieces = []
+        client = CasClient({"cache": server.url, "timeout": 30}, tmp_path)
+        client.read_blob(reapi.Digest(hash=hash_, size_bytes=int(size)), pieces.append)
+        client.close()
+        action = reapi.Action.FromString(b"".join(pieces))
+        props = {p.name: p.value for p in action.platform.properties}
+        assert props["container-image"] == f"docker://{record['id']}"
+        assert props["executor"] == "docker"
+
+
 # --- the qairt backend in an image that carries the (stand-in) SDK -------------------------------
 
 def standin_archive(path: Path) -> str:
