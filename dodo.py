@@ -25,8 +25,9 @@ Each task and the module that does its work, under hexbundle/:
   offline_kit     release/offline_kit.py   everything an air-gapped machine needs
   load_kit        release/offline_kit.py   verify and load a kit (release/kit.py, standalone)
 The build steps (inputs, convert, compile, bundle) run through steps/executor.py, in this process
-or in the toolchain container (steps/docker_executor.py). doit's side -- checker, up-to-date keys,
-run guard, reporter, the action wrapper -- is graph/.
+or in the toolchain container (steps/docker_executor.py); with `remote_cache` set, inputs,
+convert and compile go through a REAPI remote cache first (graph/remote_steps.py, remote/).
+doit's side -- checker, up-to-date keys, run guard, reporter, the action wrapper -- is graph/.
 """
 from pathlib import Path
 
