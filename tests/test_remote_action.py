@@ -3,6 +3,7 @@ the XXH3 in the digest cache: in-process, no server needed."""
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -127,8 +128,10 @@ def test_remote_settings_come_from_build_toml_then_the_environment_then_the_comm
         tmp_path, monkeypatch):
     project = copy_project(tmp_path / "p")
     toml = project.root / "configs" / "build.toml"
-    toml.write_text(toml.read_text().replace(
-        'plan = ""', 'plan = ""\nremote_cache = "grpc://file:1"\nremote_instance = "a"'))
+    text = toml.read_text()
+    text = re.sub(r'^remote_cache = ""', 'remote_cache = "grpc://file:1"', text, flags=re.M)
+    text = re.sub(r'^remote_instance = ""', 'remote_instance = "a"', text, flags=re.M)
+    toml.write_text(text)
     assert load_build(project.root).remote["cache"] == "grpc://file:1"
     monkeypatch.setenv("HEXBUNDLE_REMOTE_CACHE", "grpcs://env.example:443")
     monkeypatch.setenv("HEXBUNDLE_REMOTE_CACHE_MODE", "read")
