@@ -10,7 +10,8 @@ Each task and the module that does its work, under hexbundle/:
   import_export   inputs/import_export.py  a qai-hub-models export -> configs/models/NAME.toml
   inspect         checks/inspect.py        what an export, ONNX or encodings file holds; every
                                            problem the build would refuse, before building
-  convert         steps/convert.py         ONNX + AIMET encodings -> DLC (backends/)
+  convert         steps/convert.py         ONNX + AIMET encodings -> DLC (backends/), the
+                                           inputs validated first (inputs/validate.py)
   compile         steps/compile.py         a part's DLCs -> one context binary (backends/)
   check_sizes     checks/sizes.py          bins vs the size model; checks/integrity.py re-hashes
   bundle          steps/bundle.py          Genie configs (formats/genie.py), manifest, bins
@@ -148,8 +149,9 @@ def task_inspect():
     `doit inspect --path FILE_OR_DIR`: per graph its inputs and outputs, op counts, IR version
     and opset, external data; per encodings file its schema and counts per (enc type, bitwidth,
     dtype, symmetric); then every problem the build would refuse (the build's own checks, all
-    of them, not just the first). Exits non-zero if there is any."""
-    return {"actions": [action(inspect_command)],
+    of them, not just the first; each weight's values are read once, streamed). Exits non-zero
+    if there is any."""
+    return {"actions": [action(inspect_command, float_bitwidth=CFG.compile["float_bitwidth"])],
             "params": [{"name": "path", "long": "path", "default": "",
                         "help": "an export directory, an .onnx or an .encodings file"}],
             "uptodate": [False], "verbosity": 2}
@@ -311,12 +313,14 @@ def task_bench():
 
 
 def task_offline_kit():
-    """Write build/offline-kit(.tar) + build/load_kit.py: image, wheels, source, checksums."""
+    """Write build/offline-kit(.tar, .tar.sha256) + build/load_kit.py: image, wheels, source."""
     return {"actions": [action(offline_kit_command, LAYOUT)], "uptodate": [False],
             "verbosity": 2}
 
 
 def task_load_kit():
-    """Verify every checksum of an offline kit, then load its images: doit load_kit KIT."""
+    """Verify an offline kit (its archive's sha256, every checksum), then load its images."""
     return {"actions": [action(load_kit_command)], "pos_arg": "kit", "uptodate": [False],
+            "params": [{"name": "expect_sha256", "long": "expect-sha256", "default": "",
+                        "help": "the archive's sha256, as `doit offline_kit` printed it"}],
             "verbosity": 2}
