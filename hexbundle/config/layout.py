@@ -14,6 +14,7 @@ Layout (one model on one device), under the build root:
   <model>/<device>/bin/                  one context binary per part
   <model>/<device>/bundle/               the Genie bundle
   <model>/<device>/logs/                 one log per step
+  <model>/<device>/origins/              per step: built here or fetched from a remote cache
   <model>/<device>/verify/report.json    `doit verify`
 
 The build root is <project>/build, or $HEXBUNDLE_BUILD_ROOT (scratch and release builds). Paths
@@ -429,6 +430,14 @@ class Layout(ProjectLayout):
 
     def log(self, task: str) -> Path:
         return self.logs_dir / (task.replace(":", "__") + ".log")
+
+    @property
+    def origins_dir(self) -> Path:
+        return self.build_dir / "origins"
+
+    def step_origin(self, task: str) -> Path:
+        """Where task's outputs came from (formats.origins): built here, or a remote cache."""
+        return self.origins_dir / (task.replace(":", "__") + ".json")
 
 
 def _unique(paths) -> list:
