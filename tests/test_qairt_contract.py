@@ -25,14 +25,7 @@ OPTIONS = CompileOptions(graph_names=(PROMPT, TOKEN),
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    wheel, pin = real_qairt.locked_wheel()
-    if wheel is None:
-        reason = (f"{pin} (requirements/contract.lock) is not in {real_qairt.WHEELS}; run "
-                  "`python3 -m doit contract_wheel` (needs PyPI once)")
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set, so the contract tests must run, but: {reason}")
-        pytest.skip(reason)
-    api = real_qairt.load(wheel, tmp_path_factory.mktemp("qairt-dev"))
+    api = real_qairt.load_locked(tmp_path_factory.mktemp("qairt-dev"))
     yield api
     real_qairt.unload(api)
 
