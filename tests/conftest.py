@@ -73,6 +73,28 @@ def copy_project(dest: Path) -> Project:
     return Project(dest)
 
 
+def snapshot(directory: Path) -> dict:
+    """Every file of a directory (not recursive) by name, with its bytes."""
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def tiny_as_export(dest: Path, name: str) -> Project:
+    """A project with qwen2-tiny's inputs as a user export (exports/qwen2-tiny/) under model
+    `name`, built once; `good` is its bundle's snapshot."""
+    proj = copy_project(dest)
+    proj.doit("inputs")
+    models = proj.root / "configs" / "models"
+    text = (models / "qwen2-tiny.toml").read_text()
+    text = text.replace('name = "qwen2-tiny"', f'name = "{name}"')
+    text = re.sub(r'source = "generated"\n(seed = \d+\n)?',
+                  'source = "export"\ndir = "exports/qwen2-tiny"\n', text)
+    (models / f"{name}.toml").write_text(text)
+    shutil.copytree(proj.root / "build" / "qwen2-tiny" / "inputs", proj.root / "exports" / "qwen2-tiny")
+    proj.doit("bundle", f"model={name}")
+    proj.good = snapshot(proj.bundle(name))
+    return proj
+
+
 @pytest.fixture
 def project(tmp_path) -> Project:
     return copy_project(tmp_path / "proj")

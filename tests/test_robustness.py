@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DoitRun, copy_project, default_sigint
+from conftest import DoitRun, default_sigint, snapshot, tiny_as_export
 from hexbundle.config.build import BUILD_SCHEMA, load_build
 from hexbundle.config.schema import read_toml
 from hexbundle.formats.encodings import EncodingsError, load_encodings
@@ -39,10 +39,6 @@ WAIT_S = 120   # upper bound for a held run to reach its pause point (a safety n
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-def snapshot(directory: Path) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
-
 
 def leftovers(build: Path) -> list:
     """Temp files / staging directories of our writers anywhere under build/."""
@@ -733,19 +729,7 @@ D2 = "part_2_of_4"   # the part's one data file, recorded by both graphs
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A project with qwen2-tiny's inputs as a user export (exports/qwen2-tiny/), built once."""
-    proj = copy_project(tmp_path_factory.mktemp("exported") / "proj")
-    proj.doit("inputs")
-    models = proj.root / "configs" / "models"
-    text = (models / "qwen2-tiny.toml").read_text()
-    text = text.replace('name = "qwen2-tiny"', f'name = "{EXPORT}"')
-    text = re.sub(r'source = "generated"\n(seed = \d+\n)?',
-                  'source = "export"\ndir = "exports/qwen2-tiny"\n', text)
-    (models / f"{EXPORT}.toml").write_text(text)
-    shutil.copytree(proj.root / "build" / "qwen2-tiny" / "inputs", proj.root / "exports" / "qwen2-tiny")
-    proj.doit("bundle", f"model={EXPORT}")
-    proj.good = snapshot(proj.bundle(EXPORT))
-    return proj
+    return tiny_as_export(tmp_path_factory.mktemp("exported") / "proj", EXPORT)
 
 
 @contextmanager

@@ -23,7 +23,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from conftest import ROOT, DoitRun, copy_project
+from conftest import ROOT, DoitRun, copy_project, snapshot, tiny_as_export
 from hexbundle.backends import ConvertOptions
 from hexbundle.backends.reference import ReferenceBackend
 from hexbundle.checks.inspect import inspect_path
@@ -45,10 +45,6 @@ STANDIN_SDK = Path(__file__).resolve().parent / "standin_qairt"
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-def snapshot(directory: Path) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
-
 
 def no_traceback(run: DoitRun) -> None:
     assert "Traceback" not in run.out + run.err, run.out + run.err
@@ -105,20 +101,7 @@ def tokenizer_json(change=None, raw_prefix: bytes = b"") -> bytes:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A project with qwen2-tiny's inputs as a user export (exports/qwen2-tiny/), built once."""
-    proj = copy_project(tmp_path_factory.mktemp("validate") / "proj")
-    proj.doit("inputs")
-    models = proj.root / "configs" / "models"
-    text = (models / "qwen2-tiny.toml").read_text()
-    text = text.replace('name = "qwen2-tiny"', f'name = "{EXPORT}"')
-    text = re.sub(r'source = "generated"\n(seed = \d+\n)?',
-                  'source = "export"\ndir = "exports/qwen2-tiny"\n', text)
-    (models / f"{EXPORT}.toml").write_text(text)
-    shutil.copytree(proj.root / "build" / "qwen2-tiny" / "inputs",
-                    proj.root / "exports" / "qwen2-tiny")
-    proj.doit("bundle", f"model={EXPORT}")
-    proj.good = snapshot(proj.bundle(EXPORT))
-    return proj
+    return tiny_as_export(tmp_path_factory.mktemp("validate") / "proj", EXPORT)
 
 
 def ex(project, name: str) -> Path:
