@@ -311,10 +311,11 @@ def test_the_qairt_backend_runs_in_an_image_with_the_sdk(engine, toolchain_image
         assert labels["hexbundle.sdk"] == SDK_VERSION and labels["hexbundle.sdk.sha256"] == digest
         assert labels["hexbundle.sdk.archive"] == archive.name
         proj.doit("compile:part_1_of_4", "backend=qairt", "executor=docker")
-        doc = json.loads((proj.build_dir() / "bin" / "qwen2_tiny_part_1_of_4.bin").read_text())
+        qairt_dir = proj.build_dir(backend="qairt")
+        doc = json.loads((qairt_dir / "bin" / "qwen2_tiny_part_1_of_4.bin").read_text())
         assert doc["graphs"] == ["prompt_ar128_cl256_1_of_4", "token_ar1_cl256_1_of_4"]
         assert "weights_packing=True" in doc["config"]
-        log = (proj.build_dir() / "logs" / "compile__part_1_of_4.log").read_text()
+        log = (qairt_dir / "logs" / "compile__part_1_of_4.log").read_text()
         assert f"backend qairt (QAIRT {SDK_VERSION})" in log
         assert "[sdk] [ INFO ] standin context-binary generator: composing graphs" in log
         # the SDK-less image is refused for the qairt backend, saying what to do
@@ -335,9 +336,9 @@ def test_an_export_outside_the_project_is_split_and_built_in_the_container(engin
     step containers see it read-only at its own path; the split and the build match local ones."""
     export = tmp_path / "export"
     shutil.copytree(ROOT / "tests" / "data" / "qaihm" / "export", export)
-    bundles = {}
+    bundles, projects = {}, {}
     for executor in ("docker", "local"):
-        proj = copy_project(tmp_path / executor)
+        proj = projects[executor] = copy_project(tmp_path / executor)
         proj.doit("import_export", "--dir", str(export), "--name", "mine", "--plan", "0,3,3,3")
         proj.doit("bundle", "model=mine", f"executor={executor}")
         bundles[executor] = proj.bundle("mine")
@@ -345,5 +346,5 @@ def test_an_export_outside_the_project_is_split_and_built_in_the_container(engin
     assert sorted(p.name for p in bundles["docker"].iterdir()) == names
     for name in names:
         assert (bundles["docker"] / name).read_bytes() == (bundles["local"] / name).read_bytes(), name
-    log = (tmp_path / "docker" / "build" / "mine" / "iq9075" / "logs" / "inputs__part_2_of_4.log")
+    log = projects["docker"].build_dir("mine") / "logs" / "inputs__part_2_of_4.log"
     assert log.read_text().startswith("# container: image hexbundle/toolchain:local")

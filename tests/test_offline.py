@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import Project
 from test_container import engine, toolchain_image  # noqa: F401 -- session fixtures
 
 from hexbundle.release.kit import KitError, load_kit, safe_extract, verify_sums, write_sums
@@ -114,7 +115,7 @@ def test_build_from_a_kit_with_no_network_gives_the_connected_bytes(toolchain_im
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "files verified against SHA256SUMS" in proc.stdout
     assert f"image {record['tag']} = {record['id'][:19]} loaded" in proc.stdout
-    offline_bundle = out / "offline-kit" / "source" / "build" / "qwen2-tiny" / "iq9075" / "bundle"
+    offline_bundle = Project(out / "offline-kit" / "source").bundle()
     assert files(offline_bundle) == bundle
 
 

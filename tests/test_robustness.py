@@ -34,6 +34,7 @@ from hexbundle.support.atomic import exchange_dirs, is_temp_name, swap_in
 from hexbundle.support.errors import ConfigError
 
 BIN2 = "qwen2_tiny_part_2_of_4.bin"
+VARIANT = "build/qwen2-tiny/iq9075/four/reference"   # the default build's own directory
 WAIT_S = 120   # upper bound for a held run to reach its pause point (a safety net, not a timing)
 
 
@@ -149,9 +150,9 @@ def test_hand_edited_bin_is_named_and_rebuilt_to_the_same_bytes(project):
     flip_byte(project.build_dir() / "bin" / BIN2)   # the bundle's copy is the same inode
 
     run = project.doit("bundle")
-    assert (f"hexbundle: build/qwen2-tiny/iq9075/bin/{BIN2} changed since compile:part_2_of_4 "
+    assert (f"hexbundle: {VARIANT}/bin/{BIN2} changed since compile:part_2_of_4 "
             "built it: rebuilding") in run.out
-    assert f"build/qwen2-tiny/iq9075/bundle/{BIN2} changed since bundle built it" in run.out
+    assert f"{VARIANT}/bundle/{BIN2} changed since bundle built it" in run.out
     assert run.executed == {"compile:part_2_of_4", "bundle"}, run.out
     assert snapshot(project.bundle()) == good
     assert project.doit("bundle").executed == set()
@@ -173,14 +174,14 @@ def test_check_sizes_reverifies_bundle_digests_and_bundle_repairs_it(project):
     project.doit("bundle")
     good = snapshot(project.bundle())
     files = len(project.manifest()["files"])
-    assert f"bundle check: {files} files of build/qwen2-tiny/iq9075/bundle match" in \
+    assert f"bundle check: {files} files of {VARIANT}/bundle match" in \
         project.doit("check_sizes").out
     genie = project.bundle() / "genie_config.json"
     genie.write_text(genie.read_text().replace('"temp": 0.8', '"temp": 0.9'))
 
     run = project.doit("check_sizes", check=False)
     assert run.code != 0
-    assert ("build/qwen2-tiny/iq9075/bundle/genie_config.json: XXH3-128" in run.out
+    assert (f"{VARIANT}/bundle/genie_config.json: XXH3-128" in run.out
             and "changed since it was built; run `doit bundle`" in run.out), run.out
     no_traceback(run)
 
@@ -285,7 +286,7 @@ def test_check_sizes_checks_the_manifests_own_fields_against_the_build(project, 
 
 @pytest.mark.parametrize("args, named", [
     # compile first rebuilds bin/X.bin (it sees its target changed): the bundle's copy differs
-    (["check_sizes"], "differs from build/qwen2-tiny/iq9075/bin/" + BIN2 + ", which compile wrote"),
+    (["check_sizes"], f"differs from {VARIANT}/bin/" + BIN2 + ", which compile wrote"),
     # the check alone: bin/ is the same tampered inode; the bin's own blob digests tell
     (["-s", "check_sizes"], "digest mismatch"),
 ], ids=["with-compile", "alone"])
@@ -365,7 +366,7 @@ def test_kill_during_compile_leaves_no_partial_bin_and_the_rerun_resumes(project
     assert not final.exists()
     done = finished_tasks(killed.out)
     assert done, killed.out
-    json.loads((project.root / "build" / ".hexbundle" / "doit-db.json").read_text())
+    json.loads(project.doit_db().read_text())
 
     rerun = project.doit("bundle")
     assert "removed 1 temporary file(s) left by an interrupted run" in rerun.err
@@ -719,7 +720,7 @@ def test_a_second_run_waits_for_the_first_and_never_corrupts_the_db(project, tmp
     assert first.finish().code == 0
     later = second.finish()
     assert later.code == 0 and later.executed == set(), later.out
-    json.loads((project.root / "build" / ".hexbundle" / "doit-db.json").read_text())
+    json.loads(project.doit_db().read_text())
     assert project.doit("bundle").executed == set()
 
 
