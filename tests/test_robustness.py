@@ -469,11 +469,13 @@ def test_ctrl_c_stops_cleanly_and_the_next_run_resumes(project, tmp_path):
 def test_an_unreadable_dependency_db_is_set_aside_and_the_build_redone(project):
     project.doit("bundle")
     good = snapshot(project.bundle())
-    db = project.root / "build" / ".hexbundle" / "doit-db.json"
+    db = project.doit_db()
     db.write_text(db.read_text()[:100])   # as a killed in-place writer would leave it
     run = project.doit("bundle")
     assert "doit-db.json was unreadable" in run.err and "set aside" in run.err
     assert "bundle" in run.executed
+    # the model's DB still vouches for its inputs: they are not generated again
+    assert not [t for t in run.executed if t.startswith("inputs")], run.out
     assert snapshot(project.bundle()) == good
     assert project.doit("bundle").executed == set()
 
@@ -601,8 +603,9 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
     (build / "m" / "e" / "bundle" / "manifest.json").write_text('{"old": "e"}')
     data = d / "inputs" / "prompt.data"
     data.write_bytes(b"\1" * 4096)
-    (build / ".hexbundle").mkdir()
-    (build / ".hexbundle" / "doit-db.json").write_text('{"task": {"k": 1}}')
+    variant_db = build / ".hexbundle" / "db" / "m" / "d" / "p" / "b" / "doit-db.json"
+    variant_db.parent.mkdir(parents=True)
+    variant_db.write_text('{"task": {"k": 1}}')
     (build / "wheelhouse").mkdir()
     (build / "bench").mkdir()
     wheel = build / "wheelhouse" / "pkg-1.0-py3-none-any.whl"
@@ -652,7 +655,7 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
         hashing.DigestCache(build / ".hexbundle" / "digests.json").digest(data)
 
     def doit_db():   # graph.runguard.atomic_dump: doit's dependency DB
-        db = JsonDB(str(build / ".hexbundle" / "doit-db.json"), codec=JSONCodec())
+        db = JsonDB(str(variant_db), codec=JSONCodec())
         db.set("task", "k", 2)
         runguard.atomic_dump(db)
 

@@ -16,7 +16,8 @@ tasks or change the dependency DB (all but list, help, info, dumpdb, tabcompleti
    a killed run keeps the work it finished. A DB that is nevertheless unreadable is set aside
    (every task then runs again) instead of stopping every later run. Each variant has a DB of
    its own, and the model's own steps (inputs) keep their records in the model's DB: copied into
-   the variant's before doit opens it, written back at every save (graph.variants says why).
+   the variant's before doit opens it, written back by a save that changed them (graph.variants
+   says why).
 4. Ctrl-C ends the run with one line, not a traceback.
 """
 from __future__ import annotations
