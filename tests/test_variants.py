@@ -240,10 +240,14 @@ def test_two_variants_of_one_model_built_at_once_take_turns(project, tmp_path):
     """The lock serialises runs in a build root: a second variant of the same model waits, and
     then finds the model's inputs the first run generated."""
     other = add_device(project)
-    procs = [subprocess.Popen([sys.executable, "-m", "doit", "bundle", *args], cwd=project.root,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for args in ([], [f"device={other}"])]
-    runs = [DoitRun(p.wait(timeout=600), *p.communicate()) for p in procs]
+    procs = []
+    for i, args in enumerate(([], [f"device={other}"])):
+        out, err = (open(tmp_path / f"{i}.{n}", "w") for n in ("out", "err"))   # no pipe fills up
+        with out, err:
+            procs.append(subprocess.Popen([sys.executable, "-m", "doit", "bundle", *args],
+                                          cwd=project.root, stdout=out, stderr=err))
+    runs = [DoitRun(p.wait(timeout=600), (tmp_path / f"{i}.out").read_text(),
+                    (tmp_path / f"{i}.err").read_text()) for i, p in enumerate(procs)]
     assert [r.code for r in runs] == [0, 0], [r.out + r.err for r in runs]
     generated = [t for r in runs for t in r.executed if t.startswith("inputs:")]
     # generated once, by whichever run went first
