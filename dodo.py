@@ -306,12 +306,14 @@ def task_bench():
 
 
 def task_offline_kit():
-    """Write build/offline-kit(.tar) + build/load_kit.py: image, wheels, source, checksums."""
+    """Write build/offline-kit(.tar, .tar.sha256) + build/load_kit.py: image, wheels, source."""
     return {"actions": [action(offline_kit_command, LAYOUT)], "uptodate": [False],
             "verbosity": 2}
 
 
 def task_load_kit():
-    """Verify every checksum of an offline kit, then load its images: doit load_kit KIT."""
+    """Verify an offline kit (its archive's sha256, every checksum), then load its images."""
     return {"actions": [action(load_kit_command)], "pos_arg": "kit", "uptodate": [False],
+            "params": [{"name": "expect_sha256", "long": "expect-sha256", "default": "",
+                        "help": "the archive's sha256, as `doit offline_kit` printed it"}],
             "verbosity": 2}

@@ -5,7 +5,11 @@ API over HTTPS at import time. Only the SDK-internal qti.* modules are stubbed: 
 export is a plain class (or, for the logging utilities, a MagicMock); the one base class that
 matters, qti's AISWBaseModel, is a pydantic BaseModel with extra="forbid" (what ConverterConfig's
 copy-then-allow implies), validate_assignment and arbitrary types -- the stub's choice, since
-qti is not public. HtpGraphConfig & co. set their own model_config and are fully real."""
+qti is not public. HtpGraphConfig & co. set their own model_config and are fully real. The
+Genie config schema (qairt/modules/genie_execution/genie_config.py, GenieConfig) is loaded the
+same way, without its package's __init__ (which imports the native Genie library); its models
+derive from that AISWBaseModel, so the stub's extra="forbid" applies to them: the tests also
+compare what GenieConfig gives back with what went in, which holds whatever `extra` is."""
 from __future__ import annotations
 
 import importlib
@@ -13,6 +17,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+import warnings
 import zipfile
 from pathlib import Path
 from unittest import mock
@@ -20,7 +25,8 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements" / "contract.lock"
 WHEELS = ROOT / "build" / "wheelhouse" / "contract"
-PACKAGES = ("qairt", "qairt.api", "qairt.api.compiler", "qairt.utils")   # __init__ not run
+PACKAGES = ("qairt", "qairt.api", "qairt.api.compiler", "qairt.utils", "qairt.modules",
+            "qairt.modules.genie_execution")   # __init__ not run
 MOCKED = {"QAIRTLogger", "LogAreas", "DeviceFactory", "HtpBackend", "AicBackend",
           "HtpMcpBackend"}
 
@@ -81,10 +87,13 @@ def load(wheel: Path, dest: Path) -> types.SimpleNamespace:
         module = types.ModuleType(name)
         module.__path__ = [str(dest.joinpath(*name.split(".")))]
         sys.modules[name] = module
-    mods = {n: importlib.import_module(n) for n in (
-        "qairt.api.compiler.config", "qairt.api.common.backends.htp.config",
-        "qairt.api.configs.common", "qairt.api.converter.converter_config",
-        "qairt.api.compiler.config_util", "qairt.utils.loggers")}
+    with warnings.catch_warnings():   # genie_config's pydantic-v1 @validator: Qualcomm's to fix
+        warnings.simplefilter("ignore", DeprecationWarning)
+        mods = {n: importlib.import_module(n) for n in (
+            "qairt.api.compiler.config", "qairt.api.common.backends.htp.config",
+            "qairt.api.configs.common", "qairt.api.converter.converter_config",
+            "qairt.api.compiler.config_util", "qairt.utils.loggers",
+            "qairt.modules.genie_execution.genie_config")}
     return types.SimpleNamespace(
         modules=mods, finder=finder, saved=saved,
         CompileConfig=mods["qairt.api.compiler.config"].CompileConfig,
@@ -92,7 +101,8 @@ def load(wheel: Path, dest: Path) -> types.SimpleNamespace:
         PerfProfile=mods["qairt.api.configs.common"].PerfProfile,
         ConverterConfig=mods["qairt.api.converter.converter_config"].ConverterConfig,
         options_dict=mods["qairt.api.compiler.config_util"].get_config_api_options_dict,
-        loggers=mods["qairt.utils.loggers"])
+        loggers=mods["qairt.utils.loggers"],
+        GenieConfig=mods["qairt.modules.genie_execution.genie_config"].GenieConfig)
 
 
 def unload(api) -> None:

@@ -33,10 +33,18 @@ def test_shipped_defaults_load():
     assert cfg.compile["weights_packing"] is True
 
 
-@pytest.mark.parametrize("alias", ["iq9075", "iq9100", "qcs9075", "QCS9100", "sa8775p"])
-def test_device_aliases_resolve_to_one_file(alias):
+@pytest.mark.parametrize("alias", ["iq9075", "iq9100", "IQ-9100", "QCS9100"])
+def test_board_aliases_resolve_to_the_board(alias):
     cfg = load_build(ROOT, {"device": alias})
-    assert cfg.device.name == "iq9075"
+    assert (cfg.device.name, cfg.device.kind, cfg.device.chipset) == ("iq9075", "board", "qcs9075")
+    assert cfg.device.typed == alias
+
+
+@pytest.mark.parametrize("alias, name", [("sa8775p", "sa8775p"), ("qualcomm-sa8775p", "sa8775p"),
+                                         ("QCS9075", "qcs9075"), ("sm8550", "snapdragon-8gen2")])
+def test_chipset_names_and_aliases_resolve_to_the_chipset(alias, name):
+    cfg = load_build(ROOT, {"device": alias})
+    assert (cfg.device.name, cfg.device.kind, cfg.device.chipset) == (name, "chipset", name)
 
 
 def test_7b_six_split_plan():
@@ -82,20 +90,62 @@ def test_out_of_range_value(project):
         load_build(project)
 
 
-def test_inconsistent_soc_pair_is_rejected(project):
-    edit(project / "configs" / "devices" / "iq9075.toml", 'dsp_arch = "v73"', 'dsp_arch = "v75"')
-    with pytest.raises(ConfigError, match=r"soc_model 77 .* has dsp_arch 'v73', not 'v75'"):
+def chipset_entry(project: Path, name: str) -> tuple:
+    """(devices.toml, the text of [chipset.NAME]) in a copied project."""
+    table = project / "configs" / "devices.toml"
+    text = table.read_text()
+    start = text.index(f"[chipset.{name}]\n")
+    end = text.find("\n\n", start)
+    return table, text[start:end if end > 0 else None]
+
+
+def test_hand_edited_dsp_arch_is_rejected_naming_qualcomms_pair(project):
+    table, entry = chipset_entry(project, "qcs9075")
+    edit(table, entry, entry.replace('dsp_arch = "v73"', 'dsp_arch = "v75"'))
+    with pytest.raises(ConfigError) as exc:
+        load_build(project)   # the board iq9075 is on qcs9075; the table is checked whole
+    msg = str(exc.value)
+    assert msg.startswith(f"{table}: chipset.qcs9075: soc_model 77 with dsp_arch v75 is not what "
+                          "Qualcomm's chipset table says (it gives qualcomm-qcs9075 soc_model 77, "
+                          "v73; qai-hub-models 0.65.0 qai_hub_models/devices_and_chipsets.yaml)"), msg
+    assert "regenerate the table with scripts/make_devices.py" in msg
+
+
+def test_hand_edited_soc_model_is_rejected(project):
+    table, entry = chipset_entry(project, "sa8775p")
+    edit(table, entry, entry.replace("soc_model = 52", "soc_model = 77"))   # the seeds' mistake
+    with pytest.raises(ConfigError, match=r"chipset.sa8775p: soc_model 77 with dsp_arch v73 is "
+                                          r"not what Qualcomm's chipset table says \(it gives "
+                                          r"qualcomm-sa8775p soc_model 52, v73;"):
+        load_build(project)   # any device: the table is checked whole
+
+
+def test_a_chipset_qualcomms_table_lacks_is_rejected(project):
+    table, entry = chipset_entry(project, "sa8775p")
+    edit(table, entry, entry + "\n\n" + entry.replace("[chipset.sa8775p]", "[chipset.sa8795p]")
+         .replace('"qualcomm-sa8775p"', '"qualcomm-sa8795p"'))
+    with pytest.raises(ConfigError, match=r"chipset.sa8795p: .*\(it has no qualcomm-sa8795p;"):
         load_build(project)
 
 
-def test_unknown_soc_model_is_rejected(project):
-    edit(project / "configs" / "devices" / "iq9075.toml", "soc_model = 77", "soc_model = 999")
-    with pytest.raises(ConfigError, match=r"soc_model 999 is not in .*socs.toml"):
+def test_a_board_cannot_restate_a_chipset_fact(project):
+    edit(project / "configs" / "boards" / "iq9075.toml", 'chipset = "qcs9075"',
+         'chipset = "qcs9075"\nsoc_model = 52')
+    with pytest.raises(ConfigError, match=r"iq9075.toml: unknown key 'device.soc_model'"):
+        load_build(project)
+
+
+def test_a_board_on_an_unknown_chipset_is_rejected(project):
+    edit(project / "configs" / "boards" / "iq9075.toml", 'chipset = "qcs9075"',
+         'chipset = "qcs9057"')
+    with pytest.raises(ConfigError, match=r"iq9075.toml: key 'device.chipset' is 'qcs9057', which "
+                                          r"is not a chipset of .*devices.toml \(did you mean "
+                                          r"'qcs9075'\?\)"):
         load_build(project)
 
 
 def test_unknown_device_and_model():
-    with pytest.raises(ConfigError, match=r"unknown device 'sm9999'.*known:.*iq9075"):
+    with pytest.raises(ConfigError, match=r"unknown device 'sm9999'.*known: iq9075, qcm6690"):
         load_build(ROOT, {"device": "sm9999"})
     with pytest.raises(ConfigError, match=r"unknown model 'llama'.*qwen2-tiny"):
         load_build(ROOT, {"model": "llama"})
@@ -115,6 +165,52 @@ def test_command_line_overrides_are_typed_and_validated():
         load_build(ROOT, {"modle": "x"})
     with pytest.raises(ConfigError, match="allowed: 'reference', 'qairt'"):
         load_build(ROOT, {"backend": "cli"})
+
+
+def test_container_limits_come_from_build_toml_and_the_command_line():
+    """[container]: the step containers' limits and uid, typed, in docker's units."""
+    settings = load_build(ROOT).container
+    assert (settings.pids_limit, settings.memory, settings.cpus, settings.tmp_size,
+            settings.user) == (4096, 32 << 30, 0.0, 256 << 20, "65534:65534")
+    given = load_build(ROOT, {"container.memory": "1g", "container.cpus": "1.5",
+                              "container.pids_limit": "64", "container.tmp_size": "8m",
+                              "container.user": "4242:4343"}).container
+    assert (given.pids_limit, given.memory, given.cpus, given.tmp_size, given.user) == \
+        (64, 1 << 30, 1.5, 8 << 20, "4242:4343")
+
+
+@pytest.mark.parametrize("line, named", [
+    ('user = "0:0"', r"build.toml: key 'container.user' is '0:0': steps never run as root"),
+    ('user = "1000:0"', r"key 'container.user' is '1000:0': steps never run as root"),
+    ('user = "nobody"', r"key 'container.user' is 'nobody'; expected a string matching"),
+    ('memory = "32 GB"', r"key 'container.memory' is '32 GB'; expected a string matching"),
+    ('memory = "32m"', r"key 'container.memory' is '32m': a step needs at least 64m"),
+    ('tmp_size = "64g"', r"key 'container.tmp_size' is '64g'; expected at least 1m and less "
+                         r"than container.memory \(32g\)"),
+    ("pids_limit = 0", r"key 'container.pids_limit' is 0; expected an integer in \[64"),
+    ("cpus = -1", r"key 'container.cpus' is -1.0; expected a number in \[0"),
+    ("memroy = \"8g\"", r"unknown key 'container.memroy' \(did you mean 'container.memory'\?\)"),
+])
+def test_bad_container_settings_are_refused_naming_the_key(project, line, named):
+    build = project / "configs" / "build.toml"
+    key = line.split(" =")[0]
+    kept = [ln for ln in build.read_text().splitlines() if not ln.startswith(key + " ")]
+    kept += [] if "[container]" in kept else ["[container]"]
+    kept.insert(kept.index("[container]") + 1, line)
+    build.write_text("\n".join(kept) + "\n")
+    with pytest.raises(ConfigError, match=named):
+        load_build(project)
+
+
+def test_bad_container_settings_on_the_command_line_name_it():
+    with pytest.raises(ConfigError, match=r"command line: key 'container.user' is '0:0'"):
+        load_build(ROOT, {"container.user": "0:0"})
+    with pytest.raises(ConfigError, match=r"command line: container.cpus='two': expected a "
+                                          "number"):
+        load_build(ROOT, {"container.cpus": "two"})
+    with pytest.raises(ConfigError, match=r"unknown setting 'container.mem'; allowed: .*"
+                                          r"container.memory"):
+        load_build(ROOT, {"container.mem": "1g"})
 
 
 def test_input_dir_outside_project_is_refused(project):

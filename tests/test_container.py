@@ -27,6 +27,7 @@ STANDIN_SDK = Path(__file__).resolve().parent / "standin_qairt"
 LOCAL_BASE = "hexbundle/base:bookworm-py3.10"      # what scripts/make_base_image.sh makes
 STANDIN_TAG = f"hexbundle/toolchain:test-standin-{os.getpid()}"   # concurrent runs apart
 SDK_VERSION = "2.42.0.251225"
+HOLD_WAIT_S = 120
 
 
 def unavailable(reason: str):
@@ -96,6 +97,88 @@ def step_containers(engine, proj):
     # list and its inspect would raise NotFound: seen once in CI)
     return engine.containers.list(all=True, sparse=True,
                                   filters={"label": f"org.hexbundle.root={proj.root}"})
+
+
+def expected_step_user() -> str:
+    """Who the steps run as: the host user, or [container] user's default when that is root."""
+    return "65534:65534" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+
+
+def lock_run_id(proj) -> str:
+    """The run id the build lock records beside the holder's pid."""
+    return (proj.root / "build" / ".hexbundle" / "lock").read_text().split()[1]
+
+
+def container_records(proj) -> list:
+    records = proj.root / "build" / ".hexbundle" / "containers"
+    return sorted(p.name for p in records.iterdir()) if records.is_dir() else []
+
+
+def temp_leftovers(build: Path) -> list:
+    from hexbundle.support.atomic import is_temp_name
+    return [p for p in build.rglob("*") if is_temp_name(p.name)]
+
+
+def set_container_settings(proj, **values) -> None:
+    """Replace keys of [container] in the project copy's configs/build.toml."""
+    build = proj.root / "configs" / "build.toml"
+    lines = [ln for ln in build.read_text().splitlines()
+             if not any(ln.startswith(f"{k} ") for k in values)]
+    lines += [] if "[container]" in lines else ["[container]"]
+    at = lines.index("[container]") + 1
+    lines[at:at] = [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    build.write_text("\n".join(lines) + "\n")
+
+
+class HeldRun:
+    """`doit` in the background, in a session of its own (a test can kill -9 its whole process
+    group, as a terminal would, without touching pytest), held in a step by the test hook
+    (hexbundle/support/testhooks.py; the docker executor passes it into the container)."""
+
+    def __init__(self, proj, args, pause_at: str, tmp: Path):
+        self.dir = tmp
+        self.dir.mkdir(parents=True)
+        os.chmod(self.dir, 0o777)   # the step writes `paused` here as its own uid
+        env = {**os.environ, "HEXBUNDLE_TEST_PAUSE_AT": pause_at,
+               "HEXBUNDLE_TEST_PAUSE_DIR": str(self.dir)}
+        self.out, self.err = self.dir / "out.txt", self.dir / "err.txt"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=proj.root,
+                                         stdout=out, stderr=err, env=env, start_new_session=True)
+
+    def text(self) -> str:
+        return self.out.read_text() + self.err.read_text()
+
+    def wait_paused(self) -> None:
+        deadline = time.monotonic() + HOLD_WAIT_S   # a safety net, not a timing
+        while not (self.dir / "paused").exists():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the run ended (exit {self.proc.returncode}) before its "
+                                     f"step reached the pause point:\n{self.text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no pause after {HOLD_WAIT_S}s:\n{self.text()}")
+            time.sleep(0.05)
+
+    def release(self) -> int:
+        (self.dir / "release").touch()
+        return self.proc.wait(timeout=HOLD_WAIT_S)
+
+    def kill_group(self) -> int:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait(timeout=HOLD_WAIT_S)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + HOLD_WAIT_S   # a safety net, not a timing
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {HOLD_WAIT_S}s")
+        time.sleep(0.1)
 
 
 def docker_bundle(tmp_path, name):
@@ -170,15 +253,23 @@ def test_a_docker_bundle_is_byte_identical_to_a_local_one(engine, toolchain_imag
         assert (in_docker / name).read_bytes() == (local / name).read_bytes(), name
     info = json.loads((docker_proj.build_dir() / "build-info.json").read_text())
     assert info == {"executor": "docker", "image": record["id"]}
-    # every step ran in a container, as the host's user, and none is left behind
+    # every step ran in a container, as the host's user (never root: as 65534 when the host
+    # user is root), and none is left behind
+    user = expected_step_user()
     logs = docker_proj.build_dir() / "logs"
     assert len(list(logs.glob("*.log"))) >= 18
     for log in logs.glob("*.log"):
         assert log.read_text().startswith(f"# container: image hexbundle/toolchain:local "
-                                          f"{record['id']}, user {os.getuid()}:{os.getgid()}")
-    for path in (docker_proj.root / "build").rglob("*"):
-        assert path.stat().st_uid == os.getuid(), path
+                                          f"{record['id']}, user {user}")
+    uid, gid = (int(n) for n in user.split(":"))
+    for path in (docker_proj.root / "build" / "qwen2-tiny").rglob("*"):   # the model's tree:
+        assert (path.lstat().st_uid, path.lstat().st_gid) == (uid, gid), path   # steps' outputs
+    state = docker_proj.root / "build" / ".hexbundle"
+    # the doit process's own files stay the host user's: the lock, the variant's and model's DBs
+    for path in (state / "lock", docker_proj.doit_db(), docker_proj.model_db()):
+        assert path.stat().st_uid == os.getuid()
     assert not step_containers(engine, docker_proj)
+    assert not list((state / "containers").iterdir())   # each container's record went with it
     # switching the executor reruns the steps (the image is part of their up-to-date key)
     status = local_proj.doit("list", "--all", "--status", "executor=docker").out
     assert "R convert:part_1_of_4_prompt" in status and "R bundle" in status
@@ -215,8 +306,8 @@ def test_a_missing_image_says_to_run_doit_image(engine, project):
 
 
 def test_a_step_container_is_isolated(engine, toolchain_image, tmp_path):
-    """The run options of a step, on a probe command: read-only sources, writable build root,
-    no network, no capabilities, the given uid, an environment of our own."""
+    """The executor's run options (run_options), on a probe command: read-only sources,
+    writable build root, no network, no capabilities, the given uid, an environment of our own."""
     from hexbundle.config.build import load_build
     from hexbundle.config.layout import Layout
     from hexbundle.steps import docker_executor as container
@@ -242,10 +333,7 @@ print(json.dumps(r))
 """
     out = engine.containers.run(
         toolchain_image[1]["id"], ["python3.10", "-c", probe, str(proj.root)], remove=True,
-        working_dir=str(proj.root), volumes=container.mounts(layout),
-        environment=container.environment(layout), user="4321:4321", network_mode="none",
-        cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-        tmpfs={"/tmp": "rw,exec"})
+        **container.run_options(layout, "4321:4321"))
     result = json.loads(out.decode().strip().splitlines()[-1])
     assert result["src"] == "Read-only file system"
     assert result["build"] == "writable"
@@ -282,7 +370,220 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
     assert json.loads(info.read_text())["image"] == toolchain_image[1]["id"]
     digests = proj.root / "build" / ".hexbundle" / "digests.json"
     assert digests.stat().st_uid == 4321
-    assert str(proj.root / "configs" / "socs.toml") in json.loads(digests.read_text())
+    assert str(proj.root / "configs" / "devices.toml") in json.loads(digests.read_text())
+
+
+# --- confinement: limits, an unprivileged uid, and what a kill -9 leaves ------------------------
+
+CONFINED_PROBE = r"""
+import json, os, subprocess, sys, threading
+r = {}
+status = {l.split(':')[0]: l.split()[1:] for l in open('/proc/1/status') if ':' in l}
+r['step_uid'] = ':'.join([status['Uid'][0], status['Gid'][0]])   # pid 1: the step itself
+r['exec_uid'] = '%d:%d' % (os.getuid(), os.getgid())
+r['cap'], r['nnp'] = status['CapEff'][0], status['NoNewPrivs'][0]
+r['net'] = sorted(os.listdir('/sys/class/net'))
+for key, path in (('memory', '/sys/fs/cgroup/memory.max'),
+                  ('memory', '/sys/fs/cgroup/memory/memory.limit_in_bytes'),
+                  ('pids', '/sys/fs/cgroup/pids.max'), ('pids', '/sys/fs/cgroup/pids/pids.max')):
+    if os.path.exists(path):
+        r[key] = open(path).read().strip()
+try:
+    with open('/tmp/big', 'wb') as fh:
+        fh.write(b'x' * (16 << 20))
+    r['tmp_16m'] = 'written'
+except OSError as e:
+    r['tmp_16m'] = e.strerror
+if os.path.exists('/tmp/big'):
+    os.remove('/tmp/big')
+with open('/tmp/run.sh', 'w') as fh:
+    fh.write('#!/bin/sh\necho ran\n')
+os.chmod('/tmp/run.sh', 0o755)
+try:
+    r['tmp_exec'] = subprocess.run(['/tmp/run.sh'], capture_output=True, text=True).stdout
+except OSError as e:
+    r['tmp_exec'] = e.strerror
+stop, threads = threading.Event(), []
+try:
+    for _ in range(200):
+        t = threading.Thread(target=stop.wait)
+        t.start()
+        threads.append(t)
+    r['threads'] = 'all 200'
+except RuntimeError:
+    r['threads'] = len(threads)
+stop.set()
+for t in threads:
+    t.join()
+for where in ('/', sys.argv[1]):
+    try:
+        open(os.path.join(where, 'probe.txt'), 'w')
+        r[where] = 'writable'
+    except OSError as e:
+        r[where] = e.strerror
+print(json.dumps(r))
+"""
+
+
+def test_a_step_container_runs_confined_as_configured(engine, toolchain_image, tmp_path):
+    """A real step, held in its container by the test hook: the container's settings through the
+    Docker API, and what they do, from inside it."""
+    proj = copy_project(tmp_path / "proj")
+    cpus = 1.5 if engine.info()["NCPU"] >= 2 else 0.5
+    set_container_settings(proj, pids_limit=64, memory="1g", cpus=cpus, tmp_size="8m",
+                           user="4242:4343")
+    user = "4242:4343" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+    proj.doit("inputs")   # locally: the held run starts one container, the convert's
+    held = HeldRun(proj, ["convert:part_1_of_4_prompt", "executor=docker"], "convert",
+                   tmp_path / "held")
+    try:
+        held.wait_paused()
+        (entry,) = step_containers(engine, proj)
+        container = engine.containers.get(entry.id)
+        attrs, host = container.attrs, container.attrs["HostConfig"]
+        run = lock_run_id(proj)
+        assert attrs["Name"] == f"/hexbundle-{run}-convert.part_1_of_4_prompt"
+        assert container.labels["org.hexbundle.run"] == run
+        assert container.labels["org.hexbundle.build-root"] == str(proj.root / "build")
+        assert container_records(proj) == [attrs["Name"][1:]]
+        assert attrs["Config"]["User"] == user
+        assert host["PidsLimit"] == 64
+        assert host["Memory"] == 1 << 30
+        assert host["NanoCpus"] == round(cpus * 1e9)
+        assert host["Tmpfs"] == {"/tmp": "rw,noexec,nosuid,nodev,size=8388608"}
+        # what held before
+        assert host["ReadonlyRootfs"] is True and host["NetworkMode"] == "none"
+        assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
+
+        code, out = container.exec_run(["python3.10", "-c", CONFINED_PROBE, str(proj.root)])
+        assert code == 0, out.decode()
+        probe = json.loads(out.decode().strip().splitlines()[-1])
+        assert probe["step_uid"] == user and probe["exec_uid"] == user
+        assert probe["memory"] == str(1 << 30) and probe["pids"] == "64"
+        assert probe["tmp_16m"] == "No space left on device"   # /tmp is 8m
+        assert probe["tmp_exec"] == "Permission denied"        # noexec
+        assert isinstance(probe["threads"], int) and probe["threads"] < 64, probe["threads"]
+        assert probe["cap"] == "0000000000000000" and probe["nnp"] == "1"
+        assert probe["net"] == ["lo"]
+        assert probe["/"] == "Read-only file system"
+        assert probe[str(proj.root)] == "Read-only file system"
+
+        assert held.release() == 0, held.text()
+    finally:
+        held.stop()
+    dlc = proj.build_dir() / "dlc" / "prompt_ar128_cl256_1_of_4.dlc"
+    assert f"{dlc.stat().st_uid}:{dlc.stat().st_gid}" == user   # the step wrote it, as `user`
+    assert not step_containers(engine, proj) and container_records(proj) == []
+
+
+@pytest.mark.parametrize("next_executor", ["docker", "local"])
+def test_a_killed_runs_step_container_is_removed_by_the_next_run_before_anything_else(
+        engine, toolchain_image, tmp_path, next_executor):
+    """kill -9 of the whole doit process group in the middle of a step: its container is not in
+    that group and lives on. It stops by itself (its lifeline, stdin, closed with the run) and the
+    next run, docker or local, removes it under the lock before its clean-up and its tasks."""
+    proj = copy_project(tmp_path / "proj")
+    proj.doit("inputs")
+    held = HeldRun(proj, ["bundle", "executor=docker"], "convert", tmp_path / "held")
+    try:
+        held.wait_paused()
+        (entry,) = step_containers(engine, proj)
+        assert held.kill_group() == -signal.SIGKILL
+    finally:
+        held.stop()
+    container = engine.containers.get(entry.id)   # still there: the engine runs it, not doit
+    name, task = container.name, container.labels["org.hexbundle.task"]
+    assert task.startswith("convert:") and name.endswith(task.replace(":", "."))
+    assert container.labels["org.hexbundle.run"] == lock_run_id(proj)
+    assert container_records(proj) == [name]
+    wait_until(lambda: container.reload() or container.status == "exited",
+               "stopped by its lifeline")
+    assert container.attrs["State"]["ExitCode"] == 4
+    assert container.logs().decode().rstrip().endswith(
+        "hexbundle: the run that started this step has ended (its doit process is gone): the "
+        "step stops here")
+    assert temp_leftovers(proj.root / "build")   # the convert was killed mid-write
+
+    rerun = proj.doit("bundle", f"executor={next_executor}")
+    lines = rerun.err.splitlines()
+    removing = [i for i, line in enumerate(lines) if line.startswith(
+        f"hexbundle: removing the step container {name} (exited) of an interrupted run (run "
+        f"{container.labels['org.hexbundle.run']}, task {task})")]
+    swept = [i for i, line in enumerate(lines) if "left by an interrupted run" in line]
+    assert len(removing) == 1 and swept and removing[0] < swept[0], rerun.err
+    with pytest.raises(docker_errors().NotFound):
+        engine.containers.get(entry.id)
+    assert not step_containers(engine, proj) and container_records(proj) == []
+    assert task in rerun.executed
+    assert temp_leftovers(proj.root / "build") == []
+    assert proj.doit("check_sizes").code == 0
+
+
+def test_the_next_run_removes_a_running_leftover_of_its_own_build_root_only(engine,
+                                                                            toolchain_image,
+                                                                            tmp_path):
+    """A container of a gone run that still runs (no lifeline: one made as a step's would be,
+    here a sleep): removed and waited for; another build root's container is left alone."""
+    proj = copy_project(tmp_path / "proj")
+
+    def leftover(build_root: Path, tag: str):
+        return engine.containers.run(
+            toolchain_image[1]["id"], ["sleep", "600"], detach=True, network_mode="none",
+            name=f"hexbundle-test-{tag}-{os.getpid()}",
+            labels={"org.hexbundle.build-root": str(build_root),
+                    "org.hexbundle.run": "0123456789ab", "org.hexbundle.task": "compile:x"})
+
+    ours = leftover(proj.root / "build", "ours")
+    theirs = leftover(tmp_path / "another-build-root", "theirs")
+    try:
+        run = proj.doit("inputs:tokenizer", "executor=docker")
+        assert (f"hexbundle: removing the step container {ours.name} (running) of an interrupted "
+                "run (run 0123456789ab, task compile:x) before this run starts: it could still "
+                "write into the build root") in run.err
+        with pytest.raises(docker_errors().NotFound):
+            engine.containers.get(ours.id)
+        theirs.reload()
+        assert theirs.status == "running" and theirs.name not in run.err
+    finally:
+        for container in (ours, theirs):
+            try:
+                container.remove(force=True)
+            except docker_errors().NotFound:
+                pass
+
+
+def test_hand_over_gives_the_step_user_the_model_tree_and_follows_no_link(tmp_path):
+    """hexbundle as root, steps as another uid: the directories steps write into become that
+    uid's; a symlink there is chowned itself, never what it points to; the lock stays root's."""
+    if os.getuid() != 0:
+        pytest.skip("hexbundle hands the build root over only when it runs as root")
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps import docker_executor as container
+    proj = copy_project(tmp_path / "proj")
+    layout = Layout(load_build(proj.root))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("root's own")
+    layout.dlc_dir.mkdir(parents=True)
+    (layout.dlc_dir / "a.dlc").write_text("x")
+    (layout.dlc_dir / "link.dlc").symlink_to(outside)
+    (layout.build_dir / "dir-link").symlink_to(tmp_path)
+    layout.state_dir.mkdir(parents=True)
+    layout.lock.write_text("1 0123456789ab\n")
+    layout.digest_cache.write_text("{}")
+    os.chmod(layout.digest_cache, 0o600)
+
+    container.hand_over(layout, "4242:4343")
+
+    def owner(path: Path):
+        return path.lstat().st_uid, path.lstat().st_gid
+
+    for path in (layout.model_dir, layout.build_dir, layout.dlc_dir, layout.dlc_dir / "a.dlc",
+                 layout.dlc_dir / "link.dlc", layout.build_dir / "dir-link", layout.state_dir,
+                 layout.digest_cache):
+        assert owner(path) == (4242, 4343), path
+    assert owner(outside) == (0, 0) and owner(tmp_path) == (0, 0)
+    assert owner(layout.lock) == (0, 0)
 
 
 # --- the qairt backend in an image that carries the (stand-in) SDK -------------------------------

@@ -448,3 +448,24 @@ def test_the_compiled_bin_is_checked_by_its_reader(backend, inputs, tmp_path):
     with pytest.raises(BackendError, match=r"\(missing: extra_graph\)"):
         check_bin_facts(tmp_path / "unshared.bin", facts, (PROMPT, TOKEN, "extra_graph"),
                         DEVICE.soc_model, DEVICE.dsp_arch, False, lines.append)
+
+
+def test_topology_keeps_a_scalar_constant_a_scalar(backend, tmp_path):
+    """A 0-d constant (eps, 1/sqrt(d)) goes into the topology with the ONNX's shape: the graph run
+    from the bin is the exported one, and the size model, which counts the constant as the ONNX
+    has it, matches the topology's bytes (np.ascontiguousarray made it [1]: 2 bytes more each)."""
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), name="scale")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "scale"], ["y"])], "scalar",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save_model(model, str(tmp_path / "scalar.onnx"))
+    (tmp_path / "scalar.encodings").write_text(json.dumps(
+        {"version": "1.0.0", "activation_encodings": [], "param_encodings": []}))
+    backend.convert(tmp_path / "scalar.onnx", tmp_path / "scalar.encodings", tmp_path / "s.dlc",
+                    "scalar", ConvertOptions(float_bitwidth=16), lambda line: None)
+    with read_dlc(tmp_path / "s.dlc") as dlc:
+        (inlined,) = dlc.topology().initializer
+    assert list(inlined.dims) == []
+    assert numpy_helper.to_array(inlined) == np.float32(0.5)

@@ -236,7 +236,7 @@ def test_same_size_edit_with_the_mtime_put_back_is_rebuilt(project, kind):
 def test_bundle_rebuild_links_bins_without_hashing_them_again(project, tmp_path):
     project.doit("bundle")
     model = project.root / "configs" / "models" / "qwen2-tiny.toml"
-    model.write_text(model.read_text().replace("max_num_tokens = 64", "max_num_tokens = 65"))
+    model.write_text(model.read_text().replace("max_num_tokens = 256", "max_num_tokens = 255"))
     trace = tmp_path / "hashed.txt"
     run = project.doit("bundle", env={"HEXBUNDLE_HASH_TRACE": str(trace)})
     assert run.executed == {"bundle"}
@@ -405,7 +405,7 @@ def test_kill_during_bundle_assembly_keeps_the_previous_bundle(project, tmp_path
     project.doit("bundle")
     good = snapshot(project.bundle())
     model = project.root / "configs" / "models" / "qwen2-tiny.toml"
-    model.write_text(model.read_text().replace("max_num_tokens = 64", "max_num_tokens = 65"))
+    model.write_text(model.read_text().replace("max_num_tokens = 256", "max_num_tokens = 255"))
 
     held = Held(project, ["bundle"], pause_at="bundle", tmp=tmp_path / "held")
     held.wait_paused()
@@ -419,7 +419,7 @@ def test_kill_during_bundle_assembly_keeps_the_previous_bundle(project, tmp_path
     assert rerun.executed == {"bundle"}
     assert "left by an interrupted run" in rerun.err
     genie = json.loads((project.bundle() / "genie_config.json").read_text())
-    assert genie["dialog"]["max-num-tokens"] == 65
+    assert genie["dialog"]["max-num-tokens"] == 255
     assert leftovers(project.root / "build") == []
 
 
@@ -846,11 +846,14 @@ BAD_INPUTS = {
                         [f"{MODEL_TOML}: not UTF-8 text", "save it as UTF-8 TOML"]),
     "config-unknown-device": (
         lambda p: _edit_text(p.root / "configs/build.toml", 'device = "iq9075"', 'device = "iq9999"'),
-        ["configs/build.toml: device = 'iq9999': unknown device 'iq9999'; known: iq9075"]),
+        ["configs/build.toml: device = 'iq9999': unknown device 'iq9999'; known: iq9075, qcm6690",
+         "configs/boards, chipsets in"]),
     "config-soc-arch-mismatch": (
-        lambda p: _edit_text(p.root / "configs/devices/iq9075.toml", 'dsp_arch = "v73"', 'dsp_arch = "v75"'),
-        ["configs/devices/iq9075.toml: soc_model 77", "has dsp_arch 'v73', not 'v75'",
-         "fix device.soc_model or device.dsp_arch"]),
+        lambda p: _edit_text(p.root / "configs/devices.toml",
+                             'soc_model = 77\ndsp_arch = "v73"', 'soc_model = 77\ndsp_arch = "v75"'),
+        ["configs/devices.toml: chipset.qcs9075: soc_model 77 with dsp_arch v75 is not what "
+         "Qualcomm's chipset table says (it gives qualcomm-qcs9075 soc_model 77, v73",
+         "regenerate the table with scripts/make_devices.py"]),
     "config-graph-names-out-of-order": (
         lambda p: (_edit_text(p.root / MODEL_TOML, "num_layers = 4", "num_layers = 10"),
                    _edit_text(p.root / MODEL_TOML, "layers_per_part = [0, 2, 1, 1]",
@@ -885,9 +888,9 @@ def test_bad_input_fails_cleanly_and_keeps_the_good_bundle(exported, case):
 
 
 def test_unknown_model_on_the_command_line(exported):
-    run = exported.doit("bundle", "model=qwen3-tiny", check=False)
+    run = exported.doit("bundle", "model=qwen4-tiny", check=False)
     assert run.code == 3
-    assert "command line: model = 'qwen3-tiny': unknown model 'qwen3-tiny'" in run.err
+    assert "command line: model = 'qwen4-tiny': unknown model 'qwen4-tiny'" in run.err
     assert "known: qwen2-tiny" in run.err
     no_traceback(run)
 
@@ -934,8 +937,8 @@ def fuzz_root(tmp_path_factory):
 
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(file=st.sampled_from(["build.toml", "models/qwen2-tiny.toml", "devices/iq9075.toml",
-                             "socs.toml"]),
+@given(file=st.sampled_from(["build.toml", "models/qwen2-tiny.toml", "boards/iq9075.toml",
+                             "devices.toml"]),
        edits=st.lists(st.tuples(st.integers(0, 200), st.sampled_from(TOML_LITERALS + ["<drop>"])),
                       min_size=1, max_size=3))
 def test_fuzz_edited_configs_only_raise_config_errors(fuzz_root, file, edits):

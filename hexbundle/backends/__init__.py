@@ -30,7 +30,7 @@ class DeviceOptions:
     dsp_arch: str
     perf_profile: str = "burst"
     rpc_control_latency: int = 100
-    vtcm_mb: int = 8
+    vtcm_mb: int = 8                  # per graph; 0: the SoC's maximum (QAIRT's default)
 
 
 @dataclass(frozen=True)

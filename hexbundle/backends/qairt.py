@@ -128,7 +128,7 @@ class QairtBackend:
         return facts_from_utility_json(doc, f"{tool.name} output for {bin_path.name}")
 
     def compile_config(self, o: CompileOptions):
-        """The seeds' CompileConfig, every value from the device file and [compile]."""
+        """The seeds' CompileConfig, every value from the resolved device and [compile]."""
         a, d = self.api, o.device
         graphs = [a.HtpGraphConfig(name=name, optimization_type=o.optimization_type,
                                    weights_packing=o.weights_packing,

@@ -134,8 +134,9 @@ def _check_compile_options(names: tuple, dlc_paths: list, options: CompileOption
         raise BackendError(f"{len(dlc_paths)} DLCs given for {len(names)} graph names {list(names)}")
     if options.optimization_type not in (1, 2, 3):
         raise BackendError(f"optimization_type {options.optimization_type} is not 1, 2 or 3")
-    if options.device.vtcm_mb <= 0:
-        raise BackendError(f"vtcm_mb {options.device.vtcm_mb} must be positive")
+    if options.device.vtcm_mb < 0:   # 0: the SoC's maximum, as QAIRT takes it
+        raise BackendError(f"vtcm_mb {options.device.vtcm_mb} must be 0 (the SoC's maximum) or "
+                           "positive")
 
 
 def _dlc_tensors(reader: DlcReader) -> Iterator[TensorStream]:
@@ -354,4 +355,6 @@ def _inline_constant(init: onnx.TensorProto, onnx_path: Path) -> onnx.TensorProt
             f"{onnx_path}: initializer '{init.name}' ({values.nbytes} bytes, {values.dtype}) is neither "
             f"a float weight nor a small constant; the reference backend keeps such tensors in the "
             f"topology only up to {MAX_TOPOLOGY_INITIALIZER_BYTES} bytes")
-    return numpy_helper.from_array(np.ascontiguousarray(values.whole()), name=init.name)
+    # np.asarray, not np.ascontiguousarray: that one makes a 0-d constant 1-d, and the topology
+    # must keep the ONNX's shapes (the size model counts the constant as the ONNX has it)
+    return numpy_helper.from_array(np.asarray(values.whole(), order="C"), name=init.name)

@@ -6,22 +6,26 @@ what is allowed -- the opposite of the QAIRT CLI, which logs "Unknown Key" and c
 Files (under <project>/configs):
   build.toml            what `doit bundle` builds by default (model, device, backend, executor)
   models/<name>.toml    a model: architecture, graphs, quantization, tokenizer, inputs, plans
-  devices/<name>.toml   a device: soc_model/dsp_arch (the one source for compile and runtime)
-  socs.toml             which soc_model goes with which dsp_arch
+  devices.toml          Qualcomm's chipsets (generated), boards/<name>.toml: boards on them;
+                        config.devices resolves `device=` (the one source for compile and runtime)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from hexbundle.config.devices import DEVICE_NAME, Device, Devices
 from hexbundle.config.layout import ProjectLayout
-from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
-                                    pipeline_order_problem)
-from hexbundle.config.schema import Field, check_value, read_toml
+from hexbundle.config.model import (FAMILIES, Architecture, Graph, Model, Part, Plan,
+                                    Quantization, pipeline_order_problem)
+from hexbundle.config.schema import Field, check_value, read_toml, validate
 from hexbundle.support.errors import ConfigError
 
 BACKENDS = ("reference", "qairt")
+# genie_config.json's max-num-tokens as Qualcomm's generator writes it (qai-hub-models 0.65.0,
+# models/templates/llm/llm_helpers.py DEFAULT_MAX_NUM_TOKENS).
+QUALCOMM_MAX_NUM_TOKENS = 2048
 EXECUTORS = ("local", "docker")
 
 
@@ -53,15 +57,41 @@ COMPILE_SCHEMA = {
 
 CONVERT_IO_KEYS = ("truncate_64bit_io", "quantize_io", "quantize_full_type")   # convert's key
 
+SIZE = r"[0-9]+[kmgKMG]?"   # bytes, or with a unit: 512m, 32g (as docker spells them)
+UID_GID = r"[0-9]+:[0-9]+"
+MIN_STEP_MEMORY = 64 << 20   # a step is a Python process with numpy and onnx loaded
+# The step containers of executor = "docker" (hexbundle/steps/docker_executor.py). They bound
+# where and how a step runs, never what it writes, so they are in no up-to-date key.
+CONTAINER_SCHEMA = {
+    "pids_limit": Field(int, 4096, min=64, max=1 << 22,
+                        doc="processes and threads a step may have at once (threads count: "
+                            "thread pools of numpy and the SDK); stops a runaway fork"),
+    "memory": Field(str, "32g", pattern=SIZE,
+                    doc="memory a step may use (its /tmp included), e.g. 32g: a QAIRT convert of "
+                        "a Qwen2.5-7B part holds ~6 GB of float32 weights several times over"),
+    "cpus": Field(float, 0.0, min=0, max=4096,
+                  doc="CPUs a step may use, fractions allowed (1.5); 0: no cap, the whole machine"),
+    "tmp_size": Field(str, "256m", pattern=SIZE,
+                      doc="size of the step's /tmp (a noexec tmpfs, counted in its memory); the "
+                          "steps' scratch space is on the build disk, /tmp only holds HOME"),
+    "user": Field(str, "65534:65534", pattern=UID_GID,
+                  doc="uid:gid the steps run as when hexbundle runs as root (never 0); as any "
+                      "other user, steps run as that user"),
+}
+
 BUILD_SCHEMA = {
     "model": Field(str, pattern=NAME, doc="a file in configs/models, without .toml"),
-    "device": Field(str, pattern=r"[A-Za-z0-9][A-Za-z0-9._-]*",
-                    doc="a device name or alias from configs/devices (any case)"),
+    "device": Field(str, pattern=DEVICE_NAME,
+                    doc="a board (configs/boards) or chipset (configs/devices.toml), by name or "
+                        "alias, any case"),
     "backend": Field(str, "reference", choices=BACKENDS),
     "executor": Field(str, "local", choices=EXECUTORS),
     "plan": Field(str, "", doc="a plan of the model; empty for the model's default_plan"),
     "compile": Field(COMPILE_SCHEMA, {}),
+    "container": Field(CONTAINER_SCHEMA, {}),
 }
+# Tables whose keys the command line sets as `table.key=value` ([compile] keys also bare).
+SECTIONS = {"compile": COMPILE_SCHEMA, "container": CONTAINER_SCHEMA}
 
 PLAN_SCHEMA = {
     "layers_per_part": Field(list, item=int, min=0,
@@ -104,7 +134,10 @@ MODEL_SCHEMA = {
         "default_plan": Field(str),
     }),
     "architecture": Field({
-        "family": Field(str, "qwen2", choices=("qwen2",)),
+        "family": Field(str, "qwen2", choices=FAMILIES,
+                        doc="qwen2: q/k/v biases; qwen3: q/k RMSNorm per head, no q/k/v biases"),
+        "tie_word_embeddings": Field(bool, False, doc="the LM head is the embedding matrix "
+                                     "(Hugging Face config.json's key of that name)"),
         "num_layers": Field(int, min=1, max=512),
         "hidden_size": Field(int, min=8, max=65536),
         "num_attention_heads": Field(int, min=1, max=1024),
@@ -154,8 +187,13 @@ MODEL_SCHEMA = {
         "pins": Field({"*": Field(str, pattern=PIN)}, {},
                       doc="file name in the inputs dir -> 'sha256:<hex>' or 'xxh3_128:<hex>'"),
     }),
+    # genie_config.json's dialog settings. Defaults: what Qualcomm's Genie bundle generator
+    # writes (qai-hub-models 0.65.0 create_genie_config; tests/test_devices.py checks them
+    # against its source).
     "genie": Field({
-        "max_num_tokens": Field(int, 200, min=1),
+        "max_num_tokens": Field(int, None, min=1,
+                                doc="tokens generated per answer at most; default: Qualcomm's "
+                                    f"{QUALCOMM_MAX_NUM_TOKENS}, capped by graphs.context_length"),
         "sampler_seed": Field(int, 42, min=0),
         "temp": Field(float, 0.8, min=0),
         "top_k": Field(int, 40, min=1),
@@ -165,52 +203,22 @@ MODEL_SCHEMA = {
     "verify": Field(VERIFY_SCHEMA),
 }
 
-DEVICE_SCHEMA = {
-    "device": Field({
-        "name": Field(str, pattern=NAME),
-        "aliases": Field(list, [], item=str),
-        "description": Field(str, ""),
-        "soc_model": Field(int, min=0, max=1000),
-        "dsp_arch": Field(str, pattern=r"v[0-9]{2}"),
-    }),
-    "htp": Field({
-        "cores": Field(list, [0], item=int, min=0, max=7, doc="HTP core ids"),
-        "perf_profile": Field(str, "burst", choices=("burst", "sustained_high_performance",
-                                                     "high_performance", "balanced",
-                                                     "power_saver", "default")),
-        "rpc_control_latency": Field(int, 100, min=0, max=100000),
-        "vtcm_mb": Field(int, 8, min=0, max=64),
-        "mem_type": Field(str, "shared_buffer", choices=("shared_buffer",)),
-    }),
-    "runtime": Field({
-        "n_threads": Field(int, 3, min=1, max=64),
-        "cpu_mask": Field(str, "0xe0", pattern=r"0x[0-9a-fA-F]+"),
-        "poll": Field(bool, True),
-        "use_mmap": Field(bool, True, doc="must stay true: a 4.7 GB model only maps on demand"),
-        "mmap_budget": Field(int, 0, min=0),
-        "spill_fill_bufsize": Field(int, 0, min=0),
-    }),
-}
-
-SOCS_SCHEMA = {"soc": Field({"*": Field({
-    "dsp_arch": Field(str, pattern=r"v[0-9]{2}"),
-    "chips": Field(list, [], item=str),
-})})}
-
-
 # ---------------------------------------------------------------------------------------------
 # Loaded configs
 
 @dataclass(frozen=True)
-class Device:
-    name: str
-    aliases: tuple
-    description: str
-    soc_model: int
-    dsp_arch: str
-    htp: dict
-    runtime: dict
-    path: Path
+class ContainerSettings:
+    """[container], checked and in the units docker takes."""
+
+    pids_limit: int
+    memory: int          # bytes
+    cpus: float          # 0: no cap
+    tmp_size: int        # bytes
+    user: str            # uid:gid of the steps when the host user is root
+
+
+def default_container_settings() -> ContainerSettings:
+    return container_settings(validate({}, CONTAINER_SCHEMA, "defaults"), lambda key: "defaults")
 
 
 @dataclass(frozen=True)
@@ -231,6 +239,7 @@ class BuildConfig:
     build_root: Path       # build/ of the project, or $HEXBUNDLE_BUILD_ROOT (scratch builds)
     verify: Optional[dict] = None   # the model's [verify] table (thresholds of `doit verify`)
     export_dir: Optional[Path] = None   # inputs.dir, resolved, for an exported model
+    container: ContainerSettings = field(default_factory=default_container_settings)
 
     def part(self, index: int) -> Part:
         """Part `index` (1-based) of the plan."""
@@ -240,6 +249,33 @@ class BuildConfig:
         """The `kind` ("prompt" or "token") graph of part `part_index`."""
         return {g.kind: g for g in self.model.graphs(self.part(part_index))}[kind]
 
+
+
+def size_bytes(text: str) -> int:
+    """'256m' -> 268435456: bytes, or k/m/g (binary, as docker reads them)."""
+    unit = text[-1].lower()
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(unit)
+    return int(text[:-1]) * scale if scale else int(text)
+
+
+def container_settings(table: dict, where) -> ContainerSettings:
+    """[container] (already validated by CONTAINER_SCHEMA) checked as a whole; `where(key)` says
+    where a key was given (the file or the command line) for the message."""
+    memory, tmp_size = size_bytes(table["memory"]), size_bytes(table["tmp_size"])
+    if memory < MIN_STEP_MEMORY:
+        raise ConfigError(f"{where('memory')}: key 'container.memory' is {table['memory']!r}: a "
+                          "step needs at least 64m (a 7B model needs many GB: the default is 32g)")
+    if not 1 << 20 <= tmp_size < memory:
+        raise ConfigError(f"{where('tmp_size')}: key 'container.tmp_size' is "
+                          f"{table['tmp_size']!r}; expected at least 1m and less than "
+                          f"container.memory ({table['memory']}): /tmp is a tmpfs, its pages count "
+                          "in the step's memory")
+    uid, gid = (int(n) for n in table["user"].split(":"))
+    if uid == 0 or gid == 0:
+        raise ConfigError(f"{where('user')}: key 'container.user' is {table['user']!r}: steps "
+                          "never run as root (uid or gid 0); give an unprivileged uid:gid, e.g. "
+                          "65534:65534 (nobody:nogroup)")
+    return ContainerSettings(table["pids_limit"], memory, table["cpus"], tmp_size, table["user"])
 
 
 def resolve_inside(root: Path, value: str, where: Path, key: str) -> Path:
@@ -300,52 +336,6 @@ def check_tree_covers_plan(model: Model, plan: Plan, inputs: dict, where: Path) 
                     "with --plan and an export that has the unsplit graphs (split locally)")
 
 
-def load_socs(root: Path) -> dict:
-    path = ProjectLayout(root).socs_config
-    data = read_toml(path, SOCS_SCHEMA)["soc"]
-    out = {}
-    for key, value in data.items():
-        if not key.isdigit():
-            raise ConfigError(f"{path}: key 'soc.{key}' must be a soc_model number")
-        out[int(key)] = value
-    return out
-
-
-def load_device(root: Path, name: str) -> Device:
-    """Find a device by name or alias; check its soc_model / dsp_arch pair."""
-    devices_dir = ProjectLayout(root).devices_dir
-    files = sorted(devices_dir.glob("*.toml"))
-    known = []
-    for path in files:
-        d = read_toml(path, DEVICE_SCHEMA)
-        dev = d["device"]
-        if dev["name"] != path.stem:
-            raise ConfigError(f"{path}: key 'device.name' is {dev['name']!r}; it must equal the "
-                              f"file name {path.stem!r}")
-        names = [dev["name"], *dev["aliases"]]
-        known += names
-        if name.lower() in (n.lower() for n in names):
-            check_soc_pair(root, path, dev["soc_model"], dev["dsp_arch"])
-            return Device(dev["name"], tuple(dev["aliases"]), dev["description"],
-                          dev["soc_model"], dev["dsp_arch"], d["htp"], d["runtime"], path)
-    raise ConfigError(f"unknown device {name!r}; known: {', '.join(sorted(known))} "
-                      f"(files in {devices_dir})")
-
-
-def check_soc_pair(root: Path, path: Path, soc_model: int, dsp_arch: str) -> None:
-    """A soc_model compiled for the wrong Hexagon arch gives err 1008 or garbage on the device."""
-    socs = load_socs(root)
-    socs_path = ProjectLayout(root).socs_config
-    if soc_model not in socs:
-        raise ConfigError(f"{path}: soc_model {soc_model} is not in {socs_path}; add it there "
-                          f"with its dsp_arch (known: {', '.join(map(str, sorted(socs)))})")
-    want = socs[soc_model]["dsp_arch"]
-    if want != dsp_arch:
-        chips = ", ".join(socs[soc_model]["chips"]) or "?"
-        raise ConfigError(f"{path}: soc_model {soc_model} ({chips}) has dsp_arch {want!r}, not "
-                          f"{dsp_arch!r}; fix device.soc_model or device.dsp_arch")
-
-
 def load_model(root: Path, name: str) -> tuple:
     """Return (Model, raw sections) for configs/models/<name>.toml."""
     project = ProjectLayout(root)
@@ -364,11 +354,16 @@ def load_model(root: Path, name: str) -> tuple:
                           f" must be a multiple of num_kv_heads ({a['num_kv_heads']})")
     if a["head_dim"] % 2:
         raise ConfigError(f"{where}: architecture.head_dim must be even (RoPE rotates pairs)")
+    if not float(a["rope_theta"]).is_integer():
+        raise ConfigError(f"{where}: architecture.rope_theta is {a['rope_theta']!r}; Genie takes "
+                          "a whole number (genie_config.json QnnHtp rope-theta is an integer in "
+                          "Qualcomm's schema): use the model's integer theta")
     if g["prompt_ar"] >= g["context_length"] or g["token_ar"] >= g["context_length"]:
         raise ConfigError(f"{where}: graphs.prompt_ar and token_ar must be < context_length")
     arch = Architecture(a["num_layers"], a["hidden_size"], a["num_attention_heads"],
                         a["num_kv_heads"], a["head_dim"], a["intermediate_size"],
-                        a["vocab_size"], a["rope_theta"], a["rms_norm_eps"])
+                        a["vocab_size"], a["rope_theta"], a["rms_norm_eps"],
+                        a["tie_word_embeddings"], a["family"])
     quant = Quantization(q["decoder_linear_bitwidth"], q["lm_head_bitwidth"],
                          q["embedding_bitwidth"], q["activation_bitwidth"],
                          unencoded_weights=q["unencoded_weights"])
@@ -409,6 +404,36 @@ def make_plan(where: str, name: str, p: dict, arch: Architecture) -> Plan:
                 tuple(p["known_to_fail_on"]), p["failure_note"])
 
 
+def check_known_failure(devices: Devices, device: Device, model: Model, plan: Plan,
+                        where: Path) -> None:
+    """A plan known to fail on a device fails on its chipset, whatever name the build uses."""
+    for name in plan.known_to_fail_on:
+        try:
+            failing = devices.get(name)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: plans.{plan.name}.known_to_fail_on names {name!r}: "
+                              f"{exc}") from None
+        if failing.chipset == device.chipset:
+            same = "" if failing.name == device.name else \
+                f" (device {device.typed} has its chipset, {device.chipset})"
+            raise ConfigError(f"plan {plan.name!r} of {model.name} is known to fail on {name}"
+                              f"{same}: {plan.failure_note or 'see the model config'}; choose "
+                              f"another plan (known: {', '.join(sorted(model.plans))})")
+
+
+def genie_settings(genie: dict, context_length: int, where: Path) -> dict:
+    """[genie] with max_num_tokens resolved: Qualcomm's generator value, capped by the context
+    (Genie cannot generate past it); a value given beyond the context is refused."""
+    given = genie["max_num_tokens"]
+    if given is None:
+        return {**genie, "max_num_tokens": min(QUALCOMM_MAX_NUM_TOKENS, context_length)}
+    if given > context_length:
+        raise ConfigError(f"{where}: key 'genie.max_num_tokens' is {given}, beyond "
+                          f"graphs.context_length {context_length}: Genie stops at the context; "
+                          f"set it to at most {context_length} or leave it out")
+    return genie
+
+
 def parse_override(key: str, text: str, f: Field) -> Any:
     """Command-line `key=value` strings, typed by the schema."""
     if f.type is bool:
@@ -423,6 +448,11 @@ def parse_override(key: str, text: str, f: Field) -> Any:
             return int(text)
         except ValueError:
             raise ConfigError(f"command line: {key}={text!r}: expected an integer") from None
+    if f.type is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"command line: {key}={text!r}: expected a number") from None
     return text
 
 
@@ -436,22 +466,23 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
         if key in COMPILE_SCHEMA:
             section, sub = "compile", key
         if sub:
-            if section != "compile" or sub not in COMPILE_SCHEMA:
-                raise ConfigError(f"command line: unknown setting {key!r}")
-            with_defaults["compile"][sub] = check_value(
-                parse_override(key, text, COMPILE_SCHEMA[sub]), COMPILE_SCHEMA[sub],
-                "command line", key)
-        elif key in BUILD_SCHEMA and key != "compile":
+            schema = SECTIONS.get(section, {})
+            if sub not in schema:
+                raise ConfigError(f"command line: unknown setting {key!r}; allowed: "
+                                  + ", ".join(_settable()))
+            with_defaults[section][sub] = check_value(
+                parse_override(key, text, schema[sub]), schema[sub], "command line", key)
+        elif key in BUILD_SCHEMA and key not in SECTIONS:
             with_defaults[key] = check_value(parse_override(key, text, BUILD_SCHEMA[key]),
                                               BUILD_SCHEMA[key], "command line", key)
         else:
-            allowed = [k for k in BUILD_SCHEMA if k != "compile"] + list(COMPILE_SCHEMA)
             raise ConfigError(f"command line: unknown setting {key!r}; allowed: "
-                              + ", ".join(allowed))
+                              + ", ".join(_settable()))
     b = with_defaults
+    devices = Devices(root)
     try:
         model, raw = load_model(root, b["model"])
-        device = load_device(root, b["device"])
+        device = devices.get(b["device"])
     except ConfigError as exc:   # an unknown name: say where it was given
         given = {k: "command line" for k in overrides or {}}
         if str(exc).startswith("unknown model"):
@@ -466,22 +497,29 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
         raise ConfigError(f"plan {plan_name!r} is not in {project.model_config(model.name)};"
                           f" known: {', '.join(sorted(model.plans))}")
     plan = model.plans[plan_name]
-    if device.name in plan.known_to_fail_on:
-        raise ConfigError(f"plan {plan_name!r} of {model.name} is known to fail on {device.name}: "
-                          f"{plan.failure_note or 'see the model config'}; choose another plan "
-                          f"(known: {', '.join(sorted(model.plans))})")
+    check_known_failure(devices, device, model, plan, project.model_config(model.name))
     problem = pipeline_order_problem(model, plan)
     if problem:
         raise ConfigError(f"plan {plan_name!r} of {model.name}: {problem}. Graph names must sort "
                           "in pipeline order (Genie and the on-device loaders take the context "
                           "binaries in name order); use fewer than 10 parts")
-    files = (path, project.model_config(model.name), device.path, project.socs_config)
+    files = (path, project.model_config(model.name), *device.files)
     export_dir = None
     if raw["inputs"]["source"] == "export":
         export_dir = check_export_dir(root, raw["inputs"]["dir"], files[1], project.build_root)
     elif raw["inputs"]["source"] == "qai-hub-models":
         export_dir = check_tree_dir(root, raw["inputs"]["dir"], files[1], project.build_root)
         check_tree_covers_plan(model, plan, raw["inputs"], files[1])
+    genie = genie_settings(raw["genie"], model.context_length, files[1])
+    container = container_settings(
+        b["container"], lambda key: "command line" if f"container.{key}" in (overrides or {})
+        else path)
     return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],
-                       raw["tokenizer"], raw["inputs"], raw["genie"], files, project.build_root,
-                       verify=raw["verify"], export_dir=export_dir)
+                       raw["tokenizer"], raw["inputs"], genie, files, project.build_root,
+                       verify=raw["verify"], export_dir=export_dir, container=container)
+
+
+def _settable() -> list:
+    """Every key the command line may set: top-level keys, [compile] keys (bare), table.key."""
+    return ([k for k in BUILD_SCHEMA if k not in SECTIONS] + list(COMPILE_SCHEMA)
+            + [f"container.{k}" for k in CONTAINER_SCHEMA])

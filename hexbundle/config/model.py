@@ -8,10 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+# The decoder families hexbundle knows. Both: GQA attention, RoPE, RMSNorm, SwiGLU MLP.
+# qwen2: q/k/v projections with biases. qwen3: no q/k/v biases; each query and key head is
+# RMS-normalized over head_dim before RoPE (q_norm, k_norm: one head_dim weight shared by all
+# query heads, one by all key heads).
+FAMILIES = ("qwen2", "qwen3")
+
 
 @dataclass(frozen=True)
 class Architecture:
-    """A Qwen2-style decoder: GQA attention with q/k/v biases, RoPE, RMSNorm, SwiGLU MLP."""
+    """A Qwen2- or Qwen3-style decoder (`family`, see FAMILIES)."""
 
     num_layers: int
     hidden_size: int
@@ -22,7 +28,18 @@ class Architecture:
     vocab_size: int  # the logits width (Genie's n-vocab), not the tokenizer's length
     rope_theta: float
     rms_norm_eps: float
+    # The float model's LM head IS the embedding matrix. On the device it is still a separate,
+    # quantized copy in the last part (Qualcomm's export copies it into a 1x1 Conv).
     tie_word_embeddings: bool = False
+    family: str = "qwen2"
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.family == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.family == "qwen3"
 
     @property
     def kv_dim(self) -> int:
@@ -152,8 +169,12 @@ def layer_weights(arch: Architecture, quant: Quantization, layer: int) -> list:
               ("self_attn.o_proj", q, h), ("mlp.gate_proj", h, ff), ("mlp.up_proj", h, ff),
               ("mlp.down_proj", ff, h)]
     out = [WeightSpec(p + n + ".weight", (i, o), bw, o) for n, i, o in linear]
-    out += [WeightSpec(p + f"self_attn.{n}_proj.bias", (size,), None, 0)
-            for n, size in (("q", q), ("k", kv), ("v", kv))]
+    if arch.qkv_bias:
+        out += [WeightSpec(p + f"self_attn.{n}_proj.bias", (size,), None, 0)
+                for n, size in (("q", q), ("k", kv), ("v", kv))]
+    if arch.qk_norm:   # one head_dim weight each, shared by every query (key) head
+        out += [WeightSpec(p + f"self_attn.{n}_norm.weight", (arch.head_dim,), None, 0)
+                for n in ("q", "k")]
     out += [WeightSpec(p + n + ".weight", (h,), None, 0)
             for n in ("input_layernorm", "post_attention_layernorm")]
     return out
@@ -169,9 +190,20 @@ def part_weights(arch: Architecture, quant: Quantization, part: Part) -> list:
         out += layer_weights(arch, quant, layer)
     if part.has_head:
         out.append(WeightSpec("model.norm.weight", (arch.hidden_size,), None, 0))
-        out.append(WeightSpec("lm_head.weight", (arch.hidden_size, arch.vocab_size),
-                              quant.lm_head_bitwidth, arch.vocab_size))
+        out.append(lm_head_weight(arch, quant))
     return out
+
+
+def lm_head_weight(arch: Architecture, quant: Quantization) -> WeightSpec:
+    """The LM head, quantized per vocab entry. Untied: a MatMul weight [hidden, vocab]. Tied: the
+    embedding matrix itself as a 1x1 Conv weight [vocab, hidden, 1, 1] -- what qai-hub-models
+    makes of the LM head (ConvInplaceLinear copies it; the embedding's Gather keeps its own
+    16-bit copy in part 1) -- so its rows are exactly the embedding's rows."""
+    if arch.tie_word_embeddings:
+        shape = (arch.vocab_size, arch.hidden_size, 1, 1)
+    else:
+        shape = (arch.hidden_size, arch.vocab_size)
+    return WeightSpec("lm_head.weight", shape, quant.lm_head_bitwidth, arch.vocab_size)
 
 
 def pipeline_order_problem(model: Model, plan: Plan) -> str:

@@ -1,9 +1,11 @@
 """The Genie runtime configs: genie_config.json and htp_backend_ext_config.json.
 
 Writers (`genie_config`, `htp_backend_ext_config`) derive every value from the build config: the
-model's architecture, the tokenizer's special ids, and the one device file whose soc_model /
-dsp_arch also fed the compile. The reader (`read_genie_config`) takes back what a host runtime
-needs, as Genie would (`doit verify` runs the bundle with it).
+model's architecture and [genie] settings, the tokenizer's special ids, and the one resolved
+device (config.devices) whose soc_model / dsp_arch also fed the compile. Key names and types are
+those of Qualcomm's schema (qairt-dev's genie_config.GenieConfig, HtpConfigHelper), which the
+tests validate every model's output against. The reader (`read_genie_config`) takes back what a
+host runtime needs, as Genie would (`doit verify` runs the bundle with it).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from hexbundle.support.errors import VerifyError
 
 
 def htp_backend_ext_config(cfg: BuildConfig) -> dict:
-    """Runtime HTP settings. soc_model / dsp_arch come from the same device file as the compile."""
+    """Runtime HTP settings. soc_model / dsp_arch come from the same device as the compile."""
     d, htp = cfg.device, cfg.device.htp
     cores = [{"core_id": c, "perf_profile": htp["perf_profile"],
               "rpc_control_latency": htp["rpc_control_latency"]} for c in htp["cores"]]
@@ -48,17 +50,14 @@ def genie_config(cfg: BuildConfig, token_ids: dict, bin_names: list) -> dict:
                            "spill-fill-bufsize": rt["spill_fill_bufsize"],
                            "mmap-budget": rt["mmap_budget"], "poll": rt["poll"],
                            "cpu-mask": rt["cpu_mask"], "kv-dim": a.head_dim,
-                           "pos-id-dim": a.pos_id_dim, "rope-theta": _number(a.rope_theta),
-                           "allow-async-init": False},
+                           # an integer in Qualcomm's schema; the model config refuses others
+                           "pos-id-dim": a.pos_id_dim, "rope-theta": int(a.rope_theta),
+                           "allow-async-init": rt["allow_async_init"]},
                 "extensions": HTP_EXT_CONFIG},
             "model": {"version": 1, "type": "binary",
                       "binary": {"version": 1, "ctx-bins": bin_names}},
         },
     }}
-
-
-def _number(x: float):
-    return int(x) if float(x).is_integer() else x
 
 
 @dataclass(frozen=True)

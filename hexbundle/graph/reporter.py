@@ -20,11 +20,10 @@ def banner(layout: Layout) -> str:
     cfg = layout.cfg
     version, deployable = describe(cfg.backend)
     note = "" if deployable else "  [reference backend: open formats, NOT deployable]"
-    d = cfg.device
     return (f"hexbundle {__version__}: {cfg.model.name}, plan {cfg.plan.name} "
-            f"({len(cfg.plan.layers_per_part)} parts) for {d.name} (soc_model {d.soc_model}, "
-            f"{d.dsp_arch})\n  backend {cfg.backend} ({version}), executor "
-            f"{cfg.executor}, weights_packing {cfg.compile['weights_packing']}, weight_sharing "
+            f"({len(cfg.plan.layers_per_part)} parts) for {cfg.device.banner()}\n  backend "
+            f"{cfg.backend} ({version}), executor {cfg.executor}, weights_packing "
+            f"{cfg.compile['weights_packing']}, weight_sharing "
             f"{cfg.compile['weight_sharing']}{note}\n  convert: float_precision "
             f"{cfg.compile['float_bitwidth']}, truncate_64bit_io "
             f"{cfg.compile['truncate_64bit_io']}, quantize_io {cfg.compile['quantize_io']}, "

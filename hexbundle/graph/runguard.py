@@ -4,13 +4,16 @@ Called once when dodo.py loads (hexbundle.graph.session.load), for every command
 tasks or change the dependency DB (all but list, help, info, dumpdb, tabcompletion):
 
 1. A lock on the build directory (fcntl.flock on build/.hexbundle/lock, held until the process
-   ends, whatever way it ends). A second run waits, saying for whom, up to
-   HEXBUNDLE_LOCK_TIMEOUT seconds (default 600; 0 = refuse at once), then refuses.
-2. Clean-up after a run that was killed: a directory swap cut in half is undone (the previous
-   bundle goes back), and the temp files and directories of our writers are removed. Every
-   writer takes its temp names from hexbundle.support.atomic, so one rule (is_temp_name) finds
-   them all, and nothing else is removed. Only under the lock: a live run's temp files are
-   never touched.
+   ends, whatever way it ends; it records the holder's pid and run id, support.run). A second
+   run waits, saying for whom, up to HEXBUNDLE_LOCK_TIMEOUT seconds (default 600; 0 = refuse at
+   once), then refuses.
+2. Clean-up after a run that was killed: first its step containers (docker executor), which
+   outlive a kill -9 of the run and would go on writing into the build root, are removed and
+   waited for (steps.docker_executor.remove_leftovers); then a directory swap cut in half is
+   undone (the previous bundle goes back), and the temp files and directories of our writers
+   are removed. Every writer takes its temp names from hexbundle.support.atomic, so one rule
+   (is_temp_name) finds them all, and nothing else is removed. Only under the lock: a live
+   run's temp files and containers are never touched.
 3. The dependency DB (doit's JSON backend) is written atomically (temp, fsync, rename) instead
    of in place, and after every task that succeeds rather than only at the end of the run, so
    a killed run keeps the work it finished. A DB that is nevertheless unreadable is set aside
@@ -38,6 +41,7 @@ from hexbundle.config.layout import DB_DIR, DOIT_DB, STATE_DIR
 from hexbundle.graph.variants import seeded, split_records
 from hexbundle.support.atomic import atomic_output, discard, is_temp_name, put_back
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.run import run_id
 
 LOCK_TIMEOUT_ENV = "HEXBUNDLE_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 600.0
@@ -69,6 +73,7 @@ def guard_run(layout, argv: list, db_name: str = DOIT_DB) -> None:
     report_interrupts_cleanly()   # first: Ctrl-C while waiting for the lock is clean too
     owned = claim_build_root(layout)   # before the lock creates .hexbundle/ in it
     hold_lock(layout.lock, root)
+    remove_leftover_containers(layout)   # first: nothing of the killed run writes any more
     if owned:
         restore_interrupted_swaps(build, root)
         sweep_temp_files(build, root)
@@ -162,7 +167,7 @@ def hold_lock(path: Path, root: Path) -> None:
         time.sleep(POLL_S)
     fh.seek(0)
     fh.truncate()
-    fh.write(f"{os.getpid()}\n")
+    fh.write(f"{os.getpid()} {run_id()}\n")
     fh.flush()
     _held = fh
 
@@ -178,8 +183,9 @@ def _try_lock(fh) -> bool:
 
 
 def _holder(path: Path) -> str:
+    """The pid the lock file records (before the run id)."""
     try:
-        return path.read_text().strip() or "?"
+        return (path.read_text().split() or ["?"])[0]
     except OSError:
         return "?"
 
@@ -200,6 +206,14 @@ def _own_tree(build: Path):
     for dirpath, dirnames, filenames in os.walk(build):
         dirnames[:] = [d for d in dirnames if not Path(dirpath, d, STATE_DIR).is_dir()]
         yield Path(dirpath), dirnames, filenames
+
+
+def remove_leftover_containers(layout) -> list:
+    """The step containers a killed run left (steps.docker_executor.remove_leftovers)."""
+    if getattr(layout, "cfg", None) is None:
+        return []
+    from hexbundle.steps.docker_executor import remove_leftovers
+    return remove_leftovers(layout, _notice)
 
 
 def restore_interrupted_swaps(build: Path, root: Path) -> list:

@@ -6,6 +6,8 @@ each weight is drawn in blocks of rows from its own random stream (drawing in bl
 the same stream, so the values equal a whole-tensor draw), each block is scaled, folded into the
 weight's encoding range (per-channel |max| or min/max) and written to the .data file, then
 dropped. The 152064 x 3584 float32 embedding (2.2 GB) costs one block (CHUNK_BYTES) of memory.
+A tied LM head ([vocab, hidden, 1, 1], the embedding's rows) is drawn again from the embedding's
+stream, block by block, rather than kept.
 
 The prompt and token graphs of a part hold the same weights, so both ONNX record the part's one
 .data file (as Qualcomm's asset does): the same bytes once on disk, and no hard link (onnx >= 1.21
@@ -93,7 +95,7 @@ def missing_parts(model: Model, parts: Iterable, out_dir: Path) -> list:
 def weight_blocks(spec, seed: int, chunk_bytes: int = CHUNK_BYTES):
     """Yield the weight's values as consecutive blocks of rows (views of one reused buffer)."""
     from hexbundle.inputs import synthetic
-    rng = synthetic.weight_rng(spec.name, seed)
+    rng = synthetic.weight_rng(spec.stream, seed)   # a tied LM head: the embedding's stream
     rows = spec.shape[0]
     row_shape = tuple(spec.shape[1:])
     rows_per_block = max(1, chunk_bytes // (4 * max(1, math.prod(row_shape))))

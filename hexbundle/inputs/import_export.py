@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from hexbundle.config.build import QUALCOMM_MAX_NUM_TOKENS
 from hexbundle.config.layout import GraphInputs, ProjectLayout
 from hexbundle.config.model import Graph, Part
 from hexbundle.formats.encodings import load_encodings
@@ -322,7 +323,13 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
     ]
     lines += graph_tables(tree, split, inferred, plan)
     lines += [
-        "[genie]", "max_num_tokens = 200", "",
+        "[genie]",
+        "# genie_config.json's dialog settings: what Qualcomm's Genie bundle generator writes",
+        f"# (qai-hub-models 0.65.0 create_genie_config: max-num-tokens {QUALCOMM_MAX_NUM_TOKENS}, "
+        "capped by",
+        "# graphs.context_length; sampler seed 42, temp 0.8, top-k 40, top-p 0.95).",
+        f"max_num_tokens = {min(QUALCOMM_MAX_NUM_TOKENS, cl)}", "sampler_seed = 42", "temp = 0.8",
+        "top_k = 40", "top_p = 0.95", "",
         "# `doit verify` thresholds: the embedded model's; tighten them to just below what",
         "# `doit verify` reports for this export.",
         "[verify]", f"prompt_tokens = {prompt_tokens}", f"decode_steps = {decode}", "seed = 0",

@@ -1,4 +1,5 @@
-"""Generate the input files of a small Qwen2-architecture model, laid out like a qai-hub-models export.
+"""Generate the input files of a small Qwen2- or Qwen3-architecture model, laid out like a
+qai-hub-models export.
 
 For every graph of a part (prompt, then token) this writes `<graph>.onnx` (float32, opset 17,
 standard ops only), its external weights `<graph>.data` and its AIMET v1.0.0 `<graph>.encodings`,
@@ -14,6 +15,14 @@ Conventions
   served by kv head h // (nh / nkv) (HF repeat_kv); cos/sin are duplicated to width d
   (concat([c, c])) and RoPE is applied with the rotate-half convention of HF Qwen2; the new keys
   are stored after RoPE, pre-transposed for q @ K.
+* Families (config.model.FAMILIES). qwen2: q/k/v projections add a bias. qwen3 (HF
+  modeling_qwen3): no q/k/v bias; every query and key head is RMS-normalized over head_dim
+  (q_norm, k_norm) after the projection and before RoPE; the value heads are not.
+* Tied embeddings (`tie_word_embeddings`): the LM head is the embedding matrix. As in Qualcomm's
+  export it is a separate initializer of the last part, a 1x1 Conv weight [vocab, hidden, 1, 1]
+  (qai-hub-models' ConvInplaceLinear), holding the embedding's values row for row: both are drawn
+  from the embedding's random stream, at the embedding's unit scale. The logits then reach about
+  hidden_size (the input token's own row), so their activation range is hidden_size.
 * Weights are a function of (seed, initializer name) only, so every split plan cuts the SAME
   model and the prompt and token graphs of a part hold identical weight bytes. All HF weights
   (even small biases and norms) live in the external .data file, 64-byte aligned, in
@@ -72,6 +81,18 @@ class DrawnWeight:
     name: str
     shape: tuple
     kind: str   # "linear" | "bias" | "norm" | "embedding" | "lm_head"
+    tied: bool = False   # the embedding or the LM head of a model whose two are one matrix
+
+    @property
+    def stream(self) -> str:
+        """Whose random numbers the weight is drawn from: tied weights share the embedding's."""
+        return "model.embed_tokens.weight" if self.tied else self.name
+
+    @property
+    def channel_axis(self) -> int:
+        """The output channel axis (per-channel encodings): a 1x1 Conv weight [out, in, 1, 1]
+        has it first, a MatMul weight [in, out] last."""
+        return 0 if len(self.shape) == 4 else len(self.shape) - 1
 
 
 @dataclass(frozen=True)
@@ -84,7 +105,9 @@ class TensorSpec:
 def weight_specs(model: Model, part: Part) -> list:
     """The part's weights (names and shapes from hexbundle.config.model.part_weights, the one place the
     architecture's tensors are listed), each with the role that decides how it is drawn."""
-    return [DrawnWeight(w.name, w.shape, _role(w.name))
+    tied = model.architecture.tie_word_embeddings
+    return [DrawnWeight(w.name, w.shape, _role(w.name),
+                        tied and _role(w.name) in ("embedding", "lm_head"))
             for w in part_weights(model.architecture, model.quantization, part)]
 
 
@@ -160,7 +183,7 @@ def make_weights(model: Model, part: Part, seed: int) -> dict:
 
 
 def _draw_weight(spec: DrawnWeight, model: Model, seed: int) -> np.ndarray:
-    noise = weight_rng(spec.name, seed).standard_normal(spec.shape, dtype=np.float32)
+    noise = weight_rng(spec.stream, seed).standard_normal(spec.shape, dtype=np.float32)
     return finish_weight(spec, noise)
 
 
@@ -178,7 +201,7 @@ def finish_weight(spec: DrawnWeight, noise: np.ndarray) -> np.ndarray:
         noise += np.float32(1.0)
     elif spec.kind == "bias":
         noise *= np.float32(0.1)
-    elif spec.kind != "embedding":
+    elif spec.kind != "embedding" and not spec.tied:   # a tied LM head IS the embedding
         # 1/sqrt(fan_in) keeps q.k and the MLP at unit scale; the residual writers (o, down)
         # are halved so the residual stream grows slowly with depth.
         gain = 0.5 if spec.name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0
@@ -240,9 +263,9 @@ def _attention(b, model: Model, x: str, layer: int, rope: tuple, out_names: tupl
     a = model.architecture
     nkv, group, d = a.num_kv_heads, a.num_attention_heads // a.num_kv_heads, a.head_dim
     p, scope = f"model.layers.{layer}.self_attn", f"model/layers.{layer}/self_attn"
-    q = _linear(b, x, f"{p}.q_proj", scope, bias=True)
-    k = _linear(b, x, f"{p}.k_proj", scope, bias=True)
-    v = _linear(b, x, f"{p}.v_proj", scope, bias=True)
+    q = _linear(b, x, f"{p}.q_proj", scope, bias=a.qkv_bias)
+    k = _linear(b, x, f"{p}.k_proj", scope, bias=a.qkv_bias)
+    v = _linear(b, x, f"{p}.v_proj", scope, bias=a.qkv_bias)
     # q -> (nkv, group, S, d): query head h = kv * group + g, so MatMul broadcasts over the
     # kv layout (nkv, 1, ...) -- GQA without materialising repeated keys.
     q = b.op("Reshape", [q, b.const("q_heads", np.array([-1, nkv, group, d], np.int64))], scope)
@@ -252,6 +275,9 @@ def _attention(b, model: Model, x: str, layer: int, rope: tuple, out_names: tupl
     v = b.op("Reshape", [v, b.const("kv_heads", np.array([1, -1, nkv, d], np.int64))], scope)
     key_out, value_out = out_names
     v = b.op("Transpose", [v], scope, out=value_out, perm=[2, 0, 1, 3])        # (nkv,1,S,d)
+    if a.qk_norm:   # per head: the last axis is head_dim in both layouts
+        q = _rms_norm(b, q, f"{p}.q_norm.weight", a.rms_norm_eps, f"{scope}/q_norm")
+        k = _rms_norm(b, k, f"{p}.k_norm.weight", a.rms_norm_eps, f"{scope}/k_norm")
     cos, sin = rope
     q = _rotate(b, q, cos, sin, d // 2, scope)
     k = _rotate(b, k, cos, sin, d // 2, scope)
@@ -283,6 +309,17 @@ def _decoder_layer(b, model: Model, x: str, layer: int, rope: tuple, out: str | 
     return b.op("Add", [x, down], scope, out=out)
 
 
+def _conv_lm_head(b: _GraphBuilder, x: str, out: str) -> str:
+    """logits (1,S,V) from x (1,S,H) through the 1x1 Conv weight [V, H, 1, 1], in the layout
+    qai-hub-models' ConvInplaceLinear uses: (1,S,H) -> (1,H,1,S) -> Conv -> (1,V,1,S) -> (1,S,V)."""
+    height = b.const("lm_head_height_axis", np.array([2], np.int64))
+    channels_first = b.op("Transpose", [x], "lm_head", perm=[0, 2, 1])
+    image = b.op("Unsqueeze", [channels_first, height], "lm_head")
+    conv = b.op("Conv", [image, "lm_head.weight"], "lm_head", kernel_shape=[1, 1])
+    flat = b.op("Squeeze", [conv, height], "lm_head")
+    return b.op("Transpose", [flat], "lm_head", out=out, perm=[0, 2, 1])
+
+
 def build_graph(model: Model, graph: Graph, weight_tensors: list) -> onnx.ModelProto:
     """The ONNX model of one graph; `weight_tensors` are the (external) weight initializers."""
     part, a = graph.part, model.architecture
@@ -311,7 +348,10 @@ def build_graph(model: Model, graph: Graph, weight_tensors: list) -> onnx.ModelP
     if part.has_head:
         stage += 1
         x = _rms_norm(b, x, "model.norm.weight", a.rms_norm_eps, "model/norm")
-        b.op("MatMul", [x, "lm_head.weight"], "lm_head", out=out_name())
+        if a.tie_word_embeddings:
+            _conv_lm_head(b, x, out_name())
+        else:
+            b.op("MatMul", [x, "lm_head.weight"], "lm_head", out=out_name())
 
     def value_info(spec):
         return helper.make_tensor_value_info(spec.name, helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype)),
@@ -368,8 +408,8 @@ def _write_data(path: Path, weights: dict) -> None:
 
 
 def _symmetric_per_channel(amax: np.ndarray, bw: int) -> dict:
-    """One scale per output channel (last axis of the [in, out] weight; `amax` its largest
-    |value| per channel), offset -2^(bw-1)."""
+    """One scale per output channel (`amax` its largest |value| per channel: the last axis of a
+    MatMul weight [in, out], the first of a Conv weight [out, in, 1, 1]), offset -2^(bw-1)."""
     qmax = 2 ** (bw - 1) - 1
     scales = np.maximum(np.asarray(amax, np.float32).astype(np.float64) / qmax,
                         np.finfo(np.float32).tiny)
@@ -399,7 +439,11 @@ class WeightRange:
         self.amax = self.lo = self.hi = None
 
     def update(self, rows: np.ndarray) -> None:
-        if self.spec.kind in ("linear", "lm_head"):
+        if self.spec.kind in ("linear", "lm_head") and self.spec.channel_axis == 0:
+            # a block of output channels: their maxima follow the ones seen so far
+            block = np.abs(rows).reshape(rows.shape[0], -1).max(axis=1)
+            self.amax = block if self.amax is None else np.concatenate([self.amax, block])
+        elif self.spec.kind in ("linear", "lm_head"):
             block = np.abs(rows).max(axis=0)
             self.amax = block if self.amax is None else np.maximum(self.amax, block)
         elif self.spec.kind == "embedding":
@@ -437,12 +481,21 @@ def _activation_role(name: str) -> str:
     return "hidden"
 
 
+def _activation_range(role: str, model: Model) -> float:
+    a = model.architecture
+    if role == "logits" and a.tie_word_embeddings:
+        # normed hidden (norm sqrt(H)) . a unit-scale embedding row (norm sqrt(H)): up to H,
+        # nearly reached by the input token's own row while the embedding dominates the residual
+        return float(a.hidden_size)
+    return ACTIVATION_RANGES[role]
+
+
 def _activation_encoding(spec: TensorSpec, model: Model) -> dict:
     bw = model.quantization.activation_bitwidth
     if spec.name == ATTENTION_MASK:
         enc = _asymmetric_per_tensor(MASK_VALUE, 0.0, bw)
     else:
-        enc = _symmetric_per_tensor(ACTIVATION_RANGES[_activation_role(spec.name)], bw)
+        enc = _symmetric_per_tensor(_activation_range(_activation_role(spec.name), model), bw)
     return {"name": spec.name, "dtype": "INT", **enc}
 
 

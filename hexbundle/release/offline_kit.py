@@ -12,8 +12,9 @@ from pathlib import Path
 from hexbundle import __version__
 from hexbundle.config.layout import Layout
 from hexbundle.config.toolchain import load_toolchain
-from hexbundle.release.kit import KitError, load_kit, write_kit_json, write_sums
-from hexbundle.support.atomic import output_path, staged_dir
+from hexbundle.release.kit import (HOST_WHEELS, KitError, load_kit, sum_line, write_kit_json,
+                                   write_sums)
+from hexbundle.support.atomic import output_path, staged_dir, temp_dir, write_atomic
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import sha256_file
@@ -43,22 +44,35 @@ def source_files(root: Path) -> list:
     return sorted(found)
 
 
-def host_requirements(root: Path) -> list:
-    """hexbundle's own dependencies and test tools, plus what an editable install builds with."""
-    import tomli
-    try:
-        project = tomli.loads((root / "pyproject.toml").read_text())["project"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise KitError(f"{root / 'pyproject.toml'}: cannot read the project's dependencies "
-                       f"({exc}); the kit needs it to install hexbundle offline") from None
-    reqs = list(project["dependencies"]) + list(project["optional-dependencies"]["test"])
-    return reqs + ["setuptools>=61", "wheel"]
+# The wheel's zip entries get this time, not the files' mtimes: its bytes depend on the source only.
+WHEEL_EPOCH = "315532800"
 
 
-def download_host_wheels(root: Path, dest: Path) -> None:
+def build_host_wheel(source: Path, dest: Path, scratch_near: Path) -> Path:
+    """hexbundle's wheel, built here from the kit's source: the offline side installs it and never
+    runs a build backend (code that would come with the kit, possibly as root)."""
     dest.mkdir(parents=True, exist_ok=True)
+    # Built from a scratch copy: setuptools writes build/ and *.egg-info/ into the tree it builds.
+    with temp_dir(scratch_near, "hexbundle-wheel") as scratch:
+        tree = scratch / "source"
+        shutil.copytree(source, tree)
+        cmd = [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
+               "--no-deps", "--wheel-dir", str(scratch / "out"), str(tree)]
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              env={**os.environ, "SOURCE_DATE_EPOCH": WHEEL_EPOCH})
+        wheels = sorted((scratch / "out").glob("hexbundle-*.whl"))
+        if proc.returncode != 0 or len(wheels) != 1:
+            raise KitError(f"pip wheel could not build hexbundle's wheel from {source} (it "
+                           f"needs setuptools from an index):\n{proc.stderr[-2000:]}")
+        shutil.copy2(wheels[0], dest / wheels[0].name)
+    return dest / wheels[0].name
+
+
+def download_host_wheels(wheel: Path, dest: Path) -> None:
+    """The wheels of everything the hexbundle wheel needs, with its test tools (its own metadata
+    says which), for this host's Python."""
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-           "--only-binary=:all:", "--dest", str(dest), *host_requirements(root)]
+           "--only-binary=:all:", "--dest", str(dest), f"{wheel}[test]"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise KitError(f"pip download of the host wheels failed (a connected machine is needed "
@@ -120,21 +134,32 @@ def make_kit(layout: Layout, include_sdk: bool, include_inputs: bool) -> Path:
         for wheel in sorted(tc.wheelhouse.glob("*.whl")):
             shutil.copy2(wheel, container_wheels / wheel.name)
         shutil.copy2(tc.lock, container_wheels / tc.lock.name)
-        download_host_wheels(cfg.root, staging / "wheels" / "host")
+        wheel = build_host_wheel(staging / "source", staging / HOST_WHEELS, layout.build_root)
+        download_host_wheels(wheel, staging / HOST_WHEELS)
         say(f"offline_kit: wheels for the image and for Python "
             f"{sys.version_info.major}.{sys.version_info.minor} on the host")
 
         bring = bring_list(layout, tc, staging, include_sdk, include_inputs)
         from hexbundle.release.reproducible import source_state
         write_kit_json(staging, {"hexbundle": __version__, "images": images,
+                                 "host_wheel": wheel.relative_to(staging).as_posix(),
                                  "source": source_state(cfg.root), "host_python":
                                  f"{sys.version_info.major}.{sys.version_info.minor}",
                                  "bring": bring, "model": cfg.model.name})
         write_sums(staging)
     write_tar(out, layout.offline_kit_tar)
+    write_archive_sum(layout.offline_kit_tar, layout.offline_kit_sha256)
     with output_path(layout.load_kit_script) as tmp:
         shutil.copy2(Path(__file__).with_name("kit.py"), tmp)
     return out
+
+
+def write_archive_sum(archive: Path, out: Path) -> str:
+    """`<archive>.sha256`: the archive's sha256 as a `sha256sum -c` line. It is what makes the kit
+    authentic on the other side: carried (or read out) apart from the archive, never inside it."""
+    line = sum_line(sha256_file(archive), archive.name)
+    write_atomic(out, line.encode())
+    return line
 
 
 def bring_list(layout: Layout, tc, staging: Path, include_sdk: bool, include_inputs: bool) -> list:
@@ -169,17 +194,23 @@ def offline_kit_command(layout: Layout) -> None:
     except KitError as exc:   # kit.py runs alone, without hexbundle: its own error class
         raise HexbundleError(str(exc)) from None
     size = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
+    line = layout.offline_kit_sha256.read_text().rstrip("\n")
     say(f"offline_kit: {layout.rel(kit)} ({size / 1e6:.0f} MB), "
         f"{layout.rel(layout.offline_kit_tar)}, and {layout.rel(layout.load_kit_script)}"
-        " to unpack it: carry both to the offline machine and run "
-        "`python3 load_kit.py offline-kit.tar --venv kit-venv`")
+        " to unpack it: carry both to the offline machine")
+    say(f"offline_kit: the archive's sha256 (also in {layout.rel(layout.offline_kit_sha256)}; "
+        "carry it apart from the archive, e.g. write it down):")
+    say(line)
+    say(f"offline_kit: on the offline machine: python3 load_kit.py offline-kit.tar "
+        f"--expect-sha256 {line.split()[0]} --venv kit-venv")
 
 
-def load_kit_command(kit: list) -> None:
-    """`doit load_kit KIT`."""
+def load_kit_command(kit: list, expect_sha256: str = "") -> None:
+    """`doit load_kit [--expect-sha256 HEX] KIT`."""
     if len(kit) != 1:
-        raise HexbundleError("usage: doit load_kit build/offline-kit.tar (or an unpacked kit dir)")
+        raise HexbundleError("usage: doit load_kit [--expect-sha256 HEX] build/offline-kit.tar "
+                             "(or an unpacked kit dir)")
     try:
-        load_kit(Path(kit[0]), log=say)
+        load_kit(Path(kit[0]), log=say, expect_sha256=expect_sha256 or None)
     except KitError as exc:
         raise HexbundleError(str(exc)) from None

@@ -3,8 +3,9 @@ tokenizer.json, the context binaries (hard links, not copies) and manifest.json.
 
 Every value is derived (formats.genie): context size, n-vocab, kv-dim, pos-id-dim and rope-theta
 from the model config; bos/eos/eot ids looked up in the tokenizer by content; soc_model /
-dsp_arch from the one device file that also fed the compile. The bundle is assembled in a staging
-directory and swapped in whole, so a failed assembly never damages the previous bundle.
+dsp_arch from the one resolved device (config.devices) that also fed the compile. The bundle is
+assembled in a staging directory and swapped in whole, so a failed assembly never damages the
+previous bundle.
 """
 from __future__ import annotations
 

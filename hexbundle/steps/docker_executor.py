@@ -4,10 +4,23 @@ The step runs `python3.10 <root>/scripts/step.py <spec>` with:
   - the source tree mounted read-only at the same absolute path as on the host (so the spec's
     paths, the digest cache's keys and every log line mean the same thing inside and outside),
   - the build root mounted read-write at its own path (outputs, logs, hexbundle's state),
-  - no network, no capabilities, a read-only root filesystem, the host's uid:gid (outputs
-    belong to the user, not to root), and an explicit environment (nothing of the host's leaks in),
+  - no network, no capabilities, no-new-privileges, a read-only root filesystem, a /tmp that is
+    a size-limited noexec tmpfs, and the pids, memory and CPU limits of [container] in
+    configs/build.toml; an explicit environment (nothing of the host's leaks in),
+  - never as root: as the host's uid:gid (outputs belong to the user), or, when hexbundle runs
+    as root, as [container] user (default 65534:65534, nobody:nogroup, which owns nothing else).
+    Then the directories steps write into (the model's tree under the build root, the state
+    directory) are handed to that user before each step (hand_over): the steps' outputs belong
+    to it; what the doit process writes itself (its DB, the lock, the logs) stays root's,
+  - named after the run and the task (hexbundle-<run id>-<task>), labelled with the build root
+    and the run, and recorded under <build root>/.hexbundle/containers/ before it is created,
   - its output streamed to the step's log; the exit code returned; the container removed after,
-    whatever happened (Ctrl-C included).
+    whatever happened (Ctrl-C included), and then its record.
+
+A run killed with kill -9 can remove nothing: its container runs on, writing into the build root,
+then stays. So the next run, under the build lock and before anything else (the run guard calls
+remove_leftovers), removes every container labelled with this build root that is not its own,
+waiting until each is gone.
 
 It never pulls: the image is looked up locally first (`containers.run` would silently pull).
 """
@@ -16,21 +29,42 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
+import secrets
+import stat
+import time
 from pathlib import Path
+from typing import Callable
 
+from hexbundle.config.build import ContainerSettings
 from hexbundle.config.layout import BUILD_ROOT_ENV, Layout, ProjectLayout
 from hexbundle.config.toolchain import load_toolchain
-from hexbundle.support.errors import HexbundleError
+from hexbundle.support.atomic import write_json
+from hexbundle.support.errors import ContainerError, HexbundleError
+from hexbundle.support.run import LIFELINE_ENV, run_id
+from hexbundle.support.testhooks import PAUSE_AT_ENV, PAUSE_DIR_ENV
 from hexbundle.toolchain.docker import LONG_TIMEOUT_S, docker_client, find_image, require_sdk_image
 
 PYTHON = "python3.10"
-# Passed through when set on the host: they change what a build writes, not where it runs.
-PASS_THROUGH = ("SOURCE_DATE_EPOCH",)
+# Passed through when set on the host: they change what a build writes, not where it runs; the
+# test hook's (support.testhooks) only ever set by tests.
+PASS_THROUGH = ("SOURCE_DATE_EPOCH", PAUSE_AT_ENV, PAUSE_DIR_ENV)
+LABEL_ROOT = "org.hexbundle.root"               # the source tree
+LABEL_BUILD_ROOT = "org.hexbundle.build-root"   # whose containers: the next run looks them up
+LABEL_RUN = "org.hexbundle.run"                 # which run (support.run): its own are not leftovers
+LABEL_STEP = "org.hexbundle.step"
+LABEL_TASK = "org.hexbundle.task"
+REMOVE_TIMEOUT_S = 60.0
+POLL_S = 0.2
 
+
+# ---------------------------------------------------------------------------------------------
+# how a step's container runs
 
 def mounts(layout: ProjectLayout) -> dict:
     """Source tree read-only, build root read-write, each at its own absolute path; an export
-    used in place from outside the project, read-only at its own path too."""
+    used in place from outside the project, read-only at its own path too; the test hook's
+    directory (tests only) read-write."""
     root, build_root = layout.root, layout.build_root
     build_root.mkdir(parents=True, exist_ok=True)   # else docker would create it, root-owned
     out = {str(root): {"bind": str(root), "mode": "ro"},
@@ -38,6 +72,10 @@ def mounts(layout: ProjectLayout) -> dict:
     export = getattr(getattr(layout, "cfg", None), "export_dir", None)
     if export is not None and root not in (export, *export.parents):
         out[str(export)] = {"bind": str(export), "mode": "ro"}
+    pause_dir = os.environ.get(PAUSE_DIR_ENV)
+    if os.environ.get(PAUSE_AT_ENV) and pause_dir:
+        out[str(Path(pause_dir).resolve())] = {"bind": str(Path(pause_dir).resolve()),
+                                               "mode": "rw"}
     return out
 
 
@@ -47,23 +85,140 @@ def environment(layout: ProjectLayout) -> dict:
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",
            BUILD_ROOT_ENV: str(layout.build_root)}
     env.update({k: os.environ[k] for k in PASS_THROUGH if k in os.environ})
+    env[LIFELINE_ENV] = "stdin"   # the step stops when this run ends (support.run)
+    if PAUSE_DIR_ENV in env:
+        env[PAUSE_DIR_ENV] = str(Path(env[PAUSE_DIR_ENV]).resolve())   # as mounted
     return env
 
 
-def container_name(spec: dict) -> str:
-    import uuid
-    return f"hexbundle-{spec.get('step', 'step')}-{uuid.uuid4().hex[:12]}"
+def limits(settings: ContainerSettings) -> dict:
+    """[container]'s limits as docker's run options. /tmp: noexec (nothing a step runs comes
+    from there), nosuid, nodev, and sized: its pages count in the step's memory."""
+    out = {"pids_limit": settings.pids_limit, "mem_limit": settings.memory,
+           "tmpfs": {"/tmp": f"rw,noexec,nosuid,nodev,size={settings.tmp_size}"}}
+    if settings.cpus:
+        out["nano_cpus"] = round(settings.cpus * 1e9)
+    return out
 
 
-def host_user() -> str:
+def run_options(layout: Layout, user: str) -> dict:
+    """How a step's container runs, all but its name, labels and command: the one place."""
+    return dict(working_dir=str(layout.root), volumes=mounts(layout),
+                environment=environment(layout), user=user, network_mode="none",
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
+                **limits(layout.cfg.container))
+
+
+def step_user(layout: Layout, given: str = "") -> str:
+    """uid:gid of the step: `given`, else the host user's, else (hexbundle runs as root)
+    [container] user; never root."""
+    if given:
+        return given
+    if os.getuid() == 0:
+        return layout.cfg.container.user
     return f"{os.getuid()}:{os.getgid()}"
 
 
-def run_in_container(layout: Layout, spec: dict, log_path: Path, user: str = "") -> int:
+def container_name(spec: dict, task: str = "") -> str:
+    """hexbundle-<run id>-<task>: whose it is at a glance in `docker ps`; unique in a run (doit
+    runs a task once). Without a task (a direct call) a random suffix keeps names apart."""
+    label = task or f"{spec.get('step', 'step')}-{secrets.token_hex(3)}"
+    return f"hexbundle-{run_id()}-{re.sub(r'[^A-Za-z0-9_.-]', '.', label)}"
+
+
+def labels(layout: ProjectLayout, spec: dict, task: str) -> dict:
+    return {LABEL_ROOT: str(layout.root), LABEL_BUILD_ROOT: str(layout.build_root),
+            LABEL_RUN: run_id(), LABEL_STEP: spec.get("step", ""), LABEL_TASK: task}
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def describe(settings: ContainerSettings, user: str) -> str:
+    """The log's first line, after the image: how the step runs."""
+    who = f"user {user}" + (" (hexbundle runs as root: container.user)"
+                            if os.getuid() == 0 and user == settings.user else "")
+    cpus = f"{settings.cpus:g}" if settings.cpus else "no cap"
+    return (f"{who}, network none, pids {settings.pids_limit}, memory {_size(settings.memory)}, "
+            f"cpus {cpus}, /tmp {_size(settings.tmp_size)} noexec")
+
+
+def check_cpus(client, settings: ContainerSettings) -> None:
+    """docker refuses more CPUs than the engine has, in words that do not name our key."""
+    if not settings.cpus:
+        return
+    ncpu = client.info().get("NCPU") or 0
+    if ncpu and settings.cpus > ncpu:
+        raise ContainerError(f"container.cpus = {settings.cpus:g} (configs/build.toml or the "
+                             f"command line), but the Docker engine has {ncpu} CPUs: lower it, "
+                             "or set 0 for no cap")
+
+
+# ---------------------------------------------------------------------------------------------
+# the build root, for a step that is not root when hexbundle is
+
+def hand_over(layout: Layout, user: str) -> None:
+    """When hexbundle runs as root and the step as `user`: make the directories steps write into
+    that user's, so it can create, replace and hard-link its outputs there (the bundle links the
+    bins: fs.protected_hardlinks wants the linker to own them). The model's tree whole (every
+    file in it is a step's output, its log or its input); of the state directory, itself (the
+    digest cache is replaced by a rename there) and the digest cache (mode 0600: else the step
+    could not read it and would hash everything again); the lock and the DB stay root's. The
+    build root itself stays root's: it may be a directory shared with other files."""
+    if os.getuid() != 0:
+        return
+    uid, gid = (int(n) for n in user.split(":"))
+    for directory in (layout.model_dir, layout.state_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    try:
+        _chown_tree(layout.model_dir, uid, gid)
+        os.chown(layout.state_dir, uid, gid, follow_symlinks=False)
+        _chown_if_there(layout.digest_cache, uid, gid)
+    except OSError as exc:
+        raise ContainerError(
+            f"{exc.filename or layout.model_dir}: cannot hand it to {user}, the user the steps "
+            f"run as since hexbundle runs as root ({exc.strerror or exc}): use a build root on a "
+            "file system root may chown on (not NFS with root_squash), or run hexbundle as the "
+            "user who should own the outputs") from None
+
+
+def _chown_if_there(path: Path, uid: int, gid: int) -> None:
+    try:
+        os.chown(path, uid, gid, follow_symlinks=False)
+    except FileNotFoundError:   # none yet, or replaced meanwhile by another step's rename
+        pass
+
+
+def _chown_tree(top: Path, uid: int, gid: int) -> None:
+    """chown what is not already uid:gid under `top`, through directory descriptors and never
+    following a symlink (a step of a parallel run writes here meanwhile: a name swapped for a
+    link must not send a root chown elsewhere)."""
+    for _, dirnames, filenames, dirfd in os.fwalk(top):
+        st = os.fstat(dirfd)   # a directory is chowned through the descriptor fwalk checked
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.fchown(dirfd, uid, gid)
+        for name in filenames + dirnames:   # files, and links (fwalk lists a link to a dir there)
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) != (uid, gid):
+                    os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+            except FileNotFoundError:   # renamed away by a step running meanwhile
+                continue
+
+
+# ---------------------------------------------------------------------------------------------
+# one step
+
+def run_in_container(layout: Layout, spec: dict, log_path: Path, user: str = "",
+                     task: str = "") -> int:
     """Run one step in the toolchain image; its output goes to log_path; returns its exit code
     (3 when the container could not be started: the log says why). `user` (uid:gid) defaults to
-    the host's."""
-    user = user or host_user()
+    step_user's choice; `task` names the container."""
+    user = step_user(layout, user)
     with open(log_path, "w") as log:
         try:
             tc = load_toolchain(layout.root)
@@ -71,29 +226,37 @@ def run_in_container(layout: Layout, spec: dict, log_path: Path, user: str = "")
             image = find_image(client, tc)
             if layout.cfg.backend == "qairt":
                 require_sdk_image(image, tc)
+            check_cpus(client, layout.cfg.container)
+            hand_over(layout, user)
         except HexbundleError as exc:
             log.write(f"error: {exc}\n")
             return 3
         spec = {**spec, "image": image.id}   # build-info.json records what ran the step
-        log.write(f"# container: image {tc.image_tag} {image.id}, user {user}, network none\n")
+        log.write(f"# container: image {tc.image_tag} {image.id}, "
+                  f"{describe(layout.cfg.container, user)}\n")
         log.flush()
-        return _run(client, image, layout, spec, log, user)
+        return _run(client, image, layout, spec, log, user, task)
 
 
-def _run(client, image, layout: ProjectLayout, spec: dict, log, user: str) -> int:
-    from docker.errors import APIError, NotFound
+def _run(client, image, layout: Layout, spec: dict, log, user: str, task: str) -> int:
+    from docker.errors import APIError
     command = [PYTHON, str(layout.script("step.py")), json.dumps(spec, sort_keys=True)]
-    name = container_name(spec)
-    container = None
+    name = container_name(spec, task)
+    record = layout.containers_dir / name
+    try:   # before the container exists: from here on a kill -9 leaves the record behind
+        write_json(record, {"container": name, "run": run_id(), "pid": os.getpid(),
+                            "task": task, "build_root": str(layout.build_root)})
+    except HexbundleError as exc:
+        log.write(f"error: {exc}\n")
+        return 3
+    container = lifeline = None
     try:
-        container = client.containers.run(
-            image.id, command, detach=True, name=name,
-            working_dir=str(layout.root), volumes=mounts(layout),
-            environment=environment(layout),
-            user=user, network_mode="none", cap_drop=["ALL"],
-            security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": "rw,exec"},
-            labels={"org.hexbundle.step": spec.get("step", ""),
-                    "org.hexbundle.root": str(layout.root)})
+        # created attached (detach=False) with an open stdin: the lifeline (support.run)
+        container = client.containers.create(
+            image.id, command, name=name, labels=labels(layout, spec, task), stdin_open=True,
+            detach=False, **run_options(layout, user))
+        lifeline = _lifeline(client, container)
+        container.start()
         text = codecs.getincrementaldecoder("utf-8")(errors="replace")   # chunks split chars
         for chunk in container.logs(stream=True, follow=True):
             log.write(text.decode(chunk))
@@ -103,9 +266,108 @@ def _run(client, image, layout: ProjectLayout, spec: dict, log, user: str) -> in
     except APIError as exc:
         log.write(f"error: the Docker engine refused to run the step: {exc.explanation or exc}\n")
         return 3
-    finally:
-        # Also on Ctrl-C, even one that came while the container was being created.
-        try:
-            (container or client.containers.get(name)).remove(force=True)
-        except (NotFound, APIError):
-            pass
+    finally:   # also on Ctrl-C, even one that came while the container was being created
+        _remove_own(client, container, name, record)
+        if lifeline is not None:
+            lifeline.close()
+
+
+def _remove_own(client, container, name: str, record: Path) -> None:
+    """This step's container, then its record. The record stays (the next run looks again) if
+    the engine would not remove the container, or if a Ctrl-C cut its creation short: the engine
+    may still finish creating it after our NotFound."""
+    from docker.errors import APIError, NotFound
+    try:
+        (container or client.containers.get(name)).remove(force=True)
+    except NotFound:
+        if container is None:
+            return
+    except APIError:
+        return
+    record.unlink(missing_ok=True)
+
+
+def _lifeline(client, container):
+    """The container's stdin, attached, held open by this process and closed by the kernel when
+    it ends (kill -9 included): the engine then closes the step's stdin and the step stops
+    (support.run.end_with_the_run). None if the engine will not attach: the step then runs
+    without one (its stdin stays open; the next run still removes it if this one is killed)."""
+    from docker.errors import DockerException
+    try:
+        return client.api.attach_socket(container.id, params={"stdin": 1, "stream": 1})
+    except (DockerException, OSError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# what a killed run left
+
+def remove_leftovers(layout: Layout, notice: Callable[[str], None]) -> list:
+    """Remove the step containers of this build root that are not this run's, waiting until each
+    is gone, one line about each; then their records. Returns their names.
+
+    Called by the run guard under the build lock, before the clean-up and before any task: a
+    container of a run killed with kill -9 still runs (writing into the build root) or has
+    stopped and stays. The engine is asked when a record is there or this run uses docker: a
+    local run with no records never touches docker."""
+    records = sorted(p.name for p in _records(layout))
+    if not records and layout.cfg.executor != "docker":
+        return []
+    try:
+        client = docker_client()
+    except HexbundleError:
+        if records:
+            notice(f"no Docker engine answers, so the step container(s) an interrupted run left "
+                   f"cannot be removed: {', '.join(records)}. While one runs it may write into "
+                   f"{layout.build_root}/: remove them (docker rm -f NAME); the next run that "
+                   "reaches the engine does")
+        return []
+    removed = []
+    for entry in _labelled(client, layout):
+        if (entry.get("Labels") or {}).get(LABEL_RUN) == run_id():
+            continue
+        removed.append(_remove(client, entry, layout, notice))
+    for name in records:
+        (layout.containers_dir / name).unlink(missing_ok=True)
+    return removed
+
+
+def _records(layout: Layout) -> list:
+    try:
+        return [p for p in layout.containers_dir.iterdir() if not p.name.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def _labelled(client, layout: Layout) -> list:
+    """This build root's step containers, in any state, from one list call (no inspect: one
+    removed meanwhile would raise NotFound)."""
+    return client.api.containers(all=True, filters={
+        "label": f"{LABEL_BUILD_ROOT}={layout.build_root}"})
+
+
+def _remove(client, entry: dict, layout: Layout, notice: Callable[[str], None]) -> str:
+    """Kill and remove one container; return once the engine no longer has it."""
+    from docker.errors import APIError, NotFound
+    name = (entry.get("Names") or ["/" + entry["Id"][:12]])[0].lstrip("/")
+    found, state = entry.get("Labels") or {}, entry.get("State", "?")
+    risk = ": it could still write into the build root" if state == "running" else ""
+    notice(f"removing the step container {name} ({state}) of an interrupted run (run "
+           f"{found.get(LABEL_RUN, '?')}, task {found.get(LABEL_TASK) or '?'}) before this run "
+           f"starts{risk}")
+    why = ""
+    try:
+        client.api.remove_container(entry["Id"], force=True)   # kills it, returns once removed
+    except NotFound:
+        pass
+    except APIError as exc:   # e.g. a removal already in progress: wait for it below
+        why = f": {exc.explanation or exc}"
+    deadline = time.monotonic() + REMOVE_TIMEOUT_S
+    while client.api.containers(all=True, filters={"id": entry["Id"]}):
+        if time.monotonic() > deadline:
+            raise ContainerError(
+                f"the step container {name} an interrupted run left could not be removed within "
+                f"{REMOVE_TIMEOUT_S:.0f}s{why}; while it exists it may write into "
+                f"{layout.build_root}/: remove it (docker rm -f {name}), then run the build again")
+        time.sleep(POLL_S)
+    return name

@@ -63,7 +63,7 @@ def run_step(layout: Layout, overrides: dict, task: str, step: str, **extra) -> 
     try:
         if cfg.executor == "docker":
             from hexbundle.steps.docker_executor import run_in_container
-            code = run_in_container(layout, spec, log_path)
+            code = run_in_container(layout, spec, log_path, task=task)
         else:
             code = run_local(spec, log_path)
     finally:

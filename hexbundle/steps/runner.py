@@ -20,6 +20,7 @@ from hexbundle.steps.convert import convert_graph
 from hexbundle.steps.inputs import generate_inputs
 from hexbundle.support import hashing, testhooks
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.run import end_with_the_run
 
 # The step names are the doit tasks' names: task `compile` runs steps/compile.py, and so on.
 STEPS = {"inputs": generate_inputs, "convert": convert_graph, "compile": compile_part,
@@ -53,4 +54,5 @@ def main(argv: list) -> int:
     if len(argv) != 1:
         print("usage: step.py SPEC_JSON", file=sys.stderr)
         return 2
+    end_with_the_run()   # in a step container: its run killed, the step stops too
     return run(json.loads(argv[0]))

@@ -56,3 +56,8 @@ class StepFailed(HexbundleError):
 class ToolchainError(HexbundleError):
     """The toolchain is not the pinned one or cannot be reached: SDK archive or version, the
     container image, the docker engine, the Python lock or wheelhouse."""
+
+
+class ContainerError(HexbundleError):
+    """A step container could not be set up as configured ([container] in configs/build.toml),
+    or one an interrupted run left could not be removed."""

@@ -12,7 +12,8 @@ a sleep-and-hope kill would be flaky. Each step has one pause point:
 When a step reaches its point it writes <DIR>/paused (pid, step) and waits until <DIR>/release
 exists (then carries on; it pauses once per process). A test kills (SIGKILL), interrupts
 (SIGINT) or releases it. Unset (always, outside tests): a no-op. The local executor honours it
-in the doit process; the docker executor would have to pass both variables into the container.
+in the doit process; the docker executor passes both variables into the step's container and
+mounts the directory there (it must be writable by the step's uid).
 """
 from __future__ import annotations
 
