@@ -119,11 +119,11 @@ def test_a_config_change_after_switching_rebuilds_exactly_what_it_should(project
     project.doit("bundle", "model=qwen2-tiny-b")
     model_a = project.root / "configs" / "models" / "qwen2-tiny.toml"
     # a Genie setting of A: A's bundle, nothing else
-    edit(model_a, "max_num_tokens = 64", "max_num_tokens = 32")
+    edit(model_a, "top_k = 40", "top_k = 20")
     run = project.doit("bundle")
     assert run.executed == {"bundle"}, run.out
     genie = json.loads((project.bundle() / "genie_config.json").read_text())
-    assert genie["dialog"]["max-num-tokens"] == 32
+    assert genie["dialog"]["sampler"]["top-k"] == 20
     # A's random weights: every step of A but its tokenizer (no weights in it); B untouched
     edit(model_a, "[inputs]\nsource = \"generated\"\nseed = 0",
          "[inputs]\nsource = \"generated\"\nseed = 7")
