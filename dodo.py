@@ -10,7 +10,8 @@ Each task and the module that does its work, under hexbundle/:
   import_export   inputs/import_export.py  a qai-hub-models export -> configs/models/NAME.toml
   inspect         checks/inspect.py        what an export, ONNX or encodings file holds; every
                                            problem the build would refuse, before building
-  convert         steps/convert.py         ONNX + AIMET encodings -> DLC (backends/)
+  convert         steps/convert.py         ONNX + AIMET encodings -> DLC (backends/), the
+                                           inputs validated first (inputs/validate.py)
   compile         steps/compile.py         a part's DLCs -> one context binary (backends/)
   check_sizes     checks/sizes.py          bins vs the size model; checks/integrity.py re-hashes
   bundle          steps/bundle.py          Genie configs (formats/genie.py), manifest, bins
@@ -146,8 +147,9 @@ def task_inspect():
     `doit inspect --path FILE_OR_DIR`: per graph its inputs and outputs, op counts, IR version
     and opset, external data; per encodings file its schema and counts per (enc type, bitwidth,
     dtype, symmetric); then every problem the build would refuse (the build's own checks, all
-    of them, not just the first). Exits non-zero if there is any."""
-    return {"actions": [action(inspect_command)],
+    of them, not just the first; each weight's values are read once, streamed). Exits non-zero
+    if there is any."""
+    return {"actions": [action(inspect_command, float_bitwidth=CFG.compile["float_bitwidth"])],
             "params": [{"name": "path", "long": "path", "default": "",
                         "help": "an export directory, an .onnx or an .encodings file"}],
             "uptodate": [False], "verbosity": 2}

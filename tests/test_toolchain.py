@@ -148,6 +148,16 @@ def test_the_committed_lock_pins_every_wheel_by_sha256():
     assert next(e for e in entries if e.name == "numpy").version.startswith("2.2.")
 
 
+def test_tokenizers_is_a_runtime_dependency_and_in_the_image_lock():
+    """The bundle step reads tokenizer.json with the tokenizers library (formats/tokenizer.py),
+    on the host and in the container; exceptiongroup is what anyio, under it, needs on 3.10."""
+    import tomli
+    project = tomli.loads((ROOT / "pyproject.toml").read_text())
+    assert any(d.startswith("tokenizers") for d in project["project"]["dependencies"])
+    names = {e.name for e in wheelhouse.read_lock(ROOT / "requirements" / "container.lock")}
+    assert {"tokenizers", "huggingface-hub", "exceptiongroup"} <= names
+
+
 def test_a_lock_round_trips_and_a_complete_wheelhouse_verifies(tmp_path):
     tc = fake_wheelhouse(tmp_path)
     found = wheelhouse.verify(tc)

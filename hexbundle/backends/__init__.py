@@ -45,6 +45,9 @@ class CompileOptions:
 class Backend(Protocol):
     name: str
     deployable: bool                  # False: outputs are for inspection, not for a device
+    # True: convert checks each weight's values (inputs.validate.WeightValueCheck) in the pass
+    # that reads them anyway; False: the convert step scans them before the backend runs
+    checks_weight_values: bool
 
     def toolchain_version(self) -> str: ...
 

@@ -64,6 +64,7 @@ SHOWN_FLAGGED = 10
 class QairtBackend:
     name = "qairt"
     deployable = True
+    checks_weight_values = False      # the SDK reads the weights: the convert step scans them first
 
     def __init__(self):
         self.tc = load_toolchain()

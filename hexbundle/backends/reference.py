@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from hexbundle.backends import CompileOptions, ConvertOptions, reference_toolchain_version
 from hexbundle.backends.bincheck import check_bin_facts, facts_from_ctxbin
@@ -28,17 +28,20 @@ from hexbundle.backends.weightplan import (graph_encodings, graph_info, load_onn
 from hexbundle.formats.container import QuantParams, TensorStream
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
 from hexbundle.formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
-from hexbundle.support.errors import BackendError, HexbundleError, InputError
+from hexbundle.formats.onnxfile import BLOCK_ELEMENTS, TensorValues, initializer_values
+from hexbundle.inputs.validate import WeightValueCheck
+from hexbundle.support.errors import BackendError, HexbundleError
 
 # Non-weight initializers kept inside the topology must stay small: the topology is one blob
 # that is parsed whole.
 MAX_TOPOLOGY_INITIALIZER_BYTES = 1 << 20
-QUANTIZE_BLOCK_ELEMENTS = 1 << 22   # rows per block ~ 16 MiB of float32 temporaries
+QUANTIZE_BLOCK_ELEMENTS = BLOCK_ELEMENTS   # rows per block ~ 16 MiB of float32 temporaries
 
 
 class ReferenceBackend:
     name = "reference"
     deployable = False
+    checks_weight_values = True       # in the conversion pass itself (_stored_tensors)
 
     def toolchain_version(self) -> str:
         return reference_toolchain_version()
@@ -147,92 +150,11 @@ def _dlc_tensors(reader: DlcReader) -> Iterator[TensorStream]:
 
 # ==================================================================================== convert
 
-@dataclass(frozen=True)
-class _Values:
-    """Where an initializer's values are: a validated window of its external data file, or the
-    inline array. Read in blocks of rows, never whole (`rows`), except for small constants."""
-
-    name: str
-    shape: tuple
-    dtype: np.dtype
-    data_path: Optional[Path] = None      # external data
-    offset: int = 0
-    inline: Optional[np.ndarray] = None
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-    def whole(self) -> np.ndarray:
-        """All values at once: only for small tensors (constants inlined in the topology)."""
-        if self.inline is not None:
-            return self.inline
-        if self.nbytes == 0:
-            return np.zeros(self.shape, self.dtype)
-        return np.array(np.memmap(self.data_path, dtype=self.dtype, mode="r",
-                                  offset=self.offset, shape=self.shape))
-
-    def rows(self, block_elements: Optional[int] = None) -> Iterator[tuple]:
-        """(row slice, float32 block) over axis 0; a 0-d tensor is one block of one row.
-        Blocks are read-only (float32 external data comes as the mapped window itself).
-
-        External data is mapped one block at a time (a window is unmapped once the consumer
-        lets go of it), so reading a 2 GB tensor keeps ~one block resident, not the file."""
-        shape = self.shape if self.shape else (1,)
-        n_rows = shape[0]
-        row_elements = max(1, int(np.prod(shape[1:], dtype=np.int64)))
-        rows_per_block = max(1, (block_elements or QUANTIZE_BLOCK_ELEMENTS) // row_elements)
-        row_bytes = row_elements * self.dtype.itemsize
-        for start in range(0, n_rows, rows_per_block):
-            rows = slice(start, min(start + rows_per_block, n_rows))
-            if self.inline is not None:
-                block = np.asarray(self.inline.reshape(shape)[rows], dtype=np.float32)
-            else:
-                block = np.memmap(self.data_path, dtype=self.dtype, mode="r",
-                                  offset=self.offset + start * row_bytes,
-                                  shape=(rows.stop - start, *shape[1:]))
-                if block.dtype != np.float32:
-                    block = np.asarray(block, dtype=np.float32)
-            yield rows, block
-            del block
-
-
-def _initializer_values(init: onnx.TensorProto, onnx_path: Path) -> _Values:
-    """Locate and validate the initializer's values without reading them."""
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).newbyteorder("<")
-    shape = tuple(int(d) for d in init.dims)
-    if init.data_location != onnx.TensorProto.EXTERNAL:
-        return _Values(init.name, shape, dtype, inline=numpy_helper.to_array(init))
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    entries = {e.key: e.value for e in init.external_data}
-    location = entries.get("location", "")
-    data_path = onnx_path.parent / location
-    where = f"{onnx_path}: tensor '{init.name}' (external data '{location}')"
-    try:
-        offset = int(entries.get("offset", 0))
-        length = int(entries.get("length", expected))
-    except ValueError:
-        raise InputError(f"{where}: offset/length are not integers; re-export the model") from None
-    if not location or Path(location).is_absolute() or ".." in Path(location).parts:
-        raise InputError(f"{where}: the data file must be a relative path next to the ONNX")
-    if length != expected:
-        raise InputError(f"{where}: length {length} does not match shape {list(shape)} "
-                         f"({expected} bytes); re-export the model")
-    if not data_path.is_file():
-        raise InputError(f"{where}: data file {data_path} is missing; copy it next to the ONNX")
-    file_size = data_path.stat().st_size
-    if offset < 0 or offset + expected > file_size:
-        raise InputError(f"{where}: needs bytes {offset}..{offset + expected} but {data_path} has "
-                         f"only {file_size}; the data file is truncated or from another export")
-    return _Values(init.name, shape, dtype, data_path=data_path, offset=offset)
-
-
 @dataclass
 class _StreamNotes:
     """What streaming a weight found, logged once the writer has consumed it."""
 
     clipped: int = 0
-    overflowed: int = 0
 
 
 def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
@@ -241,11 +163,13 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
     quantize or narrow to float, write); logged after it was written."""
     for plan in weights:
         init, enc, dtype = plan.initializer, plan.encoding, plan.stored_dtype(float_bitwidth)
-        values = _initializer_values(init, onnx_path)
+        values = initializer_values(init, onnx_path)
+        # NaN, infinity, float16 overflow: checked on the blocks this pass reads anyway
+        check = WeightValueCheck(onnx_path, init.name, values.shape, dtype)
         notes = _StreamNotes()
         policy = " (no encoding: unencoded_weights = " if plan.unencoded else ""
         if plan.derived_bitwidth:
-            quant = _derived_quant(values, plan)
+            quant = _derived_quant(values, plan, check)
             yield TensorStream(init.name, dtype, values.shape,
                                _quantized_blocks(values, quant, notes), quant)
             granularity = "per-tensor" if plan.axis is None else f"per-channel axis {plan.axis}"
@@ -253,14 +177,13 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
                 f"{list(values.shape)}{policy}int8, as QNN's --quantize_full_type w8a16)")
         elif enc is None:
             yield TensorStream(init.name, dtype, values.shape,
-                               _float_blocks(values, np.dtype(dtype), notes))
-            note = f" (warning: {notes.overflowed} values overflow {dtype})" if notes.overflowed else ""
-            log(f"{init.name}: {dtype} shape {list(values.shape)}{note}"
+                               _float_blocks(values, np.dtype(dtype), check))
+            log(f"{init.name}: {dtype} shape {list(values.shape)}"
                 + (f"{policy}float)" if policy else ""))
         else:
             quant = plan.quant_params()
             yield TensorStream(init.name, dtype, values.shape,
-                               _quantized_blocks(values, quant, notes), quant)
+                               _quantized_blocks(values, quant, notes, check), quant)
             granularity = "per-tensor" if plan.axis is None else f"per-channel axis {plan.axis}"
             if quant.block_size:
                 granularity = (f"{enc.enc_type.lower().replace('_', '-')} {quant.block_size} along "
@@ -269,14 +192,16 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
             log(f"{init.name}: int{enc.bitwidth} {granularity} shape {list(values.shape)}{note}")
 
 
-def _derived_quant(values: _Values, plan) -> QuantParams:
+def _derived_quant(values: TensorValues, plan, check: WeightValueCheck) -> QuantParams:
     """Symmetric per-channel (or per-tensor) int encoding of a weight that has none, from its
-    values (one streamed pass): scale = max|w| / (2^(bw-1) - 1), offset -2^(bw-1)."""
+    values (one streamed pass, which also checks them): scale = max|w| / (2^(bw-1) - 1),
+    offset -2^(bw-1)."""
     bits, axis = plan.derived_bitwidth, plan.axis
     shape = values.shape if values.shape else (1,)
     groups = 1 if axis is None else shape[axis]
     absmax = np.zeros(groups, np.float32)
-    for rows, block in values.rows():
+    for rows, block in values.rows(QUANTIZE_BLOCK_ELEMENTS):
+        check(block, rows.start)
         a = np.abs(block)
         if axis is None:
             absmax[0] = max(absmax[0], float(a.max(initial=0.0)))
@@ -290,17 +215,18 @@ def _derived_quant(values: _Values, plan) -> QuantParams:
                        np.full(groups, -(2.0 ** (bits - 1)), np.float32), True)
 
 
-def _float_blocks(values: _Values, dtype: np.dtype, notes: _StreamNotes):
-    """blocks() factory: the values narrowed (or kept) to `dtype`, row block by row block."""
+def _float_blocks(values: TensorValues, dtype: np.dtype, check: WeightValueCheck):
+    """blocks() factory: the values narrowed (or kept) to `dtype`, row block by row block,
+    each checked first (a value float16 cannot hold is an error, not infinity in the DLC)."""
     def blocks():
-        for _, block in values.rows():
-            stored = block.astype(dtype)
-            notes.overflowed += int(stored.size - np.count_nonzero(np.isfinite(stored)))
-            yield stored
+        for rows, block in values.rows(QUANTIZE_BLOCK_ELEMENTS):
+            check(block, rows.start)
+            yield block.astype(dtype)
     return blocks
 
 
-def _quantized_blocks(values: _Values, quant: QuantParams, notes: _StreamNotes):
+def _quantized_blocks(values: TensorValues, quant: QuantParams, notes: _StreamNotes,
+                      check: WeightValueCheck = None):
     """blocks() factory: q = clip(round(w / scale - offset), 0, 2^bw - 1), so that
     real = (q + offset) * scale (a shifted, fractional offset is rounded with, as AIMET does);
     row block by row block."""
@@ -310,7 +236,9 @@ def _quantized_blocks(values: _Values, quant: QuantParams, notes: _StreamNotes):
 
     def blocks():
         scratch = None   # one float32 work buffer for every block: no per-block allocation
-        for rows, block in values.rows():
+        for rows, block in values.rows(QUANTIZE_BLOCK_ELEMENTS):
+            if check is not None:   # None: the derived-encoding pass checked them already
+                check(block, rows.start)
             if scratch is None:
                 scratch = np.empty(block.shape, np.float32)
             scale, offset = quant.expanded(shape, rows)
@@ -349,7 +277,7 @@ def _is_external_tensor(attribute: onnx.AttributeProto) -> bool:
 
 
 def _inline_constant(init: onnx.TensorProto, onnx_path: Path) -> onnx.TensorProto:
-    values = _initializer_values(init, onnx_path)
+    values = initializer_values(init, onnx_path)
     if values.nbytes > MAX_TOPOLOGY_INITIALIZER_BYTES:
         raise BackendError(
             f"{onnx_path}: initializer '{init.name}' ({values.nbytes} bytes, {values.dtype}) is neither "

@@ -19,6 +19,7 @@ from onnx import helper
 from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, IoSpec, QuantParams,
                                          activation_encodings_json)
 from hexbundle.formats.encodings import Encodings, ParamEncoding, load_encodings
+from hexbundle.formats.onnxfile import load_structure
 from hexbundle.support.errors import EncodingsError, InputError
 
 # Inputs through which an initializer acts as a layer weight (op type -> input indices).
@@ -77,13 +78,7 @@ class WeightPlan:
 
 def load_onnx_structure(onnx_path: Path) -> onnx.ModelProto:
     """The model proto WITHOUT external data: weights are read later, one by one, via memmap."""
-    if not onnx_path.is_file():
-        raise InputError(f"{onnx_path}: ONNX model not found; export it or fix the path")
-    try:
-        return onnx.load(str(onnx_path), load_external_data=False)
-    except Exception as exc:   # protobuf/onnx raise a variety of types for a damaged file
-        raise InputError(f"{onnx_path}: cannot parse ONNX model ({type(exc).__name__}: {exc}); "
-                         f"re-export it") from None
+    return load_structure(onnx_path)
 
 
 # Ops that move data without computing: their output takes the input's encoding, as QNN carries

@@ -6,10 +6,13 @@ layout) or a directory of ONNX files. Printed: per graph, its inputs and outputs
 op counts, IR version and opsets, the external-data files it records and the initializer bytes
 inline and external; per encodings file, its schema and, for params and activations, counts per
 (enc type, bitwidth, dtype, symmetric). Then every problem the build would refuse at once, not
-only the first: the very checks the build runs (the encodings loader, the reference backend's
-weight planning for each ONNX with its encodings, the recorded data files, the export scan),
-their HexbundleError messages collected. Nothing is read of a weight's values and nothing is
-written.
+only the first: the very checks the build runs, their HexbundleError messages collected -- the
+export scan, the recorded data files, the input validation of each ONNX (inputs/validate.py:
+structure, onnx.checker, and for an export tree each graph's inputs and outputs against the
+model the import infers from it), the encodings loader, the reference backend's weight planning
+for each ONNX with its encodings, each weight's values (NaN, infinity, float16 overflow at the
+build's float_bitwidth; streamed, each window of a shared .data read once), and the tokenizer
+next to an export. Nothing is written.
 
 An ONNX is paired with its encodings as the export tree does: `<stem>.encodings` next to
 `<stem>.onnx`, or Qualcomm's asset's one shared `<slug>.encodings` for `<slug>_ar<S>.onnx`.
@@ -29,6 +32,9 @@ from hexbundle.backends.weightplan import plan_weights
 from hexbundle.formats.encodings import Encodings, load_encodings
 from hexbundle.formats.qaihm import (AR_DIR, ASSET_ONNX, KIND_DIRS, GraphIO, graph_io,
                                      load_structure, recorded_data_files, scan_export)
+from hexbundle.formats.tokenizer import special_token_ids
+from hexbundle.inputs.import_export import QWEN2_SPECIALS, expected_graphs
+from hexbundle.inputs.validate import check_weight_values, io_problem, structure_problems
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError, InputError
 
@@ -97,12 +103,13 @@ class Inspection:
 
 # ============================================================================ the command
 
-def inspect_command(path: str = "") -> None:
-    """The doit action: print the inspection; InputError (non-zero exit) if there are problems."""
+def inspect_command(path: str = "", float_bitwidth: int = 16) -> None:
+    """The doit action: print the inspection; InputError (non-zero exit) if there are problems.
+    float_bitwidth: the build's ([compile]), which decides what float16 must hold."""
     if not path:
         raise InputError("inspect needs --path FILE_OR_DIR: an AIMET .encodings file, an .onnx, "
                          "or an export directory, e.g. `doit inspect --path ~/qwen-export`")
-    found = inspect_path(Path(path).expanduser())
+    found = inspect_path(Path(path).expanduser(), float_bitwidth)
     for line in render(found):
         say(line)
     if found.problems:
@@ -110,26 +117,27 @@ def inspect_command(path: str = "") -> None:
                          "that the build would refuse; fix them before building")
 
 
-def inspect_path(path: Path) -> Inspection:
+def inspect_path(path: Path, float_bitwidth: int = 16) -> Inspection:
     """Inspect a file or directory; every problem found is collected, none raised."""
     if not path.exists():
         raise InputError(f"{path}: no such file or directory; give an AIMET .encodings file, an "
                          ".onnx, or the directory your qai-hub-models export wrote")
     path = path.resolve()
     if path.is_dir():
-        return _inspect_dir(path)
+        return _inspect_dir(path, float_bitwidth)
     found = Inspection(path, path.parent, "ONNX model" if path.suffix == ONNX_SUFFIX
                        else "AIMET encodings")
     if path.suffix == ONNX_SUFFIX:
-        _inspect_graphs(found, [path])
+        _inspect_graphs(found, [path], float_bitwidth)
     else:
         _inspect_encodings(found, [path])
     return found
 
 
-def _inspect_dir(root: Path) -> Inspection:
+def _inspect_dir(root: Path, float_bitwidth: int) -> Inspection:
     onnx_files = sorted(root.rglob("*" + ONNX_SUFFIX))
     found = Inspection(root, root, "directory of ONNX models")
+    expected = {}
     if _looks_like_export(root):
         try:
             tree = scan_export(root)
@@ -137,13 +145,30 @@ def _inspect_dir(root: Path) -> Inspection:
             found.header = tree.describe()
             for message in tree.problems:
                 found.problem(message)
+            expected = _expected_graphs(found, tree)
         except InputError as exc:   # an export layout the scan refuses: still show each graph
             found.problem(str(exc))
     elif not onnx_files:
         raise InputError(f"{root}: no .onnx file and no qai-hub-models export in it; give an "
                          "AIMET .encodings file, an .onnx, or the export's directory")
-    _inspect_graphs(found, onnx_files)
+    _inspect_graphs(found, onnx_files, float_bitwidth, expected)
     return found
+
+
+def _expected_graphs(found: Inspection, tree) -> dict:
+    """{ONNX path: (model, graph)} as the import would configure the export, and its tokenizer
+    checked against that model; a problem (and nothing to compare) if it cannot be inferred."""
+    try:
+        model, graphs = expected_graphs(tree)
+    except HexbundleError as exc:
+        found.problem(str(exc))
+        return {}
+    if tree.tokenizer is not None:
+        try:
+            special_token_ids(tree.tokenizer, QWEN2_SPECIALS, model.architecture.vocab_size)
+        except HexbundleError as exc:
+            found.problem(str(exc))
+    return {path: (model, graph) for path, graph in graphs.items()}
 
 
 def _looks_like_export(root: Path) -> bool:
@@ -163,9 +188,11 @@ def paired_encodings(onnx_path: Path) -> Optional[Path]:
     return None
 
 
-def _inspect_graphs(found: Inspection, onnx_files: list) -> None:
+def _inspect_graphs(found: Inspection, onnx_files: list, float_bitwidth: int,
+                    expected: Optional[dict] = None) -> None:
     pairs = [(p, paired_encodings(p)) for p in onnx_files]
     loaded = _inspect_encodings(found, list(dict.fromkeys(e for _, e in pairs if e is not None)))
+    scanned: set = set()   # windows of shared .data files whose values were checked
     for onnx_path, enc_path in pairs:
         report = GraphReport(onnx_path, enc_path)
         found.graphs.append(report)
@@ -180,12 +207,32 @@ def _inspect_graphs(found: Inspection, onnx_files: list) -> None:
             report.data_files = tuple((f, f.stat().st_size) for f in files)
         except HexbundleError as exc:
             found.problem(str(exc))
+        structure = structure_problems(onnx_path, model, records_broken=report.data_files is None)
+        for message in structure:
+            found.problem(message)
+        if onnx_path in (expected or {}):
+            problem = io_problem(onnx_path, model, *expected[onnx_path], None)
+            if problem:
+                found.problem(problem)
         encodings = loaded.get(enc_path)
         if encodings is not None:
             try:
-                plan_weights(model.graph, encodings, onnx_path, enc_path)
+                weights, _ = plan_weights(model.graph, encodings, onnx_path, enc_path)
             except HexbundleError as exc:
                 found.problem(str(exc))
+                continue
+            if report.data_files is not None and not structure:
+                _check_values(found, onnx_path, model, weights, float_bitwidth, scanned)
+
+
+def _check_values(found: Inspection, onnx_path: Path, model, weights: list, float_bitwidth: int,
+                  scanned: set) -> None:
+    """Each weight's values, as convert checks them (streamed; NaN, infinity, float16)."""
+    stored = {w.name: w.stored_dtype(float_bitwidth) for w in weights}
+    try:
+        check_weight_values(onnx_path, model, stored, seen=scanned)
+    except HexbundleError as exc:
+        found.problem(str(exc))
 
 
 def _inspect_encodings(found: Inspection, paths: list) -> dict:

@@ -22,6 +22,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from hexbundle.support.errors import EncodingsError
+from hexbundle.support.files import require_regular_file
 
 INT_BITWIDTHS = (4, 8, 16)
 FLOAT_BITWIDTHS = (16, 32)
@@ -94,6 +95,8 @@ class Encodings:
 def load_encodings(path: Union[str, Path]) -> Encodings:
     """Read and validate an AIMET encodings JSON file (either schema)."""
     path = Path(path)
+    if path.exists():   # a FIFO would block the read below until something writes to it
+        require_regular_file(path, "AIMET encodings file")
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:

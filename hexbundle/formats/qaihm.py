@@ -20,13 +20,13 @@ ONNX, and that is reported naming the ONNX and the location it records.
 from __future__ import annotations
 
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from hexbundle.config.layout import GraphInputs
 from hexbundle.support.errors import InputError
+from hexbundle.support.files import require_regular_file
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -98,25 +98,8 @@ class ExportTree:
 
 def load_structure(onnx_path: Path):
     """The model proto without its weights (a 7B part's .onnx alone is small)."""
-    import onnx
-    require_regular_file(onnx_path, "ONNX model")
-    try:
-        return onnx.load(str(onnx_path), load_external_data=False)
-    except Exception as exc:   # protobuf/onnx raise a variety of types for a damaged file
-        raise InputError(f"{onnx_path}: cannot parse the ONNX model ({type(exc).__name__}: "
-                         f"{exc}); re-export it") from None
-
-
-def require_regular_file(path: Path, what: str) -> None:
-    """A FIFO or device where a file belongs would hang the reader: refuse it at once."""
-    try:
-        mode = Path(path).stat().st_mode
-    except FileNotFoundError:
-        raise InputError(f"{path}: {what} not found") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the {what} ({exc.strerror})") from None
-    if not stat.S_ISREG(mode):
-        raise InputError(f"{path}: the {what} is not a regular file; put the file itself there")
+    from hexbundle.formats.onnxfile import load_structure as load   # onnx: only when asked
+    return load(onnx_path)
 
 
 def recorded_data_files(onnx_path: Path, model=None) -> tuple:
@@ -136,11 +119,12 @@ def recorded_data_files(onnx_path: Path, model=None) -> tuple:
         if not location or Path(location).is_absolute() or ".." in Path(location).parts:
             raise InputError(f"{onnx_path}: records external data location {location!r}, which is "
                              "not a file name next to it; re-export the model")
-        if not path.is_file():
+        if not path.exists():
             raise InputError(
                 f"{onnx_path}: records its weights in {location!r} (external data location), but "
                 f"{path} does not exist; the .data was renamed or moved: restore its original "
                 "name next to the ONNX (an ONNX cannot follow a renamed .data)")
+        require_regular_file(path, f"external data of {Path(onnx_path).name}")
         files.append(path)
     return tuple(files)
 
@@ -155,7 +139,10 @@ def graph_io(model) -> GraphIO:
             if v.name in initializers:
                 continue
             t = v.type.tensor_type
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "?"
+            try:
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
+            except (KeyError, TypeError, ValueError):   # 0 (not a tensor) or no numpy type
+                dtype = "?"
             out[v.name] = (dtype, tuple(int(d.dim_value) for d in t.shape.dim))
         return out
 
@@ -163,7 +150,9 @@ def graph_io(model) -> GraphIO:
 
 
 def graph_files(onnx_path: Path, encodings: Path) -> GraphInputs:
-    if not Path(encodings).is_file():
+    if Path(encodings).exists():
+        require_regular_file(encodings, "AIMET encodings")
+    else:
         raise InputError(f"{encodings}: the AIMET encodings of {Path(onnx_path).name} are missing; "
                          "the export is incomplete: re-run the export")
     return GraphInputs(Path(onnx_path), recorded_data_files(onnx_path), Path(encodings))

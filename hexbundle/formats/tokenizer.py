@@ -1,37 +1,137 @@
 """tokenizer.json (Hugging Face tokenizers): the reader. What a bundle needs of it: the special
-tokens' ids, checked against the model's vocabulary."""
+tokens' ids, checked against the tokenizer itself and the model's vocabulary.
+
+Genie loads tokenizer.json on the device; a file that only looks right there fails late or, worse,
+feeds wrong ids. So the file is read as the `tokenizers` library reads it, and refused, naming
+the file and the key, when:
+  * it is not a regular file (a FIFO would hang the read), starts with a byte-order mark, is not
+    UTF-8 or not JSON, or has a top-level key a tokenizer.json does not have;
+  * the library does not load it;
+  * an added token's id is not an integer (JSON `true` is not an id) or two added tokens share
+    one id (so special tokens of different content always have different ids);
+  * a special token of the model config's [tokenizer] table is not among the added tokens, or
+    its id there is not the id the tokenizer maps its content to, or it is >= vocab_size;
+  * any token's id is >= vocab_size (the logits width, Genie's n-vocab): a vocabulary wider
+    than the model.
+"""
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 
 from hexbundle.support.errors import InputError
+from hexbundle.support.files import require_regular_file
+
+# The top-level keys tokenizers writes (tokenizers' TokenizerImpl serialization).
+KNOWN_KEYS = ("version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer",
+              "model", "post_processor", "decoder")
+BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE,
+        codecs.BOM_UTF32_BE)
+REPLACE = "replace it with the model's Hugging Face tokenizer.json"
 
 
 def special_token_ids(tokenizer: Path, specials: dict, vocab_size: int) -> dict:
-    """{"bos": id, ...} looked up by content among the tokenizer's added tokens."""
-    try:
-        data = json.loads(tokenizer.read_bytes())
-    except FileNotFoundError:
-        raise InputError(f"{tokenizer}: tokenizer.json is missing; put the model's Hugging Face "
-                         "tokenizer.json there") from None
-    except (OSError, ValueError, RecursionError) as exc:
-        raise InputError(f"{tokenizer}: not a valid tokenizer.json ({exc}); replace it with the "
-                         "model's Hugging Face tokenizer.json") from None
-    added = data.get("added_tokens") if isinstance(data, dict) else None
-    if not isinstance(added, list):
-        raise InputError(f"{tokenizer}: no 'added_tokens' list: not a Hugging Face "
-                         "tokenizer.json; replace it with the model's tokenizer.json")
-    by_content = {t.get("content"): t.get("id") for t in added if isinstance(t, dict)}
+    """{"bos": id, ...}: each special token's id, looked up by content and checked (above)."""
+    text = _read_text(tokenizer)
+    data = _parse(tokenizer, text)
+    added = _added_tokens(tokenizer, data)
+    loaded = _load_with_library(tokenizer, text)
     out = {}
     for role, content in specials.items():
-        tid = by_content.get(content)
-        if not isinstance(tid, int):
+        tid = added.get(content)
+        if tid is None:
             raise InputError(f"{tokenizer}: special token {content!r} ({role}, from the model "
                              "config's [tokenizer] table) is not among its added_tokens; fix "
                              "that table or use the model's own tokenizer.json")
+        mapped = loaded.token_to_id(content)
+        if mapped != tid:
+            raise InputError(f"{tokenizer}: added_tokens gives {role} token {content!r} id {tid}, "
+                             f"but the tokenizer maps {content!r} to {mapped}; the file "
+                             f"contradicts itself: {REPLACE}")
         if not 0 <= tid < vocab_size:
             raise InputError(f"{tokenizer}: {role} token {content!r} has id {tid}, outside the "
                              f"model's vocab_size {vocab_size} (the logits width)")
         out[role] = tid
+    _check_vocab_width(tokenizer, loaded, vocab_size)
     return out
+
+
+def _read_text(tokenizer: Path) -> str:
+    if not tokenizer.exists():
+        raise InputError(f"{tokenizer}: tokenizer.json is missing; put the model's Hugging Face "
+                         "tokenizer.json there")
+    require_regular_file(tokenizer, "tokenizer.json")
+    try:
+        raw = tokenizer.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{tokenizer}: cannot read it ({exc.strerror}); {REPLACE}") from None
+    if raw.startswith(BOMS):
+        raise InputError(f"{tokenizer}: starts with a byte-order mark, which a JSON reader "
+                         "(Genie's included) takes for garbage; save it as UTF-8 without a BOM")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{tokenizer}: not UTF-8 text (byte {exc.start}); {REPLACE}") from None
+
+
+def _parse(tokenizer: Path, text: str) -> dict:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{tokenizer}: not a valid tokenizer.json ({exc}); {REPLACE}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{tokenizer}: not a valid tokenizer.json (the top level is not an "
+                         f"object); {REPLACE}")
+    unknown = [k for k in data if k not in KNOWN_KEYS]
+    if unknown:
+        raise InputError(f"{tokenizer}: unknown top-level key {unknown[0]!r} (a tokenizer.json "
+                         f"has {', '.join(KNOWN_KEYS)}); {REPLACE}")
+    return data
+
+
+def _added_tokens(tokenizer: Path, data: dict) -> dict:
+    """content -> id of the added tokens, every id an integer and no id given twice."""
+    added = data.get("added_tokens")
+    if not isinstance(added, list):
+        raise InputError(f"{tokenizer}: no 'added_tokens' list: not a Hugging Face "
+                         f"tokenizer.json; {REPLACE}")
+    by_content, by_id = {}, {}
+    for index, token in enumerate(added):
+        key = f"added_tokens[{index}]"
+        if not isinstance(token, dict) or not isinstance(token.get("content"), str):
+            raise InputError(f"{tokenizer}: {key} is not an object with a 'content' string; "
+                             f"{REPLACE}")
+        tid = token.get("id")
+        if type(tid) is not int:   # bool is an int subclass: `true` must not pass as 1
+            raise InputError(f"{tokenizer}: {key}.id ({token['content']!r}) is "
+                             f"{json.dumps(tid)}, not an integer id; {REPLACE}")
+        if tid in by_id:
+            raise InputError(f"{tokenizer}: added_tokens give id {tid} to both "
+                             f"{by_id[tid]!r} and {token['content']!r}; ids must be distinct: "
+                             f"{REPLACE}")
+        by_id[tid] = token["content"]
+        by_content[token["content"]] = tid
+    return by_content
+
+
+def _load_with_library(tokenizer: Path, text: str):
+    """The tokenizer as the `tokenizers` library builds it (imported here: a no-op doit run
+    does not pay for it)."""
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as exc:   # the library raises a bare Exception with serde's message
+        raise InputError(f"{tokenizer}: the tokenizers library does not load it ({exc}); "
+                         f"{REPLACE}") from None
+
+
+def _check_vocab_width(tokenizer: Path, loaded, vocab_size: int) -> None:
+    vocab = loaded.get_vocab(with_added_tokens=True)
+    if not vocab:
+        return
+    token, tid = max(vocab.items(), key=lambda kv: kv[1])
+    if tid >= vocab_size:
+        raise InputError(f"{tokenizer}: token {token!r} has id {tid}, but the model's vocab_size "
+                         f"(n-vocab, the logits width) is {vocab_size}: its vocabulary is wider "
+                         "than the model; use the tokenizer.json of this model")

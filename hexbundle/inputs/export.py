@@ -6,6 +6,7 @@ from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.support import hashing
 from hexbundle.support.errors import InputError
+from hexbundle.support.files import require_regular_file
 
 
 def missing_exports(layout: Layout) -> list:
@@ -47,6 +48,7 @@ def check_pins(layout: Layout, paths: list) -> None:
         if pin is None:
             continue
         algorithm, want = pin.split(":", 1)
+        require_regular_file(path, "pinned input")   # hashing a FIFO would block forever
         got = hashing.sha256_file(path) if algorithm == "sha256" else hashing.digest(path)
         if got != want:
             raise InputError(f"{path}: {algorithm} is {got}, but {layout.model_config_path} pins "

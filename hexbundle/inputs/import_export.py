@@ -23,11 +23,12 @@ from typing import Optional
 
 from hexbundle.config.build import QUALCOMM_MAX_NUM_TOKENS
 from hexbundle.config.layout import GraphInputs, ProjectLayout
-from hexbundle.config.model import Graph, Part
+from hexbundle.config.model import Architecture, Graph, Model, Part, Plan, Quantization
 from hexbundle.formats.encodings import load_encodings
 from hexbundle.formats.qaihm import (TOKENIZER, TOKENIZER_CONFIG, ExportTree, graph_io,
                                      load_structure, scan_export)
 from hexbundle.formats.tokenizer import special_token_ids
+from hexbundle.inputs.validate import whole_model_part
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError, InputError
@@ -284,6 +285,30 @@ def infer_quantization(protos: list, graphs: list, arch: dict, notes: list) -> d
         if not seen:
             notes.append(f"{key}: no encoding says; {quant[key]} assumed")
     return quant
+
+
+def expected_graphs(tree: ExportTree) -> tuple:
+    """(the model this import would write, {ONNX path: the Graph the build takes it for}): what
+    `doit inspect` checks each graph's inputs and outputs against, as the convert step will."""
+    split, prompt_ar, token_ar = choose_split(tree, None)
+    inferred = infer(tree, split, prompt_ar, token_ar)
+    a, cl = inferred.arch, inferred.context_length
+    arch = Architecture(num_layers=a["num_layers"], hidden_size=a["hidden_size"],
+                        num_attention_heads=a["num_attention_heads"],
+                        num_kv_heads=a["num_kv_heads"], head_dim=a["head_dim"],
+                        intermediate_size=a["intermediate_size"], vocab_size=a["vocab_size"],
+                        rope_theta=QWEN2_ROPE_THETA, rms_norm_eps=QWEN2_RMS_NORM_EPS)
+    model = Model(tree.slug, tree.slug, arch, Quantization(), cl, prompt_ar, token_ar)
+    parts = Plan("export", inferred.layers_per_part).parts() if split == "export" else []
+    graphs = {}
+    for kind, ar in (("prompt", prompt_ar), ("token", token_ar)):
+        if ar in tree.unsplit:
+            graphs[tree.unsplit[ar].onnx] = Graph(kind, ar, cl, whole_model_part(model))
+        for part in parts:
+            files = tree.parts.get(ar, {}).get(part.index)
+            if files is not None:
+                graphs[files.onnx] = Graph(kind, ar, cl, part)
+    return model, graphs
 
 
 # ============================================================================ the config

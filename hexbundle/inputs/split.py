@@ -22,11 +22,13 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from hexbundle.config.layout import GraphInputs, Layout
 from hexbundle.config.model import Model, Part
 from hexbundle.formats.encodings import subset_encodings
-from hexbundle.formats.qaihm import load_structure, recorded_data_files
+from hexbundle.formats.qaihm import recorded_data_files
+from hexbundle.inputs import validate
 from hexbundle.support import hashing
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.errors import InputError
@@ -284,20 +286,26 @@ def split_part(layout: Layout, part: Part, log) -> list:
     """Write the part's prompt and token graphs (ONNX + encodings) and its one .data."""
     graphs = layout.cfg.model.graphs(part)
     return split_graphs(layout.cfg.model, part, {g.kind: layout.unsplit_files(g.kind) for g in graphs},
-                        {g.kind: layout.graph_files(g) for g in graphs}, log)
+                        {g.kind: layout.graph_files(g) for g in graphs}, log,
+                        layout.model_config_path)
 
 
-def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log) -> list:
+def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
+                 config: Optional[Path] = None) -> list:
     """Cut `part` out of the unsplit graphs (kind -> GraphInputs) into `out` (kind ->
-    GraphInputs; both kinds name the same .data)."""
+    GraphInputs; both kinds name the same .data). Each unsplit graph is validated first
+    (inputs/validate.py: its structure, and its inputs and outputs as the whole model's graph of
+    that kind in the model config `config`)."""
     started = time.monotonic()
     graphs = model.graphs(part)
     data_path = out["prompt"].data[0]
     pieces = {}
-    for graph in graphs:
+    whole = model.graphs(validate.whole_model_part(model))
+    for graph, whole_graph in zip(graphs, whole):
         src = unsplit[graph.kind]
         recorded_data_files(src.onnx)   # a broken .data record is named before any work
-        proto = load_structure(src.onnx)
+        proto = validate.check_onnx(src.onnx)
+        validate.check_graph_io(src.onnx, proto, model, whole_graph, config)
         cut = cut_graph(proto, model.architecture.num_layers, src.onnx)
         pieces[graph.kind] = (src, proto, part_graph(cut, part, src.onnx))
     with atomic_output(data_path) as f:

@@ -10,6 +10,7 @@ from hexbundle.checks.sizes import MIB
 from hexbundle.config.build import BuildConfig
 from hexbundle.config.layout import Layout
 from hexbundle.config.model import Part
+from hexbundle.support.errors import HexbundleError
 
 
 def compile_options(cfg: BuildConfig, part: Part) -> CompileOptions:
@@ -34,5 +35,12 @@ def compile_part(layout: Layout, spec: dict, log) -> None:
         f"{options.optimization_type}")
     layout.bin_dir.mkdir(parents=True, exist_ok=True)
     dlcs = [layout.dlc(g) for g in cfg.model.graphs(part)]
-    backend.compile(dlcs, layout.bin(part), options, log)
+    try:
+        backend.compile(dlcs, layout.bin(part), options, log)
+    except HexbundleError as exc:
+        # A refusal here (e.g. a shared weight whose bytes differ between the prompt and token
+        # graphs) is about the user's files, not the DLCs: name the files the DLCs came from.
+        sources = "; ".join(f"{g.name}: " + ", ".join(str(p) for p in layout.graph_inputs(g))
+                            for g in cfg.model.graphs(part))
+        raise type(exc)(f"{exc}\n  the part's graphs were converted from {sources}") from None
     log(f"wrote {layout.rel(layout.bin(part))} ({layout.bin(part).stat().st_size / MIB:.2f} MiB)")

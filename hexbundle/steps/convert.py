@@ -1,8 +1,18 @@
-"""Step `convert`: one graph's ONNX + AIMET encodings -> DLC, through the configured backend."""
+"""Step `convert`: one graph's ONNX + AIMET encodings -> DLC, through the configured backend.
+
+The inputs are validated first (inputs/validate.py): the ONNX's structure and its inputs and
+outputs against the model config before any backend reads it; the weights' values in the pass
+the backend makes over them (reference) or in a streamed pass of their own (qairt, whose SDK
+reads the files itself).
+"""
 from __future__ import annotations
 
+import time
+
 from hexbundle.backends import ConvertOptions, get_backend
+from hexbundle.backends.weightplan import graph_encodings, plan_weights
 from hexbundle.config.layout import Layout
+from hexbundle.inputs import validate
 from hexbundle.inputs.export import check_pins
 
 
@@ -12,6 +22,9 @@ def convert_graph(layout: Layout, spec: dict, log) -> None:
     backend = get_backend(cfg.backend)
     log(f"convert {graph.name}: backend {cfg.backend} ({backend.toolchain_version()})")
     check_pins(layout, layout.graph_inputs(graph))
+    proto = validate.check_graph(layout, graph)
+    log(f"{layout.onnx(graph).name}: ONNX checked (structure, onnx.checker full check, "
+        f"inputs and outputs of {graph.name} as {layout.model_config_path.name} says)")
     layout.dlc_dir.mkdir(parents=True, exist_ok=True)
     c = cfg.compile
     options = ConvertOptions(float_bitwidth=c["float_bitwidth"],
@@ -22,5 +35,21 @@ def convert_graph(layout: Layout, spec: dict, log) -> None:
     log(f"convert options: float_precision {options.float_bitwidth}, truncate_64bit_io "
         f"{options.truncate_64bit_io}, quantize_io {options.quantize_io}, quantize_full_type "
         f"{options.quantize_full_type or '(not passed)'}")
+    if not backend.checks_weight_values:
+        scan_weight_values(layout, graph, proto, options, log)
     backend.convert(layout.onnx(graph), layout.encodings(graph), layout.dlc(graph), graph.name,
                     options, log)
+
+
+def scan_weight_values(layout: Layout, graph, proto, options: ConvertOptions, log) -> None:
+    """Every weight's values, streamed, before a backend that reads them itself: each stored as
+    the reference backend's weight plan says (the size model's decisions too)."""
+    onnx_path, encodings_path = layout.onnx(graph), layout.encodings(graph)
+    started = time.monotonic()
+    encodings = graph_encodings(proto, onnx_path, encodings_path)
+    weights, _ = plan_weights(proto.graph, encodings, onnx_path, encodings_path,
+                              options.unencoded_weights)
+    stored = {w.name: w.stored_dtype(options.float_bitwidth) for w in weights}
+    read = validate.check_weight_values(onnx_path, proto, stored)
+    log(f"weight values checked: {len(stored)} weights, {read / 2**20:.1f} MiB read in "
+        f"{time.monotonic() - started:.2f}s (no NaN, no infinity, float16 weights in range)")
