@@ -26,8 +26,9 @@ Each task and the module that does its work, under hexbundle/:
   offline_kit     release/offline_kit.py   everything an air-gapped machine needs
   load_kit        release/offline_kit.py   verify and load a kit (release/kit.py, standalone)
 The build steps (inputs, convert, compile, bundle) run through steps/executor.py, in this process
-or in the toolchain container (steps/docker_executor.py). doit's side -- checker, up-to-date keys,
-run guard, reporter, the action wrapper -- is graph/.
+or in the toolchain container (steps/docker_executor.py); with `remote_cache` set, inputs,
+convert and compile go through a REAPI remote cache first (graph/remote_steps.py, remote/).
+doit's side -- checker, up-to-date keys, run guard, reporter, the action wrapper -- is graph/.
 """
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from hexbundle.checks.sizes import check_built_sizes
 from hexbundle.checks.verify import code_digest, run_verify
 from hexbundle.config.build import CONVERT_IO_KEYS
 from hexbundle.config.toolchain import load_toolchain
-from hexbundle.graph.actions import action
+from hexbundle.graph.actions import action, step_action
 from hexbundle.graph.keys import (generator_digest, image_unchanged, options_key, pinned,
                                   splitter_digest, toolchain_key)
 from hexbundle.graph.session import doit_config, load
@@ -73,8 +74,9 @@ NO_CAPTURE = {"capture": False}
 
 
 def step(task, name, **extra):
-    """The action that runs build step `name` (steps/<name>.py) through the configured executor."""
-    return action(run_step, LAYOUT, OVERRIDES, task, name, **extra)
+    """The action that runs build step `name` (steps/<name>.py) through the configured executor
+    (and the remote cache, when configured: graph/remote_steps.py)."""
+    return step_action(run_step, LAYOUT, OVERRIDES, task, name, **extra)
 
 
 def task_inputs():
@@ -296,14 +298,17 @@ def task_bench():
     """Benchmark the build (scripts/bench.py): one table of side-by-side ratios.
 
     Digests vs doit's MD5 checker, no-op run vs `doit list`, touched inputs, one-part rebuild,
-    reference backend GB/s and peak RSS, -n 2 vs -n 1, on the Qwen2.5-7B-shaped model (~17 GB
-    of disk, ~10 min; `--small`: qwen2-tiny, seconds).
+    reference backend GB/s and peak RSS, -n 2 vs -n 1, split and import, a cache-hit build
+    through a local BuildGrid vs the full build, on the Qwen2.5-7B-shaped model (~17 GB of
+    disk, ~10 min; `--small`: qwen2-tiny, seconds; `--rows 9`: that row only).
     Table printed, results in build/bench/results.json."""
     return {"actions": [action(run_bench, ROOT)],
             "params": [{"name": "small", "long": "small", "type": bool, "default": False,
                         "help": "qwen2-tiny instead of the 7B shape"},
                        {"name": "keep", "long": "keep", "type": bool, "default": False,
-                        "help": "keep the benchmark tree in build/bench/"}],
+                        "help": "keep the benchmark tree in build/bench/"},
+                       {"name": "rows", "long": "rows", "default": "",
+                        "help": "only these rows, e.g. 9 or 1,5 (default: all)"}],
             "uptodate": [False], "verbosity": 2}
 
 

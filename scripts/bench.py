@@ -7,6 +7,7 @@ build/bench/results.json. See hexbundle/bench/benchmark.py for what each row mea
   python3 scripts/bench.py --small   qwen2-tiny, seconds (what the tests run)
   --keep                             keep the tree in build/bench/ (the next run reuses its inputs)
   --out FILE                         write the results there instead
+  --rows 9                           only these rows (comma-separated), and what they need
 """
 import argparse
 import sys
@@ -22,5 +23,6 @@ if __name__ == "__main__":
     parser.add_argument("--small", action="store_true", help="qwen2-tiny instead of the 7B shape")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark tree afterwards")
     parser.add_argument("--out", type=Path, help="results file (default build/bench/results.json)")
+    parser.add_argument("--rows", default="", help="only these rows, e.g. 9 or 1,5")
     args = parser.parse_args()
-    sys.exit(main(ROOT, args.small, args.keep, args.out))
+    sys.exit(main(ROOT, args.small, args.keep, args.out, args.rows))

@@ -25,7 +25,7 @@ def test_small_bench_runs_and_prints_one_table(small_bench):
     table = [line for line in run.out.splitlines() if line.startswith("|")]
     assert table[0].split("|")[1:-1] == [" # ", " measured ", " hexbundle ", " baseline ",
                                          " ratio ", " target ", " met "]
-    assert [line.split("|")[1].strip() for line in table[2:]] == ["1", "2", "3", "4", "5", "6", "7", "8"]
+    assert [line.split("|")[1].strip() for line in table[2:]] == [str(i) for i in range(1, 10)]
     assert "machine:" in run.out
     assert not (project.root / "build" / "bench" / "small-tree").exists()   # cleaned up
 
@@ -37,7 +37,7 @@ def test_results_json_is_well_formed(small_bench):
     assert results["mode"] == "small" and results["model"] == "qwen2-tiny"
     assert {"cpu", "cores", "ram_gib", "os", "python", "doit", "numpy"} <= set(results["machine"])
     rows = results["rows"]
-    assert [r["id"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [r["id"] for r in rows] == list(range(1, 10))
     for row in rows:
         assert ROW_KEYS <= set(row), row
         assert row["met"] in (True, False, None)
@@ -63,3 +63,26 @@ def test_touch_rows_count_what_each_checker_hashed(small_bench):
 def test_comparison_checker_is_md5_only(project):
     run = project.doit("list", env={"HEXBUNDLE_BENCH_CHECKER": "sha1"}, check=False)
     assert run.code == 3 and "only comparison checker is 'md5'" in run.err
+
+
+def test_the_cache_row_fetches_every_convert_and_compile_step(small_bench):
+    """Row 9: a build through a local BuildGrid uploads, the next (outputs removed) fetches."""
+    import os
+    _, _, out = small_bench
+    cache = json.loads(out.read_text())["rows"][8]["detail"]
+    if "skipped" in cache:
+        assert not os.environ.get("CI"), "under CI .ci/run provides BuildGrid"
+        pytest.skip(cache["skipped"])
+    assert cache["steps_fetched"] == 12   # qwen2-tiny: 8 converts, 4 compiles
+    assert cache["fetched_bytes"] > 0 and cache["cas_bytes"] >= cache["fetched_bytes"]
+    assert cache["hit_seconds"] > 0 and cache["full_seconds"] > 0
+
+
+def test_rows_selects_what_the_bench_measures(project):
+    run = project.doit("bench", "--small", "--rows", "1", check=False)
+    assert run.code == 0, run.out + run.err
+    table = [line for line in run.out.splitlines() if line.startswith("|")]
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["1"]
+    assert "rows measured: 1 (--rows)" in run.out
+    bad = project.doit("bench", "--small", "--rows", "0,12", check=False)
+    assert bad.code != 0 and "--rows '0,12': expected row numbers among 1, 2" in bad.out + bad.err

@@ -252,7 +252,9 @@ def test_a_docker_bundle_is_byte_identical_to_a_local_one(engine, toolchain_imag
     for name in names:   # the manifest too: how a bundle was built is recorded beside it
         assert (in_docker / name).read_bytes() == (local / name).read_bytes(), name
     info = json.loads((docker_proj.build_dir() / "build-info.json").read_text())
-    assert info == {"executor": "docker", "image": record["id"]}
+    assert (info["executor"], info["image"]) == ("docker", record["id"])
+    assert {o["origin"] for o in info["steps"].values()} == {"local"}   # no remote cache
+    assert info["remote_cache"] == {"steps_from_cache": [], "servers": []}
     # every step ran in a container, as the host's user (never root: as 65534 when the host
     # user is root), and none is left behind
     user = expected_step_user()
@@ -584,6 +586,45 @@ def test_hand_over_gives_the_step_user_the_model_tree_and_follows_no_link(tmp_pa
         assert owner(path) == (4242, 4343), path
     assert owner(outside) == (0, 0) and owner(tmp_path) == (0, 0)
     assert owner(layout.lock) == (0, 0)
+
+
+def test_docker_steps_share_a_remote_cache_keyed_by_the_toolchain_image(engine, toolchain_image,
+                                                                          tmp_path):
+    """executor=docker through a real BuildGrid: a second machine gets every step from the
+    cache; the Action's platform names the image (container-image), so a local-executor build
+    shares nothing with it."""
+    import re
+    from hexbundle.remote.buildgrid import BuildGrid, find_bgd
+    if not find_bgd():
+        unavailable("no BuildGrid `bgd`: set HEXBUNDLE_BGD")
+    _, record = toolchain_image
+    with BuildGrid.start(tmp_path / "bgd") as server:
+        url = f"remote_cache={server.url}"
+        a = copy_project(tmp_path / "a")
+        a.doit("bundle", "executor=docker", url)
+        b = copy_project(tmp_path / "b")
+        run = b.doit("bundle", "executor=docker", url)
+        hits = set(re.findall(r"^  cache hit (\S+) ", run.out, re.M))
+        ran = set(re.findall(r"^  ok (\S+) \[", run.out, re.M))
+        assert hits == run.executed - {"bundle"} and ran == {"bundle"}, run.out
+        for name in sorted(p.name for p in a.bundle().iterdir()):
+            assert (a.bundle() / name).read_bytes() == (b.bundle() / name).read_bytes(), name
+        c = copy_project(tmp_path / "c")
+        local = c.doit("bundle", url)   # executor local: another platform
+        assert "cache hit" not in local.out, local.out
+        # the Action in the server's CAS names the image as remote-execution workers expect
+        from hexbundle.remote import reapi
+        from hexbundle.remote.cas import CasClient
+        origin = json.loads((b.build_dir() / "origins" / "compile__part_1_of_4.json").read_text())
+        hash_, size = origin["action"].split("/")
+        pieces = []
+        client = CasClient({"cache": server.url, "timeout": 30}, tmp_path)
+        client.read_blob(reapi.Digest(hash=hash_, size_bytes=int(size)), pieces.append)
+        client.close()
+        action = reapi.Action.FromString(b"".join(pieces))
+        props = {p.name: p.value for p in action.platform.properties}
+        assert props["container-image"] == f"docker://{record['id']}"
+        assert props["executor"] == "docker"
 
 
 # --- the qairt backend in an image that carries the (stand-in) SDK -------------------------------

@@ -165,7 +165,8 @@ def _stored_tensors(weights: list, onnx_path: Path, float_bitwidth: int,
         init, enc, dtype = plan.initializer, plan.encoding, plan.stored_dtype(float_bitwidth)
         values = initializer_values(init, onnx_path)
         # NaN, infinity, float16 overflow: checked on the blocks this pass reads anyway
-        check = WeightValueCheck(onnx_path, init.name, values.shape, dtype)
+        check = WeightValueCheck(onnx_path, init.name, values.shape, dtype, values.data_path,
+                                 values.offset)
         notes = _StreamNotes()
         policy = " (no encoding: unencoded_weights = " if plan.unencoded else ""
         if plan.derived_bitwidth:

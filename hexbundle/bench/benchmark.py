@@ -8,7 +8,12 @@ Rows (the issue's list; targets are reported, never asserted):
    checker (the same dodo.py run with HEXBUNDLE_BENCH_CHECKER=md5 and a DB of its own);
 4. one part's weights changed: rebuild vs full build;
 5. the reference backend on the part with the most layers: GB/s and peak RSS (subprocesses);
-6. a full build with `doit -n 2` vs `-n 1`.
+6. a full build with `doit -n 2` vs `-n 1`;
+7, 8. the local split of an unsplit graph vs `cp`; `import_export` vs `doit list`;
+9. a cache-hit build through a REAPI remote cache (a local BuildGrid) vs the full build.
+
+`--rows 9` (or `--rows 1,5`) measures only those rows (and what they need: the inputs, and the
+full build for rows 2, 3, 4, 6 and 9).
 
 Full scale uses qwen2.5-7b-shape (Qwen2.5-7B's tensors, 4 layers, ~8 GB of inputs); --small
 uses qwen2-tiny (seconds; the tests run it). The tree lives in build/bench/<tree>/ (its own
@@ -99,12 +104,31 @@ def run_measured(cmd: list, cwd: Path, env: dict) -> tuple:
         return seconds, proc.returncode, out.read(), err.read(), usage.ru_maxrss * 1024
 
 
+ALL_ROWS = tuple(range(1, 10))
+
+
+def parse_rows(text: str) -> tuple:
+    """`--rows 1,5,9` -> (1, 5, 9); empty: every row."""
+    if not text:
+        return ALL_ROWS
+    try:
+        rows = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        rows = ()
+    if not rows or not set(rows) <= set(ALL_ROWS):
+        raise BenchError(f"--rows {text!r}: expected row numbers among "
+                         f"{', '.join(map(str, ALL_ROWS))}, comma-separated")
+    return rows
+
+
 class Bench:
-    def __init__(self, root: Path, small: bool, keep: bool, log: Callable[[str], None] = print):
+    def __init__(self, root: Path, small: bool, keep: bool, log: Callable[[str], None] = print,
+                 rows: tuple = ALL_ROWS):
         self.root = Path(root).resolve()
         self.small = small
         self.keep = keep
         self.log = log
+        self.rows = set(rows)
         self.model_name = SMALL_MODEL if small else FULL_MODEL
         self.build_root = ProjectLayout(self.root).bench_tree(small)
         os.environ[BUILD_ROOT_ENV] = str(self.build_root)   # this process's Layout, and children's
@@ -400,6 +424,45 @@ class Bench:
         return {"import_seconds": round(seconds, 2), "import_peak_rss_bytes": rss,
                 "list_seconds": round(statistics.median(lists), 3)}
 
+    def cache_row(self, full: Run) -> dict:
+        """A local BuildGrid (disk storage in the bench tree): one build uploads every convert and
+        compile step; then, outputs removed, the cache-hit build fetches them all. Compared
+        with the full build (same tree, same inputs, `-n 1`)."""
+        from hexbundle.remote.buildgrid import BuildGrid, BuildGridError, find_bgd
+        if not find_bgd():
+            self.log("cache row: no BuildGrid `bgd` (HEXBUNDLE_BGD): skipped")
+            return {"skipped": "no BuildGrid `bgd` (set HEXBUNDLE_BGD)"}
+        try:
+            server = BuildGrid.start(self.build_root / "buildgrid")
+        except BuildGridError as exc:
+            raise BenchError(str(exc)) from None
+        try:
+            url = f"remote_cache={server.url}"
+            self.log("cache row: a build that uploads every step ...")
+            self.remove_outputs()
+            upload = self.doit("-n", "1", "bundle", url)
+            if _cache_hits(upload):
+                raise BenchError("the uploading build found its steps in an empty cache")
+            cas_bytes = sum(p.stat().st_size for p in server.blobs())
+            self.log("cache row: outputs removed, the cache-hit build ...")
+            self.remove_outputs()
+            hit = self.doit("-n", "1", "bundle", url)
+            steps = {t for t in hit.executed if t.split(":")[0] in ("convert", "compile")}
+            if _cache_hits(hit) != steps or not steps or set(hit.step_seconds) != {"bundle"}:
+                raise BenchError(f"the cache-hit build ran {sorted(hit.step_seconds)} here and "
+                                 f"fetched {sorted(_cache_hits(hit))}; expected every convert "
+                                 "and compile step from the cache")
+        finally:
+            server.stop()
+            shutil.rmtree(server.workdir, ignore_errors=True)
+        fetched = sum(p.stat().st_size for p in self.layout.dlc_dir.iterdir()) + \
+            sum(self.layout.bin(p).stat().st_size for p in self.parts)
+        return {"hit_seconds": round(hit.seconds, 2), "full_seconds": round(full.seconds, 2),
+                "upload_build_seconds": round(upload.seconds, 2),
+                "ratio": round(full.seconds / hit.seconds, 2), "steps_fetched": len(steps),
+                "fetched_bytes": fetched, "cas_bytes": cas_bytes,
+                "hit_peak_rss_bytes": hit.maxrss, "server": "BuildGrid (local, disk storage)"}
+
     def bundle_facts(self) -> dict:
         bins = [self.layout.bundle_dir / self.layout.bin_name(p) for p in self.parts]
         return {"bins_bytes": sum(b.stat().st_size for b in bins),
@@ -410,19 +473,33 @@ class Bench:
     def run(self) -> dict:
         started, load_before = time.monotonic(), _load_average()
         self.check_disk()
+        want = self.rows.__contains__
+        full_1 = full_2 = None
+        sizes_row = bundle = backend = digests = noop = md5_db = touch = change = split = None
+        cache = None
         try:
             inputs = self.generate_inputs()
-            full_1 = self.full_build(1)
-            full_2 = self.full_build(2)
-            sizes_row = self.check_sizes()
-            bundle = self.bundle_facts()
-            backend = self.backend_row()
-            digests = self.digest_row()
-            noop = self.noop_row()
-            md5_db = self.prepare_md5_db()
-            touch = self.touch_row()
-            change = self.one_part_row(full_1)
-            split = self.split_row()
+            if self.rows & {2, 3, 4, 6, 9}:
+                full_1 = self.full_build(1)
+                sizes_row = self.check_sizes()
+                bundle = self.bundle_facts()
+            if want(6):
+                full_2 = self.full_build(2)
+            if want(9):   # before the rows that change inputs: the tree is the full build's
+                cache = self.cache_row(full_1)
+            if want(5):
+                backend = self.backend_row()
+            if want(1):
+                digests = self.digest_row()
+            if want(2):
+                noop = self.noop_row()
+            if want(3):
+                md5_db = self.prepare_md5_db()
+                touch = self.touch_row()
+            if want(4):
+                change = self.one_part_row(full_1)
+            if want(7) or want(8):
+                split = self.split_row()
         finally:
             shutil.rmtree(self._trace_dir, ignore_errors=True)
             if not self.keep:
@@ -434,13 +511,19 @@ class Bench:
                         "load_average_after": _load_average()},
             "model": self.model_name, "plan": self.cfg.plan.name, "parts": len(self.parts),
             "inputs": inputs,
-            "full_build": {"n1_seconds": round(full_1.seconds, 2), "n2_seconds": round(full_2.seconds, 2),
-                           "n1_peak_rss_bytes": full_1.maxrss, "n2_peak_rss_bytes": full_2.maxrss,
-                           "bundle_step_seconds": full_1.step_seconds.get("bundle"),
-                           "n1_step_seconds": full_1.step_seconds, **bundle},
+            "rows_measured": sorted(self.rows),
+            "full_build": None if full_1 is None else {
+                "n1_seconds": round(full_1.seconds, 2),
+                "n2_seconds": round(full_2.seconds, 2) if full_2 else None,
+                "n1_peak_rss_bytes": full_1.maxrss,
+                "n2_peak_rss_bytes": full_2.maxrss if full_2 else None,
+                "bundle_step_seconds": full_1.step_seconds.get("bundle"),
+                "n1_step_seconds": full_1.step_seconds, **bundle},
             "sizes": sizes_row,
             "md5_baseline": md5_db,
-            "rows": rows(digests, noop, touch, change, backend, full_1, full_2) + split_rows(split),
+            "rows": [r for r in rows(digests, noop, touch, change, backend, full_1, full_2)
+                     + (split_rows(split) if split else []) + cache_rows(cache)
+                     if r["id"] in self.rows],
             "bench_seconds": round(time.monotonic() - started, 1),
         }
         return results
@@ -587,42 +670,92 @@ def split_rows(split: dict) -> list:
 # --------------------------------------------------------------------------- the table
 
 
+def _cache_hits(run: Run) -> set:
+    return set(re.findall(r"^  cache hit (\S+) ", run.out, re.M))
+
+
+def cache_rows(cache: Optional[dict]) -> list:
+    if cache is None:
+        return []
+    what = "cache-hit build (local BuildGrid REAPI cache) vs full build, outputs removed"
+    if "skipped" in cache:
+        return [{"id": 9, "what": what, "ours": "-", "baseline": "-",
+                 "ratio": f"skipped: {cache['skipped']}", "target": "(reported)", "met": None,
+                 "detail": cache}]
+    return [{"id": 9, "what": what,
+             "ours": f"{cache['hit_seconds']:.1f} s ({cache['steps_fetched']} steps, "
+                     f"{cache['fetched_bytes'] / GIB:.2f} GiB fetched)",
+             "baseline": f"{cache['full_seconds']:.1f} s",
+             "ratio": f"{cache['ratio']:.2f}x faster", "target": "(reported)", "met": None,
+             "detail": cache}]
+
+
 def rows(digests, noop, touch, change, backend, full_1, full_2) -> list:
+    """Rows 1-6, those whose measurements were taken (a --rows run leaves the others None)."""
+    out = []
+    for make, needs in ((row_digests, (digests,)), (row_noop, (noop,)), (row_touch, (touch,)),
+                        (row_change, (change,)), (row_backend, (backend,)),
+                        (row_parallel, (full_1, full_2))):
+        if all(n is not None for n in needs):
+            out.append(make(*needs))
+    return out
+
+
+def row_digests(digests) -> dict:
+    return {"id": 1, "what": "file digests, same files (XXH3-128 checker vs doit MD5Checker)",
+            "ours": f"{digests['ours_gib_per_s']} GiB/s",
+            "baseline": f"{digests['stock_gib_per_s']} GiB/s",
+            "ratio": f"{digests['ratio']}x", "target": ">= 10x", "met": digests["ratio"] >= 10,
+            "detail": digests}
+
+
+def row_noop(noop) -> dict:
+    return {"id": 2, "what": "no-op `doit bundle` vs bare `doit list` (median)",
+            "ours": f"{noop['noop_seconds']:.2f} s", "baseline": f"{noop['list_seconds']:.2f} s",
+            "ratio": f"{noop['ratio']}x", "target": "<= 1.5x", "met": noop["ratio"] <= 1.5,
+            "detail": noop}
+
+
+def row_touch(touch) -> dict:
+    return {"id": 3, "what": "after touching every input: run 1 / run 2 (ours vs MD5 checker)",
+            "ours": f"{touch['ours_1']['seconds']:.2f} s / {touch['ours_2']['seconds']:.2f} s "
+                    f"(hashed {touch['ours_1']['files_hashed']} / "
+                    f"{touch['ours_2']['files_hashed']} files)",
+            "baseline": f"{touch['md5_1']['seconds']:.2f} s / {touch['md5_2']['seconds']:.2f} s "
+                        f"(hashed {touch['md5_1']['files_hashed']} / "
+                        f"{touch['md5_2']['files_hashed']} files)",
+            "ratio": f"{touch['md5_2']['seconds'] / touch['ours_2']['seconds']:.1f}x on run 2",
+            "target": "run 2 hashes nothing", "met": touch["ours_2"]["files_hashed"] == 0,
+            "detail": touch}
+
+
+def row_change(change) -> dict:
+    return {"id": 4,
+            "what": f"one part's weights changed: rebuild vs full build ({change['parts']} parts)",
+            "ours": f"{change['seconds']:.1f} s", "baseline": f"{change['full_seconds']:.1f} s",
+            "ratio": f"{change['ratio']:.2f}x",
+            "target": f"<= 1/{change['parts']} + bundle step ({change['budget_seconds']:.1f} s)",
+            "met": change["seconds"] <= change["budget_seconds"], "detail": change}
+
+
+def row_backend(backend) -> dict:
+    return {"id": 5, "what": f"reference backend, part {backend['part']} ({backend['layers']} "
+                             "layers): convert x2 + compile",
+            "ours": f"{backend['gb_per_s']:.2f} GB/s fp32 weights",
+            "baseline": f"peak RSS {backend['peak_rss_bytes'] / GIB:.2f} GiB",
+            "ratio": f"RSS = {backend['peak_rss_bytes'] / backend['largest_tensor_bytes']:.2f}x "
+                     "largest tensor",
+            "target": "peak RSS < 3 GiB", "met": backend["peak_rss_bytes"] < 3 * GIB,
+            "detail": backend}
+
+
+def row_parallel(full_1, full_2) -> dict:
     n1, n2 = full_1.seconds, full_2.seconds
-    return [
-        {"id": 1, "what": "file digests, same files (XXH3-128 checker vs doit MD5Checker)",
-         "ours": f"{digests['ours_gib_per_s']} GiB/s", "baseline": f"{digests['stock_gib_per_s']} GiB/s",
-         "ratio": f"{digests['ratio']}x", "target": ">= 10x", "met": digests["ratio"] >= 10,
-         "detail": digests},
-        {"id": 2, "what": "no-op `doit bundle` vs bare `doit list` (median)",
-         "ours": f"{noop['noop_seconds']:.2f} s", "baseline": f"{noop['list_seconds']:.2f} s",
-         "ratio": f"{noop['ratio']}x", "target": "<= 1.5x", "met": noop["ratio"] <= 1.5,
-         "detail": noop},
-        {"id": 3, "what": "after touching every input: run 1 / run 2 (ours vs MD5 checker)",
-         "ours": f"{touch['ours_1']['seconds']:.2f} s / {touch['ours_2']['seconds']:.2f} s "
-                 f"(hashed {touch['ours_1']['files_hashed']} / {touch['ours_2']['files_hashed']} files)",
-         "baseline": f"{touch['md5_1']['seconds']:.2f} s / {touch['md5_2']['seconds']:.2f} s "
-                     f"(hashed {touch['md5_1']['files_hashed']} / {touch['md5_2']['files_hashed']} files)",
-         "ratio": f"{touch['md5_2']['seconds'] / touch['ours_2']['seconds']:.1f}x on run 2",
-         "target": "run 2 hashes nothing", "met": touch["ours_2"]["files_hashed"] == 0,
-         "detail": touch},
-        {"id": 4, "what": f"one part's weights changed: rebuild vs full build ({change['parts']} parts)",
-         "ours": f"{change['seconds']:.1f} s", "baseline": f"{change['full_seconds']:.1f} s",
-         "ratio": f"{change['ratio']:.2f}x",
-         "target": f"<= 1/{change['parts']} + bundle step ({change['budget_seconds']:.1f} s)",
-         "met": change["seconds"] <= change["budget_seconds"], "detail": change},
-        {"id": 5, "what": f"reference backend, part {backend['part']} ({backend['layers']} layers): "
-                          "convert x2 + compile",
-         "ours": f"{backend['gb_per_s']:.2f} GB/s fp32 weights",
-         "baseline": f"peak RSS {backend['peak_rss_bytes'] / GIB:.2f} GiB",
-         "ratio": f"RSS = {backend['peak_rss_bytes'] / backend['largest_tensor_bytes']:.2f}x largest tensor",
-         "target": "peak RSS < 3 GiB", "met": backend["peak_rss_bytes"] < 3 * GIB, "detail": backend},
-        {"id": 6, "what": "full build `doit -n 2` vs `-n 1`",
-         "ours": f"{n2:.1f} s", "baseline": f"{n1:.1f} s", "ratio": f"{n1 / n2:.2f}x faster",
-         "target": "(reported)", "met": None,
-         "detail": {"n1_seconds": round(n1, 2), "n2_seconds": round(n2, 2),
-                    "n1_peak_rss_bytes": full_1.maxrss, "n2_peak_rss_bytes": full_2.maxrss}},
-    ]
+    return {"id": 6, "what": "full build `doit -n 2` vs `-n 1`",
+            "ours": f"{n2:.1f} s", "baseline": f"{n1:.1f} s", "ratio": f"{n1 / n2:.2f}x faster",
+            "target": "(reported)", "met": None,
+            "detail": {"n1_seconds": round(n1, 2), "n2_seconds": round(n2, 2),
+                       "n1_peak_rss_bytes": full_1.maxrss, "n2_peak_rss_bytes": full_2.maxrss}}
 
 
 def format_table(results: dict) -> str:
@@ -637,15 +770,20 @@ def format_table(results: dict) -> str:
              f"{m['load_average_before']} before, {m['load_average_after']} after",
              f"model: {results['model']} (plan {results['plan']}, {results['parts']} parts); inputs "
              f"{results['inputs']['bytes'] / GIB:.2f} GiB in {results['inputs']['files']} files "
-             f"({results['inputs']['distinct_bytes'] / GIB:.2f} GiB of distinct .data)",
-             f"full build -n 1: {f['n1_seconds']} s, peak RSS {f['n1_peak_rss_bytes'] / GIB:.2f} GiB "
-             f"(the whole build runs in the doit process); bundle step {f['bundle_step_seconds']} s "
-             f"for {f['bins_bytes'] / GIB:.2f} GiB of bins, hard-linked: "
-             f"{'yes' if f['bins_hard_linked'] else 'NO'}",
-             f"part {s['part']} ({s['part_layers']} layers): {s['part_bin_mib']} MiB"
-             + (f" vs {s['seed_mib']} MiB measured with QAIRT: ratio {s['ratio_to_seed']}"
-                if "seed_mib" in s else "")
-             + f"; check_sizes {'passed' if s['passed'] else 'FAILED'}"]
+             f"({results['inputs']['distinct_bytes'] / GIB:.2f} GiB of distinct .data)"]
+    if f:   # not measured by a --rows run that needs no full build
+        notes.append(
+            f"full build -n 1: {f['n1_seconds']} s, peak RSS {f['n1_peak_rss_bytes'] / GIB:.2f} GiB "
+            f"(the whole build runs in the doit process); bundle step {f['bundle_step_seconds']} s "
+            f"for {f['bins_bytes'] / GIB:.2f} GiB of bins, hard-linked: "
+            f"{'yes' if f['bins_hard_linked'] else 'NO'}")
+    if s:
+        notes.append(f"part {s['part']} ({s['part_layers']} layers): {s['part_bin_mib']} MiB"
+                     + (f" vs {s['seed_mib']} MiB measured with QAIRT: ratio {s['ratio_to_seed']}"
+                        if "seed_mib" in s else "")
+                     + f"; check_sizes {'passed' if s['passed'] else 'FAILED'}")
+    if results.get("rows_measured", list(ALL_ROWS)) != list(ALL_ROWS):
+        notes.append(f"rows measured: {', '.join(map(str, results['rows_measured']))} (--rows)")
     return "\n".join(lines + [""] + notes)
 
 
@@ -677,9 +815,9 @@ def write_results(results: dict, path: Path) -> Path:
     return path
 
 
-def main(root: Path, small: bool, keep: bool, out: Optional[Path] = None) -> int:
+def main(root: Path, small: bool, keep: bool, out: Optional[Path] = None, rows: str = "") -> int:
     try:
-        bench = Bench(root, small, keep)
+        bench = Bench(root, small, keep, rows=parse_rows(rows))
         results = bench.run()
     except HexbundleError as exc:
         print(f"bench: {exc}", file=sys.stderr)
@@ -690,11 +828,12 @@ def main(root: Path, small: bool, keep: bool, out: Optional[Path] = None) -> int
     return 0
 
 
-def run_bench(root: Path, small: bool = False, keep: bool = False):
+def run_bench(root: Path, small: bool = False, keep: bool = False, rows: str = ""):
     """`doit bench`: the benchmark in its own process (it runs doit itself)."""
     cmd = [sys.executable, str(ProjectLayout(root).script("bench.py"))]
     cmd += ["--small"] if small else []
     cmd += ["--keep"] if keep else []
+    cmd += ["--rows", rows] if rows else []
     code = subprocess.call(cmd, cwd=root, env={k: v for k, v in os.environ.items() if k != BUILD_ROOT_ENV})
     if code != 0:
         raise BenchError(f"scripts/bench.py exited {code}")

@@ -11,6 +11,7 @@ Files (under <project>/configs):
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -79,6 +80,27 @@ CONTAINER_SCHEMA = {
                       "other user, steps run as that user"),
 }
 
+# A REAPI remote cache (hexbundle.remote): top-level keys of build.toml, each overridable by the
+# environment (HEXBUNDLE_REMOTE_CACHE, ...) and, above that, the command line. None of them
+# changes what a step writes, so none is part of any up-to-date key.
+REMOTE_SCHEMA = {
+    "remote_cache": Field(str, "", pattern=r"(grpcs?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5})?",
+                          doc="a REAPI cache, grpc://HOST:PORT (grpcs:// for TLS); empty: none"),
+    "remote_instance": Field(str, "", pattern=r"[A-Za-z0-9._/-]*",
+                             doc="the server's instance name (empty: its default instance)"),
+    "remote_cache_mode": Field(str, "read-write", choices=("read", "read-write"),
+                               doc="read: fetch hits, never upload; read-write: also upload"),
+    "remote_tls_ca": Field(str, "", doc="grpcs://: PEM file of the CA of the server's "
+                           "certificate, relative to the project (empty: the system's roots)"),
+    "remote_tls_cert": Field(str, "", doc="grpcs://: PEM client certificate (mutual TLS)"),
+    "remote_tls_key": Field(str, "", doc="grpcs://: PEM key of remote_tls_cert"),
+    "remote_header": Field(str, "", pattern=r"([A-Za-z0-9-]+=.*)?",
+                           doc="NAME=VALUE sent with every call (auth); VALUE $VAR reads the "
+                               "environment variable VAR, keeping the secret out of files"),
+    "remote_timeout": Field(int, 60, min=1, max=3600, doc="seconds per call to the server"),
+}
+REMOTE_ENV_PREFIX = "HEXBUNDLE_"   # remote_cache -> HEXBUNDLE_REMOTE_CACHE, and so on
+
 BUILD_SCHEMA = {
     "model": Field(str, pattern=NAME, doc="a file in configs/models, without .toml"),
     "device": Field(str, pattern=DEVICE_NAME,
@@ -89,6 +111,7 @@ BUILD_SCHEMA = {
     "plan": Field(str, "", doc="a plan of the model; empty for the model's default_plan"),
     "compile": Field(COMPILE_SCHEMA, {}),
     "container": Field(CONTAINER_SCHEMA, {}),
+    **REMOTE_SCHEMA,
 }
 # Tables whose keys the command line sets as `table.key=value` ([compile] keys also bare).
 SECTIONS = {"compile": COMPILE_SCHEMA, "container": CONTAINER_SCHEMA}
@@ -240,6 +263,7 @@ class BuildConfig:
     verify: Optional[dict] = None   # the model's [verify] table (thresholds of `doit verify`)
     export_dir: Optional[Path] = None   # inputs.dir, resolved, for an exported model
     container: ContainerSettings = field(default_factory=default_container_settings)
+    remote: Optional[dict] = None   # the remote_* settings, without the prefix (cache, mode, ...)
 
     def part(self, index: int) -> Part:
         """Part `index` (1-based) of the plan."""
@@ -434,33 +458,46 @@ def genie_settings(genie: dict, context_length: int, where: Path) -> dict:
     return genie
 
 
-def parse_override(key: str, text: str, f: Field) -> Any:
-    """Command-line `key=value` strings, typed by the schema."""
+def parse_override(key: str, text: str, f: Field, where: str = "command line") -> Any:
+    """Command-line (or environment) `key=value` strings, typed by the schema."""
     if f.type is bool:
         low = text.lower()
         if low in ("true", "1", "yes", "on"):
             return True
         if low in ("false", "0", "no", "off"):
             return False
-        raise ConfigError(f"command line: {key}={text!r}: expected true or false")
+        raise ConfigError(f"{where}: {key}={text!r}: expected true or false")
     if f.type is int:
         try:
             return int(text)
         except ValueError:
-            raise ConfigError(f"command line: {key}={text!r}: expected an integer") from None
+            raise ConfigError(f"{where}: {key}={text!r}: expected an integer") from None
     if f.type is float:
         try:
             return float(text)
         except ValueError:
-            raise ConfigError(f"command line: {key}={text!r}: expected a number") from None
+            raise ConfigError(f"{where}: {key}={text!r}: expected a number") from None
     return text
 
 
+def remote_from_environment(settings: dict, environ=None) -> dict:
+    """The remote_* settings with HEXBUNDLE_REMOTE_* variables of the environment applied."""
+    environ = os.environ if environ is None else environ
+    out = dict(settings)
+    for key, f in REMOTE_SCHEMA.items():
+        name = REMOTE_ENV_PREFIX + key.upper()
+        if name in environ:
+            text = environ[name]
+            out[key] = check_value(parse_override(name, text, f, "environment"), f,
+                                   "environment", name)
+    return out
+
+
 def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
-    """configs/build.toml + command-line overrides -> a fully resolved BuildConfig."""
+    """configs/build.toml + HEXBUNDLE_REMOTE_* + command-line overrides -> a BuildConfig."""
     project = ProjectLayout(root)
     root, path = project.root, project.build_config
-    with_defaults = read_toml(path, BUILD_SCHEMA)
+    with_defaults = remote_from_environment(read_toml(path, BUILD_SCHEMA))
     for key, text in (overrides or {}).items():
         section, _, sub = key.partition(".")
         if key in COMPILE_SCHEMA:
@@ -516,7 +553,8 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
         else path)
     return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],
                        raw["tokenizer"], raw["inputs"], genie, files, project.build_root,
-                       verify=raw["verify"], export_dir=export_dir, container=container)
+                       verify=raw["verify"], export_dir=export_dir, container=container,
+                       remote={k.removeprefix("remote_"): b[k] for k in REMOTE_SCHEMA})
 
 
 def _settable() -> list:

@@ -18,6 +18,7 @@ Layout (one variant: a model, a device, a plan, a backend), under the build root
     bin/                                 one context binary per part
     bundle/                              the Genie bundle
     logs/                                one log per step
+    origins/                             per step: built here or fetched from a remote cache
     verify/report.json                   `doit verify`
 
 The build root is <project>/build, or $HEXBUNDLE_BUILD_ROOT (scratch and release builds). Paths
@@ -467,6 +468,14 @@ class Layout(ProjectLayout):
 
     def log(self, task: str) -> Path:
         return self.logs_dir / (task.replace(":", "__") + ".log")
+
+    @property
+    def origins_dir(self) -> Path:
+        return self.build_dir / "origins"
+
+    def step_origin(self, task: str) -> Path:
+        """Where task's outputs came from (formats.origins): built here, or a remote cache."""
+        return self.origins_dir / (task.replace(":", "__") + ".json")
 
 
 def _unique(paths) -> list:

@@ -1,6 +1,6 @@
 """The bundle's records. manifest.json, its table of contents: writer (`bundle_manifest`) and
 reader (`verify_bundle_files`). build-info.json, beside the bundle: how it was built (executor,
-toolchain image), kept out of the bundle so its bytes do not depend on the executor:
+toolchain image, which steps came from a remote cache), kept out of the bundle so its bytes do not depend on the executor:
 `write_build_info`, `read_build_info`."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from hexbundle.config.layout import MANIFEST, Layout
+from hexbundle.formats.origins import read_origins, remote_summary
 from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import HexbundleError
@@ -111,11 +112,15 @@ def verify_bundle_files(bundle: Path, where=str) -> int:
 
 
 def write_build_info(layout: Layout, executor: str, image: str) -> None:
-    write_json(layout.build_info, {"executor": executor, "image": image})
+    """How the bundle was built: the executor, the toolchain image, and where each step's
+    outputs came from (built here or fetched from a remote cache: formats.origins)."""
+    steps = read_origins(layout)
+    write_json(layout.build_info, {"executor": executor, "image": image, "steps": steps,
+                                   "remote_cache": remote_summary(steps)})
 
 
 def read_build_info(layout: Layout) -> dict:
-    """{"executor", "image"} of the last bundle build; {} when there is none or it is unreadable
+    """{"executor", "image", "steps", "remote_cache"} of the last bundle build; {} when there is none or it is unreadable
     (then the image now under the tag is what a caller can name)."""
     try:
         doc = json.loads(layout.build_info.read_text())

@@ -86,6 +86,9 @@ class TensorValues:
             del block
 
 
+# The keys of an external-data record that ONNX defines (onnx/onnx.proto, TensorProto).
+EXTERNAL_DATA_KEYS = ("location", "offset", "length", "checksum")
+
 def load_structure(onnx_path: Path) -> onnx.ModelProto:
     """The model proto without its weights (they are read later, one by one, via memmap)."""
     if not Path(onnx_path).exists():
@@ -179,6 +182,12 @@ def initializer_values(init: onnx.TensorProto, onnx_path: Path) -> TensorValues:
     location = entries.get("location", "")
     data_path = onnx_path.parent / location
     where = f"{onnx_path}: tensor '{init.name}' (external data {location!r})"
+    keys = [e.key for e in init.external_data]
+    odd = sorted({k for k in keys if k not in EXTERNAL_DATA_KEYS or keys.count(k) > 1})
+    if odd:   # onnxruntime refuses such a record ("model format error"); onnx.checker does not
+        raise InputError(f"{where}: its external-data record has the key(s) {odd} (unknown or "
+                         f"given twice; ONNX defines {list(EXTERNAL_DATA_KEYS)}); re-export "
+                         "the model")
     try:
         offset = int(entries.get("offset", 0))
         length = int(entries.get("length", expected))

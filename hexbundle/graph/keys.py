@@ -32,9 +32,13 @@ class options_key(config_changed):
     def __init__(self, **values):
         super().__init__(values)
 
+    def resolved(self) -> dict:
+        """The values, callables called: what the task's outputs depend on besides its files
+        (also the options of its remote-cache Action: hexbundle.graph.remote_steps)."""
+        return {k: (v() if callable(v) else v) for k, v in self.config.items()}
+
     def _calc_digest(self):
-        resolved = {k: (v() if callable(v) else v) for k, v in self.config.items()}
-        return config_changed(resolved)._calc_digest()
+        return config_changed(self.resolved())._calc_digest()
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,11 +46,18 @@ def _toolchain_key(backend: str, executor: str, root: Path) -> str:
     version, _ = describe(backend)
     if executor != "docker":
         return version
+    return f"{version} in image {image_id(root) or '(unavailable)'}"
+
+
+@functools.lru_cache(maxsize=None)
+def image_id(root: Path) -> str:
+    """The toolchain image's ID ("" when the engine or the image is not there: the step itself
+    then fails, saying why). Asked of the engine once per run."""
     try:
         from hexbundle.toolchain.docker import docker_client, find_image
-        return f"{version} in image {find_image(docker_client(), load_toolchain(root)).id}"
-    except HexbundleError:   # the step itself then fails, saying why
-        return f"{version} in image (unavailable)"
+        return find_image(docker_client(), load_toolchain(root)).id
+    except HexbundleError:
+        return ""
 
 
 def toolchain_key(cfg: BuildConfig) -> str:

@@ -308,8 +308,10 @@ class WeightValueCheck:
     Two reductions per block (max and min; both propagate NaN), no temporaries; the element is
     located only once something is wrong."""
 
-    def __init__(self, onnx_path: Path, name: str, shape: tuple, stored_dtype: str):
+    def __init__(self, onnx_path: Path, name: str, shape: tuple, stored_dtype: str,
+                 data_path: Optional[Path] = None, offset: int = 0):
         self.onnx_path, self.name = onnx_path, name
+        self.data_path, self.offset = data_path, offset   # where the bytes are, for the message
         self.shape = tuple(shape) if shape else (1,)
         self.stored_dtype = stored_dtype
         self.limit = FLOAT16_MAX if stored_dtype == "float16" else None
@@ -333,6 +335,9 @@ class WeightValueCheck:
         index = np.unravel_index(first_row * row_elements + flat, self.shape)
         at = "[" + ", ".join(str(int(i)) for i in index) + "]"
         where = f"{self.onnx_path}: weight '{self.name}'"
+        if self.data_path is not None:   # the bytes to look at are in the .data, not the ONNX
+            element = int(np.ravel_multi_index(tuple(int(i) for i in index), self.shape))
+            at += f" (in {self.data_path} at byte {self.offset + element * block.itemsize})"
         if what == "beyond float16":
             raise InputError(
                 f"{where} holds {value:g} at {at} ({count} value(s) in this block beyond "
@@ -360,7 +365,8 @@ def check_weight_values(onnx_path: Path, proto: onnx.ModelProto, stored: dict,
             if window in seen:
                 continue
             seen.add(window)
-        check = WeightValueCheck(onnx_path, init.name, values.shape, stored[init.name])
+        check = WeightValueCheck(onnx_path, init.name, values.shape, stored[init.name],
+                                 values.data_path, values.offset)
         for rows, block in values.rows(block_elements):
             check(block, rows.start)
         read += values.nbytes

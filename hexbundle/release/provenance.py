@@ -1,4 +1,5 @@
-"""What a release records about how it was built: the toolchain image, the SDK pin, the lock."""
+"""What a release records about how it was built: the toolchain image, the SDK pin, the lock, and
+which steps' outputs came from a remote cache (server and instance; build-info.json)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -63,6 +64,10 @@ BUILD_TYPE = "urn:hexbundle:release:v1"
 
 BUILDER_ID = "urn:hexbundle:builder"
 
+# Settings whose value may be a credential: the provenance says they were given, not what.
+SECRET_KEYS = ("remote_header",)
+SECRET = "(set; not recorded)"
+
 
 def _file_material(layout: Layout, path: Path) -> dict:
     return {"name": layout.logical(path),
@@ -78,6 +83,7 @@ def provenance(layout: Layout, overrides: dict, source: dict, epoch: int,
     deps += [_file_material(layout, p) for p in cfg.config_files]
     deps += [_file_material(layout, p) for p in inputs]
     deps += provenance_materials(layout)
+    info = read_build_info(layout)   # which steps came from a remote cache, and from where
     return {
         "_type": STATEMENT_TYPE,
         "subject": subjects,
@@ -88,9 +94,12 @@ def provenance(layout: Layout, overrides: dict, source: dict, epoch: int,
                 "externalParameters": {
                     "model": cfg.model.name, "device": cfg.device.name, "plan": cfg.plan.name,
                     "backend": cfg.backend, "executor": cfg.executor, "compile": cfg.compile,
-                    "overrides": dict(sorted(overrides.items())),
+                    "overrides": {k: SECRET if k in SECRET_KEYS else v
+                                  for k, v in sorted(overrides.items())},
                     "source_date_epoch": epoch},
-                "internalParameters": {"toolchain": toolchain, "deployable": deployable},
+                "internalParameters": {"toolchain": toolchain, "deployable": deployable,
+                                       "steps": info.get("steps", {}),
+                                       "remote_cache": info.get("remote_cache", {})},
                 "resolvedDependencies": deps,
             },
             "runDetails": {"builder": {"id": BUILDER_ID, "version": {"hexbundle": __version__}}},

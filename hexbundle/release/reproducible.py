@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from hexbundle.config.build import BuildConfig
+from hexbundle.config.build import REMOTE_ENV_PREFIX, BuildConfig
 from hexbundle.config.layout import BUILD_ROOT_ENV, RELEASE_PROVENANCE, Layout
 from hexbundle.release.provenance import provenance
 from hexbundle.support import hashing
@@ -30,6 +30,7 @@ from hexbundle.support.atomic import atomic_output, write_atomic
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import sha256_file
 
+REMOTE_CACHE_ENV = REMOTE_ENV_PREFIX + "REMOTE_CACHE"
 MIN_ZIP_EPOCH = 315532800  # 1980-01-01: the earliest time zip and some tar tools can hold
 
 
@@ -131,8 +132,10 @@ def archive_members(archive: Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 # the clean build
 
-def clean_build(scratch: Layout, overrides: dict, log) -> Path:
-    """`doit bundle` from nothing, in the scratch layout's build root; returns its bundle dir."""
+def clean_build(scratch: Layout, overrides: dict, log, remote_cache: bool = True) -> Path:
+    """`doit bundle` from nothing, in the scratch layout's build root; returns its bundle dir.
+    remote_cache=False: every step runs here, whatever build.toml says (a verification must
+    not take outputs from the cache it would vouch for)."""
     cfg, root, build_root = scratch.cfg, scratch.root, scratch.build_root
     if build_root.exists():
         shutil.rmtree(build_root)
@@ -140,6 +143,8 @@ def clean_build(scratch: Layout, overrides: dict, log) -> Path:
     args = [sys.executable, "-m", "doit", "-f", str(root / "dodo.py"), "--dir", str(root),
             "bundle", *[f"{k}={v}" for k, v in sorted(overrides.items())]]
     env = {**os.environ, BUILD_ROOT_ENV: str(build_root)}
+    if not remote_cache:   # the environment, not the command line: an older tree has no such key
+        env[REMOTE_CACHE_ENV] = ""
     log(f"release: clean build of {cfg.model.name} for {cfg.device.name} in "
         f"{scratch.rel(build_root)}")
     proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
@@ -171,7 +176,10 @@ def make_release(layout: Layout, overrides: dict, log=print) -> Path:
     if source["dirty"]:
         log("release: WARNING: the source tree has uncommitted changes; the provenance says so")
     scratch = scratch_layout(cfg, layout.release_work_dir)
-    bundle_dir = clean_build(scratch, _overrides_of(cfg), log)
+    # The remote cache given on the command line serves the clean build too (build.toml's and
+    # the environment's reach it by themselves).
+    remote = {k: v for k, v in overrides.items() if k.startswith("remote_")}
+    bundle_dir = clean_build(scratch, {**_overrides_of(cfg), **remote}, log)
     name, archive = layout.release_name, layout.release_archive
     write_archive(bundle_dir, archive, name, epoch)
     subjects = [{"name": archive.name, "digest": {"sha256": sha256_file(archive)}}]
@@ -272,7 +280,8 @@ def verify_release(root: Path, archive: Path, log=print) -> bool:
                           for k, v in params["compile"].items()})
         from hexbundle.config.build import load_build
         cfg = load_build(src, overrides)
-        bundle_dir = clean_build(scratch_layout(cfg, workdir / "build"), overrides, log)
+        bundle_dir = clean_build(scratch_layout(cfg, workdir / "build"), overrides, log,
+                                 remote_cache=False)
         rebuilt = {p.name: sha256_file(p) for p in bundle_dir.iterdir()}
         recorded = archive_members(archive)
         prefix = archive.name[:-len(".tar.gz")]

@@ -15,3 +15,11 @@ def say(msg: str) -> None:
     with _lock:
         stream.write(msg + "\n")
         stream.flush()
+
+
+def warn(msg: str) -> None:
+    """A warning line on the real stderr (same lock: lines never interleave)."""
+    stream = sys.__stderr__
+    with _lock:
+        stream.write(msg + "\n")
+        stream.flush()

@@ -2,7 +2,9 @@
 
 A file is hashed at most once per change of its bytes: the cache maps (path, size, mtime_ns,
 ctime_ns, inode) to the digest, shared by every task and every run (doit's checker built on it is
-hexbundle.graph.checker).
+hexbundle.graph.checker). A remote cache (hexbundle.remote) names blobs by SHA-256: the cache
+keeps it beside the XXH3 (a fourth field of the entry), and one read of the bytes gives both
+(`with_sha256`; `sha256` re-reads a file whose entry has the XXH3 only, once).
 
 ctime is in the key because no user call can set it: an in-place edit of the same size followed by
 `touch -r`, `cp -p` or `os.utime` restores the mtime, never the ctime. And a stat match is only
@@ -43,6 +45,18 @@ def file_digest(path) -> str:
                 break
             h.update(view[:n])
     return h.hexdigest()
+
+
+def file_digests(path) -> tuple:
+    """(XXH3-128, SHA-256) of a file's bytes, hex, from one read."""
+    xxh, sha = xxhash.xxh3_128(), hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            xxh.update(view[:n])
+            sha.update(view[:n])
+    return xxh.hexdigest(), sha.hexdigest()
 
 
 def sha256_file(path) -> str:
@@ -98,10 +112,11 @@ def racy(st, recorded_ns) -> bool:
 
 
 def _valid_entry(entry) -> bool:
-    """[[size, mtime_ns, ctime_ns, inode], digest, recorded_ns]"""
-    return (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], list)
+    """[[size, mtime_ns, ctime_ns, inode], digest, recorded_ns] (+ [sha256] when known)"""
+    return (isinstance(entry, list) and len(entry) in (3, 4) and isinstance(entry[0], list)
             and len(entry[0]) == 4 and all(type(v) is int for v in entry[0])
-            and isinstance(entry[1], str) and type(entry[2]) is int)
+            and isinstance(entry[1], str) and type(entry[2]) is int
+            and (len(entry) == 3 or isinstance(entry[3], str) and len(entry[3]) == 64))
 
 
 def _old_entry(entry) -> bool:
@@ -120,6 +135,7 @@ class DigestCache:
         self._entries = self._load()
         self.hashed = 0  # files hashed by this process (for reports and tests)
         self._save_failed = False
+        self.with_sha256 = False   # set while a remote cache is in use: every read gives both
 
     def _load(self) -> dict:
         if not self.path or not self.path.is_file():
@@ -156,18 +172,28 @@ class DigestCache:
         return {k: v for k, v in data.items() if _valid_entry(v) and os.path.lexists(k)}
 
     def digest(self, path, st: Optional[os.stat_result] = None) -> str:
+        return self._entry(path, st, self.with_sha256)[1]
+
+    def sha256(self, path, st: Optional[os.stat_result] = None) -> str:
+        """The file's SHA-256 (hex), through the cache: read once per change of its bytes."""
+        return self._entry(path, st, True)[3]
+
+    def _entry(self, path, st: Optional[os.stat_result], sha256: bool) -> list:
+        """The trusted entry of the file (hashed if its bytes may have changed, or if `sha256`
+        is asked for and the entry has only the XXH3)."""
         key = os.path.abspath(path)
         st = st or os.stat(path)
         want = stat_key(st)
         with self._lock:
             entry = self._entries.get(key)
-            if entry and entry[0] == want and not racy(st, entry[2]):
-                return entry[1]
+            if (entry and entry[0] == want and not racy(st, entry[2])
+                    and (len(entry) == 4 or not sha256)):
+                return entry
             linked = self._hard_link_digest(st, want)
-            if linked is not None:
+            if linked is not None and (len(linked) == 4 or not sha256):
                 self._entries[key] = linked
                 self._save()
-                return linked[1]
+                return linked
         recorded = now_ns()
         changed = max(st.st_mtime_ns, st.st_ctime_ns)
         if racy(st, recorded) and tick_ns(changed) <= 50_000_000:
@@ -176,13 +202,30 @@ class DigestCache:
             st = os.stat(path)
             want = stat_key(st)
             recorded = now_ns()
-        digest = file_digest(path)
+        entry = [want, *file_digests(path)] if sha256 else [want, file_digest(path)]
+        entry.insert(2, recorded)
         self._trace(key)
         with self._lock:
             self.hashed += 1
-            self._entries[key] = [want, digest, recorded]
+            self._entries[key] = entry
             self._save()
-        return digest
+        return entry
+
+    def record(self, path, digest: str, sha256: str) -> None:
+        """Enter the digests of a file this process just wrote and hashed while writing it (a
+        blob fetched from a remote cache): the file is not read again. Waits out the file's
+        timestamp tick first, so the entry is not racy."""
+        st = os.stat(path)
+        changed = max(st.st_mtime_ns, st.st_ctime_ns)
+        wait = changed + tick_ns(changed) - now_ns()
+        if 0 < wait <= 50_000_000:
+            time.sleep(wait / 1e9)
+        recorded = now_ns()
+        if racy(st, recorded):
+            return   # a coarse clock (2 s ticks): let the next reader hash it
+        with self._lock:
+            self._entries[os.path.abspath(path)] = [stat_key(st), digest, recorded, sha256]
+            self._save()
 
     def _hard_link_digest(self, st: os.stat_result, want: list) -> Optional[list]:
         """The digest recorded under another name of the same file (the bundle's bins are hard
@@ -232,7 +275,7 @@ class DigestCache:
                     continue
                 was = known.get((st.st_dev, st.st_ino))
                 if was and was[:2] == (st.st_size, st.st_mtime_ns):
-                    self._entries[key] = [stat_key(st), was[2], recorded]
+                    self._entries[key] = [stat_key(st), was[2], recorded, *was[3:]]
             self._save()
 
     def _trace(self, key: str) -> None:
@@ -267,8 +310,9 @@ class CarryOver:
         self.known = {}
         for path in paths:
             st = os.stat(path)
-            self.known[(st.st_dev, st.st_ino)] = (st.st_size, st.st_mtime_ns,
-                                                  cache.digest(path, st))
+            entry = cache._entry(path, st, False)
+            self.known[(st.st_dev, st.st_ino)] = (st.st_size, st.st_mtime_ns, *entry[1:2],
+                                                  *entry[3:])
 
     def adopt(self, names) -> None:
         self.cache._adopt(self.known, names)
@@ -293,6 +337,11 @@ def cache() -> DigestCache:
 def digest(path) -> str:
     """The digest of a file through the shared cache: hashed only if its bytes may have changed."""
     return _cache.digest(path)
+
+
+def cached_sha256(path) -> str:
+    """The SHA-256 of a file through the shared cache (a remote cache's blob name)."""
+    return _cache.sha256(path)
 
 
 

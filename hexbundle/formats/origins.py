@@ -1,0 +1,75 @@
+"""Where each build step's outputs came from: built here, or fetched from a remote cache.
+
+One small JSON file per task, `build/<model>/<device>/<plan>/<backend>/origins/<task>.json`,
+written after every run of a step (hexbundle.remote.cache):
+
+    {"task": "compile:part_2_of_4", "origin": "remote-cache" | "local",
+     "server": "grpc://HOST:PORT", "instance": "", "action": "<sha256>/<size>",
+     "uploaded": true | false,            (local builds with a read-write cache)
+     "outputs": {"build/...bin": "<xxh3_128>"}}
+
+A record is only believed while its outputs are still those bytes (`read_origins` compares the
+digests, through the digest cache): a step rebuilt without a record, or an output edited by
+hand, drops it. build-info.json (formats.manifest) and a release's provenance gather them.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hexbundle.config.layout import Layout
+from hexbundle.support import hashing
+from hexbundle.support.atomic import write_json
+from hexbundle.support.console import warn
+from hexbundle.support.errors import HexbundleError
+
+
+def write_origin(layout: Layout, task: str, origin: dict, outputs: list) -> None:
+    outs = {layout.logical(p): hashing.digest(p) for p in sorted(map(Path, outputs))}
+    layout.origins_dir.mkdir(parents=True, exist_ok=True)
+    write_json(layout.step_origin(task), {"task": task, **origin, "outputs": outs})
+
+
+def record_origin(layout: Layout, task: str, origin: dict, outputs: list) -> None:
+    """write_origin for the outputs that exist; a record is a note: a full disk warns, it does
+    not fail a good build."""
+    try:
+        write_origin(layout, task, origin, [p for p in map(Path, outputs) if p.is_file()])
+    except (OSError, HexbundleError) as exc:
+        warn(f"hexbundle: warning: cannot record where {task}'s outputs came from ({exc})")
+
+
+def read_origins(layout: Layout) -> dict:
+    """task -> its record (without "task" and "outputs"), for the records whose outputs are all
+    still the bytes they name; sorted by task."""
+    out = {}
+    if not layout.origins_dir.is_dir():
+        return out
+    for path in sorted(layout.origins_dir.glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or not isinstance(doc.get("outputs"), dict):
+            continue
+        if all(_still(layout, name, digest) for name, digest in doc["outputs"].items()):
+            out[str(doc.get("task", path.stem))] = {k: v for k, v in doc.items()
+                                                    if k not in ("task", "outputs")}
+    return dict(sorted(out.items()))
+
+
+def _still(layout: Layout, logical: str, digest) -> bool:
+    path = layout.build_root / logical[len("build/"):] if logical.startswith("build/") \
+        else layout.root / logical
+    try:
+        return hashing.digest(path) == digest
+    except OSError:
+        return False
+
+
+def remote_summary(origins: dict) -> dict:
+    """{"steps_from_cache": [...], "servers": [{"server", "instance"}]} of a set of records."""
+    hits = {t: o for t, o in origins.items() if o.get("origin") == "remote-cache"}
+    servers = sorted({(o.get("server", ""), o.get("instance", "")) for o in hits.values()})
+    return {"steps_from_cache": sorted(hits),
+            "servers": [{"server": s, "instance": i} for s, i in servers]}

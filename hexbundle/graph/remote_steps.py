@@ -1,0 +1,59 @@
+"""The doit side of the remote cache: a build step's Action from its doit task.
+
+The Action covers exactly what decides whether doit reruns the task here: its file_dep (the
+input root), the values of its options_key up-to-date items (backend, toolchain, compile
+options, pins, ...: the Command's options) and its targets (the Command's output paths); plus
+the step's own arguments and the code that runs it (hexbundle.remote.action). So a changed
+input or option misses exactly the steps whose local up-to-date check it fails.
+
+Which steps: inputs (generate or split), convert and compile. Not bundle: its outputs are hard
+links to bin/ plus three small JSON files written in milliseconds, and fetching its bins again
+from the cache would copy gigabytes that bin/ already holds.
+
+Every run of those steps leaves a record of where its outputs came from (formats.origins),
+with or without a cache: build-info.json and a release's provenance gather them.
+"""
+from __future__ import annotations
+
+from hexbundle.config.layout import Layout
+from hexbundle.formats.origins import record_origin
+from hexbundle.graph.keys import image_id, options_key
+
+CACHED_STEPS = ("inputs", "convert", "compile")
+
+
+def run_step_recorded(run, layout: Layout, overrides: dict, task_name: str, step: str,
+                      extra: dict, task) -> None:
+    """Run the step (through the remote cache when one is configured); for the cacheable steps,
+    record where its outputs came from (formats.origins), cache or not."""
+    if step not in CACHED_STEPS:
+        run(layout, overrides, task_name, step, **extra)
+    elif (layout.cfg.remote or {}).get("cache"):
+        run_through_cache(run, layout, overrides, task_name, step, extra, task)
+    else:   # (hexbundle.remote, and gRPC with it, is not even imported)
+        run(layout, overrides, task_name, step, **extra)
+        record_origin(layout, task_name, {"origin": "local"},
+                      [layout.root / t for t in task.targets])
+
+
+def task_options(task) -> dict:
+    """The values of the task's options_key items (callables called), merged."""
+    out = {}
+    for item, _, _ in task.uptodate:
+        if isinstance(item, options_key):
+            out.update(item.resolved())
+    return out
+
+
+def run_through_cache(run, layout: Layout, overrides: dict, task_name: str, step: str,
+                      extra: dict, task) -> None:
+    from hexbundle.remote.action import step_action
+    from hexbundle.remote.cache import run_cached
+
+    def make_action():
+        image = image_id(layout.root) if layout.cfg.executor == "docker" else ""
+        return step_action(layout, step, extra, task_options(task), sorted(task.file_dep),
+                           list(task.targets), image)
+
+    run_cached(layout, task_name, [layout.root / t for t in task.targets], make_action,
+               lambda: run(layout, overrides, task_name, step, **extra))

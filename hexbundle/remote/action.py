@@ -1,0 +1,204 @@
+"""A build step as a REAPI Action: its Command, its input root, its platform; the Action's digest
+is the step's key in a remote cache.
+
+Nothing in an Action may depend on where the project or the build root is, or two machines would
+never share a result: every path in it is a *remote path*, relative to an imaginary input root
+that holds the project (`configs/...`, `hexbundle/...`), the build root as `build/`, and an export
+used in place outside the project as `export/`.
+
+  Command    arguments: the step, its own arguments (part, graph) and its exact options (the
+             values of the doit task's up-to-date keys: backend, toolchain, compile options,
+             pins, ...) as canonical JSON; the environment variables that change what a step
+             writes, sorted; output_paths: the task's targets, sorted.
+  input root the Merkle tree of the task's file_dep and of the code that runs the step (the
+             hexbundle package but the layers above steps/, and scripts/step.py): a changed
+             input file or a changed line of that code is another input root, another Action.
+  platform   OSFamily, ISA, the executor; with executor=docker the toolchain image as
+             container-image (docker://sha256:...), as remote-execution workers expect it; with
+             the local executor the Python, numpy and onnx the step computes with.
+
+File digests come from the digest cache (hexbundle.support.hashing: SHA-256 beside the XXH3, one
+read of the bytes gives both). The Command, the Action and the Directory messages are blobs of
+their own, held in memory (a few KB).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform as host_platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hexbundle
+from hexbundle.config.layout import Layout
+from hexbundle.remote import reapi
+from hexbundle.support import hashing
+from hexbundle.support.errors import HexbundleError
+
+# Set on the host, these change what a step writes (the docker executor passes them into the
+# container for that reason): they are part of the Command.
+STEP_ENVIRONMENT = ("SOURCE_DATE_EPOCH",)
+PROGRAM = "hexbundle-step"   # Command.arguments[0]: scripts/step.py, as remote execution runs it
+STEP_SCRIPT = "scripts/step.py"
+
+
+class ActionError(HexbundleError):
+    """A step cannot be described as an Action (an input outside every known root)."""
+
+
+@dataclass
+class StepAction:
+    """One step's Action and what goes with it."""
+
+    digest: object                       # the Action's Digest: the cache key
+    command: object                      # reapi.Command
+    action: object                       # reapi.Action
+    blobs: dict                          # (hash, size) -> bytes: Command, Action, Directories
+    outputs: dict                        # remote path -> local Path, the step's targets
+    inputs: dict = field(default_factory=dict)   # remote path -> local Path
+
+    @property
+    def key(self) -> str:
+        return reapi.digest_text(self.digest)
+
+
+def remote_path(layout: Layout, path) -> str:
+    """A file's path in the input root: the same on every machine for the same file."""
+    path = Path(layout.root, path).resolve()
+    for base, prefix in ((layout.build_root, "build"), (layout.root, ""),
+                         (layout.cfg.export_dir, "export")):
+        if base is None:
+            continue
+        try:
+            rel = path.relative_to(Path(base).resolve()).as_posix()
+        except ValueError:
+            continue
+        return f"{prefix}/{rel}" if prefix else rel
+    # Elsewhere on this machine: its absolute path names it (machines share it only if they
+    # keep the file at the same place).
+    return "external" + path.as_posix()
+
+
+def canonical_json(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_jsonable)
+
+
+def _jsonable(value):
+    if isinstance(value, (tuple, set, frozenset)):
+        return sorted(value) if isinstance(value, (set, frozenset)) else list(value)
+    if isinstance(value, Path):
+        raise ActionError(f"an option of the step is a path ({value}): paths must not enter "
+                          "the Action, or machines never share it")
+    return repr(value)
+
+
+def command(step: str, arguments: dict, options: dict, output_paths: list):
+    env = sorted((k, os.environ[k]) for k in STEP_ENVIRONMENT if k in os.environ)
+    args = [PROGRAM, step] + [f"--{k}={v}" for k, v in sorted(arguments.items())]
+    args.append(f"--options={canonical_json(options)}")
+    return reapi.Command(
+        arguments=args,
+        environment_variables=[reapi.message(f"{reapi.REAPI}.Command.EnvironmentVariable")(
+            name=k, value=v) for k, v in env],
+        output_paths=sorted(output_paths))
+
+
+def platform_properties(layout: Layout, image_id: str = "") -> list:
+    """(name, value) pairs, sorted: what a result computed on this platform depends on."""
+    cfg = layout.cfg
+    props = {"OSFamily": host_platform.system(), "ISA": host_platform.machine(),
+             "executor": cfg.executor}
+    if cfg.executor == "docker":
+        props["container-image"] = f"docker://{image_id}" if image_id else "docker://(unknown)"
+    else:
+        props.update(_local_runtime())
+    return sorted(props.items())
+
+
+@functools.lru_cache(maxsize=1)
+def _local_runtime() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+    out = {"python": ".".join(host_platform.python_version_tuple()[:2])}
+    for package in ("numpy", "onnx"):   # the reference backend computes with these
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "none"
+    return out
+
+
+# Packages a step never runs: the layers above steps/ (tests/test_architecture.py keeps steps/
+# from importing them) and this client, which changes no step's output. Editing the benchmark
+# or the doit glue does not invalidate every cached step.
+NOT_STEP_CODE = ("release", "graph", "bench", "remote")
+
+
+def code_files(layout: Layout) -> dict:
+    """remote path -> local Path of the code a step runs: the modules of the hexbundle package
+    this process runs (all but NOT_STEP_CODE), and the step script."""
+    package = Path(hexbundle.__file__).resolve().parent
+    files = {f"hexbundle/{p.relative_to(package).as_posix()}": p
+             for p in sorted(package.rglob("*.py"))
+             if "__pycache__" not in p.parts and p.relative_to(package).parts[0] not in NOT_STEP_CODE}
+    script = layout.script("step.py")
+    if script.is_file():
+        files[STEP_SCRIPT] = script
+    return files
+
+
+def file_digest(path: Path):
+    return reapi.Digest(hash=hashing.cached_sha256(path), size_bytes=path.stat().st_size)
+
+
+def input_root(files: dict) -> tuple:
+    """(root Digest, {(hash, size): Directory bytes}) of the Merkle tree of `files` (remote path
+    -> local Path): one Directory per directory, entries sorted by name, as REAPI requires."""
+    tree: dict = {}
+    for rpath, local in files.items():
+        *dirs, name = rpath.split("/")
+        node = tree
+        for d in dirs:
+            node = node.setdefault(d, {})
+            if not isinstance(node, dict):
+                raise ActionError(f"{rpath}: a file and a directory of the same name in the "
+                                  "input root")
+        node[name] = file_digest(Path(local))
+    blobs: dict = {}
+    return _directory(tree, blobs), blobs
+
+
+def _directory(node: dict, blobs: dict):
+    msg = reapi.Directory()
+    for name in sorted(node):
+        entry = node[name]
+        if isinstance(entry, dict):
+            msg.directories.add(name=name, digest=_directory(entry, blobs))
+        else:
+            msg.files.add(name=name, digest=entry)
+    data = reapi.encode(msg)
+    digest = reapi.digest_of(data)
+    blobs[reapi.digest_key(digest)] = data
+    return digest
+
+
+def step_action(layout: Layout, step: str, arguments: dict, options: dict, inputs: list,
+                outputs: list, image_id: str = "") -> StepAction:
+    """The Action of `step` (arguments: its own, e.g. part and graph; options: the exact option
+    values its up-to-date check covers; inputs / outputs: local paths of its file_dep and
+    targets)."""
+    outs = {remote_path(layout, p): Path(layout.root, p) for p in outputs}
+    ins = {remote_path(layout, p): Path(layout.root, p) for p in inputs}
+    cmd = command(step, arguments, options, list(outs))
+    root_digest, blobs = input_root({**code_files(layout), **ins})
+    cmd_bytes = reapi.encode(cmd)
+    cmd_digest = reapi.digest_of(cmd_bytes)
+    act = reapi.Action(command_digest=cmd_digest, input_root_digest=root_digest,
+                       platform=reapi.Platform(properties=[
+                           reapi.message(f"{reapi.REAPI}.Platform.Property")(name=k, value=v)
+                           for k, v in platform_properties(layout, image_id)]))
+    act_bytes = reapi.encode(act)
+    act_digest = reapi.digest_of(act_bytes)
+    blobs[reapi.digest_key(cmd_digest)] = cmd_bytes
+    blobs[reapi.digest_key(act_digest)] = act_bytes
+    return StepAction(act_digest, cmd, act, blobs, outs, ins)

@@ -1,0 +1,211 @@
+"""A step's REAPI Action (hexbundle.remote.action), the remote_* settings and the SHA-256 beside
+the XXH3 in the digest cache: in-process, no server needed."""
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_project
+
+from hexbundle.config.build import load_build
+from hexbundle.config.layout import Layout
+from hexbundle.remote import reapi
+from hexbundle.remote.action import remote_path, step_action
+from hexbundle.remote.cas import header, parse_target
+from hexbundle.support import hashing
+from hexbundle.support.errors import ConfigError
+
+OPTIONS = {"backend": "reference", "options": "CompileOptions(optimization_type=3)"}
+
+
+@pytest.fixture(autouse=True)
+def own_digest_cache(tmp_path, monkeypatch):
+    """Each test hashes through a cache of its own (the module-level one is process-wide)."""
+    monkeypatch.setattr(hashing, "_cache", hashing.DigestCache(tmp_path / "digests.json"))
+    for key in [k for k in os.environ if k.startswith("HEXBUNDLE_REMOTE_")]:
+        monkeypatch.delenv(key)
+
+
+def machine(tmp_path: Path, name: str, dlc_bytes: bytes = b"dlc bytes") -> Layout:
+    """A project copy with its own build root, holding two DLCs of a part."""
+    project = copy_project(tmp_path / name / "project")
+    cfg = load_build(project.root)
+    layout = Layout(dataclasses.replace(cfg, build_root=(tmp_path / name / "build-root").resolve()))
+    for graph in cfg.model.graphs(cfg.part(2)):
+        layout.dlc(graph).parent.mkdir(parents=True, exist_ok=True)
+        layout.dlc(graph).write_bytes(dlc_bytes + graph.kind.encode())
+    return layout
+
+
+def compile_action(layout: Layout, options=None):
+    cfg = layout.cfg
+    dlcs = [layout.dlc(g) for g in cfg.model.graphs(cfg.part(2))]
+    return step_action(layout, "compile", {"part": 2}, options or OPTIONS, dlcs,
+                       [layout.bin(cfg.part(2))])
+
+
+def test_the_action_is_the_same_on_two_machines_and_names_no_local_path(tmp_path):
+    one, two = machine(tmp_path, "one"), machine(tmp_path, "two")
+    a, b = compile_action(one), compile_action(two)
+    assert a.key == b.key
+    assert list(a.outputs) == [
+        "build/qwen2-tiny/iq9075/four/reference/bin/qwen2_tiny_part_2_of_4.bin"]
+    text = reapi.encode(a.command).decode("latin-1") + reapi.encode(a.action).decode("latin-1")
+    for blob in a.blobs.values():
+        text += blob.decode("latin-1")
+    for local in (str(tmp_path), str(one.root), str(one.build_root)):
+        assert local not in text
+    assert a.command.arguments[:3] == ["hexbundle-step", "compile", "--part=2"]
+    assert json.loads(a.command.arguments[3].removeprefix("--options=")) == OPTIONS
+    props = [(p.name, p.value) for p in a.action.platform.properties]
+    assert props == sorted(props) and ("executor", "local") in props
+
+
+def test_a_changed_input_byte_or_option_is_another_action(tmp_path):
+    base = compile_action(machine(tmp_path, "base")).key
+    assert compile_action(machine(tmp_path, "edited", b"dlc bytez")).key != base
+    other = {**OPTIONS, "options": "CompileOptions(optimization_type=2)"}
+    assert compile_action(machine(tmp_path, "opt"), other).key != base
+
+
+def test_the_input_root_is_a_merkle_tree_with_sorted_entries(tmp_path):
+    layout = machine(tmp_path, "m")
+    act = compile_action(layout)
+    root = reapi.Directory.FromString(act.blobs[reapi.digest_key(act.action.input_root_digest)])
+    assert [d.name for d in root.directories] == ["build", "hexbundle", "scripts"]
+    build = reapi.Directory.FromString(act.blobs[reapi.digest_key(root.directories[0].digest)])
+    assert [d.name for d in build.directories] == ["qwen2-tiny"]
+    leaf = layout.dlc(layout.cfg.graph(2, "prompt"))
+    assert remote_path(layout, leaf) == f"build/qwen2-tiny/iq9075/four/reference/dlc/{leaf.name}"
+    for blob_key, data in act.blobs.items():   # every blob is named by its own SHA-256
+        assert reapi.digest_key(reapi.digest_of(data)) == blob_key
+
+
+def test_remote_paths_are_relative_to_the_project_the_build_root_or_the_export(tmp_path):
+    layout = machine(tmp_path, "m")
+    assert remote_path(layout, layout.root / "configs" / "build.toml") == "configs/build.toml"
+    assert remote_path(layout, layout.build_root / "x" / "y") == "build/x/y"
+    assert remote_path(layout, Path("/usr/share/x")) == "external/usr/share/x"
+
+
+def test_sha256_comes_from_the_same_read_as_the_xxh3_and_is_kept(tmp_path):
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(3 << 20))
+    cache = hashing.DigestCache(tmp_path / "d.json")
+    cache.with_sha256 = True
+    xxh = cache.digest(path)
+    assert (xxh, cache.sha256(path)) == hashing.file_digests(path)
+    assert cache.hashed == 1                      # one read gave both
+    again = hashing.DigestCache(tmp_path / "d.json")   # the next run
+    entry = json.loads((tmp_path / "d.json").read_text())[str(path)]
+    assert len(entry) == 4 and entry[3] == hashing.sha256_file(path)
+    assert again.sha256(path) == entry[3] and again.hashed == 0
+
+
+def test_an_entry_with_the_xxh3_only_is_read_once_more_for_its_sha256(tmp_path):
+    path = tmp_path / "blob"
+    path.write_bytes(b"x" * 5000)
+    cache = hashing.DigestCache(tmp_path / "d.json")
+    cache.digest(path)
+    assert len(json.loads((tmp_path / "d.json").read_text())[str(path)]) == 3   # as before
+    later = hashing.DigestCache(tmp_path / "d.json")
+    assert later.sha256(path) == hashing.sha256_file(path) and later.hashed == 1
+    assert later.sha256(path) and later.digest(path) and later.hashed == 1
+
+
+def test_a_recorded_fetch_is_not_read_again(tmp_path):
+    path = tmp_path / "fetched"
+    path.write_bytes(b"y" * 7000)
+    xxh, sha = hashing.file_digests(path)
+    cache = hashing.DigestCache(tmp_path / "d.json")
+    cache.record(path, xxh, sha)
+    assert cache.digest(path) == xxh and cache.sha256(path) == sha and cache.hashed == 0
+
+
+def test_remote_settings_come_from_build_toml_then_the_environment_then_the_command_line(
+        tmp_path, monkeypatch):
+    project = copy_project(tmp_path / "p")
+    toml = project.root / "configs" / "build.toml"
+    text = toml.read_text()
+    text = re.sub(r'^remote_cache = ""', 'remote_cache = "grpc://file:1"', text, flags=re.M)
+    text = re.sub(r'^remote_instance = ""', 'remote_instance = "a"', text, flags=re.M)
+    toml.write_text(text)
+    assert load_build(project.root).remote["cache"] == "grpc://file:1"
+    monkeypatch.setenv("HEXBUNDLE_REMOTE_CACHE", "grpcs://env.example:443")
+    monkeypatch.setenv("HEXBUNDLE_REMOTE_CACHE_MODE", "read")
+    cfg = load_build(project.root)
+    assert (cfg.remote["cache"], cfg.remote["cache_mode"], cfg.remote["instance"]) == \
+        ("grpcs://env.example:443", "read", "a")
+    cfg = load_build(project.root, {"remote_cache": "grpc://[::1]:9092", "remote_timeout": "5"})
+    assert (cfg.remote["cache"], cfg.remote["timeout"]) == ("grpc://[::1]:9092", 5)
+
+
+def test_bad_remote_settings_name_the_variable_or_key(tmp_path, monkeypatch):
+    project = copy_project(tmp_path / "p")
+    monkeypatch.setenv("HEXBUNDLE_REMOTE_CACHE_MODE", "write")
+    with pytest.raises(ConfigError, match="environment: key 'HEXBUNDLE_REMOTE_CACHE_MODE' is "
+                                          "'write'; allowed: 'read', 'read-write'"):
+        load_build(project.root)
+    monkeypatch.delenv("HEXBUNDLE_REMOTE_CACHE_MODE")
+    monkeypatch.setenv("HEXBUNDLE_REMOTE_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="environment: HEXBUNDLE_REMOTE_TIMEOUT='soon': "
+                                          "expected an integer"):
+        load_build(project.root)
+    monkeypatch.delenv("HEXBUNDLE_REMOTE_TIMEOUT")
+    with pytest.raises(ConfigError, match="command line: key 'remote_cache' is "
+                                          "'http://cache:80'; expected a string matching"):
+        load_build(project.root, {"remote_cache": "http://cache:80"})
+
+
+def test_a_bad_remote_cache_on_the_command_line_stops_doit_with_one_line(project):
+    run = project.doit("bundle", "remote_cache=cache.example:9092", check=False)
+    assert run.code == 3 and "Traceback" not in run.err
+    assert "key 'remote_cache' is 'cache.example:9092'" in run.err
+
+
+def test_the_auth_header_reads_its_secret_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CACHE_TOKEN", "s3cret")
+    assert header({"header": "x-api-key=$CACHE_TOKEN"}) == [("x-api-key", "s3cret")]
+    assert header({"header": "Authorization=Bearer abc"}) == [("authorization", "Bearer abc")]
+    monkeypatch.delenv("CACHE_TOKEN")
+    with pytest.raises(ConfigError, match=r"remote_header = x-api-key=\$CACHE_TOKEN: the "
+                                          "environment variable CACHE_TOKEN is not set"):
+        header({"header": "x-api-key=$CACHE_TOKEN"})
+
+
+def test_targets_parse_as_grpc_or_grpcs():
+    assert parse_target("grpc://127.0.0.1:9092") == ("127.0.0.1:9092", False)
+    assert parse_target("grpcs://cache.example:443") == ("cache.example:443", True)
+    with pytest.raises(ConfigError, match="expected grpc://HOST:PORT"):
+        parse_target("http://x:1")
+
+
+def test_the_provenance_says_a_header_was_given_never_its_value(tmp_path):
+    from hexbundle.release.provenance import provenance
+    layout = machine(tmp_path, "m")
+    doc = provenance(layout, {"remote_header": "x-api-key=s3cret", "model": "qwen2-tiny"},
+                     {"commit": None, "dirty": None}, 1700000000, [], [])
+    text = json.dumps(doc)
+    assert "s3cret" not in text
+    overrides = doc["predicate"]["buildDefinition"]["externalParameters"]["overrides"]
+    assert overrides == {"model": "qwen2-tiny", "remote_header": "(set; not recorded)"}
+
+
+def test_without_a_cache_build_info_says_every_step_was_built_here(project):
+    run = project.doit("bundle")
+    info = json.loads((project.build_dir() / "build-info.json").read_text())
+    steps = {t for t in run.executed if t.split(":")[0] in ("inputs", "convert", "compile")}
+    assert set(info["steps"]) == steps
+    assert all(o == {"origin": "local"} for o in info["steps"].values())
+    assert info["remote_cache"] == {"steps_from_cache": [], "servers": []}
+
+
+def test_the_code_in_the_input_root_is_what_a_step_can_run(tmp_path):
+    from hexbundle.remote.action import code_files
+    names = set(code_files(machine(tmp_path, "m")))
+    assert {"hexbundle/backends/reference.py", "hexbundle/steps/compile.py",
+            "hexbundle/support/hashing.py", "scripts/step.py"} <= names
+    assert not [n for n in names if n.split("/")[1] in ("graph", "bench", "release", "remote")]
