@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,14 +46,41 @@ class Project:
                                  f"{run.out}\n--- stderr\n{run.err}")
         return run
 
-    def build_dir(self, model="qwen2-tiny", device="iq9075") -> Path:
-        return self.root / "build" / model / device
+    def build_dir(self, model="qwen2-tiny", device="iq9075", plan=None,
+                  backend="reference") -> Path:
+        """A variant's directory: build/<model>/<device>/<plan>/<backend> (plan: the model's
+        default_plan unless given)."""
+        return variant_dir(self.root / "build", self.root, model, device, plan, backend)
 
-    def bundle(self, model="qwen2-tiny", device="iq9075") -> Path:
-        return self.build_dir(model, device) / "bundle"
+    def bundle(self, model="qwen2-tiny", device="iq9075", plan=None, backend="reference") -> Path:
+        return self.build_dir(model, device, plan, backend) / "bundle"
 
-    def manifest(self, model="qwen2-tiny", device="iq9075") -> dict:
-        return json.loads((self.bundle(model, device) / "manifest.json").read_text())
+    def manifest(self, model="qwen2-tiny", device="iq9075", plan=None,
+                 backend="reference") -> dict:
+        return json.loads((self.bundle(model, device, plan, backend) / "manifest.json")
+                          .read_text())
+
+    def doit_db(self, model="qwen2-tiny", device="iq9075", plan=None,
+                backend="reference") -> Path:
+        """A variant's dependency DB (build/.hexbundle/db/<model>/<device>/<plan>/<backend>)."""
+        return variant_dir(self.root / "build" / ".hexbundle" / "db", self.root, model, device,
+                           plan, backend) / "doit-db.json"
+
+    def model_db(self, model="qwen2-tiny") -> Path:
+        """The DB of a model's own steps (inputs:*), shared by its variants."""
+        return self.root / "build" / ".hexbundle" / "db" / model / "doit-db.json"
+
+
+def default_plan(root: Path, model: str) -> str:
+    with open(root / "configs" / "models" / f"{model}.toml", "rb") as fh:
+        return tomllib.load(fh)["model"]["default_plan"]
+
+
+def variant_dir(base: Path, root: Path, model="qwen2-tiny", device="iq9075", plan=None,
+                backend="reference") -> Path:
+    """<base>/<model>/<device>/<plan>/<backend>: where a variant's outputs (base: the build root)
+    or its DB (base: build/.hexbundle/db) are."""
+    return base / model / device / (plan or default_plan(root, model)) / backend
 
 
 def default_sigint() -> None:

@@ -194,6 +194,8 @@ OTHER_RENAMES = {
                                                   "(tests/test_offline.py checks it)",
     ("hexbundle.graph.runguard", "set_aside_damaged_db"): "keeps an unreadable DB as .damaged",
     ("hexbundle.graph.runguard", "set_aside_bundle_link"): "moves a bundle/ symlink aside",
+    ("hexbundle.graph.runguard", "set_aside_former_db"): "keeps the one DB of an older "
+                                                          "hexbundle as .former",
     ("hexbundle.support.hashing", "_load"): "keeps a digest cache that is not a JSON object "
                                             "as .set-aside",
     ("hexbundle.backends.qairt", "_settle"): "moves a file the SDK saved elsewhere onto the "

@@ -264,11 +264,12 @@ def test_a_docker_bundle_is_byte_identical_to_a_local_one(engine, toolchain_imag
         assert log.read_text().startswith(f"# container: image hexbundle/toolchain:local "
                                           f"{record['id']}, user {user}")
     uid, gid = (int(n) for n in user.split(":"))
-    for path in docker_proj.build_dir().parent.rglob("*"):   # the model's tree: steps' outputs
-        assert (path.lstat().st_uid, path.lstat().st_gid) == (uid, gid), path
+    for path in (docker_proj.root / "build" / "qwen2-tiny").rglob("*"):   # the model's tree:
+        assert (path.lstat().st_uid, path.lstat().st_gid) == (uid, gid), path   # steps' outputs
     state = docker_proj.root / "build" / ".hexbundle"
-    for name in ("lock", "doit-db.json"):   # the doit process's own files stay the host user's
-        assert (state / name).stat().st_uid == os.getuid()
+    # the doit process's own files stay the host user's: the lock, the variant's and model's DBs
+    for path in (state / "lock", docker_proj.doit_db(), docker_proj.model_db()):
+        assert path.stat().st_uid == os.getuid()
     assert not step_containers(engine, docker_proj)
     assert not list((state / "containers").iterdir())   # each container's record went with it
     # switching the executor reruns the steps (the image is part of their up-to-date key)
@@ -652,10 +653,11 @@ def test_the_qairt_backend_runs_in_an_image_with_the_sdk(engine, toolchain_image
         assert labels["hexbundle.sdk"] == SDK_VERSION and labels["hexbundle.sdk.sha256"] == digest
         assert labels["hexbundle.sdk.archive"] == archive.name
         proj.doit("compile:part_1_of_4", "backend=qairt", "executor=docker")
-        doc = json.loads((proj.build_dir() / "bin" / "qwen2_tiny_part_1_of_4.bin").read_text())
+        qairt_dir = proj.build_dir(backend="qairt")
+        doc = json.loads((qairt_dir / "bin" / "qwen2_tiny_part_1_of_4.bin").read_text())
         assert doc["graphs"] == ["prompt_ar128_cl256_1_of_4", "token_ar1_cl256_1_of_4"]
         assert "weights_packing=True" in doc["config"]
-        log = (proj.build_dir() / "logs" / "compile__part_1_of_4.log").read_text()
+        log = (qairt_dir / "logs" / "compile__part_1_of_4.log").read_text()
         assert f"backend qairt (QAIRT {SDK_VERSION})" in log
         assert "[sdk] [ INFO ] standin context-binary generator: composing graphs" in log
         # the SDK-less image is refused for the qairt backend, saying what to do
@@ -676,9 +678,9 @@ def test_an_export_outside_the_project_is_split_and_built_in_the_container(engin
     step containers see it read-only at its own path; the split and the build match local ones."""
     export = tmp_path / "export"
     shutil.copytree(ROOT / "tests" / "data" / "qaihm" / "export", export)
-    bundles = {}
+    bundles, projects = {}, {}
     for executor in ("docker", "local"):
-        proj = copy_project(tmp_path / executor)
+        proj = projects[executor] = copy_project(tmp_path / executor)
         proj.doit("import_export", "--dir", str(export), "--name", "mine", "--plan", "0,3,3,3")
         proj.doit("bundle", "model=mine", f"executor={executor}")
         bundles[executor] = proj.bundle("mine")
@@ -686,5 +688,5 @@ def test_an_export_outside_the_project_is_split_and_built_in_the_container(engin
     assert sorted(p.name for p in bundles["docker"].iterdir()) == names
     for name in names:
         assert (bundles["docker"] / name).read_bytes() == (bundles["local"] / name).read_bytes(), name
-    log = (tmp_path / "docker" / "build" / "mine" / "iq9075" / "logs" / "inputs__part_2_of_4.log")
+    log = projects["docker"].build_dir("mine") / "logs" / "inputs__part_2_of_4.log"
     assert log.read_text().startswith("# container: image hexbundle/toolchain:local")

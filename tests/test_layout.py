@@ -11,15 +11,17 @@ def test_build_paths_hang_off_the_build_root(monkeypatch, tmp_path):
     monkeypatch.setenv(BUILD_ROOT_ENV, str(tmp_path / "scratch"))
     layout = Layout(load_build(ROOT))
     scratch = (tmp_path / "scratch").resolve()
-    assert layout.build_dir == scratch / "qwen2-tiny" / "iq9075"
+    assert layout.build_dir == scratch / "qwen2-tiny" / "iq9075" / "four" / "reference"
     assert layout.inputs_dir == scratch / "qwen2-tiny" / "inputs"
     assert layout.state_dir == scratch / ".hexbundle"
-    assert layout.doit_db() == scratch / ".hexbundle" / "doit-db.json"
+    assert layout.doit_db() == scratch / ".hexbundle" / "db" / "qwen2-tiny" / "iq9075" / "four" / \
+        "reference" / "doit-db.json"
+    assert layout.model_db() == scratch / ".hexbundle" / "db" / "qwen2-tiny" / "doit-db.json"
     assert layout.release_archive == scratch / "release" / "qwen2-tiny-iq9075-four.tar.gz"
     # the toolchain image is recorded in the project's own build/, whatever the build root
     assert layout.image_record == ROOT / "build" / "image" / "image.json"
     # manifests record "build/..." wherever the build root is
-    assert layout.logical(layout.bundle_dir) == "build/qwen2-tiny/iq9075/bundle"
+    assert layout.logical(layout.bundle_dir) == "build/qwen2-tiny/iq9075/four/reference/bundle"
 
 
 def test_an_exported_model_reads_its_inputs_where_its_config_says():

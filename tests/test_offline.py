@@ -18,6 +18,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import Project
 from test_container import engine, toolchain_image  # noqa: F401 -- session fixtures
 
 from hexbundle.release.kit import KitError, load_kit, unpack, verify_sums, write_sums
@@ -469,7 +470,7 @@ def test_build_from_a_kit_with_no_network_gives_the_connected_bytes(connected, t
     assert "WARNING" not in proc.stderr
     assert "files verified against SHA256SUMS" in proc.stdout
     assert f"image {record['tag']} = {record['id'][:19]} loaded" in proc.stdout
-    offline_bundle = out / "offline-kit" / "source" / "build" / "qwen2-tiny" / "iq9075" / "bundle"
+    offline_bundle = Project(out / "offline-kit" / "source").bundle()
     assert files(offline_bundle) == bundle
     # hexbundle came from the wheel listed in the kit's sums, not from building its source
     kit_json = json.loads((out / "offline-kit" / "kit.json").read_text())

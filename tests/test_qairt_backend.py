@@ -58,7 +58,7 @@ def test_convert_is_called_per_graph_exactly_as_the_seeds_call_it(compiled):
                                "backend": "HTP", "calibration_config": None}
     saves = by_call(calls, "Model.save")
     assert len(saves) == 8 and all(Path(s["args"][0]).suffix == ".dlc" for s in saves)
-    dlc_dir = proj.build_dir() / "dlc"
+    dlc_dir = proj.build_dir(backend="qairt") / "dlc"
     assert sorted(p.stem for p in dlc_dir.glob("*.dlc")) == graphs
     assert not [p.name for p in dlc_dir.iterdir() if is_temp_name(p.name)]   # save path, scratch
 
@@ -67,7 +67,7 @@ def test_compile_gets_both_graphs_of_a_part_and_the_seeds_config(compiled):
     proj, _, calls, _ = compiled
     compiles = by_call(calls, "qairt.compile")
     assert len(compiles) == 4
-    dlc_dir = proj.build_dir() / "dlc"
+    dlc_dir = proj.build_dir(backend="qairt") / "dlc"
     for c in compiles:
         (models,) = c["args"]
         i = int(models[0]["graphs"][0].split("_")[-3])
@@ -105,10 +105,10 @@ def test_compile_gets_both_graphs_of_a_part_and_the_seeds_config(compiled):
 def test_the_bins_are_what_the_sdk_saved_and_its_output_is_in_the_log(compiled):
     proj, run, _, _ = compiled
     for i in PARTS:
-        doc = json.loads((proj.build_dir() / "bin" / f"qwen2_tiny_part_{i}_of_4.bin").read_text())
+        doc = json.loads((proj.build_dir(backend="qairt") / "bin" / f"qwen2_tiny_part_{i}_of_4.bin").read_text())
         assert doc["standin"] == "ctxbin"
         assert doc["graphs"] == [f"prompt_ar128_cl256_{i}_of_4", f"token_ar1_cl256_{i}_of_4"]
-    log = (proj.build_dir() / "logs" / "compile__part_1_of_4.log").read_text()
+    log = (proj.build_dir(backend="qairt") / "logs" / "compile__part_1_of_4.log").read_text()
     # written by the "C++ side" to file descriptor 1, and through Python logging
     assert "[sdk] [ INFO ] standin context-binary generator: composing graphs" in log
     assert "[sdk log] qairt.standin: | INFO | Compiled model: prompt_ar128_cl256_1_of_4" in log
@@ -140,7 +140,7 @@ def test_an_unknown_key_printed_during_a_muted_compile_fails_it(project, tmp_pat
     assert by_call(calls, "qairt.compile") and by_call(calls, "CompiledModel.save")
     assert "the SDK logged 1 error line(s) although the call returned normally" in run.out
     assert "[ ERROR ] Unknown Key graphs/0/weights_packing passed in config" in run.out
-    bins = project.build_dir() / "bin"
+    bins = project.build_dir(backend="qairt") / "bin"
     assert not (bins / "qwen2_tiny_part_1_of_4.bin").exists()   # the output was not kept
     assert not [p.name for p in bins.iterdir() if is_temp_name(p.name)]
 
@@ -163,7 +163,7 @@ def test_an_error_logged_through_a_real_style_qairt_logger_fails_the_convert(pro
     assert "the SDK logged 1 error line(s)" in run.out
     assert "qairt.convert: | ERROR | Failed to apply encodings for tensor 'lm_head.weight'" \
         in run.out
-    assert not (project.build_dir() / "dlc" / "token_ar1_cl256_1_of_4.dlc").exists()
+    assert not (project.build_dir(backend="qairt") / "dlc" / "token_ar1_cl256_1_of_4.dlc").exists()
 
 
 def test_an_error_logged_on_the_qti_tree_fails_the_convert(project, tmp_path):
@@ -196,7 +196,7 @@ def test_an_sdk_exception_is_reported_with_its_traceback_in_the_log(project, tmp
     assert run.code == 1
     assert ("qairt compile of qwen2_tiny_part_3_of_4.bin failed: RuntimeError: Could not "
             "create compiled binary") in run.out
-    log = (project.build_dir() / "logs" / "compile__part_3_of_4.log").read_text()
+    log = (project.build_dir(backend="qairt") / "logs" / "compile__part_3_of_4.log").read_text()
     assert "[sdk] Traceback (most recent call last):" in log
 
 
@@ -219,15 +219,15 @@ def test_what_save_copies_beside_the_artifact_stays_out_of_dlc_and_bin(compiled)
     """Model.save copies the working directory's *.safetensors / *.encodings next to its
     target, CompiledModel.save its other *.bin files (the stand-in does the same)."""
     proj, _, _, _ = compiled
-    dlc_dir, bin_dir = proj.build_dir() / "dlc", proj.build_dir() / "bin"
+    dlc_dir, bin_dir = proj.build_dir(backend="qairt") / "dlc", proj.build_dir(backend="qairt") / "bin"
     assert all(p.suffix == ".dlc" for p in dlc_dir.iterdir()), sorted(dlc_dir.iterdir())
     assert sorted(p.name for p in bin_dir.iterdir()) == \
         [f"qwen2_tiny_part_{i}_of_4.bin" for i in PARTS]
-    log = (proj.build_dir() / "logs" / "convert__part_2_of_4_token.log").read_text()
+    log = (proj.build_dir(backend="qairt") / "logs" / "convert__part_2_of_4_token.log").read_text()
     assert ("save() also wrote token_ar1_cl256_2_of_4.encodings, "
             "token_ar1_cl256_2_of_4.safetensors beside token_ar1_cl256_2_of_4.dlc: not part of "
             "the output, discarded") in log
-    log = (proj.build_dir() / "logs" / "compile__part_2_of_4.log").read_text()
+    log = (proj.build_dir(backend="qairt") / "logs" / "compile__part_2_of_4.log").read_text()
     assert "save() also wrote adapter_weights.bin" in log
 
 
@@ -245,7 +245,7 @@ def test_the_llm_io_options_reach_convert_and_are_said(compiled):
          "float_precision": 16}
     assert ("convert: float_precision 16, truncate_64bit_io False, quantize_io True, "
             "quantize_full_type w8a16") in run.out
-    log = (proj.build_dir() / "logs" / "convert__part_1_of_4_prompt.log").read_text()
+    log = (proj.build_dir(backend="qairt") / "logs" / "convert__part_1_of_4_prompt.log").read_text()
     assert "quantize_io=True, quantize_full_type='w8a16'" in log
 
 
@@ -265,14 +265,14 @@ def test_a_wrong_bin_is_refused_after_compile(project, tmp_path, mode, said):
     assert by_call(calls, "CompiledModel.save")       # the SDK call itself succeeded
     assert "as qnn-context-binary-utility reads it" in run.out
     assert said in run.out
-    bins = project.build_dir() / "bin"
+    bins = project.build_dir(backend="qairt") / "bin"
     assert not (bins / "qwen2_tiny_part_4_of_4.bin").exists()
     assert not [p.name for p in bins.iterdir() if is_temp_name(p.name)]
 
 
 def test_a_good_bin_is_said_to_be_checked(compiled):
     proj, _, _, _ = compiled
-    log = (proj.build_dir() / "logs" / "compile__part_3_of_4.log").read_text()
+    log = (proj.build_dir(backend="qairt") / "logs" / "compile__part_3_of_4.log").read_text()
     assert "qnn-context-binary-utility --context_binary" in log
     assert ("qwen2_tiny_part_3_of_4.bin: checked by qnn-context-binary-utility: graphs "
             "prompt_ar128_cl256_3_of_4, token_ar1_cl256_3_of_4; soc_model 77 v73; 1 weight copy; "

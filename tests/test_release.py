@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tarfile
 
-from conftest import copy_project
+from conftest import copy_project, variant_dir
 
 EPOCH = "1700000000"
 NAME = "qwen2-tiny-iq9075-four"
@@ -85,7 +85,7 @@ def test_verify_release_reproduces_and_reports_differences(tmp_path):
     # A release whose bin is not what the recorded sources build: reported, named, non-zero.
     from hexbundle.release.reproducible import write_archive
     doc = json.loads((out / "provenance.json").read_text())
-    bundle = proj.root / "build" / "release-work" / "qwen2-tiny" / "iq9075" / "bundle"
+    bundle = variant_dir(proj.root / "build" / "release-work", proj.root) / "bundle"
     victim = bundle / "qwen2_tiny_part_2_of_4.bin"
     data = bytearray(victim.read_bytes())
     data[5000] ^= 0xFF

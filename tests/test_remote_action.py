@@ -51,7 +51,8 @@ def test_the_action_is_the_same_on_two_machines_and_names_no_local_path(tmp_path
     one, two = machine(tmp_path, "one"), machine(tmp_path, "two")
     a, b = compile_action(one), compile_action(two)
     assert a.key == b.key
-    assert list(a.outputs) == ["build/qwen2-tiny/iq9075/bin/qwen2_tiny_part_2_of_4.bin"]
+    assert list(a.outputs) == [
+        "build/qwen2-tiny/iq9075/four/reference/bin/qwen2_tiny_part_2_of_4.bin"]
     text = reapi.encode(a.command).decode("latin-1") + reapi.encode(a.action).decode("latin-1")
     for blob in a.blobs.values():
         text += blob.decode("latin-1")
@@ -78,7 +79,7 @@ def test_the_input_root_is_a_merkle_tree_with_sorted_entries(tmp_path):
     build = reapi.Directory.FromString(act.blobs[reapi.digest_key(root.directories[0].digest)])
     assert [d.name for d in build.directories] == ["qwen2-tiny"]
     leaf = layout.dlc(layout.cfg.graph(2, "prompt"))
-    assert remote_path(layout, leaf) == f"build/qwen2-tiny/iq9075/dlc/{leaf.name}"
+    assert remote_path(layout, leaf) == f"build/qwen2-tiny/iq9075/four/reference/dlc/{leaf.name}"
     for blob_key, data in act.blobs.items():   # every blob is named by its own SHA-256
         assert reapi.digest_key(reapi.digest_of(data)) == blob_key
 

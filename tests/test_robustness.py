@@ -34,6 +34,7 @@ from hexbundle.support.atomic import exchange_dirs, is_temp_name, swap_in
 from hexbundle.support.errors import ConfigError
 
 BIN2 = "qwen2_tiny_part_2_of_4.bin"
+VARIANT = "build/qwen2-tiny/iq9075/four/reference"   # the default build's own directory
 WAIT_S = 120   # upper bound for a held run to reach its pause point (a safety net, not a timing)
 
 
@@ -145,9 +146,9 @@ def test_hand_edited_bin_is_named_and_rebuilt_to_the_same_bytes(project):
     flip_byte(project.build_dir() / "bin" / BIN2)   # the bundle's copy is the same inode
 
     run = project.doit("bundle")
-    assert (f"hexbundle: build/qwen2-tiny/iq9075/bin/{BIN2} changed since compile:part_2_of_4 "
+    assert (f"hexbundle: {VARIANT}/bin/{BIN2} changed since compile:part_2_of_4 "
             "built it: rebuilding") in run.out
-    assert f"build/qwen2-tiny/iq9075/bundle/{BIN2} changed since bundle built it" in run.out
+    assert f"{VARIANT}/bundle/{BIN2} changed since bundle built it" in run.out
     assert run.executed == {"compile:part_2_of_4", "bundle"}, run.out
     assert snapshot(project.bundle()) == good
     assert project.doit("bundle").executed == set()
@@ -169,14 +170,14 @@ def test_check_sizes_reverifies_bundle_digests_and_bundle_repairs_it(project):
     project.doit("bundle")
     good = snapshot(project.bundle())
     files = len(project.manifest()["files"])
-    assert f"bundle check: {files} files of build/qwen2-tiny/iq9075/bundle match" in \
+    assert f"bundle check: {files} files of {VARIANT}/bundle match" in \
         project.doit("check_sizes").out
     genie = project.bundle() / "genie_config.json"
     genie.write_text(genie.read_text().replace('"temp": 0.8', '"temp": 0.9'))
 
     run = project.doit("check_sizes", check=False)
     assert run.code != 0
-    assert ("build/qwen2-tiny/iq9075/bundle/genie_config.json: XXH3-128" in run.out
+    assert (f"{VARIANT}/bundle/genie_config.json: XXH3-128" in run.out
             and "changed since it was built; run `doit bundle`" in run.out), run.out
     no_traceback(run)
 
@@ -281,7 +282,7 @@ def test_check_sizes_checks_the_manifests_own_fields_against_the_build(project, 
 
 @pytest.mark.parametrize("args, named", [
     # compile first rebuilds bin/X.bin (it sees its target changed): the bundle's copy differs
-    (["check_sizes"], "differs from build/qwen2-tiny/iq9075/bin/" + BIN2 + ", which compile wrote"),
+    (["check_sizes"], f"differs from {VARIANT}/bin/" + BIN2 + ", which compile wrote"),
     # the check alone: bin/ is the same tampered inode; the bin's own blob digests tell
     (["-s", "check_sizes"], "digest mismatch"),
 ], ids=["with-compile", "alone"])
@@ -361,7 +362,7 @@ def test_kill_during_compile_leaves_no_partial_bin_and_the_rerun_resumes(project
     assert not final.exists()
     done = finished_tasks(killed.out)
     assert done, killed.out
-    json.loads((project.root / "build" / ".hexbundle" / "doit-db.json").read_text())
+    json.loads(project.doit_db().read_text())
 
     rerun = project.doit("bundle")
     assert "removed 1 temporary file(s) left by an interrupted run" in rerun.err
@@ -464,11 +465,13 @@ def test_ctrl_c_stops_cleanly_and_the_next_run_resumes(project, tmp_path):
 def test_an_unreadable_dependency_db_is_set_aside_and_the_build_redone(project):
     project.doit("bundle")
     good = snapshot(project.bundle())
-    db = project.root / "build" / ".hexbundle" / "doit-db.json"
+    db = project.doit_db()
     db.write_text(db.read_text()[:100])   # as a killed in-place writer would leave it
     run = project.doit("bundle")
     assert "doit-db.json was unreadable" in run.err and "set aside" in run.err
     assert "bundle" in run.executed
+    # the model's DB still vouches for its inputs: they are not generated again
+    assert not [t for t in run.executed if t.startswith("inputs")], run.out
     assert snapshot(project.bundle()) == good
     assert project.doit("bundle").executed == set()
 
@@ -596,8 +599,9 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
     (build / "m" / "e" / "bundle" / "manifest.json").write_text('{"old": "e"}')
     data = d / "inputs" / "prompt.data"
     data.write_bytes(b"\1" * 4096)
-    (build / ".hexbundle").mkdir()
-    (build / ".hexbundle" / "doit-db.json").write_text('{"task": {"k": 1}}')
+    variant_db = build / ".hexbundle" / "db" / "m" / "d" / "p" / "b" / "doit-db.json"
+    variant_db.parent.mkdir(parents=True)
+    variant_db.write_text('{"task": {"k": 1}}')
     (build / "wheelhouse").mkdir()
     (build / "bench").mkdir()
     wheel = build / "wheelhouse" / "pkg-1.0-py3-none-any.whl"
@@ -647,7 +651,7 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
         hashing.DigestCache(build / ".hexbundle" / "digests.json").digest(data)
 
     def doit_db():   # graph.runguard.atomic_dump: doit's dependency DB
-        db = JsonDB(str(build / ".hexbundle" / "doit-db.json"), codec=JSONCodec())
+        db = JsonDB(str(variant_db), codec=JSONCodec())
         db.set("task", "k", 2)
         runguard.atomic_dump(db)
 
@@ -715,7 +719,7 @@ def test_a_second_run_waits_for_the_first_and_never_corrupts_the_db(project, tmp
     assert first.finish().code == 0
     later = second.finish()
     assert later.code == 0 and later.executed == set(), later.out
-    json.loads((project.root / "build" / ".hexbundle" / "doit-db.json").read_text())
+    json.loads(project.doit_db().read_text())
     assert project.doit("bundle").executed == set()
 
 

@@ -70,7 +70,8 @@ def test_a_new_build_root_is_marked_and_cleaned_up(tmp_path):
     env = {"HEXBUNDLE_BUILD_ROOT": str(scratch)}
     proj.doit("bundle", env=env)
     assert json.loads((scratch / ".hexbundle" / "build-root.json").read_text())["hexbundle"]
-    left = scratch / "qwen2-tiny" / "iq9075" / "bin" / ".x.bin.4242.0123456789ab.tmp"
+    variant = scratch / "qwen2-tiny" / "iq9075" / "four" / "reference"
+    left = variant / "bin" / ".x.bin.4242.0123456789ab.tmp"
     left.write_text("left by a killed run")
     run = proj.doit("bundle", env=env)
     assert not left.exists() and "left by an interrupted run" in run.err
@@ -83,7 +84,7 @@ def test_a_new_build_root_is_marked_and_cleaned_up(tmp_path):
 @pytest.mark.parametrize("key, value", [(None, ["not", "a", "record"]), ("_values_:", [1]),
                                         ("deps:", 5)])
 def test_a_db_record_of_another_type_is_set_aside_and_the_run_carries_on(built_copy, key, value):
-    db = built_copy.root / STATE / "doit-db.json"
+    db = built_copy.doit_db()
     data = json.loads(db.read_text())
     if key is None:
         data["bundle"] = value
@@ -100,7 +101,7 @@ def test_a_db_record_of_another_type_is_set_aside_and_the_run_carries_on(built_c
 
 
 def test_a_directory_in_place_of_the_db_is_set_aside(built_copy):
-    db = built_copy.root / STATE / "doit-db.json"
+    db = built_copy.doit_db()
     db.unlink()
     db.mkdir()
     (db / "x").write_text("x")
@@ -142,8 +143,11 @@ def test_doit_dumpdb_prints_the_json_db(built_copy):
     shutil.copy2(ROOT / "pyproject.toml", built_copy.root)   # where the command is registered
     run = built_copy.doit("dumpdb")
     assert "doit-db.json: " in run.out and "\nbundle -> {" in run.out, run.out
+    # every DB of the build root: the model's (its inputs steps) and the variant's
+    assert f"dependency DB {built_copy.model_db()}: 5 task(s)\n" in run.out, run.out
+    assert f"dependency DB {built_copy.doit_db()}: 18 task(s)\n" in run.out, run.out
     no_traceback(run)
-    (built_copy.root / STATE / "doit-db.json").write_text("[1]")
+    built_copy.doit_db().write_text("[1]")
     bad = built_copy.doit("dumpdb", check=False)
     assert bad.code == 3 and "not a dependency DB" in bad.err
     no_traceback(bad)
@@ -163,8 +167,7 @@ def test_a_full_disk_under_the_db_is_a_message_and_the_next_run_resumes(built_co
     if not _mount_tmpfs(state, "64k"):
         pytest.skip("needs root and tmpfs mounts (a small file system under build/.hexbundle)")
     try:
-        for f in saved.iterdir():
-            shutil.copy2(f, state / f.name)
+        shutil.copytree(saved, state, dirs_exist_ok=True)
         fd = os.open(state / "filler", os.O_WRONLY | os.O_CREAT)   # no room for a new DB
         try:
             while True:
@@ -180,11 +183,9 @@ def test_a_full_disk_under_the_db_is_a_message_and_the_next_run_resumes(built_co
         msg = [ln for ln in run.err.splitlines() if "cannot save the dependency DB" in ln]
         assert len(msg) == 1 and "doit-db.json (No space left on device;" in msg[0], run.err
         assert "KiB free" in msg[0] and "free some disk space" in msg[0]
-        assert json.loads((state / "doit-db.json").read_text())   # the last saved DB, whole
+        assert json.loads(built_copy.doit_db().read_text())   # the last saved DB, whole
     finally:
-        for f in state.iterdir():
-            if f.name != "filler":
-                shutil.copy2(f, saved / f.name)
+        shutil.copytree(state, saved, dirs_exist_ok=True, ignore=lambda d, names: ["filler"])
         subprocess.run(["umount", str(state)], check=True)
     shutil.rmtree(state)
     shutil.copytree(saved, state)

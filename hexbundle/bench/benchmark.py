@@ -305,11 +305,15 @@ class Bench:
                 "noop_all": [round(s, 3) for s in noops], "list_all": [round(s, 3) for s in lists]}
 
     def prepare_md5_db(self) -> dict:
-        """The MD5 run's own DB, made up to date without rebuilding: a copy of ours (for the
-        tasks' saved option values), then `doit reset-dep`, which MD5-hashes every dependency."""
+        """The MD5 run's own DBs, made up to date without rebuilding: copies of ours (for the
+        tasks' saved option values; the variant's and the model's, graph.variants), then
+        `doit reset-dep`, which MD5-hashes every dependency."""
         self.log("MD5 baseline: recording its state (reset-dep) ...")
-        with output_path(self.layout.doit_db(MD5_DOIT_DB)) as tmp:
-            shutil.copyfile(self.layout.doit_db(), tmp)
+        for ours, md5 in ((self.layout.doit_db(), self.layout.doit_db(MD5_DOIT_DB)),
+                          (self.layout.model_db(), self.layout.model_db(MD5_DOIT_DB))):
+            if ours.exists():   # a model whose inputs steps never ran has no DB of its own
+                with output_path(md5) as tmp:
+                    shutil.copyfile(ours, tmp)
         reset = self.doit("reset-dep", *BUILD_TASKS, md5=True, trace=True)
         noop = self.doit("bundle", md5=True)
         self.expect_no_work(noop, "no-op doit bundle with the MD5 checker")

@@ -3,19 +3,23 @@ outputs. Nothing else in hexbundle spells a path; it asks a layout.
 
 ProjectLayout (the project alone):
   configs/{build,devices,toolchain}.toml, configs/models/<name>.toml, configs/boards/<name>.toml
-  <build root>/.hexbundle/               digest cache, doit database, lock
+  <build root>/.hexbundle/               digest cache, lock, doit's dependency DBs:
+    db/<model>/doit-db.json              the model's own steps (inputs), shared by its variants
+    db/<model>/<device>/<plan>/<backend>/doit-db.json    each variant's steps
   <build root>/.hexbundle/containers/    one record per step container alive (docker executor)
   <build root>/release/, release-work/   `doit release`
   <build root>/offline-kit/, offline-kit.tar(.sha256), load_kit.py    `doit offline_kit`
   build/image/, build/logs/image.log     `doit image` (always the project's own build/)
-Layout (one model on one device), under the build root:
-  <model>/inputs/                        generated inputs, device-independent
-  <model>/<device>/dlc/                  one DLC per graph
-  <model>/<device>/bin/                  one context binary per part
-  <model>/<device>/bundle/               the Genie bundle
-  <model>/<device>/logs/                 one log per step
-  <model>/<device>/origins/              per step: built here or fetched from a remote cache
-  <model>/<device>/verify/report.json    `doit verify`
+Layout (one variant: a model, a device, a plan, a backend), under the build root:
+  <model>/inputs/                        generated or locally split inputs: the model's, shared
+                                         by every device, plan and backend
+  <model>/<device>/<plan>/<backend>/     the variant's own directory (variants side by side):
+    dlc/                                 one DLC per graph
+    bin/                                 one context binary per part
+    bundle/                              the Genie bundle
+    logs/                                one log per step
+    origins/                             per step: built here or fetched from a remote cache
+    verify/report.json                   `doit verify`
 
 The build root is <project>/build, or $HEXBUNDLE_BUILD_ROOT (scratch and release builds). Paths
 handed to doit are project-relative strings (`rel`), so a target of one task and the file_dep of
@@ -37,6 +41,7 @@ TOKENIZER = "tokenizer.json"
 BUNDLE_CONFIG_FILES = (GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER)
 MANIFEST = "manifest.json"
 STATE_DIR = ".hexbundle"           # in a build root: hexbundle's own state
+DB_DIR = "db"                      # in STATE_DIR: the dependency DBs, one per model and variant
 DOIT_DB = "doit-db.json"
 ROOT_MARKER = "build-root.json"    # in STATE_DIR: this build root is hexbundle's own
 MD5_DOIT_DB = "doit-db-md5.json"   # `doit bench` only: doit's stock checker keeps its own DB
@@ -175,15 +180,31 @@ class ProjectLayout:
     # hexbundle's state --------------------------------------------------------------------
     @property
     def state_dir(self) -> Path:
-        """hexbundle's own state: digest cache, doit database, lock."""
+        """hexbundle's own state: digest cache, doit's dependency DBs, lock."""
         return self.build_root / STATE_DIR
 
     @property
     def digest_cache(self) -> Path:
         return self.state_dir / "digests.json"
 
-    def doit_db(self, name: str = DOIT_DB) -> Path:
-        return self.state_dir / name
+    @property
+    def db_dir(self) -> Path:
+        """doit's dependency DBs: one per model (its inputs steps), one per variant."""
+        return self.state_dir / DB_DIR
+
+    def model_doit_db(self, model_name: str, name: str = DOIT_DB) -> Path:
+        """The DB of a model's own steps (inputs:*), whose files every variant of it shares."""
+        return self.db_dir / model_name / name
+
+    def doit_dbs(self, name: str = DOIT_DB) -> list:
+        """Every dependency DB of the build root (models' and variants'), sorted."""
+        return sorted(self.db_dir.rglob(name)) if self.db_dir.is_dir() else []
+
+    @property
+    def former_doit_db(self) -> Path:
+        """The one DB of hexbundle before variants were kept side by side (graph.runguard sets
+        it aside)."""
+        return self.state_dir / DOIT_DB
 
     @property
     def lock(self) -> Path:
@@ -291,12 +312,29 @@ class Layout(ProjectLayout):
     @property
     def model_dir(self) -> Path:
         """Everything a build step writes, bar the digest cache: generated or split inputs, and
-        per device DLCs, bins, the bundle, logs."""
+        per variant DLCs, bins, the bundle, logs."""
         return self.build_root / self.cfg.model.name
 
     @property
+    def variant(self) -> tuple:
+        """What a build is kept apart by: (model, device, plan, backend). Each variant has its
+        own directory and dependency DB, so switching between variants rebuilds nothing that
+        was built for either (graph.variants)."""
+        cfg = self.cfg
+        return cfg.model.name, cfg.device.name, cfg.plan.name, cfg.backend
+
+    @property
     def build_dir(self) -> Path:
-        return self.model_dir / self.cfg.device.name
+        """The variant's own directory, under its model's."""
+        return self.build_root.joinpath(*self.variant)
+
+    def doit_db(self, name: str = DOIT_DB) -> Path:
+        """This variant's dependency DB (`name`: doit-db-md5.json for `doit bench`)."""
+        return self.db_dir.joinpath(*self.variant, name)
+
+    def model_db(self, name: str = DOIT_DB) -> Path:
+        """The dependency DB of this model's own steps (inputs:*)."""
+        return self.model_doit_db(self.cfg.model.name, name)
 
     @property
     def dlc_dir(self) -> Path:

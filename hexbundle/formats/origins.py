@@ -1,7 +1,7 @@
 """Where each build step's outputs came from: built here, or fetched from a remote cache.
 
-One small JSON file per task, `build/<model>/<device>/origins/<task>.json`, written after every
-run of a step (hexbundle.remote.cache):
+One small JSON file per task, `build/<model>/<device>/<plan>/<backend>/origins/<task>.json`,
+written after every run of a step (hexbundle.remote.cache):
 
     {"task": "compile:part_2_of_4", "origin": "remote-cache" | "local",
      "server": "grpc://HOST:PORT", "instance": "", "action": "<sha256>/<size>",

@@ -17,11 +17,15 @@ tasks or change the dependency DB (all but list, help, info, dumpdb, tabcompleti
 3. The dependency DB (doit's JSON backend) is written atomically (temp, fsync, rename) instead
    of in place, and after every task that succeeds rather than only at the end of the run, so
    a killed run keeps the work it finished. A DB that is nevertheless unreadable is set aside
-   (every task then runs again) instead of stopping every later run.
+   (every task then runs again) instead of stopping every later run. Each variant has a DB of
+   its own, and the model's own steps (inputs) keep their records in the model's DB: copied into
+   the variant's before doit opens it, written back by a save that changed them (graph.variants
+   says why).
 4. Ctrl-C ends the run with one line, not a traceback.
 """
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import json
@@ -33,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from hexbundle.config.layout import STATE_DIR
+from hexbundle.config.layout import DB_DIR, DOIT_DB, STATE_DIR
+from hexbundle.graph.variants import seeded, split_records
 from hexbundle.support.atomic import atomic_output, discard, is_temp_name, put_back
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.run import run_id
@@ -59,8 +64,9 @@ def command_writes(argv: list) -> bool:
     return (argv[1] if len(argv) > 1 else "") not in READ_ONLY_COMMANDS
 
 
-def guard_run(layout, argv: list) -> None:
-    """Everything above, for this doit process (a no-op for read-only commands)."""
+def guard_run(layout, argv: list, db_name: str = DOIT_DB) -> None:
+    """Everything above, for this doit process (a no-op for read-only commands). `db_name`: the
+    DB file of the run's checker (doit-db-md5.json for `doit bench`'s baseline)."""
     if not command_writes(argv):
         return
     root, build = layout.root, layout.build_root
@@ -75,7 +81,11 @@ def guard_run(layout, argv: list) -> None:
         _notice(f"{build} is not a build root hexbundle made (it held other files when first "
                 f"used, and has no {_rel(layout.root_marker, root)}): nothing in it is cleaned "
                 "up after an interrupted run; use a new or empty directory as the build root")
-    set_aside_damaged_db(layout.doit_db(), root)
+    set_aside_former_db(layout.former_doit_db, root)
+    variant_db, model_db = layout.doit_db(db_name), layout.model_db(db_name)
+    set_aside_damaged_db(model_db, root)
+    set_aside_damaged_db(variant_db, root)
+    seed_variant_db(variant_db, model_db)
     bundle = getattr(layout, "bundle_dir", None)
     if bundle is not None:
         set_aside_bundle_link(bundle, root)
@@ -329,17 +339,71 @@ def set_aside_bundle_link(bundle: Path, root: Path) -> Optional[Path]:
     return aside
 
 
+def set_aside_former_db(db: Path, root: Path) -> Optional[Path]:
+    """hexbundle kept one DB per build root (.hexbundle/doit-db.json) before variants were kept
+    side by side; nothing reads it now. Set it aside with one line, saying where the state and the
+    outputs are now, so it is not mistaken for the state of a build."""
+    if not (db.exists() or db.is_symlink()):
+        return None
+    aside = _aside(db, "former")
+    os.replace(db, aside)
+    _notice(f"{_rel(db, root)} is the one dependency DB of an older hexbundle, set aside as "
+            f"{aside.name}: each variant (model, device, plan, backend) now keeps its own under "
+            f"{_rel(db.parent / DB_DIR, root)}/, and its outputs in <model>/<device>/<plan>/"
+            "<backend>/ of the build root; the former <model>/<device>/{dlc,bin,bundle,logs} are "
+            "no longer used (delete them). Every step runs once more")
+    return aside
+
+
+def seed_variant_db(variant_db: Path, model_db: Path) -> None:
+    """Give doit the model's steps' records in the variant's DB before it opens it (graph.variants):
+    a variant built for the first time finds the model's inputs up to date. The variant's file
+    keeps a copy of them, so it is rewritten only when another variant changed them. Both files
+    were checked by set_aside_damaged_db just before."""
+    model, variant = _read_db(model_db), _read_db(variant_db)
+    records = seeded(variant, model)
+    if records != variant:
+        _save_db(variant_db, lambda: json.dumps(records))
+    _model_dbs[os.path.abspath(variant_db)] = (Path(model_db), split_records(model)[0])
+
+
+def _read_db(db: Path) -> dict:
+    try:
+        return json.loads(db.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+# the variant's DB -> (the model's DB, the model's records as last saved there); set by
+# seed_variant_db, so atomic_dump writes the model's DB only when they change
+_model_dbs: dict = {}
+
+
 def atomic_dump(self) -> None:
     """doit's JsonDB.dump, but temp + fsync + rename: a kill never leaves half a DB. A full disk
     (or quota) stops the run with a message rather than a traceback; the DB on disk is the last
-    one saved, so the next run redoes only what was not recorded."""
+    one saved, so the next run redoes only what was not recorded.
+
+    A variant's DB also saves the model's steps' records to the model's DB, first, when they
+    changed (graph.variants)."""
+    key = os.path.abspath(self.name)
+    if key in _model_dbs:
+        model_db, saved = _model_dbs[key]
+        model, _ = split_records(self._db)
+        if model != saved:
+            _save_db(model_db, lambda: self.codec.encode(model))
+            _model_dbs[key] = (model_db, copy.deepcopy(model))
+    _save_db(Path(self.name), lambda: self.codec.encode(self._db))
+
+
+def _save_db(path: Path, encode) -> None:
     try:
-        with atomic_output(self.name, "w", user_errors=False) as fh:
-            fh.write(self.codec.encode(self._db))
+        with atomic_output(path, "w", user_errors=False) as fh:
+            fh.write(encode())
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
-        raise DbSaveError(_db_save_message(Path(self.name), exc)) from None
+        raise DbSaveError(_db_save_message(path, exc)) from None
 
 
 class DbSaveError(HexbundleError):

@@ -40,7 +40,7 @@ def load(root: Path):
     layout = Layout(cfg)
     if runguard.command_writes(sys.argv):   # not list, help, info: those leave no trace
         try:   # the build lock, clean-up after a killed run, a crash-safe dependency DB
-            runguard.guard_run(layout, sys.argv)
+            runguard.guard_run(layout, sys.argv, checker_and_db()[1])
         except HexbundleError as exc:
             print(f"hexbundle: {exc}", file=sys.stderr)
             sys.exit(3)
@@ -51,10 +51,17 @@ def load(root: Path):
     return cfg, layout, overrides
 
 
+def checker_and_db() -> tuple:
+    """doit's file checker and the name of its DB files: hexbundle's, or (scripts/bench.py only)
+    the stock checker to compare, with DBs of its own."""
+    if os.environ.get(BENCH_CHECKER_ENV):
+        return comparison_checker(os.environ[BENCH_CHECKER_ENV])
+    return XXH3Checker, DOIT_DB
+
+
 def doit_config(layout: Layout) -> dict:
-    checker, db = XXH3Checker, DOIT_DB
-    if os.environ.get(BENCH_CHECKER_ENV):   # scripts/bench.py only: the stock checker to compare
-        checker, db = comparison_checker(os.environ[BENCH_CHECKER_ENV])
+    """doit's settings; the dependency DB is the variant's own (graph.variants)."""
+    checker, db = checker_and_db()
     return {
         "default_tasks": ["bundle"],
         "check_file_uptodate": checker,

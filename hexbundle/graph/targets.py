@@ -5,8 +5,8 @@
 hashed as another task's file_dep, so nothing is read twice). On later runs the task is out of
 date when a target's digest no longer matches, with a line naming the file:
 
-    hexbundle: build/qwen2-tiny/iq9075/bin/qwen2_tiny_part_2_of_4.bin changed since
-    compile:part_2_of_4 built it: rebuilding
+    hexbundle: build/qwen2-tiny/iq9075/four/reference/bin/qwen2_tiny_part_2_of_4.bin changed
+    since compile:part_2_of_4 built it: rebuilding
 
 The stat key is the fast path: an unchanged file costs one stat. A hand edit changes the
 ctime, even when the mtime is put back (`touch -r`, `cp -p`), or the inode, for an editor that

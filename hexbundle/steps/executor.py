@@ -4,7 +4,8 @@ local:  `hexbundle.steps.runner.run(spec)` in this Python process, logging to th
         subprocess would pay ~1 s of onnx/ml_dtypes imports per step: 12 s of an 18 s tiny build).
 docker: the same step runner inside the pinned toolchain image (hexbundle.steps.docker_executor).
 
-The step's output goes to build/<model>/<device>/logs/<task>.log; on failure its tail is shown.
+The step's output goes to build/<model>/<device>/<plan>/<backend>/logs/<task>.log; on failure its
+tail is shown.
 """
 from __future__ import annotations
 
