@@ -63,7 +63,7 @@ class PartExpectation:
     part: Part
     packed: int      # bytes: the build we want
     unpacked: int    # bytes if 4-bit weights were stored one per byte
-    unshared: int    # bytes if prompt and token graphs each kept their own weights
+    unshared: int    # bytes if every graph (prompt, token; per length) kept its own weights
     has_4bit: bool
     # The architecture formula's packed figure, as a cross-check of a tensor-derived
     # expectation (None when the expectation IS the architecture formula).
@@ -88,9 +88,9 @@ class PartExpectation:
 def part_bytes(model: Model, part: Part, packed: bool = True, shared: bool = True,
                float_bitwidth: int = 16) -> int:
     weights = part_weights(model.architecture, model.quantization, part)
-    copies = 1 if shared else 2
+    n_graphs = len(model.graphs(part))   # a prompt and a token graph per context length
+    copies = 1 if shared else n_graphs
     blobs = [tensor_bytes(w, packed, float_bitwidth) for w in weights] * copies
-    n_graphs = 2
     topology = TOPOLOGY_BYTES_BASE + TOPOLOGY_BYTES_PER_LAYER * len(part.layers)
     blobs += [topology] * n_graphs
     header = HEADER_BYTES_PER_TENSOR * len(weights) * copies + HEADER_BYTES_PER_GRAPH * n_graphs
