@@ -350,7 +350,8 @@ def check_tree_covers_plan(model: Model, plan: Plan, inputs: dict, where: Path) 
     """The export's own parts serve only the plan they were split for; any other plan needs the
     local split of the unsplit graphs."""
     if inputs["split"] == "local":
-        missing = [k for k in ("prompt", "token") if k not in inputs["unsplit"]]
+        missing = [g.slot for g in model.graphs(plan.parts()[0])
+                   if g.slot not in inputs["unsplit"]]
         if missing:
             raise ConfigError(f"{where}: inputs.split is 'local' but [inputs.unsplit.{missing[0]}]"
                               " is missing; re-run `doit import_export`")

@@ -144,13 +144,18 @@ class Model:
         return max(self.context_lengths)
 
     def graphs(self, part: Part, context_length: Optional[int] = None) -> list:
-        """The graphs of a part in the order they go into its context binary: for each context
-        length, ascending, its prompt graph then its token graph (qai-hub-models' link order).
-        With `context_length`, only that length's two graphs."""
-        several = len(self.context_lengths) > 1
-        lengths = self.context_lengths if context_length is None else (context_length,)
-        return [Graph(kind, ar, cl, part, several) for cl in lengths
-                for kind, ar in (("prompt", self.prompt_ar), ("token", self.token_ar))]
+        """The graphs of a part in the order they go into its context binary (part_graphs); with
+        `context_length`, only that length's prompt and token graph."""
+        graphs = part_graphs(part, self.context_lengths, self.prompt_ar, self.token_ar)
+        return [g for g in graphs if context_length in (None, g.context_length)]
+
+
+def part_graphs(part: Part, context_lengths: tuple, prompt_ar: int, token_ar: int) -> list:
+    """A part's graphs in bin order: for each context length, ascending, its prompt graph then its
+    token graph (qai-hub-models' link order)."""
+    several = len(context_lengths) > 1
+    return [Graph(kind, ar, cl, part, several) for cl in sorted(context_lengths)
+            for kind, ar in (("prompt", prompt_ar), ("token", token_ar))]
 
 
 def boundary_tensor(part: Part) -> str:
