@@ -4,9 +4,9 @@ A part's expected context-binary size comes from the tensors actually in its inp
 graph's ONNX structure (loaded without external data: names, shapes, types, never weight
 values) and its encodings go through the reference backend's own storage decisions
 (backends/weightplan.py: quantized at the encoding's bitwidth with per-channel scale/offset,
-float at float_bitwidth, small constants inside the topology), prompt and token graph share
-weights by name, and the container lays the blobs out (page-aligned) under a header composed as
-the writer composes it. For the reference backend that is the file size to the byte.
+float at float_bitwidth, small constants inside the topology), a part's graphs (prompt and
+token, per context length) share weights by name, and the container lays the blobs out
+(page-aligned) under a header composed as the writer composes it. For the reference backend that is the file size to the byte.
 
 The architecture formula (config/model.py part_weights: q/k/v/o, gate/up/down, norms, embedding,
 LM head) stays as a cross-check and for estimates before any input exists (disk space, bench):
@@ -331,9 +331,11 @@ def raise_on_failure(model: Model, plan: Plan, rows: list, table: str) -> None:
     unshared = [r for r in bad if r.verdict == "NOT SHARED"]
     if unshared:
         parts = ", ".join(str(r.expectation.part.index) for r in unshared)
-        raise SizeError(f"part(s) {parts}: weights are stored twice (prompt and token graph each "
+        graphs = len(model.graphs(unshared[0].expectation.part))
+        each = "prompt and token graph" + (" of every context length" if graphs > 2 else "")
+        raise SizeError(f"part(s) {parts}: weights are stored {graphs} times (the {each} each "
                         "hold a copy): set weight_sharing = true, or the device maps every weight "
-                        "twice and runs out of address space.\n" + table)
+                        f"{graphs} times and runs out of address space.\n" + table)
     missing = [r for r in bad if r.verdict == "MISSING"]
     if missing:
         raise SizeError("missing context binaries for part(s) "
