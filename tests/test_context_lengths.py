@@ -70,7 +70,7 @@ def test_bad_lengths_are_refused_naming_the_key(project, line, message):
 
 
 def test_verify_tokens_must_fit_the_smallest_length(project):
-    with pytest.raises(ConfigError, match="exceeds the context length 180"):
+    with pytest.raises(ConfigError, match="exceeds the smallest of graphs.context_lengths, 180"):
         graphs_line(project, "context_lengths = [180, 512]")
 
 

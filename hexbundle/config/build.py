@@ -407,9 +407,10 @@ def load_model(root: Path, name: str) -> tuple:
                   g["token_ar"], plans, m["default_plan"])
     v = d["verify"]
     if v["prompt_tokens"] + v["decode_steps"] > lengths[0]:   # verify runs at every length
+        limit = f"graphs.context_length {lengths[0]}" if len(lengths) == 1 else \
+            f"the smallest of graphs.context_lengths, {lengths[0]} (verify runs at every length)"
         raise ConfigError(f"{where}: verify.prompt_tokens + verify.decode_steps = "
-                          f"{v['prompt_tokens'] + v['decode_steps']} exceeds the context length "
-                          f"{lengths[0]} (verify runs at every length); lower them")
+                          f"{v['prompt_tokens'] + v['decode_steps']} exceeds {limit}; lower them")
     if d["inputs"]["source"] != "generated" and not d["inputs"]["dir"]:
         raise ConfigError(f"{where}: inputs.source is {d['inputs']['source']!r} but inputs.dir is "
                           "empty")
