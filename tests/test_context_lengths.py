@@ -5,13 +5,16 @@ the weights; Genie's context size is the largest; the size check and `doit verif
 End-to-end tests run real `doit` in a copy of the project; the config tests load configs
 in-process."""
 import json
+import shutil
 
 import pytest
+import tomli
 
-from conftest import copy_project
+from conftest import ROOT, copy_project, tree_digests
 from hexbundle.config.build import load_build
 from hexbundle.config.model import Part, part_graphs
 from hexbundle.formats.ctxbin import read_ctxbin
+from hexbundle.formats.qaihm import scan_export
 from hexbundle.support.errors import ConfigError
 
 MODEL = "qwen2-tiny-2cl"          # configs/models: qwen2-tiny at context lengths 256 and 512
@@ -138,3 +141,104 @@ def test_verify_runs_every_length(two_lengths):
                    "vs onnx" in run.out, run.out[-3000:]
         assert f"end to end cl {cl}" in run.out
     assert "ok in" in run.out
+
+
+# ============================================================================ a real export
+
+# Written by qai-hub-models 0.55.0's own export loop at context lengths 256 and 512 (ar128/ar1
+# x cl256/cl512, six parts each, the generic path's <ClassName>.aimet/model.onnx unsplit graphs):
+# tests/data/qaihm/make_export.py --two-context-lengths; README there.
+EXPORT_2CL = ROOT / "tests" / "data" / "qaihm" / "export-2cl"
+SLUG = "qwen2_5_7b_instruct"
+
+
+def bin_graphs(bundle, name: str) -> list:
+    reader = read_ctxbin(bundle / name)
+    try:
+        return reader.graph_names
+    finally:
+        reader.close()
+
+
+@pytest.fixture(scope="module")
+def imported_2cl(tmp_path_factory):
+    """Qualcomm's two-length tree imported as it is, built and verified."""
+    project = copy_project(tmp_path_factory.mktemp("qaihm2cl") / "proj")
+    before = tree_digests(EXPORT_2CL)
+    run = project.doit("import_export", "--dir", str(EXPORT_2CL), "--name", "two")
+    bundle = project.doit("bundle", "model=two")
+    verify = project.doit("verify", "model=two", check=False)
+    assert tree_digests(EXPORT_2CL) == before       # used in place, never written
+    return project, run, bundle, verify
+
+
+def test_the_two_length_tree_is_scanned_with_every_ar_and_length():
+    tree = scan_export(EXPORT_2CL)
+    assert not tree.problems and tree.context_lengths == [256, 512] and tree.context_length == 512
+    assert sorted(tree.parts) == [(1, 256), (1, 512), (128, 256), (128, 512)]
+    assert all(sorted(p) == list(range(1, 7)) for p in tree.parts.values())
+    assert tree.unsplit[(128, 512)].onnx == \
+        EXPORT_2CL / "ar128_cl512" / "TinyQwen2_AIMETOnnx.aimet" / "model.onnx"
+
+
+def test_a_missing_length_directory_is_named(tmp_path):
+    export = tmp_path / "export"
+    shutil.copytree(EXPORT_2CL, export)
+    shutil.rmtree(export / "ar1_cl512")
+    tree = scan_export(export)
+    assert any("context length 512 has no AR 1 graphs (ar1_cl512/ is missing)" in p
+               for p in tree.problems), tree.problems
+
+
+def test_import_writes_both_lengths_and_the_file_of_every_graph(imported_2cl):
+    project, run, _, _ = imported_2cl
+    cfg = tomli.loads((project.root / "configs/models/two.toml").read_text())
+    assert cfg["graphs"] == {"context_lengths": [256, 512], "prompt_ar": 128, "token_ar": 1}
+    assert cfg["genie"]["max_num_tokens"] == 512
+    stem = f"{SLUG}_w4a16_ar1_cl512_3_of_6"
+    assert cfg["inputs"]["graphs"]["token_ar1_cl512_3_of_6"]["onnx"] == \
+        f"ar1_cl512/{stem}.aimet/{stem}.onnx"
+    assert len(cfg["inputs"]["graphs"]) == 24
+    assert f"prompt_ar128_cl512_1_of_6 <- ar128_cl512/" in run.out
+
+
+def test_the_export_builds_one_bin_per_part_with_its_four_graphs(imported_2cl):
+    project, _, bundle, _ = imported_2cl
+    out = project.bundle("two")
+    genie = json.loads((out / "genie_config.json").read_text())
+    assert genie["dialog"]["context"]["size"] == 512
+    bins = genie["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
+    assert len(bins) == 6 and "size check: two, plan export (6 parts)" in bundle.out
+    assert bin_graphs(out, bins[2]) == ["prompt_ar128_cl256_3_of_6", "token_ar1_cl256_3_of_6",
+                                        "prompt_ar128_cl512_3_of_6", "token_ar1_cl512_3_of_6"]
+    graphs = project.manifest("two")["graphs"]
+    assert len(graphs) == 24
+    assert graphs["prompt_ar128_cl512_2_of_6"]["onnx"].endswith(
+        f"ar128_cl512/{SLUG}_w4a16_ar128_cl512_2_of_6.aimet/{SLUG}_w4a16_ar128_cl512_2_of_6.onnx")
+
+
+def test_the_export_verifies_at_both_lengths(imported_2cl):
+    project, _, _, run = imported_2cl
+    assert run.code == 0, run.out + run.err
+    report = json.loads((project.build_dir("two") / "verify" / "report.json").read_text())
+    ends = {r["part"]: r for r in report["rows"] if r["part"].startswith("end to end")}
+    assert sorted(ends) == ["end to end cl 256", "end to end cl 512"]
+    assert all(r["cos_min"] >= 0.95 and r["top1"] >= 0.5 for r in ends.values()), ends
+
+
+def test_the_export_splits_locally_at_both_lengths(tmp_path):
+    """--plan: every length's unsplit graphs cut into the plan's parts; one .data per part."""
+    project = copy_project(tmp_path / "proj")
+    project.doit("import_export", "--dir", str(EXPORT_2CL), "--name", "mine", "--plan", "0,3,3,3")
+    cfg = tomli.loads((project.root / "configs/models/mine.toml").read_text())
+    assert cfg["inputs"]["split"] == "local"
+    assert sorted(cfg["inputs"]["unsplit"]) == ["prompt_cl256", "prompt_cl512", "token_cl256",
+                                               "token_cl512"]
+    project.doit("bundle", "model=mine")
+    out = project.bundle("mine", plan="export")
+    assert bin_graphs(out, f"{SLUG}_part_2_of_4.bin") == [
+        "prompt_ar128_cl256_2_of_4", "token_ar1_cl256_2_of_4",
+        "prompt_ar128_cl512_2_of_4", "token_ar1_cl512_2_of_4"]
+    split = project.root / "build" / "mine" / "inputs"
+    assert sorted(p.name for p in split.glob("*.data")) == [f"part_{i}_of_4.data" for i in range(1, 5)]
+    project.doit("verify", "model=mine")

@@ -16,18 +16,13 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import ROOT, copy_project
+from conftest import ROOT, copy_project, tree_digests
 from hexbundle.formats.qaihm import scan_export
 from hexbundle.support.errors import InputError
 
 DATA = ROOT / "tests" / "data" / "qaihm" / "export"
 SLUG = "qwen2_5_7b_instruct"
 PLAN = [0, 2, 2, 2, 2, 1]      # what Qualcomm's splitter made of the 9 layers
-
-
-def tree_digests(root: Path) -> dict:
-    from hexbundle.support.hashing import file_digest
-    return {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def copy_export(dest: Path) -> Path:

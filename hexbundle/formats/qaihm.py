@@ -7,6 +7,9 @@ Layouts (<slug> the model's file-name stem, e.g. qwen2_5_7b_instruct; N parts):
   tree      qai-hub-models 0.52-0.55 `--onnx-export-dir DIR`:
               DIR/ar<S>_cl<C>/<slug>_<precision>_ar<S>_cl<C>_<i>_of_<N>.aimet/<same>.{onnx,data,encodings}
               DIR/ar<S>_cl<C>/<slug>.{onnx,data,encodings}          the unsplit graph of that AR
+                (the 7B class, which copies its asset), or
+              DIR/ar<S>_cl<C>/<ClassName>.aimet/model.{onnx,data,encodings}   (the generic
+                LLM_AIMETOnnx path: models/_shared/llm/model.py writes it, e.g. qwen3_4b)
             one ar<S>_cl<C>/ per (AR, context length): a model exported at several context
             lengths has a prompt and a token directory for each
   tree-0.46 qai-hub-models 0.46 and older:
@@ -37,6 +40,7 @@ KIND_DIRS = ("prompt", "token")                     # tree-0.46
 PART_DIR = re.compile(r"(?P<stem>.+)_(?P<index>\d+)_of_(?P<count>\d+)\.aimet")
 ASSET_ONNX = re.compile(r"(?P<slug>.+)_ar(?P<ar>\d+)\.onnx")
 PRECISION = re.compile(r"_(?P<precision>w\d+a\d+)_ar\d+_cl\d+$")
+UNSPLIT_AIMET = "model.onnx"    # <ClassName>.aimet/model.onnx: the generic path's unsplit graph
 
 
 @dataclass(frozen=True)
@@ -209,11 +213,19 @@ def _scan_ar_dirs(root: Path, ar_dirs: list) -> ExportTree:
     for ar_dir in ar_dirs:
         m = AR_DIR.fullmatch(ar_dir.name)
         key = int(m["ar"]), int(m["cl"])
-        for onnx_path in sorted(ar_dir.glob("*.onnx")):   # the unsplit graph of this (AR, CL)
-            tree.slug = tree.slug or onnx_path.stem
+        unsplit = sorted(ar_dir.glob("*.onnx")) + sorted(
+            d / UNSPLIT_AIMET for d in ar_dir.glob("*.aimet")
+            if not PART_DIR.fullmatch(d.name) and (d / UNSPLIT_AIMET).is_file())
+        if len(unsplit) > 1:
+            tree.problems.append(f"{tree.rel(ar_dir)}: several unsplit graphs "
+                                 f"({', '.join(tree.rel(u) for u in unsplit)}); keep one")
+        for onnx_path in unsplit[:1]:   # the unsplit graph of this (AR, CL)
             tree.unsplit[key] = _files_or_problem(tree, onnx_path,
                                                   onnx_path.with_suffix(".encodings"))
         _scan_part_dirs(tree, ar_dir, key)
+        if not tree.slug and unsplit:   # no parts: the 7B class's copy is named by the model;
+            named = unsplit[0].stem if unsplit[0].parent == ar_dir else unsplit[0].parent.stem
+            tree.slug = re.sub(r"[^a-z0-9_]+", "_", named.lower())   # the generic one by class
     return tree
 
 
