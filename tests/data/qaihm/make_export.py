@@ -436,66 +436,54 @@ def patch_hub():
 
 
 def run_export() -> None:
-    from qai_hub_models.models._shared.llm.export import export_model
-    from qai_hub_models.models.qwen2_5_7b_instruct.model import (
-        DEFAULT_PRECISION, MODEL_ASSET_VERSION, MODEL_ID, NUM_LAYERS_PER_SPLIT, NUM_SPLITS)
+    from qai_hub_models.models.qwen2_5_7b_instruct.model import DEFAULT_PRECISION
 
     cls, dev = patch_export_side()
-    if EXPORT_DIR.exists():
-        shutil.rmtree(EXPORT_DIR)
+    call_export(cls, DEFAULT_PRECISION, dev, EXPORT_DIR, [CONTEXT_LENGTH])
+
+
+def call_export(model_cls, precision, dev, export_dir: Path, context_lengths: list,
+                **extra) -> None:
+    """qai-hub-models' export_model into a fresh `export_dir`, as the 7B class's export calls
+    it, with every AI Hub step skipped."""
+    from qai_hub_models.models._shared.llm.export import export_model
+    from qai_hub_models.models.qwen2_5_7b_instruct.model import (
+        MODEL_ASSET_VERSION, MODEL_ID, NUM_LAYERS_PER_SPLIT, NUM_SPLITS)
+
+    if export_dir.exists():
+        shutil.rmtree(export_dir)
     export_model(
-        model_cls=cls,
+        model_cls=model_cls,
         model_id=MODEL_ID,
         model_asset_version=MODEL_ASSET_VERSION,
         num_splits=NUM_SPLITS,
         num_layers_per_split=NUM_LAYERS_PER_SPLIT,
-        precision=DEFAULT_PRECISION,
+        precision=precision,
         device=dev,
         skip_profiling=True,
         skip_inferencing=True,
         skip_downloading=True,
         skip_summary=True,
         output_dir=str(WORK / "build"),
-        onnx_export_dir=str(EXPORT_DIR),
-        context_length=[CONTEXT_LENGTH],
+        onnx_export_dir=str(export_dir),
+        context_length=context_lengths,
         sequence_length=EXPORT_SEQ_LENS,
+        **extra,
     )
 
 
 def run_export_2cl() -> None:
     """Stock generic export loop, two context lengths in one call (see docstring)."""
     from qai_hub_models import Precision
-    from qai_hub_models.models._shared.llm.export import export_model
-    from qai_hub_models.models.qwen2_5_7b_instruct.model import (
-        MODEL_ASSET_VERSION, MODEL_ID, NUM_LAYERS_PER_SPLIT, NUM_SPLITS)
 
     TinyQwen2, TinyQwen2_AIMETOnnx = build_tiny_classes()
     dev = patch_hub()
     # export_main builds this for a DEFAULT checkpoint, at the first AR and CL.
     fp_model = TinyQwen2.from_pretrained(
         sequence_length=EXPORT_SEQ_LENS[0], context_length=EXPORT_CONTEXT_LENGTHS_2CL[0])
-    if EXPORT_2CL_DIR.exists():
-        shutil.rmtree(EXPORT_2CL_DIR)
-    export_model(
-        model_cls=TinyQwen2_AIMETOnnx,
-        model_id=MODEL_ID,
-        model_asset_version=MODEL_ASSET_VERSION,
-        num_splits=NUM_SPLITS,
-        num_layers_per_split=NUM_LAYERS_PER_SPLIT,
-        precision=Precision.w4a16,
-        device=dev,
-        skip_profiling=True,
-        skip_inferencing=True,
-        skip_downloading=True,
-        skip_summary=True,
-        output_dir=str(WORK / "build"),
-        onnx_export_dir=str(EXPORT_2CL_DIR),
-        context_length=EXPORT_CONTEXT_LENGTHS_2CL,
-        sequence_length=EXPORT_SEQ_LENS,
-        checkpoint="DEFAULT",
-        fp_model=fp_model,
-        _skip_quantsim_creation=True,
-    )
+    call_export(TinyQwen2_AIMETOnnx, Precision.w4a16, dev, EXPORT_2CL_DIR,
+                EXPORT_CONTEXT_LENGTHS_2CL, checkpoint="DEFAULT", fp_model=fp_model,
+                _skip_quantsim_creation=True)
 
 
 def write_tokenizer(export_dir: Path) -> None:
