@@ -105,7 +105,7 @@ def task_inputs():
         return
     generator = options_key(architecture=repr(CFG.model.architecture),
                             quantization=repr(CFG.model.quantization),
-                            graphs=[CFG.model.context_length, CFG.model.prompt_ar,
+                            graphs=[CFG.model.context_lengths, CFG.model.prompt_ar,
                                     CFG.model.token_ar],
                             plan=CFG.plan.layers_per_part, seed=CFG.inputs["seed"],
                             generator=generator_digest)
@@ -161,10 +161,10 @@ def task_convert():
     """ONNX + AIMET encodings -> DLC, one per graph (quantize weights; floats to fp16)."""
     for part in PARTS:
         for graph in CFG.model.graphs(part):
-            name = f"{part.tag}_{graph.kind}"
+            name = f"{part.tag}_{graph.slot}"
             yield {"name": name, "doc": f"convert {graph.name}",
                    "actions": [step(f"convert:{name}", "convert", part=part.index,
-                                    graph=graph.kind)],
+                                    graph=graph.slot)],
                    "file_dep": [rel(p) for p in LAYOUT.graph_inputs(graph)],
                    "targets": [rel(LAYOUT.dlc(graph))],
                    "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
@@ -176,7 +176,8 @@ def task_convert():
 
 
 def task_compile():
-    """Prompt + token DLCs of a part -> one context binary (weight sharing, 4-bit packing)."""
+    """A part's DLCs (prompt + token, per context length) -> one context binary (weight sharing,
+    4-bit packing)."""
     for part in PARTS:
         options = compile_options(CFG, part)
         yield {"name": part.tag, "doc": f"compile {LAYOUT.bin_name(part)}",

@@ -101,6 +101,12 @@ def copy_project(dest: Path) -> Project:
     return Project(dest)
 
 
+def tree_digests(root: Path) -> dict:
+    """Every file under `root` (recursive) by relative path, with its digest."""
+    from hexbundle.support.hashing import file_digest
+    return {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 def snapshot(directory: Path) -> dict:
     """Every file of a directory (not recursive) by name, with its bytes."""
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}

@@ -21,7 +21,7 @@ def small_model() -> Model:
     arch = Architecture(num_layers=3, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
                         head_dim=16, intermediate_size=192, vocab_size=512, rope_theta=1e6,
                         rms_norm_eps=1e-6)
-    return Model("qwen2-test", "qwen2_test", arch, Quantization(), 160, 128, 1,
+    return Model("qwen2-test", "qwen2_test", arch, Quantization(), (160,), 128, 1,
                  {"test": Plan("test", (0, 2, 1))}, "test")
 
 
@@ -30,7 +30,7 @@ def huge_model() -> Model:
     arch = Architecture(num_layers=1, hidden_size=65536, num_attention_heads=512, num_kv_heads=64,
                         head_dim=128, intermediate_size=65536, vocab_size=1 << 22,
                         rope_theta=1e6, rms_norm_eps=1e-6)
-    return Model("huge", "huge", arch, Quantization(), 4096, 128, 1,
+    return Model("huge", "huge", arch, Quantization(), (4096,), 128, 1,
                  {"two": Plan("two", (0, 1))}, "two")
 
 

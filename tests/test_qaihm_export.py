@@ -16,18 +16,13 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import ROOT, copy_project
+from conftest import ROOT, copy_project, tree_digests
 from hexbundle.formats.qaihm import scan_export
 from hexbundle.support.errors import InputError
 
 DATA = ROOT / "tests" / "data" / "qaihm" / "export"
 SLUG = "qwen2_5_7b_instruct"
 PLAN = [0, 2, 2, 2, 2, 1]      # what Qualcomm's splitter made of the 9 layers
-
-
-def tree_digests(root: Path) -> dict:
-    from hexbundle.support.hashing import file_digest
-    return {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def copy_export(dest: Path) -> Path:
@@ -120,10 +115,10 @@ def test_the_055_tree_is_read_as_it_comes():
     tree = scan_export(DATA)
     assert tree.layout == "qai-hub-models 0.52-0.55 tree" and tree.slug == SLUG
     assert tree.precision == "w8a16" and tree.context_length == 256 and not tree.problems
-    assert sorted(tree.parts) == [1, 128] and tree.part_count == 6
-    assert all(sorted(tree.parts[ar]) == list(range(1, 7)) for ar in (1, 128))
-    assert sorted(tree.unsplit) == [1, 128]
-    files = tree.parts[128][2]
+    assert sorted(tree.parts) == [(1, 256), (128, 256)] and tree.part_count == 6
+    assert all(sorted(tree.parts[ar, 256]) == list(range(1, 7)) for ar in (1, 128))
+    assert sorted(tree.unsplit) == [(1, 256), (128, 256)]
+    files = tree.parts[128, 256][2]
     assert files.data == (part_files(DATA, 128, 2).with_suffix(".data"),)   # as the ONNX records
     assert tree.tokenizer == DATA / "tokenizer.json"
 
@@ -131,10 +126,11 @@ def test_the_055_tree_is_read_as_it_comes():
 def test_the_046_tree_and_the_asset_are_read(tmp_path):
     old = scan_export(make_046_tree(tmp_path / "t046"))
     assert old.layout == "qai-hub-models 0.46 tree" and old.slug == SLUG and not old.problems
-    assert sorted(old.parts) == [1, 128] and old.context_length == 256
+    assert sorted(old.parts) == [(1, 256), (128, 256)] and old.context_length == 256
     asset = scan_export(make_asset(tmp_path / "asset"))
     assert asset.layout == "Qualcomm asset (unsplit)" and not asset.problems
-    assert asset.unsplit[128].data == asset.unsplit[1].data == (tmp_path / "asset" / f"{SLUG}.data",)
+    assert asset.unsplit[128, 256].data == asset.unsplit[1, 256].data == \
+        (tmp_path / "asset" / f"{SLUG}.data",)
 
 
 def test_a_missing_part_is_named(tmp_path):

@@ -277,3 +277,21 @@ def test_a_good_bin_is_said_to_be_checked(compiled):
     assert ("qwen2_tiny_part_3_of_4.bin: checked by qnn-context-binary-utility: graphs "
             "prompt_ar128_cl256_3_of_4, token_ar1_cl256_3_of_4; soc_model 77 v73; 1 weight copy; "
             "weight packing is not stated by the binary: the size check judges it") in log
+
+
+def test_a_two_length_part_compiles_its_four_graphs_in_one_call(project, tmp_path):
+    """qwen2-tiny-2cl through the stand-in: per part one qairt.compile of its four DLCs (per
+    context length prompt then token), one graph config each, and the bin checked to hold the
+    four."""
+    run, calls = run_qairt(project, tmp_path, "compile:part_2_of_4", "model=qwen2-tiny-2cl")
+    (compile_call,) = by_call(calls, "qairt.compile")
+    names = ["prompt_ar128_cl256_2_of_4", "token_ar1_cl256_2_of_4",
+             "prompt_ar128_cl512_2_of_4", "token_ar1_cl512_2_of_4"]
+    (models,) = compile_call["args"]
+    assert [m["graphs"] for m in models] == [[n] for n in names]
+    configs = compile_call["kwargs"]["config"]["set"]["graph_custom_configs"]
+    assert [c["set"]["name"] for c in configs] == names
+    assert all(c["set"]["weights_packing"] is True for c in configs)
+    doc = json.loads((project.build_dir("qwen2-tiny-2cl", backend="qairt") / "bin"
+                      / "qwen2_tiny_2cl_part_2_of_4.bin").read_text())
+    assert doc["graphs"] == names

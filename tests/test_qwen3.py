@@ -42,7 +42,7 @@ def small_qwen3(tied: bool, heads: int, kv_heads: int, head_dim: int) -> Model:
                         tie_word_embeddings=tied, family="qwen3")
     tiny, _ = load_model(ROOT, "qwen3-tiny")
     return replace(tiny, name="qwen3-test", slug="qwen3_test", architecture=arch,
-                   context_length=160, plans={"test": Plan("test", (0, 2, 1))},
+                   context_lengths=(160,), plans={"test": Plan("test", (0, 2, 1))},
                    default_plan="test")
 
 

@@ -78,7 +78,7 @@ def test_judge_names_unshared_weights_and_other_deviations(qwen7b):
     actual = {e.part.index: e.packed for e in exp}
     actual[2] = exp[1].unshared
     rows = sizes.judge_sizes(qwen7b, plan, actual)
-    with pytest.raises(SizeError, match="stored twice"):
+    with pytest.raises(SizeError, match="stored 2 times"):
         sizes.raise_on_failure(qwen7b, plan, rows, "")
     actual[2] = int(exp[1].packed * 1.1)
     rows = sizes.judge_sizes(qwen7b, plan, actual)

@@ -26,7 +26,7 @@ def model_of(vocab: int, hidden: int, layers=(0, 1)) -> Model:
     arch = Architecture(num_layers=sum(layers), hidden_size=hidden, num_attention_heads=4,
                         num_kv_heads=2, head_dim=hidden // 4, intermediate_size=3 * hidden,
                         vocab_size=vocab, rope_theta=1e6, rms_norm_eps=1e-6)
-    return Model("stream-test", "stream_test", arch, Quantization(), 160, 128, 1,
+    return Model("stream-test", "stream_test", arch, Quantization(), (160,), 128, 1,
                  {"p": Plan("p", tuple(layers))}, "p")
 
 

@@ -25,7 +25,7 @@ def tiny_model(layers_per_part=(0, 2, 1), heads=4, kv_heads=2) -> Model:
                         rope_theta=1e6, rms_norm_eps=1e-6)
     plan = Plan("test", tuple(layers_per_part))
     return Model(name="qwen2-test", slug="qwen2_test", architecture=arch, quantization=Quantization(),
-                 context_length=160, prompt_ar=128, token_ar=1, plans={"test": plan}, default_plan="test")
+                 context_lengths=(160,), prompt_ar=128, token_ar=1, plans={"test": plan}, default_plan="test")
 
 
 @pytest.fixture(scope="module")

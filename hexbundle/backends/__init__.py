@@ -35,7 +35,7 @@ class DeviceOptions:
 
 @dataclass(frozen=True)
 class CompileOptions:
-    graph_names: tuple                # the graphs in pipeline order: prompt, token
+    graph_names: tuple                # the part's graphs in bin order (config.model.part_graphs)
     device: DeviceOptions
     weights_packing: bool = True      # off: every 4-bit value takes a byte (~2x)
     weight_sharing: bool = True       # off: every graph gets its own weight copy (~2x)

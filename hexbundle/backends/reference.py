@@ -95,7 +95,7 @@ class ReferenceBackend:
                 raise BackendError(
                     f"{bin_path.name}: the DLCs hold graphs {list(actual)} (from "
                     f"{', '.join(Path(p).name for p in dlc_paths)}) but graph_names is {list(names)}; "
-                    f"pass the DLCs in pipeline order (prompt, token)")
+                    f"pass the DLCs in bin order (prompt, token; per context length)")
             graphs = (CtxGraph(r.graph, r.topology_bytes(), _dlc_tensors(r)) for r in readers)
             device = {"soc_model": options.device.soc_model, "dsp_arch": options.device.dsp_arch}
             size = write_ctxbin(bin_path, graphs, weights_packing=options.weights_packing,

@@ -242,7 +242,7 @@ class Bench:
         steps = []
         try:
             for graph in self.cfg.model.graphs(self.part):
-                steps.append(self._backend_step({"step": "convert", "graph": graph.kind}, scratch))
+                steps.append(self._backend_step({"step": "convert", "graph": graph.slot}, scratch))
             steps.append(self._backend_step({"step": "compile"}, scratch))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -346,7 +346,7 @@ class Bench:
                 _negate(path, offset, min(nbytes, CHANGED_BYTES))
             run = self.doit("bundle")
             runs.append(run)
-        expected = {f"convert:{self.part.tag}_{g.kind}" for g in self.cfg.model.graphs(self.part)}
+        expected = {f"convert:{self.part.tag}_{g.slot}" for g in self.cfg.model.graphs(self.part)}
         expected |= {f"compile:{self.part.tag}", "bundle"}
         for run in runs:
             if set(run.executed) != expected:
@@ -568,7 +568,7 @@ def backend_step(spec: dict) -> dict:
     backend = get_backend("reference")
     started = time.monotonic()
     if spec["step"] == "convert":
-        graph = next(g for g in graphs if g.kind == spec["graph"])
+        graph = next(g for g in graphs if g.slot == spec["graph"])
         out = scratch / dlc_name(graph)
         backend.convert(layout.onnx(graph), layout.encodings(graph), out, graph.name,
                         ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"],
@@ -617,9 +617,9 @@ def split_step(spec: dict) -> None:
     cfg = load_build(Path(spec["root"]), {"model": spec["model"]})
     model = split_model(cfg.model, spec["small"])
     whole = Part(1, 1, tuple(range(spec["layers"])), True, True)
-    unsplit = {g.kind: GraphInputs(*_files(Path(spec["unsplit"]), g)) for g in model.graphs(whole)}
+    unsplit = {g.slot: GraphInputs(*_files(Path(spec["unsplit"]), g)) for g in model.graphs(whole)}
     for part in Plan("bench", SPLIT_PLAN).parts():
-        out = {g.kind: GraphInputs(*_files(Path(spec["out"]), g)) for g in model.graphs(part)}
+        out = {g.slot: GraphInputs(*_files(Path(spec["out"]), g)) for g in model.graphs(part)}
         split_graphs(model, part, unsplit, out, lambda m: None)
 
 

@@ -4,9 +4,9 @@ A part's expected context-binary size comes from the tensors actually in its inp
 graph's ONNX structure (loaded without external data: names, shapes, types, never weight
 values) and its encodings go through the reference backend's own storage decisions
 (backends/weightplan.py: quantized at the encoding's bitwidth with per-channel scale/offset,
-float at float_bitwidth, small constants inside the topology), prompt and token graph share
-weights by name, and the container lays the blobs out (page-aligned) under a header composed as
-the writer composes it. For the reference backend that is the file size to the byte.
+float at float_bitwidth, small constants inside the topology), a part's graphs (prompt and
+token, per context length) share weights by name, and the container lays the blobs out
+(page-aligned) under a header composed as the writer composes it. For the reference backend that is the file size to the byte.
 
 The architecture formula (config/model.py part_weights: q/k/v/o, gate/up/down, norms, embedding,
 LM head) stays as a cross-check and for estimates before any input exists (disk space, bench):
@@ -63,7 +63,7 @@ class PartExpectation:
     part: Part
     packed: int      # bytes: the build we want
     unpacked: int    # bytes if 4-bit weights were stored one per byte
-    unshared: int    # bytes if prompt and token graphs each kept their own weights
+    unshared: int    # bytes if every graph (prompt, token; per length) kept its own weights
     has_4bit: bool
     # The architecture formula's packed figure, as a cross-check of a tensor-derived
     # expectation (None when the expectation IS the architecture formula).
@@ -88,9 +88,9 @@ class PartExpectation:
 def part_bytes(model: Model, part: Part, packed: bool = True, shared: bool = True,
                float_bitwidth: int = 16) -> int:
     weights = part_weights(model.architecture, model.quantization, part)
-    copies = 1 if shared else 2
+    n_graphs = len(model.graphs(part))   # a prompt and a token graph per context length
+    copies = 1 if shared else n_graphs
     blobs = [tensor_bytes(w, packed, float_bitwidth) for w in weights] * copies
-    n_graphs = 2
     topology = TOPOLOGY_BYTES_BASE + TOPOLOGY_BYTES_PER_LAYER * len(part.layers)
     blobs += [topology] * n_graphs
     header = HEADER_BYTES_PER_TENSOR * len(weights) * copies + HEADER_BYTES_PER_GRAPH * n_graphs
@@ -331,9 +331,11 @@ def raise_on_failure(model: Model, plan: Plan, rows: list, table: str) -> None:
     unshared = [r for r in bad if r.verdict == "NOT SHARED"]
     if unshared:
         parts = ", ".join(str(r.expectation.part.index) for r in unshared)
-        raise SizeError(f"part(s) {parts}: weights are stored twice (prompt and token graph each "
+        graphs = len(model.graphs(unshared[0].expectation.part))
+        each = "prompt and token graph" + (" of every context length" if graphs > 2 else "")
+        raise SizeError(f"part(s) {parts}: weights are stored {graphs} times (the {each} each "
                         "hold a copy): set weight_sharing = true, or the device maps every weight "
-                        "twice and runs out of address space.\n" + table)
+                        f"{graphs} times and runs out of address space.\n" + table)
     missing = [r for r in bad if r.verdict == "MISSING"]
     if missing:
         raise SizeError("missing context binaries for part(s) "

@@ -15,7 +15,9 @@ Checks, per part (a table row each):
                         position of each prefill chunk): the two graphs of a part must agree,
                         on the main output and ("... kv") on the KV entry each computes for p
   onnx token vs prompt  the same for the float ONNX (checks the export and these conventions)
-and end to end: the logits over every position. Hidden states and logits are compared by
+and end to end: the logits over every position. A model with several context lengths is checked
+at each of them: every part's graphs of that length, the same tokens (rows labelled "cl C").
+Hidden states and logits are compared by
 cosine similarity per position (the minimum is judged) and max absolute error; the last part
 also by top-1 agreement of the next token. Thresholds: the model config's [verify] table.
 
@@ -64,8 +66,9 @@ def check_runtime_settings(layout: Layout, genie: GenieSettings) -> None:
     cfg = layout.cfg
     a = cfg.model.architecture
     htp = "dialog.engine.backend.QnnHtp"
-    pairs = [("dialog.context.size", genie.context_size, "graphs.context_length",
-              cfg.model.context_length),
+    largest = "graphs.context_length" if len(cfg.model.context_lengths) == 1 else \
+        "the largest of graphs.context_lengths"
+    pairs = [("dialog.context.size", genie.context_size, largest, cfg.model.context_length),
              ("dialog.context.n-vocab", genie.n_vocab, "architecture.vocab_size", a.vocab_size),
              (f"{htp}.rope-theta", genie.rope_theta, "architecture.rope_theta", a.rope_theta),
              (f"{htp}.pos-id-dim", genie.pos_id_dim, "architecture.head_dim / 2", a.pos_id_dim),
@@ -258,22 +261,27 @@ def compare_bundle_with_onnx(layout: Layout, bundle_dir: Optional[Path] = None,
     opened = open_bundle_parts(cfg, genie)
     n_prompt, total = v["prompt_tokens"], v["prompt_tokens"] + v["decode_steps"]
     ids = np.random.default_rng(v["seed"]).integers(0, genie.n_vocab, total).astype(np.int32)
-    x_bundle = x_ref = ids
+    lengths = cfg.model.context_lengths
+    chains = {cl: (ids, ids) for cl in lengths}   # per context length: (bundle, float ONNX)
     rows = []
     try:
         for bp in opened:
-            logits = bp.part.has_head
-            log(f"verify: {bp.label}")
-            b = run_sequence(bundle_session(bp, cfg, rope), x_bundle, n_prompt)
-            r = run_sequence(onnx_session(bp.part, layout), x_ref, n_prompt)
-            rows += part_rows(bp.label, bp.part.index, logits, n_prompt, b, r, v)
-            x_bundle, x_ref = b.outputs, r.outputs
+            for cl in lengths:   # every length's graphs of the part, the same tokens through each
+                label = bp.label + (f" cl {cl}" if len(lengths) > 1 else "")
+                log(f"verify: {label}")
+                x_bundle, x_ref = chains[cl]
+                b = run_sequence(bundle_session(bp, cfg, rope, cl), x_bundle, n_prompt)
+                r = run_sequence(onnx_session(bp.part, layout, cl), x_ref, n_prompt)
+                rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt, b, r, v)
+                chains[cl] = (b.outputs, r.outputs)
             bp.reader.close()
     finally:
         for bp in opened:
             bp.reader.close()
-    rows.append(make_row("end to end", 0, "all positions vs onnx", x_bundle, x_ref, True,
-                         v["min_cosine_logits"], v["min_top1_agreement"]))
+    for cl in lengths:
+        label = "end to end" + (f" cl {cl}" if len(lengths) > 1 else "")
+        rows.append(make_row(label, 0, "all positions vs onnx", *chains[cl], True,
+                             v["min_cosine_logits"], v["min_top1_agreement"]))
     return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v["decode_steps"], rows,
                   time.monotonic() - started)
 

@@ -172,7 +172,11 @@ MODEL_SCHEMA = {
         "rms_norm_eps": Field(float, min=0, max=1),
     }),
     "graphs": Field({
-        "context_length": Field(int, min=2, max=1 << 20),
+        "context_length": Field(int, None, min=2, max=1 << 20,
+                                doc="the one context length (or give context_lengths)"),
+        "context_lengths": Field(list, None, item=int, min=2, max=1 << 20,
+                                 doc="several context lengths, each a prompt and a token graph "
+                                     "per part in one context binary; Genie's is the largest"),
         "prompt_ar": Field(int, min=1, max=1 << 16),
         "token_ar": Field(int, 1, min=1, max=1 << 16),
     }),
@@ -269,9 +273,10 @@ class BuildConfig:
         """Part `index` (1-based) of the plan."""
         return self.plan.parts()[index - 1]
 
-    def graph(self, part_index: int, kind: str) -> Graph:
-        """The `kind` ("prompt" or "token") graph of part `part_index`."""
-        return {g.kind: g for g in self.model.graphs(self.part(part_index))}[kind]
+    def graph(self, part_index: int, slot: str) -> Graph:
+        """The graph of part `part_index` in `slot` ("prompt", "token"; "prompt_cl512", ...
+        with several context lengths: Graph.slot)."""
+        return {g.slot: g for g in self.model.graphs(self.part(part_index))}[slot]
 
 
 
@@ -345,7 +350,8 @@ def check_tree_covers_plan(model: Model, plan: Plan, inputs: dict, where: Path) 
     """The export's own parts serve only the plan they were split for; any other plan needs the
     local split of the unsplit graphs."""
     if inputs["split"] == "local":
-        missing = [k for k in ("prompt", "token") if k not in inputs["unsplit"]]
+        missing = [g.slot for g in model.graphs(plan.parts()[0])
+                   if g.slot not in inputs["unsplit"]]
         if missing:
             raise ConfigError(f"{where}: inputs.split is 'local' but [inputs.unsplit.{missing[0]}]"
                               " is missing; re-run `doit import_export`")
@@ -382,8 +388,10 @@ def load_model(root: Path, name: str) -> tuple:
         raise ConfigError(f"{where}: architecture.rope_theta is {a['rope_theta']!r}; Genie takes "
                           "a whole number (genie_config.json QnnHtp rope-theta is an integer in "
                           "Qualcomm's schema): use the model's integer theta")
-    if g["prompt_ar"] >= g["context_length"] or g["token_ar"] >= g["context_length"]:
-        raise ConfigError(f"{where}: graphs.prompt_ar and token_ar must be < context_length")
+    lengths = context_lengths(g, where)
+    if g["prompt_ar"] >= lengths[0] or g["token_ar"] >= lengths[0]:
+        raise ConfigError(f"{where}: graphs.prompt_ar and token_ar must be < every context "
+                          f"length (the smallest is {lengths[0]})")
     arch = Architecture(a["num_layers"], a["hidden_size"], a["num_attention_heads"],
                         a["num_kv_heads"], a["head_dim"], a["intermediate_size"],
                         a["vocab_size"], a["rope_theta"], a["rms_norm_eps"],
@@ -395,17 +403,35 @@ def load_model(root: Path, name: str) -> tuple:
     if m["default_plan"] not in plans:
         raise ConfigError(f"{where}: model.default_plan {m['default_plan']!r} is not one of the "
                           f"[plans.*] tables: {', '.join(sorted(plans)) or 'none'}")
-    model = Model(m["name"], m["slug"], arch, quant, g["context_length"], g["prompt_ar"],
+    model = Model(m["name"], m["slug"], arch, quant, lengths, g["prompt_ar"],
                   g["token_ar"], plans, m["default_plan"])
     v = d["verify"]
-    if v["prompt_tokens"] + v["decode_steps"] > g["context_length"]:
+    if v["prompt_tokens"] + v["decode_steps"] > lengths[0]:   # verify runs at every length
+        limit = f"graphs.context_length {lengths[0]}" if len(lengths) == 1 else \
+            f"the smallest of graphs.context_lengths, {lengths[0]} (verify runs at every length)"
         raise ConfigError(f"{where}: verify.prompt_tokens + verify.decode_steps = "
-                          f"{v['prompt_tokens'] + v['decode_steps']} exceeds graphs.context_length "
-                          f"{g['context_length']}; lower them")
+                          f"{v['prompt_tokens'] + v['decode_steps']} exceeds {limit}; lower them")
     if d["inputs"]["source"] != "generated" and not d["inputs"]["dir"]:
         raise ConfigError(f"{where}: inputs.source is {d['inputs']['source']!r} but inputs.dir is "
                           "empty")
     return model, d
+
+
+def context_lengths(g: dict, where: str) -> tuple:
+    """[graphs] context_length = N or context_lengths = [N, M, ...] (exactly one of them): the
+    lengths ascending, each once."""
+    one, several = g["context_length"], g["context_lengths"]
+    if (one is None) == (several is None):
+        raise ConfigError(f"{where}: give exactly one of graphs.context_length (one length) and "
+                          "graphs.context_lengths (a list)")
+    if several is None:
+        return (one,)
+    if not several:
+        raise ConfigError(f"{where}: graphs.context_lengths is empty; list at least one length")
+    if len(set(several)) != len(several):
+        raise ConfigError(f"{where}: graphs.context_lengths {several} names a length twice; "
+                          "list each once")
+    return tuple(sorted(several))
 
 
 def make_plan(where: str, name: str, p: dict, arch: Architecture) -> Plan:

@@ -378,9 +378,14 @@ class Layout(ProjectLayout):
         onnx_path, data, encodings = graph_files(directory, graph)
         return GraphInputs(onnx_path, (data,), encodings)
 
-    def unsplit_files(self, kind: str) -> GraphInputs:
-        """The unsplit prompt or token graph of an export split locally."""
-        entry = self.cfg.inputs["unsplit"][kind]
+    def unsplit_slots(self) -> list:
+        """The unsplit graphs of an export split locally, by Graph.slot: prompt, token (or
+        prompt_cl<C>, token_cl<C> for each of several context lengths)."""
+        return [g.slot for g in self.cfg.model.graphs(self.cfg.part(1))]
+
+    def unsplit_files(self, slot: str) -> GraphInputs:
+        """The unsplit graph in `slot` (Graph.slot) of an export split locally."""
+        entry = self.cfg.inputs["unsplit"][slot]
         return GraphInputs(self.inputs_dir / entry["onnx"],
                            tuple(self.inputs_dir / d for d in entry["data"]),
                            self.inputs_dir / entry["encodings"])
@@ -413,7 +418,7 @@ class Layout(ProjectLayout):
         graphs' files; the tokenizer."""
         if not self.splits_locally:
             return self.all_inputs()
-        return _unique([p for kind in ("prompt", "token") for p in self.unsplit_files(kind).all]
+        return _unique([p for slot in self.unsplit_slots() for p in self.unsplit_files(slot).all]
                        + [self.tokenizer])
 
     @property

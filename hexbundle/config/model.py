@@ -83,17 +83,25 @@ class Part:
 
 @dataclass(frozen=True)
 class Graph:
-    """One graph of a part: the prompt (AR = prompt_ar) or the token (AR = 1) variant."""
+    """One graph of a part: the prompt (AR = prompt_ar) or the token (AR = 1) variant at one
+    context length."""
 
     kind: str          # "prompt" | "token"
     ar: int            # tokens processed per call (sequence length S)
     context_length: int
     part: Part
+    one_of_several_lengths: bool = False   # the model builds several context lengths
 
     @property
     def name(self) -> str:
         # "ar"/"cl" in the name matter to Genie, which groups graphs by (AR-n, CL-x).
         return f"{self.kind}_ar{self.ar}_cl{self.context_length}_{self.part.index}_of_{self.part.count}"
+
+    @property
+    def slot(self) -> str:
+        """The graph within its part, for task names and step arguments: "prompt" / "token",
+        or "prompt_cl512" / "token_cl512" when the model builds several context lengths."""
+        return f"{self.kind}_cl{self.context_length}" if self.one_of_several_lengths else self.kind
 
 
 @dataclass(frozen=True)
@@ -124,16 +132,30 @@ class Model:
     slug: str                 # file-name stem of the bins, e.g. "qwen2_tiny"
     architecture: Architecture
     quantization: Quantization
-    context_length: int
+    context_lengths: tuple    # ascending; every part holds a prompt and a token graph of each
     prompt_ar: int
     token_ar: int
     plans: dict = field(default_factory=dict)   # name -> Plan
     default_plan: str = ""
 
-    def graphs(self, part: Part) -> list:
-        """The graphs of a part in the order they go into its context binary: prompt, token."""
-        return [Graph("prompt", self.prompt_ar, self.context_length, part),
-                Graph("token", self.token_ar, self.context_length, part)]
+    @property
+    def context_length(self) -> int:
+        """The largest context length: Genie's context size (dialog.context.size)."""
+        return max(self.context_lengths)
+
+    def graphs(self, part: Part, context_length: Optional[int] = None) -> list:
+        """The graphs of a part in the order they go into its context binary (part_graphs); with
+        `context_length`, only that length's prompt and token graph."""
+        graphs = part_graphs(part, self.context_lengths, self.prompt_ar, self.token_ar)
+        return [g for g in graphs if context_length in (None, g.context_length)]
+
+
+def part_graphs(part: Part, context_lengths: tuple, prompt_ar: int, token_ar: int) -> list:
+    """A part's graphs in bin order: for each context length, ascending, its prompt graph then its
+    token graph (qai-hub-models' link order)."""
+    several = len(context_lengths) > 1
+    return [Graph(kind, ar, cl, part, several) for cl in sorted(context_lengths)
+            for kind, ar in (("prompt", prompt_ar), ("token", token_ar))]
 
 
 def boundary_tensor(part: Part) -> str:
@@ -211,7 +233,7 @@ def pipeline_order_problem(model: Model, plan: Plan) -> str:
     seeds hit this. Return a description of the first misordered pair, or "" when names sort in
     pipeline order."""
     parts = plan.parts()
-    for kind_index in range(2):
+    for kind_index in range(2 * len(model.context_lengths)):
         names = [model.graphs(p)[kind_index].name for p in parts]
         names_sorted = sorted(names)
         if names != names_sorted:

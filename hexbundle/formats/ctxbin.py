@@ -1,4 +1,4 @@
-"""Context binary: several graphs of one part (pipeline order: prompt, token) in one file.
+"""Context binary: several graphs of one part (prompt, token; per context length) in one file.
 
 weight_sharing on: each weight is stored once and every graph refers to it by name (one mapping
 on the device). Off: each graph gets its own copy, so the file (and the device mapping) doubles.

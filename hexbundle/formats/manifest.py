@@ -63,7 +63,7 @@ def graph_sources(layout: Layout) -> dict:
                      "data": [layout.logical(d) for d in files.data],
                      "encodings": layout.logical(files.encodings)}
             if layout.splits_locally:
-                entry["split_from"] = layout.logical(layout.unsplit_files(graph.kind).onnx)
+                entry["split_from"] = layout.logical(layout.unsplit_files(graph.slot).onnx)
             out[graph.name] = entry
     return out
 

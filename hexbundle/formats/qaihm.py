@@ -7,6 +7,11 @@ Layouts (<slug> the model's file-name stem, e.g. qwen2_5_7b_instruct; N parts):
   tree      qai-hub-models 0.52-0.55 `--onnx-export-dir DIR`:
               DIR/ar<S>_cl<C>/<slug>_<precision>_ar<S>_cl<C>_<i>_of_<N>.aimet/<same>.{onnx,data,encodings}
               DIR/ar<S>_cl<C>/<slug>.{onnx,data,encodings}          the unsplit graph of that AR
+                (the 7B class, which copies its asset), or
+              DIR/ar<S>_cl<C>/<ClassName>.aimet/model.{onnx,data,encodings}   (the generic
+                LLM_AIMETOnnx path: models/_shared/llm/model.py writes it, e.g. qwen3_4b)
+            one ar<S>_cl<C>/ per (AR, context length): a model exported at several context
+            lengths has a prompt and a token directory for each
   tree-0.46 qai-hub-models 0.46 and older:
               DIR/prompt/<slug>_prompt_<i>_of_<N>.aimet/<same>.{onnx,data,encodings}, DIR/token/...
   asset     Qualcomm's pre-quantized asset: DIR/<slug>_ar<S>.onnx (one per AR), ONE shared
@@ -35,6 +40,7 @@ KIND_DIRS = ("prompt", "token")                     # tree-0.46
 PART_DIR = re.compile(r"(?P<stem>.+)_(?P<index>\d+)_of_(?P<count>\d+)\.aimet")
 ASSET_ONNX = re.compile(r"(?P<slug>.+)_ar(?P<ar>\d+)\.onnx")
 PRECISION = re.compile(r"_(?P<precision>w\d+a\d+)_ar\d+_cl\d+$")
+UNSPLIT_AIMET = "model.onnx"    # <ClassName>.aimet/model.onnx: the generic path's unsplit graph
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,9 @@ class GraphIO:
 
 @dataclass
 class ExportTree:
-    """What a scan found. parts[ar] = {index: GraphInputs}; unsplit[ar] = GraphInputs (each
-    graph's ONNX, the data files it records, its encodings)."""
+    """What a scan found, keyed by (AR, context length): parts[(ar, cl)] = {index: GraphInputs};
+    unsplit[(ar, cl)] = GraphInputs (each graph's ONNX, the data files it records, its
+    encodings)."""
 
     root: Path
     layout: str
@@ -65,25 +72,41 @@ class ExportTree:
     part_count: int = 0
     parts: dict = field(default_factory=dict)
     unsplit: dict = field(default_factory=dict)
-    context_length: int = 0
     tokenizer: Optional[Path] = None
     problems: list = field(default_factory=list)    # what is missing or inconsistent
 
     @property
+    def keys(self) -> list:
+        """(AR, context length) of every graph found, AR descending, then length ascending."""
+        return sorted(set(self.parts) | set(self.unsplit), key=lambda k: (-k[0], k[1]))
+
+    @property
     def ars(self) -> list:
-        return sorted(set(self.parts) | set(self.unsplit), reverse=True)
+        return sorted({ar for ar, _ in self.keys}, reverse=True)
+
+    @property
+    def context_lengths(self) -> list:
+        return sorted({cl for _, cl in self.keys})
+
+    @property
+    def context_length(self) -> int:
+        """The largest context length (Genie's context size), 0 before any graph is found."""
+        return max(self.context_lengths, default=0)
 
     def describe(self) -> list:
         """Lines saying what was found, for the import's printout."""
+        lengths = ", ".join(map(str, self.context_lengths))
         lines = [f"layout: {self.layout}; slug {self.slug!r}"
                  + (f", precision {self.precision}" if self.precision else "")
-                 + (f", context length {self.context_length}" if self.context_length else "")]
-        for ar in self.ars:
-            parts = self.parts.get(ar, {})
+                 + (f", context length{'s' if len(self.context_lengths) > 1 else ''} {lengths}"
+                    if lengths else "")]
+        for ar, cl in self.keys:
+            parts = self.parts.get((ar, cl), {})
             if parts:
-                lines.append(f"AR {ar}: {len(parts)} of {self.part_count} parts")
-            if ar in self.unsplit:
-                lines.append(f"AR {ar}: unsplit graph {self.rel(self.unsplit[ar].onnx)}")
+                lines.append(f"AR {ar} CL {cl}: {len(parts)} of {self.part_count} parts")
+            if (ar, cl) in self.unsplit:
+                lines.append(f"AR {ar} CL {cl}: unsplit graph "
+                             f"{self.rel(self.unsplit[(ar, cl)].onnx)}")
         lines.append(f"tokenizer: {self.rel(self.tokenizer) if self.tokenizer else 'missing'}")
         return lines
 
@@ -187,33 +210,35 @@ def scan_export(root: Path) -> ExportTree:
 
 def _scan_ar_dirs(root: Path, ar_dirs: list) -> ExportTree:
     tree = ExportTree(root, "qai-hub-models 0.52-0.55 tree", slug="")
-    contexts = set()
     for ar_dir in ar_dirs:
         m = AR_DIR.fullmatch(ar_dir.name)
-        ar, cl = int(m["ar"]), int(m["cl"])
-        contexts.add(cl)
-        for onnx_path in sorted(ar_dir.glob("*.onnx")):   # the unsplit graph of this AR
-            tree.slug = tree.slug or onnx_path.stem
-            tree.unsplit[ar] = _files_or_problem(tree, onnx_path,
-                                                 onnx_path.with_suffix(".encodings"))
-        _scan_part_dirs(tree, ar_dir, ar)
-    if len(contexts) > 1:
-        tree.problems.append(f"several context lengths {sorted(contexts)}: import one at a time")
-    tree.context_length = min(contexts)
+        key = int(m["ar"]), int(m["cl"])
+        unsplit = sorted(ar_dir.glob("*.onnx")) + sorted(
+            d / UNSPLIT_AIMET for d in ar_dir.glob("*.aimet")
+            if not PART_DIR.fullmatch(d.name) and (d / UNSPLIT_AIMET).is_file())
+        if len(unsplit) > 1:
+            tree.problems.append(f"{tree.rel(ar_dir)}: several unsplit graphs "
+                                 f"({', '.join(tree.rel(u) for u in unsplit)}); keep one")
+        for onnx_path in unsplit[:1]:   # the unsplit graph of this (AR, CL)
+            tree.unsplit[key] = _files_or_problem(tree, onnx_path,
+                                                  onnx_path.with_suffix(".encodings"))
+        _scan_part_dirs(tree, ar_dir, key)
+        if not tree.slug and unsplit:   # no parts: the 7B class's copy is named by the model;
+            named = unsplit[0].stem if unsplit[0].parent == ar_dir else unsplit[0].parent.stem
+            tree.slug = re.sub(r"[^a-z0-9_]+", "_", named.lower())   # the generic one by class
     return tree
 
 
 def _scan_kind_dirs(root: Path, kind_dirs: list) -> ExportTree:
-    """0.46: prompt/ and token/; the AR is read from the graphs (0 until then)."""
+    """0.46: prompt/ and token/; the AR and context length are read from the graphs."""
     tree = ExportTree(root, "qai-hub-models 0.46 tree", slug="")
     for kind_dir in kind_dirs:
         _scan_part_dirs(tree, kind_dir, kind_dir.name)
     by_kind, tree.parts = tree.parts, {}
     for kind, parts in by_kind.items():   # the directory says prompt/token; the graph, its AR
         any_part = parts.get(2) or next(iter(parts.values()))   # part 1 has no mask
-        ar, cl = graph_io(load_structure(any_part.onnx)).sequence_and_context(any_part.onnx)
-        tree.parts[ar] = parts
-        tree.context_length = cl
+        key = graph_io(load_structure(any_part.onnx)).sequence_and_context(any_part.onnx)
+        tree.parts[key] = parts
     return tree
 
 
@@ -224,13 +249,13 @@ def _scan_asset(root: Path, assets: list) -> ExportTree:
                          "keep one model per directory")
     slug = slugs.pop()
     tree = ExportTree(root, "Qualcomm asset (unsplit)", slug=slug)
-    for onnx_path in assets:
-        ar = int(ASSET_ONNX.fullmatch(onnx_path.name)["ar"])
-        tree.unsplit[ar] = _files_or_problem(tree, onnx_path, root / f"{slug}.encodings")
+    for onnx_path in assets:   # the file name says the AR; the graph, its context length
+        key = graph_io(load_structure(onnx_path)).sequence_and_context(onnx_path)
+        tree.unsplit[key] = _files_or_problem(tree, onnx_path, root / f"{slug}.encodings")
     return tree
 
 
-def _scan_part_dirs(tree: ExportTree, parent: Path, ar) -> None:
+def _scan_part_dirs(tree: ExportTree, parent: Path, key) -> None:
     for part_dir in sorted(p for p in parent.iterdir() if p.is_dir()):
         m = PART_DIR.fullmatch(part_dir.name)
         if not m:
@@ -253,7 +278,7 @@ def _scan_part_dirs(tree: ExportTree, parent: Path, ar) -> None:
             continue
         files = _files_or_problem(tree, onnx_path, part_dir / f"{stem}.encodings")
         if files is not None:
-            tree.parts.setdefault(ar, {})[index] = files
+            tree.parts.setdefault(key, {})[index] = files
 
 
 def _slug_of(stem: str) -> str:
@@ -276,11 +301,19 @@ def _files_or_problem(tree: ExportTree, onnx_path: Path, encodings: Path) -> Opt
 
 
 def _check_parts_complete(tree: ExportTree) -> None:
-    for ar, parts in tree.parts.items():
+    several = len(tree.context_lengths) > 1
+    for (ar, cl), parts in tree.parts.items():
         missing = [i for i in range(1, tree.part_count + 1) if i not in parts]
         if missing:
-            tree.problems.append(f"AR {ar}: part(s) {', '.join(map(str, missing))} of "
-                                 f"{tree.part_count} missing")
-    for ar in list(tree.unsplit):
-        if tree.unsplit[ar] is None:
-            del tree.unsplit[ar]
+            tree.problems.append(f"AR {ar}{f' CL {cl}' if several else ''}: part(s) "
+                                 f"{', '.join(map(str, missing))} of {tree.part_count} missing")
+    for key in list(tree.unsplit):
+        if tree.unsplit[key] is None:
+            del tree.unsplit[key]
+    found = set(tree.parts) | set(tree.unsplit)
+    for ar in tree.ars:   # every context length needs a graph of every AR
+        for cl in tree.context_lengths:
+            if (ar, cl) not in found:
+                tree.problems.append(
+                    f"context length {cl} has no AR {ar} graphs (ar{ar}_cl{cl}/ is missing) while "
+                    f"other lengths have them: export every (AR, context length) pair")

@@ -27,7 +27,7 @@ def require_export(layout: Layout) -> None:
         raise InputError(f"{cfg.model.name}: {len(missing)} exported input file(s) missing:\n"
                          f"{listed}{more}\nHow to produce them: {how}")
     if layout.is_tree:   # each ONNX must still record the data files the import found
-        graphs = ([layout.unsplit_files(k) for k in ("prompt", "token")] if layout.splits_locally
+        graphs = ([layout.unsplit_files(k) for k in layout.unsplit_slots()] if layout.splits_locally
                   else [layout.graph_files(g) for p in cfg.plan.parts() for g in cfg.model.graphs(p)])
         for files in graphs:
             recorded = recorded_data_files(files.onnx)

@@ -23,7 +23,8 @@ from typing import Optional
 
 from hexbundle.config.build import QUALCOMM_MAX_NUM_TOKENS
 from hexbundle.config.layout import GraphInputs, ProjectLayout
-from hexbundle.config.model import Architecture, Graph, Model, Part, Plan, Quantization
+from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
+                                    part_graphs)
 from hexbundle.formats.encodings import load_encodings
 from hexbundle.formats.qaihm import (TOKENIZER, TOKENIZER_CONFIG, ExportTree, graph_io,
                                      load_structure, scan_export)
@@ -51,7 +52,7 @@ class Inferred:
 
     arch: dict = field(default_factory=dict)
     quant: dict = field(default_factory=dict)
-    context_length: int = 0
+    context_lengths: tuple = ()    # ascending: a prompt and a token graph of each per part
     prompt_ar: int = 0
     token_ar: int = 0
     layers_per_part: tuple = ()
@@ -134,9 +135,9 @@ def choose_split(tree: ExportTree, wanted: Optional[tuple]) -> tuple:
         raise InputError(f"{tree.root}: graphs for AR {ars} only; a bundle needs a prompt graph "
                          "(AR > 1) and a token graph (AR 1): export both")
     prompt_ar, token_ar = max(ars), min(ars)
-    has_parts = all(len(tree.parts.get(ar, {})) == tree.part_count > 0
-                    for ar in (prompt_ar, token_ar))
-    has_unsplit = all(ar in tree.unsplit for ar in (prompt_ar, token_ar))
+    keys = [(ar, cl) for ar in (prompt_ar, token_ar) for cl in tree.context_lengths]
+    has_parts = all(len(tree.parts.get(key, {})) == tree.part_count > 0 for key in keys)
+    has_unsplit = all(key in tree.unsplit for key in keys)
     if has_parts and wanted is None:
         return "export", prompt_ar, token_ar
     if has_unsplit:
@@ -176,17 +177,22 @@ def check_overwrite(path: Path) -> None:
 # ============================================================================ inference
 
 def infer(tree: ExportTree, split: str, prompt_ar: int, token_ar: int) -> Inferred:
-    """The model as the prompt graph(s) show it."""
+    """The model as the prompt graph(s) of the largest context length show it."""
+    key = (prompt_ar, tree.context_length)
     if split == "export":
-        graphs = [tree.parts[prompt_ar][i] for i in range(1, tree.part_count + 1)]
+        graphs = [tree.parts[key][i] for i in range(1, tree.part_count + 1)]
     else:
-        graphs = [tree.unsplit[prompt_ar]]
+        graphs = [tree.unsplit[key]]
     protos = [load_structure(g.onnx) for g in graphs]
-    out = Inferred(prompt_ar=prompt_ar, token_ar=token_ar)
+    out = Inferred(prompt_ar=prompt_ar, token_ar=token_ar,
+                   context_lengths=tuple(tree.context_lengths))
     ios = [graph_io(p) for p in protos]
     with_mask = next(i for i, io in enumerate(ios) if "attention_mask" in io.inputs) \
         if any("attention_mask" in io.inputs for io in ios) else 0
-    _, out.context_length = ios[with_mask].sequence_and_context(graphs[with_mask].onnx)
+    _, context = ios[with_mask].sequence_and_context(graphs[with_mask].onnx)
+    if context != key[1]:
+        raise InputError(f"{graphs[with_mask].onnx}: its attention_mask says context length "
+                         f"{context}, but its directory says {key[1]}; re-run the export")
     per_graph_layers = [sorted(int(m[1]) for n in io.inputs if (m := PAST_KEY.fullmatch(n)))
                         for io in ios]
     layers = [layer for ls in per_graph_layers for layer in ls]
@@ -292,22 +298,26 @@ def expected_graphs(tree: ExportTree) -> tuple:
     `doit inspect` checks each graph's inputs and outputs against, as the convert step will."""
     split, prompt_ar, token_ar = choose_split(tree, None)
     inferred = infer(tree, split, prompt_ar, token_ar)
-    a, cl = inferred.arch, inferred.context_length
+    a = inferred.arch
     arch = Architecture(num_layers=a["num_layers"], hidden_size=a["hidden_size"],
                         num_attention_heads=a["num_attention_heads"],
                         num_kv_heads=a["num_kv_heads"], head_dim=a["head_dim"],
                         intermediate_size=a["intermediate_size"], vocab_size=a["vocab_size"],
                         rope_theta=QWEN2_ROPE_THETA, rms_norm_eps=QWEN2_RMS_NORM_EPS)
-    model = Model(tree.slug, tree.slug, arch, Quantization(), cl, prompt_ar, token_ar)
+    model = Model(tree.slug, tree.slug, arch, Quantization(), inferred.context_lengths,
+                  prompt_ar, token_ar)
     parts = Plan("export", inferred.layers_per_part).parts() if split == "export" else []
+    several = len(inferred.context_lengths) > 1
     graphs = {}
     for kind, ar in (("prompt", prompt_ar), ("token", token_ar)):
-        if ar in tree.unsplit:
-            graphs[tree.unsplit[ar].onnx] = Graph(kind, ar, cl, whole_model_part(model))
-        for part in parts:
-            files = tree.parts.get(ar, {}).get(part.index)
-            if files is not None:
-                graphs[files.onnx] = Graph(kind, ar, cl, part)
+        for cl in inferred.context_lengths:
+            if (ar, cl) in tree.unsplit:
+                graphs[tree.unsplit[(ar, cl)].onnx] = Graph(kind, ar, cl, whole_model_part(model),
+                                                            several)
+            for part in parts:
+                files = tree.parts.get((ar, cl), {}).get(part.index)
+                if files is not None:
+                    graphs[files.onnx] = Graph(kind, ar, cl, part, several)
     return model, graphs
 
 
@@ -316,9 +326,12 @@ def expected_graphs(tree: ExportTree) -> tuple:
 def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan: tuple,
                tokenizer: Optional[Path], rope_theta: float, project: ProjectLayout) -> str:
     a, q = inferred.arch, inferred.quant
-    cl = inferred.context_length
+    lengths = inferred.context_lengths
+    cl = max(lengths)
     decode = 32
-    prompt_tokens = max(1, min(160, cl - decode - 1))
+    prompt_tokens = max(1, min(160, min(lengths) - decode - 1))   # verify runs at every length
+    graphs = (f"context_length = {cl}" if len(lengths) == 1 else
+              f"context_lengths = [{', '.join(map(str, lengths))}]   # Genie's context: {cl}")
     lines = [
         f"# Imported by `doit import_export` from a {tree.layout}; re-run the import after a",
         "# new export. The export's files are used in place, read-only.",
@@ -331,7 +344,7 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
     ] + [
         f"rope_theta = {float(rope_theta)!r}   # not in the files: assumed (--rope-theta)",
         f"rms_norm_eps = {QWEN2_RMS_NORM_EPS!r}   # not in the files: assumed", "",
-        "[graphs]", f"context_length = {cl}", f"prompt_ar = {inferred.prompt_ar}",
+        "[graphs]", graphs, f"prompt_ar = {inferred.prompt_ar}",
         f"token_ar = {inferred.token_ar}", "",
         "[quantization]   # read from the encodings"] + [f"{k} = {v}" for k, v in q.items()] + [
         'unencoded_weights = "int8"   # as Qualcomm compiles it (--quantize_full_type w8a16)',
@@ -352,7 +365,7 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
         "# genie_config.json's dialog settings: what Qualcomm's Genie bundle generator writes",
         f"# (qai-hub-models 0.65.0 create_genie_config: max-num-tokens {QUALCOMM_MAX_NUM_TOKENS}, "
         "capped by",
-        "# graphs.context_length; sampler seed 42, temp 0.8, top-k 40, top-p 0.95).",
+        "# the (largest) context length; sampler seed 42, temp 0.8, top-k 40, top-p 0.95).",
         f"max_num_tokens = {min(QUALCOMM_MAX_NUM_TOKENS, cl)}", "sampler_seed = 42", "temp = 0.8",
         "top_k = 40", "top_p = 0.95", "",
         "# `doit verify` thresholds: the embedded model's; tighten them to just below what",
@@ -366,19 +379,21 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
 
 
 def graph_tables(tree: ExportTree, split: str, inferred: Inferred, plan: tuple) -> list:
-    """[inputs.graphs.<graph name>] (the export's parts) or [inputs.unsplit.<kind>]."""
+    """[inputs.graphs.<graph name>] (the export's parts) or [inputs.unsplit.<slot>] (Graph.slot:
+    prompt, token; prompt_cl<C>, token_cl<C> with several context lengths)."""
     lines = []
+    lengths, ars = inferred.context_lengths, (inferred.prompt_ar, inferred.token_ar)
     if split == "local":
-        for kind, ar in (("prompt", inferred.prompt_ar), ("token", inferred.token_ar)):
-            lines += _files_table(f"inputs.unsplit.{kind}", tree, tree.unsplit[ar])
+        for graph in part_graphs(Part(1, 1, (), True, True), lengths, *ars):
+            lines += _files_table(f"inputs.unsplit.{graph.slot}", tree,
+                                  tree.unsplit[(graph.ar, graph.context_length)])
         return lines
     count = len(plan)
     for index in range(1, count + 1):
-        part = Part(index, count, (), index == 1, index == count)
-        for kind, ar in (("prompt", inferred.prompt_ar), ("token", inferred.token_ar)):
-            graph = Graph(kind, ar, inferred.context_length, part)
-            lines += _files_table(f'inputs.graphs."{graph.name}"', tree, tree.parts[ar][index])
-            say(f"  {graph.name} <- {tree.rel(tree.parts[ar][index].onnx)}")
+        for graph in part_graphs(Part(index, count, (), index == 1, index == count), lengths, *ars):
+            files = tree.parts[(graph.ar, graph.context_length)][index]
+            lines += _files_table(f'inputs.graphs."{graph.name}"', tree, files)
+            say(f"  {graph.name} <- {tree.rel(files.onnx)}")
     return lines
 
 

@@ -283,55 +283,56 @@ def _model_proto(source, pg: PartGraph, name: str, initializers: list):
 
 
 def split_part(layout: Layout, part: Part, log) -> list:
-    """Write the part's prompt and token graphs (ONNX + encodings) and its one .data."""
+    """Write the part's graphs (prompt and token, per context length: ONNX + encodings) and its
+    one .data."""
     graphs = layout.cfg.model.graphs(part)
-    return split_graphs(layout.cfg.model, part, {g.kind: layout.unsplit_files(g.kind) for g in graphs},
-                        {g.kind: layout.graph_files(g) for g in graphs}, log,
+    return split_graphs(layout.cfg.model, part, {g.slot: layout.unsplit_files(g.slot) for g in graphs},
+                        {g.slot: layout.graph_files(g) for g in graphs}, log,
                         layout.model_config_path)
 
 
 def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
                  config: Optional[Path] = None) -> list:
-    """Cut `part` out of the unsplit graphs (kind -> GraphInputs) into `out` (kind ->
-    GraphInputs; both kinds name the same .data). Each unsplit graph is validated first
+    """Cut `part` out of the unsplit graphs (Graph.slot -> GraphInputs) into `out` (slot ->
+    GraphInputs; every slot names the same .data). Each unsplit graph is validated first
     (inputs/validate.py: its structure, and its inputs and outputs as the whole model's graph of
-    that kind in the model config `config`)."""
+    that slot in the model config `config`)."""
     started = time.monotonic()
     graphs = model.graphs(part)
-    data_path = out["prompt"].data[0]
+    data_path = out[graphs[0].slot].data[0]
     pieces = {}
     whole = model.graphs(validate.whole_model_part(model))
     for graph, whole_graph in zip(graphs, whole):
-        src = unsplit[graph.kind]
+        src = unsplit[graph.slot]
         recorded_data_files(src.onnx)   # a broken .data record is named before any work
         proto = validate.check_onnx(src.onnx)
         validate.check_graph_io(src.onnx, proto, model, whole_graph, config)
         cut = cut_graph(proto, model.architecture.num_layers, src.onnx)
-        pieces[graph.kind] = (src, proto, part_graph(cut, part, src.onnx))
+        pieces[graph.slot] = (src, proto, part_graph(cut, part, src.onnx))
     with atomic_output(data_path) as f:
         writer = DataWriter(f)
         protos = {}
         for graph in graphs:
-            src, proto, pg = pieces[graph.kind]
+            src, proto, pg = pieces[graph.slot]
             inits = []
             for init in pg.initializers:
                 if init.data_location == init.EXTERNAL:
                     source, offset, length = _external(init, src.onnx)
-                    where = writer.add(source, offset, length, graph.kind != "prompt")
+                    where = writer.add(source, offset, length, graph != graphs[0])
                     inits.append(_relocated(init, data_path.name, where, length))
                 else:
                     inits.append(init)
-            protos[graph.kind] = _model_proto(proto, pg, graph.name, inits)
+            protos[graph.slot] = _model_proto(proto, pg, graph.name, inits)
     for graph in graphs:
-        src, _, pg = pieces[graph.kind]
-        _write_onnx(out[graph.kind].onnx, protos[graph.kind])
-        _write_encodings(src, out[graph.kind], pg)
+        src, _, pg = pieces[graph.slot]
+        _write_onnx(out[graph.slot].onnx, protos[graph.slot])
+        _write_encodings(src, out[graph.slot], pg)
         log(f"split {graph.name}: {len(pg.nodes)} nodes, {len(pg.initializers)} initializers "
             f"from {src.onnx.name}")
     size = data_path.stat().st_size
     log(f"wrote {data_path.name}: {writer.copied / 2**20:.1f} MiB of weights copied "
         f"({size / 2**20:.1f} MiB file) in {time.monotonic() - started:.1f}s")
-    return [p for g in graphs for p in out[g.kind].all]
+    return [p for g in graphs for p in out[g.slot].all]
 
 
 def _write_onnx(path: Path, proto) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from hexbundle.config.build import BuildConfig
 from hexbundle.config.layout import Layout
@@ -89,17 +90,23 @@ def rope_settings(genie: GenieSettings) -> RopeSettings:
     return RopeSettings(genie.rope_theta, genie.pos_id_dim)
 
 
-def bundle_session(bp: BundlePart, cfg: BuildConfig, rope: RopeSettings) -> PartSession:
+def bundle_session(bp: BundlePart, cfg: BuildConfig, rope: RopeSettings,
+                   context_length: Optional[int] = None) -> PartSession:
+    """A part through its bin's prompt and token graphs of one context length (default: the
+    largest, Genie's context size)."""
     from hexbundle.runtime.interpreter import GraphRunner
-    graphs = {g.kind: GraphRunner(bp.reader, g.name) for g in cfg.model.graphs(bp.part)}
+    cl = context_length or cfg.model.context_length
+    graphs = {g.kind: GraphRunner(bp.reader, g.name) for g in cfg.model.graphs(bp.part, cl)}
     return PartSession(bp.label, graphs, rope)
 
 
-def onnx_session(part, layout: Layout) -> PartSession:
-    """The float reference of a part. Its RoPE settings come from the model config (what the
-    ONNX was exported for), not from genie_config.json: a wrong rope-theta there must show."""
+def onnx_session(part, layout: Layout, context_length: Optional[int] = None) -> PartSession:
+    """The float reference of a part at one context length (default: the largest). Its RoPE
+    settings come from the model config (what the ONNX was exported for), not from
+    genie_config.json: a wrong rope-theta there must show."""
     cfg = layout.cfg
     a = cfg.model.architecture
-    graphs = {g.kind: OnnxGraph(layout.onnx(g)) for g in cfg.model.graphs(part)}
+    cl = context_length or cfg.model.context_length
+    graphs = {g.kind: OnnxGraph(layout.onnx(g)) for g in cfg.model.graphs(part, cl)}
     return PartSession(f"{part_label(part)} (float ONNX)", graphs,
                        RopeSettings(a.rope_theta, a.pos_id_dim))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate tests/data/qaihm/export/ with Qualcomm's own qai-hub-models code.
+"""Regenerate tests/data/qaihm/export/ (and export-2cl/) with Qualcomm's own qai-hub-models code.
 
 What this produces
 ------------------
@@ -35,6 +35,10 @@ Run (from anywhere; CPU only, ~1-2 min on 2 cores, no network needed):
     /work/venvs/qaihm/bin/python /work/main/tests/data/qaihm/make_export.py
 It wipes and rewrites tests/data/qaihm/export/.  Scratch files go to
 $QAIHM_WORK (default /tmp/qaihm_tiny_work).
+
+    /work/venvs/qaihm/bin/python /work/main/tests/data/qaihm/make_export.py --two-context-lengths
+wipes and rewrites tests/data/qaihm/export-2cl/ instead (see "Two context
+lengths" below); export/ is not touched.
 
 Monkeypatches (all in this process; the installed package is not edited)
 ------------------------------------------------------------------------
@@ -75,6 +79,37 @@ Monkeypatches (all in this process; the installed package is not edited)
    ``get_or_create_cached_model`` (no upload), ``hub.submit_compile_job`` and
    ``hub.submit_link_job`` (fake jobs).  Export runs with skip_profiling,
    skip_inferencing, skip_downloading and skip_summary.
+
+Two context lengths (``--two-context-lengths``, writes export-2cl/)
+---------------------------------------------------------------------
+The 7B class cannot export two context lengths: its asset holds one graph per
+AR and no context length (``<slug>_ar{128,1}.onnx``), and its
+``convert_to_onnx_and_aimet_encodings`` refuses any context length but 4096.
+In 0.55 the models that export several context lengths (``qwen3_4b``,
+``qwen3_4b_instruct_2507``: ``default_context_lengths=[512, 1024, 2048, 3072,
+4096]``) go through the generic ``LLM_AIMETOnnx`` path, and that is what this
+mode runs: the stock ``_shared/llm/export.export_model`` with
+``context_length=[256, 512]`` and ``sequence_length=[128, 1]`` in ONE call
+(its own loop over ``(AR, CL)``), ``model_cls=TinyQwen2_AIMETOnnx``,
+``checkpoint="DEFAULT"`` and an ``fp_model``, as ``export_main`` passes them
+for a DEFAULT checkpoint.  Steps 0 and 1 (checkpoint, tokenizer, AIMET
+calibration at context length 256) are the same as for export/, so both trees
+share one calibration: Qualcomm's ``quantize`` takes one context length and
+writes one ``model.data`` and one ``model.encodings`` that every context length
+of the export reuses.  Patches used in this mode: 1, 2 and 8 as above, plus
+9. ``TinyQwen2_AIMETOnnx.from_pretrained(checkpoint="DEFAULT")`` follows
+   ``Llama3_2_3B_AIMETOnnx`` / ``Qwen3_4B_AIMETOnnx`` line for line, except
+   that the asset download (``CachedWebModelAsset...fetch()`` of Qualcomm's
+   pre-quantized checkpoint zip) is replaced by the local checkpoint of step 1.
+   Given an ``fp_model`` it then calls Qualcomm's ``create_onnx_models``, which
+   writes ``model_seqlen{AR}_cl{CL}.onnx`` for a context length the checkpoint
+   lacks (512: ``torch.onnx.export`` of the float model, recording offsets into
+   the checkpoint's ``model.data``, which it keeps).
+Patches 3-7 are not needed: the generic class has no asset, no 4096 guard, its
+own ``_adapt_aimet_encodings``, ``split_lm_head = False`` and takes the tiny
+checkpoint as it is.  The export name is ``qwen2_5_7b_instruct_w4a16``
+(``model_id`` of the 7B module, precision w4a16: the generic class compiles
+only w4a16 or w4).
 """
 
 from __future__ import annotations
@@ -88,6 +123,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 EXPORT_DIR = HERE / "export"
+EXPORT_2CL_DIR = HERE / "export-2cl"
 WORK = Path(os.environ.get("QAIHM_WORK", "/tmp/qaihm_tiny_work"))
 CKPT_FP = WORK / "fp_checkpoint"  # random HF Qwen2 checkpoint + tokenizer
 CKPT_Q = WORK / "quantized_checkpoint"  # output of Qualcomm's quantize()
@@ -97,6 +133,9 @@ SEED = 1234
 CONTEXT_LENGTH = 256
 CALIB_SEQ_LEN = 128
 EXPORT_SEQ_LENS = [128, 1]
+# export-2cl/: the calibration context length first, as export_main's "first"
+# instantiation (it builds the fp_model at the first AR and CL).
+EXPORT_CONTEXT_LENGTHS_2CL = [CONTEXT_LENGTH, 512]
 NUM_CALIB_SAMPLES = 2
 
 TINY_CONFIG = dict(
@@ -230,8 +269,20 @@ def build_tiny_classes():
                             sequence_length=DEFAULT_SEQUENCE_LENGTH, context_length=CONTEXT_LENGTH,
                             precision=Precision.w4a16, fp_model=None,
                             _skip_quantsim_creation=False, use_dynamic_shapes=False):
+            host_device = host_device or torch.device("cpu")
+            if isinstance(checkpoint, str) and checkpoint.startswith("DEFAULT"):
+                # Patch 9: as Llama3_2_3B_AIMETOnnx / Qwen3_4B_AIMETOnnx, with
+                # the local checkpoint of step 1 in place of the asset download.
+                checkpoint = str(CKPT_Q)
+                if fp_model is not None:
+                    cls.create_onnx_models(
+                        checkpoint=checkpoint, fp_model=fp_model,
+                        context_length=context_length,
+                        export_sequence_lengths=[sequence_length],
+                        host_device=host_device, llm_io_type=fp_model.llm_io_type)
+                    cls.save_tokenizer_and_config(checkpoint=checkpoint, fp_model=fp_model)
             return super().from_pretrained(
-                checkpoint=checkpoint, host_device=host_device or torch.device("cpu"),
+                checkpoint=checkpoint, host_device=host_device,
                 sequence_length=sequence_length, context_length=context_length,
                 precision=precision, fp_model=fp_model,
                 _skip_quantsim_creation=_skip_quantsim_creation,
@@ -326,8 +377,6 @@ class _FakeJob:
 
 
 def patch_export_side():
-    import qai_hub as hub
-    import qai_hub_models.models._shared.llm.export as llm_export
     import qai_hub_models.models.qwen2_5_7b_instruct.model as q7
     from qai_hub_models.models._shared.qwen2.model import Qwen2Base_AIMETOnnx
 
@@ -365,7 +414,14 @@ def patch_export_side():
     fp = cls.from_pretrained.__func__
     fp.__defaults__ = tuple(str(CKPT_FP) if d == q7.HF_REPO_NAME else d for d in fp.__defaults__)
 
-    # Patch 8: AI Hub.
+    return cls, patch_hub()
+
+
+def patch_hub():
+    """Patch 8: AI Hub stubs; returns the fake export device."""
+    import qai_hub as hub
+    import qai_hub_models.models._shared.llm.export as llm_export
+
     dev = hub.Device(
         "Snapdragon 8 Elite QRD",
         "15",
@@ -376,53 +432,89 @@ def patch_export_side():
     llm_export.get_or_create_cached_model = lambda **k: k["model_path"]
     hub.submit_compile_job = lambda model, input_specs=None, device=None, name="", options="", **k: _FakeJob(name, input_specs)
     hub.submit_link_job = lambda models, name="", options="", device=None, **k: _FakeJob(name)
-    return cls, dev
+    return dev
 
 
 def run_export() -> None:
-    from qai_hub_models.models._shared.llm.export import export_model
-    from qai_hub_models.models.qwen2_5_7b_instruct.model import (
-        DEFAULT_PRECISION, MODEL_ASSET_VERSION, MODEL_ID, NUM_LAYERS_PER_SPLIT, NUM_SPLITS)
+    from qai_hub_models.models.qwen2_5_7b_instruct.model import DEFAULT_PRECISION
 
     cls, dev = patch_export_side()
-    if EXPORT_DIR.exists():
-        shutil.rmtree(EXPORT_DIR)
+    call_export(cls, DEFAULT_PRECISION, dev, EXPORT_DIR, [CONTEXT_LENGTH])
+
+
+def call_export(model_cls, precision, dev, export_dir: Path, context_lengths: list,
+                **extra) -> None:
+    """qai-hub-models' export_model into a fresh `export_dir`, as the 7B class's export calls
+    it, with every AI Hub step skipped."""
+    from qai_hub_models.models._shared.llm.export import export_model
+    from qai_hub_models.models.qwen2_5_7b_instruct.model import (
+        MODEL_ASSET_VERSION, MODEL_ID, NUM_LAYERS_PER_SPLIT, NUM_SPLITS)
+
+    if export_dir.exists():
+        shutil.rmtree(export_dir)
     export_model(
-        model_cls=cls,
+        model_cls=model_cls,
         model_id=MODEL_ID,
         model_asset_version=MODEL_ASSET_VERSION,
         num_splits=NUM_SPLITS,
         num_layers_per_split=NUM_LAYERS_PER_SPLIT,
-        precision=DEFAULT_PRECISION,
+        precision=precision,
         device=dev,
         skip_profiling=True,
         skip_inferencing=True,
         skip_downloading=True,
         skip_summary=True,
         output_dir=str(WORK / "build"),
-        onnx_export_dir=str(EXPORT_DIR),
-        context_length=[CONTEXT_LENGTH],
+        onnx_export_dir=str(export_dir),
+        context_length=context_lengths,
         sequence_length=EXPORT_SEQ_LENS,
+        **extra,
     )
 
 
-def write_tokenizer() -> None:
+def run_export_2cl() -> None:
+    """Stock generic export loop, two context lengths in one call (see docstring)."""
+    from qai_hub_models import Precision
+
+    TinyQwen2, TinyQwen2_AIMETOnnx = build_tiny_classes()
+    dev = patch_hub()
+    # export_main builds this for a DEFAULT checkpoint, at the first AR and CL.
+    fp_model = TinyQwen2.from_pretrained(
+        sequence_length=EXPORT_SEQ_LENS[0], context_length=EXPORT_CONTEXT_LENGTHS_2CL[0])
+    call_export(TinyQwen2_AIMETOnnx, Precision.w4a16, dev, EXPORT_2CL_DIR,
+                EXPORT_CONTEXT_LENGTHS_2CL, checkpoint="DEFAULT", fp_model=fp_model,
+                _skip_quantsim_creation=True)
+
+
+def write_tokenizer(export_dir: Path) -> None:
     # qai-hub-models writes no tokenizer into onnx_export_dir (only
     # prepare_genie_assets does, after downloading compiled binaries), so
     # ship our own tiny one.
-    shutil.copyfile(CKPT_FP / "tokenizer.json", EXPORT_DIR / "tokenizer.json")
+    shutil.copyfile(CKPT_FP / "tokenizer.json", export_dir / "tokenizer.json")
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--two-context-lengths", action="store_true",
+                        help=f"write {EXPORT_2CL_DIR.name}/ (context lengths "
+                             f"{EXPORT_CONTEXT_LENGTHS_2CL}) instead of {EXPORT_DIR.name}/")
+    args = parser.parse_args()
     if WORK.exists():
         shutil.rmtree(WORK)
     WORK.mkdir(parents=True)
     make_fp_checkpoint()
     run_quantize()
-    make_fake_asset()
-    run_export()
-    write_tokenizer()
-    print("done:", EXPORT_DIR)
+    if args.two_context_lengths:
+        run_export_2cl()
+        export_dir = EXPORT_2CL_DIR
+    else:
+        make_fake_asset()
+        run_export()
+        export_dir = EXPORT_DIR
+    write_tokenizer(export_dir)
+    print("done:", export_dir)
 
 
 if __name__ == "__main__":
