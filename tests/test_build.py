@@ -4,6 +4,7 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 import onnx
 
 from hexbundle.formats.ctxbin import read_ctxbin
@@ -140,6 +141,17 @@ def test_changing_one_parts_weights_rebuilds_only_that_part(project):
     run = project.doit("bundle")
     assert run.executed == {"convert:part_3_of_4_prompt", "convert:part_3_of_4_token",
                             "compile:part_3_of_4", "bundle"}, run.out
+
+
+@pytest.mark.parametrize("source", ["hexbundle/config/model.py", "hexbundle/inputs/synthetic.py"])
+def test_a_changed_generator_source_regenerates_the_inputs(project, source):
+    """config/model.py says which weights and graphs the generator writes, as synthetic.py says
+    how: a change to either regenerates every part's inputs (the outputs then follow them)."""
+    project.doit("bundle")
+    with open(project.root / source, "a") as f:
+        f.write("\n# changed\n")
+    run = project.doit("bundle")
+    assert {f"inputs:part_{i}_of_4" for i in range(1, 5)} <= run.executed, run.out
 
 
 def test_weights_packing_off_reruns_compile_and_bundle_only_and_fails_loudly(project):

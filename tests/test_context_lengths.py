@@ -242,3 +242,33 @@ def test_the_export_splits_locally_at_both_lengths(tmp_path):
     split = project.root / "build" / "mine" / "inputs"
     assert sorted(p.name for p in split.glob("*.data")) == [f"part_{i}_of_4.data" for i in range(1, 5)]
     project.doit("verify", "model=mine")
+
+
+def test_a_weight_that_differs_between_lengths_is_refused_naming_both_graphs_files(tmp_path):
+    """Weight sharing needs every length's copy of a weight to be the same bytes; a CL-512
+    export whose weight differs is refused at compile, naming the two graphs and their files."""
+    import numpy as np
+    import onnx
+    export = tmp_path / "export"
+    shutil.copytree(EXPORT_2CL, export)
+    stem = f"{SLUG}_w4a16_ar1_cl512_3_of_6"
+    part = export / "ar1_cl512" / f"{stem}.aimet"
+    model = onnx.load(str(part / f"{stem}.onnx"), load_external_data=False)
+    init = next(i for i in model.graph.initializer if i.name.endswith("o_proj_conv.weight"))
+    record = {e.key: e.value for e in init.external_data}
+    offset, length = int(record.get("offset", 0)), int(record["length"])
+    with open(part / f"{stem}.data", "r+b") as f:
+        f.seek(offset)
+        values = np.frombuffer(f.read(length), np.float32) * np.float32(1.5)
+        f.seek(offset)
+        f.write(values.tobytes())
+    project = copy_project(tmp_path / "proj")
+    project.doit("import_export", "--dir", str(export), "--name", "odd")
+    run = project.doit("bundle", "model=odd", check=False)
+    out = run.out + run.err
+    assert run.code != 0 and "Traceback" not in out
+    assert f"tensor '{init.name}' differs between graphs 'prompt_ar128_cl256_3_of_6' and " \
+           "'token_ar1_cl512_3_of_6'" in out, out[-3000:]
+    sources = out.split("the part's graphs were converted from", 1)[1]
+    assert str(part / f"{stem}.data") in sources
+    assert "ar128_cl512" not in sources and "ar1_cl256" not in sources   # only the two named

@@ -382,7 +382,7 @@ def test_shared_weight_mismatch_names_both_graphs(backend, inputs, tmp_path):
 def test_compile_checks_graph_names(backend, inputs, tmp_path):
     dlcs = convert_both(backend, inputs, tmp_path / "out")
     wrong_order = CompileOptions(graph_names=(TOKEN, PROMPT), device=DEVICE)
-    with pytest.raises(BackendError, match="pipeline order"):
+    with pytest.raises(BackendError, match="pass the DLCs in bin order"):
         backend.compile(dlcs, tmp_path / "x.bin", wrong_order, lambda line: None)
     duplicate = CompileOptions(graph_names=(PROMPT, PROMPT), device=DEVICE)
     with pytest.raises(BackendError, match="distinct"):

@@ -111,3 +111,19 @@ def test_pinned_input_mismatch_names_file_and_both_digests(project):
     assert run.code != 0
     text = run.out + run.err
     assert "prompt_ar128_cl256_2_of_4.onnx: xxh3_128 is" in text and wrong in text
+
+
+def test_the_clean_build_runs_its_steps_as_the_command_line_said(project):
+    """`doit release container.memory=48g remote_cache=...`: the nested clean build gets the
+    step containers' settings and the remote cache from the command line too, besides what the
+    release builds; other keys are what the release's configuration resolved."""
+    from hexbundle.config.build import load_build
+    from hexbundle.release.reproducible import clean_build_overrides
+    given = {"container.memory": "48g", "container.user": "1000:1000",
+             "remote_cache": "grpc://cache:8980", "weights_packing": "true"}
+    cfg = load_build(project.root, given)
+    args = clean_build_overrides(cfg, given)
+    assert args["container.memory"] == "48g" and args["container.user"] == "1000:1000"
+    assert args["remote_cache"] == "grpc://cache:8980"
+    assert args["model"] == "qwen2-tiny" and args["device"] == "iq9075"
+    assert args["weights_packing"] == "true" and args["executor"] == "local"

@@ -129,7 +129,8 @@ def _check_same_weight(path, first: _StoredWeight, record: TensorRecord, digests
     raise BackendError(
         f"{path}: weight sharing is on, but tensor '{record.name}' differs between graphs "
         f"'{first.first_graph}' and '{graph}' ({what} differ). Both graphs must be exported "
-        f"with the same weights and encodings, or compile with weight_sharing off (doubles the size).")
+        f"with the same weights and encodings, or compile with weight_sharing off (a copy of "
+        f"every weight per graph).")
 
 
 class CtxBinReader(FormatReader):

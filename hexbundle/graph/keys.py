@@ -18,11 +18,13 @@ from hexbundle.support.errors import HexbundleError
 from hexbundle.toolchain import image
 
 # The generator's sources: generated inputs are regenerated when any changes (the graphs' runtime
-# inputs follow runtime/conventions.py). (Hashed, not imported: importing onnx costs ~1 s, which
-# a no-op `doit bundle` must not pay.)
-INPUTS_PACKAGE = Path(__file__).resolve().parents[1] / "inputs"
+# inputs follow runtime/conventions.py; the weights, graphs and their names, config/model.py).
+# (Hashed, not imported: importing onnx costs ~1 s, which a no-op `doit bundle` must not pay.)
+PACKAGE = Path(__file__).resolve().parents[1]
+INPUTS_PACKAGE = PACKAGE / "inputs"
+MODEL_SOURCE = PACKAGE / "config" / "model.py"
 GENERATOR_SOURCES = (INPUTS_PACKAGE / "synthetic.py", INPUTS_PACKAGE / "generate.py",
-                     INPUTS_PACKAGE.parent / "runtime" / "conventions.py")
+                     PACKAGE / "runtime" / "conventions.py", MODEL_SOURCE)
 
 
 class options_key(config_changed):
@@ -71,7 +73,7 @@ def generator_digest() -> list:
     return [hashing.digest(p) for p in GENERATOR_SOURCES]
 
 
-SPLITTER_SOURCES = (INPUTS_PACKAGE / "split.py",)
+SPLITTER_SOURCES = (INPUTS_PACKAGE / "split.py", MODEL_SOURCE)   # where parts are cut, and names
 
 
 def splitter_digest() -> list:

@@ -11,9 +11,10 @@ Between two parts exactly one pipeline tensor may cross (the hidden state); anyt
 error naming the tensors, not a part that silently reads garbage.
 
 Streamed: the ONNX is read without its weights; each part's weights are copied once, in chunks,
-from the unsplit .data into the part's one .data file (shared by its prompt and token graph),
-so memory stays bounded by a chunk whatever the model's size. Tensors the two unsplit graphs
-share (the same bytes in the same file, or equal digests) are written once.
+from the unsplit .data into the part's one .data file (shared by its graphs: prompt and token,
+per context length), so memory stays bounded by a chunk whatever the model's size. Tensors the
+unsplit graphs share (the same bytes in the same file, or equal digests) are written once; each
+is located by formats/onnxfile.py, the one reader of ONNX external data.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Optional
 from hexbundle.config.layout import GraphInputs, Layout
 from hexbundle.config.model import Model, Part
 from hexbundle.formats.encodings import subset_encodings
+from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.inputs import validate
 from hexbundle.support import hashing
@@ -251,17 +253,6 @@ def _copy_range(path: Path, offset: int, length: int, out) -> str:
     return h.hexdigest()
 
 
-def _external(init, onnx_path: Path) -> tuple:
-    entries = {e.key: e.value for e in init.external_data}
-    location = entries.get("location", "")
-    try:
-        offset, length = int(entries.get("offset", 0)), int(entries["length"])
-    except (KeyError, ValueError):
-        raise InputError(f"{onnx_path}: tensor {init.name!r}: external data without a valid "
-                         "offset/length; re-export the model") from None
-    return onnx_path.parent / location, offset, length
-
-
 def _relocated(init, data_name: str, offset: int, length: int):
     import onnx
     out = onnx.TensorProto()
@@ -317,9 +308,11 @@ def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
             inits = []
             for init in pg.initializers:
                 if init.data_location == init.EXTERNAL:
-                    source, offset, length = _external(init, src.onnx)
-                    where = writer.add(source, offset, length, graph != graphs[0])
-                    inits.append(_relocated(init, data_path.name, where, length))
+                    # located and checked by the one reader of ONNX external data
+                    values = initializer_values(init, src.onnx)
+                    where = writer.add(values.data_path, values.offset, values.nbytes,
+                                       graph != graphs[0])
+                    inits.append(_relocated(init, data_path.name, where, values.nbytes))
                 else:
                     inits.append(init)
             protos[graph.slot] = _model_proto(proto, pg, graph.name, inits)

@@ -169,6 +169,19 @@ def _overrides_of(cfg: BuildConfig) -> dict:
     return out
 
 
+# Settings that change how the steps run, not what they make: the clean build takes them from the
+# command line as the release did (build.toml's and the environment's reach it by themselves).
+RUN_SETTING_PREFIXES = ("remote_", "container.")
+
+
+def clean_build_overrides(cfg: BuildConfig, overrides: dict) -> dict:
+    """The clean build's command line: what the release builds (model, device, plan, backend,
+    executor, [compile]) and how its steps run as the command line said (the remote cache, the
+    step containers' limits and user)."""
+    run = {k: v for k, v in overrides.items() if k.startswith(RUN_SETTING_PREFIXES)}
+    return {**_overrides_of(cfg), **run}
+
+
 def make_release(layout: Layout, overrides: dict, log=print) -> Path:
     cfg = layout.cfg
     source = source_state(cfg.root)
@@ -176,10 +189,7 @@ def make_release(layout: Layout, overrides: dict, log=print) -> Path:
     if source["dirty"]:
         log("release: WARNING: the source tree has uncommitted changes; the provenance says so")
     scratch = scratch_layout(cfg, layout.release_work_dir)
-    # The remote cache given on the command line serves the clean build too (build.toml's and
-    # the environment's reach it by themselves).
-    remote = {k: v for k, v in overrides.items() if k.startswith("remote_")}
-    bundle_dir = clean_build(scratch, {**_overrides_of(cfg), **remote}, log)
+    bundle_dir = clean_build(scratch, clean_build_overrides(cfg, overrides), log)
     name, archive = layout.release_name, layout.release_archive
     write_archive(bundle_dir, archive, name, epoch)
     subjects = [{"name": archive.name, "digest": {"sha256": sha256_file(archive)}}]

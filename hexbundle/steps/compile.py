@@ -1,4 +1,5 @@
-"""Step `compile`: a part's prompt + token DLCs -> one context binary (weight sharing, packing).
+"""Step `compile`: a part's DLCs (prompt + token, per context length) -> one context binary
+(weight sharing, packing).
 
 `compile_options` is the one place the device's soc_model / dsp_arch and the compile settings
 become backend options; the bundle's runtime config reads the same device (formats.genie).
@@ -38,9 +39,12 @@ def compile_part(layout: Layout, spec: dict, log) -> None:
     try:
         backend.compile(dlcs, layout.bin(part), options, log)
     except HexbundleError as exc:
-        # A refusal here (e.g. a shared weight whose bytes differ between the prompt and token
-        # graphs) is about the user's files, not the DLCs: name the files the DLCs came from.
+        # A refusal here (e.g. a shared weight whose bytes differ between two graphs) is about
+        # the user's files, not the DLCs: name the files the DLCs came from (of the graphs it
+        # names, when it names some: a part holds a prompt and a token graph per length).
+        graphs = cfg.model.graphs(part)
+        graphs = [g for g in graphs if f"'{g.name}'" in str(exc)] or graphs
         sources = "; ".join(f"{g.name}: " + ", ".join(str(p) for p in layout.graph_inputs(g))
-                            for g in cfg.model.graphs(part))
+                            for g in graphs)
         raise type(exc)(f"{exc}\n  the part's graphs were converted from {sources}") from None
     log(f"wrote {layout.rel(layout.bin(part))} ({layout.bin(part).stat().st_size / MIB:.2f} MiB)")
