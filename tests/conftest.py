@@ -112,6 +112,19 @@ def snapshot(directory: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
+def unsplit_only_tree(dest: Path) -> Path:
+    """A qai-hub-models 0.53-0.55 tree whose export stopped before splitting: the unsplit graphs
+    of tests/data/qaihm/export (Qualcomm-made) alone, and its tokenizer.json."""
+    export, slug = ROOT / "tests" / "data" / "qaihm" / "export", "qwen2_5_7b_instruct"
+    for ar in (128, 1):
+        d = dest / f"ar{ar}_cl256"
+        d.mkdir(parents=True)
+        for suffix in (".onnx", ".data", ".encodings"):
+            shutil.copy(export / f"ar{ar}_cl256" / f"{slug}{suffix}", d)
+    shutil.copy(export / "tokenizer.json", dest)
+    return dest
+
+
 def tiny_as_export(dest: Path, name: str) -> Project:
     """A project with qwen2-tiny's inputs as a user export (exports/qwen2-tiny/) under model
     `name`, built once; `good` is its bundle's snapshot."""

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import ROOT, copy_project, tree_digests
+from conftest import ROOT, copy_project, tree_digests, unsplit_only_tree
 from hexbundle.formats.qaihm import scan_export
 from hexbundle.support.errors import InputError
 
@@ -69,17 +69,6 @@ def make_asset(dest: Path) -> Path:
         _relocate(stem.with_suffix(".onnx"), dest / f"{SLUG}_ar{ar}.onnx", f"{SLUG}.data")
     shutil.copy(unsplit[128].with_suffix(".data"), dest / f"{SLUG}.data")
     shutil.copy(unsplit[128].with_suffix(".encodings"), dest / f"{SLUG}.encodings")
-    shutil.copy(DATA / "tokenizer.json", dest)
-    return dest
-
-
-def make_unsplit_only_tree(dest: Path) -> Path:
-    """A 0.53-0.55 tree whose export stopped before splitting: the unsplit graphs alone."""
-    for ar in (128, 1):
-        d = dest / f"ar{ar}_cl256"
-        d.mkdir(parents=True)
-        for suffix in (".onnx", ".data", ".encodings"):
-            shutil.copy(DATA / f"ar{ar}_cl256" / f"{SLUG}{suffix}", d)
     shutil.copy(DATA / "tokenizer.json", dest)
     return dest
 
@@ -159,7 +148,7 @@ def test_not_an_export_is_refused(tmp_path):
 def test_local_split_chains_to_the_unsplit_graph_bit_for_bit(tmp_path):
     """hexbundle's split, run by doit on the unsplit graphs alone, equals the unsplit graph."""
     project = copy_project(tmp_path / "proj")
-    export = make_unsplit_only_tree(tmp_path / "export")
+    export = unsplit_only_tree(tmp_path / "export")
     before = tree_digests(export)
     run = project.doit("import_export", "--dir", str(export), "--name", "mine", "--plan",
                        "0,3,3,3")
@@ -260,7 +249,7 @@ def test_the_asset_is_split_locally_and_built(tmp_path):
 
 def test_a_missing_tokenizer_is_said_and_tokenizer_config_alone_gets_a_message(tmp_path):
     project = copy_project(tmp_path / "proj")
-    export = make_unsplit_only_tree(tmp_path / "export")
+    export = unsplit_only_tree(tmp_path / "export")
     (export / "tokenizer.json").rename(export / "tokenizer_config.json")
     run = project.doit("import_export", "--dir", str(export), "--name", "m", "--plan", "0,9")
     assert "tokenizer_config.json alone is not enough" in run.out

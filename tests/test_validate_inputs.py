@@ -23,7 +23,8 @@ import onnx
 import pytest
 from onnx import helper
 
-from conftest import ROOT, DoitRun, copy_project, snapshot, tiny_as_export
+from conftest import (ROOT, DoitRun, copy_project, snapshot, tiny_as_export,
+                      unsplit_only_tree)
 from hexbundle.backends import ConvertOptions
 from hexbundle.backends.reference import ReferenceBackend
 from hexbundle.checks.inspect import inspect_path
@@ -399,13 +400,7 @@ def test_a_tokenizer_with_a_boolean_id_fails_the_build(exported):
 # the local split validates the unsplit graphs before cutting them (end to end)
 
 def test_an_unsplit_token_graph_over_the_prompt_graph_is_refused_before_the_split(tmp_path):
-    export = tmp_path / "export"
-    for ar in (128, 1):
-        d = export / f"ar{ar}_cl256"
-        d.mkdir(parents=True)
-        for suffix in (".onnx", ".data", ".encodings"):
-            shutil.copy(QAIHM / f"ar{ar}_cl256" / f"{SLUG}{suffix}", d)
-    shutil.copy(QAIHM / "tokenizer.json", export)
+    export = unsplit_only_tree(tmp_path / "export")
     project = copy_project(tmp_path / "proj")
     project.doit("import_export", "--dir", str(export), "--name", "m", "--plan", "0,9")
     prompt = export / "ar128_cl256" / f"{SLUG}.onnx"
