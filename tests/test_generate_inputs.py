@@ -115,3 +115,33 @@ def test_doit_gen_inputs_writes_one_part_and_names_a_bad_one(project):
     assert "tokenizer.json" in run.out
     bad = project.doit("gen_inputs", "--part", "9", check=False)
     assert bad.code != 0 and "has parts 1..4" in bad.out + bad.err
+
+
+def test_the_7b_shapes_tokenizer_is_generated_and_checked_by_its_step(project):
+    """The scale path's tokenizer, by the real task: `doit inputs:tokenizer` on the 7B shape
+    writes a tokenizer.json the bundle step's own check accepts, and runs that check itself."""
+    project.doit("inputs:tokenizer", "model=qwen2.5-7b-shape")
+    log = project.build_dir("qwen2.5-7b-shape", plan="three") / "logs" / "inputs__tokenizer.log"
+    assert "checked as the bundle step reads it" in log.read_text()
+    written = project.root / "build" / "qwen2.5-7b-shape" / "inputs" / "tokenizer.json"
+    from hexbundle.formats.tokenizer import special_token_ids
+    specials = {"bos": "<|im_start|>", "eos": "<|im_end|>", "eot": "<|endoftext|>"}
+    assert max(special_token_ids(written, specials, 152064).values()) < 152064
+
+
+def test_a_generator_writing_a_contradictory_tokenizer_fails_its_own_step(project):
+    """The other direction: a generator that puts the specials at the top of a vocabulary the
+    corpus does not fill (what broke the 7B shape) fails `inputs:tokenizer` in seconds, naming
+    the file, rather than the bundle step after every part is built."""
+    synthetic_py = project.root / "hexbundle" / "inputs" / "synthetic.py"
+    text = synthetic_py.read_text()
+    fixed = "ids = generated_special_ids(len(vocab), special_tokens)"
+    assert fixed in text
+    synthetic_py.write_text(text.replace(
+        fixed, "ids = generated_special_ids(model.architecture.vocab_size - len(special_tokens), "
+               "special_tokens)"))
+    run = project.doit("inputs:tokenizer", "model=qwen2.5-7b-shape", check=False)
+    assert run.code != 0 and "Traceback" not in run.out + run.err
+    assert ("tokenizer.json: added_tokens gives bos token '<|im_start|>' id 152061, but the "
+            "tokenizer maps '<|im_start|>' to 1135") in run.out + run.err
+    assert "numbers such added tokens from the vocabulary's end" in run.out + run.err

@@ -410,9 +410,50 @@ def test_tokenizer_specials_take_the_top_ids(model, tokenizer):
     tok, content = tokenizer
     vocab = model.architecture.vocab_size
     expected = {"bos": vocab - 3, "eos": vocab - 2, "eot": vocab - 1}
-    assert synthetic.generated_special_ids(model, SPECIALS) == expected
+    assert synthetic.generated_special_ids(vocab - len(SPECIALS), SPECIALS) == expected
     for role, text in SPECIALS.items():
         assert tok.token_to_id(text) == expected[role]
     assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids[0] == expected["bos"]
     assert max(content["model"]["vocab"].values()) < vocab - len(SPECIALS)
     assert len(content["model"]["vocab"]) == vocab - len(SPECIALS)   # the corpus fills the tiny vocab
+
+
+def embedded_generated_models() -> list:
+    """Every model config in the checkout that the `inputs` task generates."""
+    import tomllib
+    root = Path(__file__).resolve().parent.parent
+    names = []
+    for path in sorted((root / "configs" / "models").glob("*.toml")):
+        with open(path, "rb") as fh:
+            if tomllib.load(fh).get("inputs", {}).get("source") == "generated":
+                names.append(path.stem)
+    return names
+
+
+@pytest.mark.parametrize("name", embedded_generated_models())
+def test_generated_tokenizer_passes_the_bundle_steps_check(name, tmp_path):
+    """The generator's output through the check the bundle step judges it by, for every model the
+    project generates: qwen2.5-7b-shape's tokenizer (a vocabulary the corpus does not fill) once
+    failed it after a six-minute build."""
+    from hexbundle.config.build import load_build
+    from hexbundle.formats.tokenizer import special_token_ids
+    tokenizers = pytest.importorskip("tokenizers")
+    cfg = load_build(Path(__file__).resolve().parent.parent, {"model": name})
+    path = synthetic.generate_tokenizer(cfg.model, tmp_path / "tokenizer.json",
+                                        cfg.tokenizer_specials)
+    ids = special_token_ids(path, cfg.tokenizer_specials, cfg.model.architecture.vocab_size)
+    tok = tokenizers.Tokenizer.from_file(str(path))
+    assert {role: tok.token_to_id(text) for role, text in cfg.tokenizer_specials.items()} == ids
+    assert max(ids.values()) < cfg.model.architecture.vocab_size
+    assert sorted(ids.values()) == list(range(min(ids.values()), tok.get_vocab_size()))
+
+
+def test_7b_shape_tokenizer_specials_follow_its_bpe_vocabulary(tmp_path):
+    """A vocabulary wider than the corpus's merges: the specials follow the BPE vocabulary (as in
+    Qwen's own tokenizer.json), below the logits width, not at its top."""
+    from hexbundle.config.build import load_build
+    cfg = load_build(Path(__file__).resolve().parent.parent, {"model": "qwen2.5-7b-shape"})
+    content = synthetic.tokenizer_json(cfg.model, cfg.tokenizer_specials)
+    bpe = len(content["model"]["vocab"])
+    assert bpe < cfg.model.architecture.vocab_size - len(cfg.tokenizer_specials)
+    assert [t["id"] for t in content["added_tokens"]] == [bpe, bpe + 1, bpe + 2]

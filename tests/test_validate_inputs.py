@@ -356,6 +356,10 @@ BAD_TOKENIZERS = {
     "id-not-the-tokenizers": (tokenizer_json(lambda d: d["added_tokens"][1].update(id=5)),
                               "added_tokens gives bos token '<|im_start|>' id 5, but the "
                               "tokenizer maps '<|im_start|>' to 1"),
+    "added-id-past-a-gap": (tokenizer_json(lambda d: (d["model"]["vocab"].pop("<|im_start|>"),
+                                                      d["added_tokens"][1].update(id=1000))),
+                            "lacks '<|im_start|>': the tokenizers library numbers such added "
+                            "tokens from the vocabulary's end"),
     "library-refuses": (tokenizer_json(lambda d: d["model"].update(type="NoSuchModel")),
                         "the tokenizers library does not load it"),
 }

@@ -47,14 +47,26 @@ def special_token_ids(tokenizer: Path, specials: dict, vocab_size: int) -> dict:
         mapped = loaded.token_to_id(content)
         if mapped != tid:
             raise InputError(f"{tokenizer}: added_tokens gives {role} token {content!r} id {tid}, "
-                             f"but the tokenizer maps {content!r} to {mapped}; the file "
-                             f"contradicts itself: {REPLACE}")
+                             f"but the tokenizer maps {content!r} to {mapped}"
+                             f"{_why_renumbered(data, content, mapped)}; the file contradicts "
+                             f"itself: {REPLACE}")
         if not 0 <= tid < vocab_size:
             raise InputError(f"{tokenizer}: {role} token {content!r} has id {tid}, outside the "
                              f"model's vocab_size {vocab_size} (the logits width)")
         out[role] = tid
     _check_vocab_width(tokenizer, loaded, vocab_size)
     return out
+
+
+def _why_renumbered(data: dict, content: str, mapped) -> str:
+    """Why the library's id differs, when it is the usual cause: the library numbers an added
+    token that model.vocab lacks from the vocabulary's end, ignoring the id written for it."""
+    vocab = (data.get("model") or {}).get("vocab")
+    if not isinstance(vocab, dict) or content in vocab or not isinstance(mapped, int):
+        return ""
+    return (f" (model.vocab has {len(vocab)} entries and lacks {content!r}: the tokenizers library "
+            f"numbers such added tokens from the vocabulary's end, so their ids must follow it "
+            f"without a gap)")
 
 
 def _read_text(tokenizer: Path) -> str:

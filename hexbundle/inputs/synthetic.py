@@ -640,14 +640,19 @@ def _merge_pair(word: tuple, pair: tuple) -> tuple:
     return tuple(out)
 
 
-def generated_special_ids(model: Model, special_tokens: dict) -> dict:
-    """{role: id}: the specials take the top ids, in the dict's order, ending at vocab_size - 1."""
-    first = model.architecture.vocab_size - len(special_tokens)
-    return {role: first + i for i, role in enumerate(special_tokens)}
+def generated_special_ids(first_free: int, special_tokens: dict) -> dict:
+    """{role: id}: the specials take the ids right after the BPE vocabulary, in the dict's order.
+
+    As in Qwen's own tokenizer.json: the tokenizers library numbers an added token that is not in
+    model.vocab from the vocabulary's end, whatever id added_tokens writes, so any gap would make
+    the file contradict itself. The logits width (vocab_size) may be wider than the tokenizer."""
+    return {role: first_free + i for i, role in enumerate(special_tokens)}
 
 
 def tokenizer_json(model: Model, special_tokens: dict) -> dict:
-    """The Hugging Face tokenizer.json content (byte-level BPE) for the model."""
+    """The Hugging Face tokenizer.json content (byte-level BPE) for the model: the corpus's merges
+    up to vocab_size (a small model's vocabulary fills up, a 7B-sized one does not), then the
+    specials."""
     budget = model.architecture.vocab_size - len(special_tokens) - 256
     if budget < 0:
         raise ValueError(f"vocab_size {model.architecture.vocab_size} leaves no room for 256 byte "
@@ -655,8 +660,8 @@ def tokenizer_json(model: Model, special_tokens: dict) -> dict:
     vocab = {ch: i for i, ch in enumerate(_byte_to_unicode().values())}
     merges = _learn_merges(_CORPUS, budget)
     for left, right in merges:
-        vocab[left + right] = len(vocab)
-    ids = generated_special_ids(model, special_tokens)
+        vocab.setdefault(left + right, len(vocab))   # two merges may spell one token: one id
+    ids = generated_special_ids(len(vocab), special_tokens)
     added = [{"id": ids[role], "content": content, "single_word": False, "lstrip": False,
               "rstrip": False, "normalized": False, "special": True}
              for role, content in special_tokens.items()]

@@ -4,6 +4,7 @@ tensor by tensor so full-size models fit in memory."""
 from __future__ import annotations
 
 from hexbundle.config.layout import Layout
+from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs import generate, split, synthetic
 
 
@@ -11,7 +12,12 @@ def generate_inputs(layout: Layout, spec: dict, log) -> None:
     cfg = layout.cfg
     if spec.get("what") == "tokenizer":
         synthetic.generate_tokenizer(cfg.model, layout.tokenizer, cfg.tokenizer_specials)
-        log(f"wrote {layout.rel(layout.tokenizer)}")
+        # The bundle step's own check, now: a tokenizer it would refuse fails here, in seconds,
+        # not after every part is converted and compiled.
+        ids = special_token_ids(layout.tokenizer, cfg.tokenizer_specials,
+                                cfg.model.architecture.vocab_size)
+        log(f"wrote {layout.rel(layout.tokenizer)} (specials {ids}; checked as the bundle "
+            "step reads it)")
         return
     part = cfg.part(spec["part"])
     if layout.splits_locally:
