@@ -90,15 +90,48 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def copy_project(dest: Path) -> Project:
+def project_files(names=PROJECT_FILES) -> list:
+    """The checkout's own files under `names`, relative to ROOT: those git tracks (staged ones
+    included), so a user's own configs/models/NAME.toml (what `doit import_export` writes) or
+    exports never reach a test. Outside a git checkout: every file but bytecode."""
+    try:
+        listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--", *names],
+                                capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(p.relative_to(ROOT) for name in names for p in
+                      ([ROOT / name] if (ROOT / name).is_file() else (ROOT / name).rglob("*"))
+                      if p.is_file() and "__pycache__" not in p.parts)
+    return [Path(rel) for rel in listed.decode().split("\0") if rel and (ROOT / rel).is_file()]
+
+
+def copy_project(dest: Path, names=PROJECT_FILES) -> Project:
+    """The project's own files (project_files) copied to `dest`: a checkout with no user state."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in PROJECT_FILES:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, dest / name)
+    for rel in project_files(names):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
     return Project(dest)
+
+
+def _pristine_configs() -> Path:
+    """A private copy of the project's own configs/ for in-process config loading (load_build,
+    load_model): what the tests judge is the shipped configuration, not a user's build.toml or
+    imported models. Made once per test process, removed at its exit."""
+    import atexit
+    import tempfile
+    base = Path(tempfile.mkdtemp(prefix="hexbundle-configs-"))
+    atexit.register(shutil.rmtree, base, True)
+    copy_project(base, ("configs",))
+    return base
+
+
+# Pass CONFIGS where a test loads the shipped configuration: load_build(CONFIGS, ...).
+CONFIGS = _pristine_configs()
+
+
+def embedded_models() -> list:
+    """The model configs the project ships (configs/models/*.toml in CONFIGS), by name."""
+    return sorted(p.stem for p in (CONFIGS / "configs" / "models").glob("*.toml"))
 
 
 def tree_digests(root: Path) -> dict:

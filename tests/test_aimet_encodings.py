@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, copy_project
+from conftest import CONFIGS, ROOT, copy_project
 from hexbundle.backends import ConvertOptions, get_backend
 from hexbundle.config.build import load_model
 from hexbundle.formats.dlc import read_dlc
@@ -36,7 +36,7 @@ def encodings_file(kind: str, version: str) -> Path:
 @pytest.fixture(scope="module")
 def part2(tmp_path_factory) -> Path:
     """qwen2-tiny's part 2 as `doit inputs` writes it: the graph AIMET quantized."""
-    model, _ = load_model(ROOT, "qwen2-tiny")
+    model, _ = load_model(CONFIGS, "qwen2-tiny")
     part = model.plans["four"].parts()[1]
     out = tmp_path_factory.mktemp("part2")
     generate.generate_part(model, part, out, 0)

@@ -9,13 +9,14 @@ from hypothesis import strategies as st
 from hexbundle.config.build import BUILD_SCHEMA, MODEL_SCHEMA, load_build
 from hexbundle.config.schema import validate
 from hexbundle.support.errors import ConfigError
+from conftest import CONFIGS, copy_project
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def project(tmp_path):
-    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    copy_project(tmp_path, ("configs",))
     return tmp_path
 
 
@@ -26,7 +27,7 @@ def edit(path: Path, old: str, new: str) -> None:
 
 
 def test_shipped_defaults_load():
-    cfg = load_build(ROOT)
+    cfg = load_build(CONFIGS)
     assert cfg.model.name == "qwen2-tiny"
     assert cfg.device.soc_model == 77 and cfg.device.dsp_arch == "v73"
     assert cfg.backend == "reference" and cfg.executor == "local"
@@ -35,7 +36,7 @@ def test_shipped_defaults_load():
 
 @pytest.mark.parametrize("alias", ["iq9075", "iq9100", "IQ-9100", "QCS9100"])
 def test_board_aliases_resolve_to_the_board(alias):
-    cfg = load_build(ROOT, {"device": alias})
+    cfg = load_build(CONFIGS, {"device": alias})
     assert (cfg.device.name, cfg.device.kind, cfg.device.chipset) == ("iq9075", "board", "qcs9075")
     assert cfg.device.typed == alias
 
@@ -43,12 +44,12 @@ def test_board_aliases_resolve_to_the_board(alias):
 @pytest.mark.parametrize("alias, name", [("sa8775p", "sa8775p"), ("qualcomm-sa8775p", "sa8775p"),
                                          ("QCS9075", "qcs9075"), ("sm8550", "snapdragon-8gen2")])
 def test_chipset_names_and_aliases_resolve_to_the_chipset(alias, name):
-    cfg = load_build(ROOT, {"device": alias})
+    cfg = load_build(CONFIGS, {"device": alias})
     assert (cfg.device.name, cfg.device.kind, cfg.device.chipset) == (name, "chipset", name)
 
 
 def test_7b_six_split_plan():
-    cfg = load_build(ROOT, {"model": "qwen2.5-7b-instruct"})
+    cfg = load_build(CONFIGS, {"model": "qwen2.5-7b-instruct"})
     assert cfg.plan.name == "six"
     assert cfg.plan.layers_per_part == (0, 6, 6, 6, 6, 4)
     names = [g.name for p in cfg.plan.parts() for g in cfg.model.graphs(p)]
@@ -58,7 +59,7 @@ def test_7b_six_split_plan():
 
 def test_eleven_split_is_refused_on_iq9075():
     with pytest.raises(ConfigError, match="known to fail on iq9075.*contexts 8-10"):
-        load_build(ROOT, {"model": "qwen2.5-7b-instruct", "plan": "eleven"})
+        load_build(CONFIGS, {"model": "qwen2.5-7b-instruct", "plan": "eleven"})
 
 
 def test_misordered_graph_names_are_refused(project):
@@ -146,9 +147,9 @@ def test_a_board_on_an_unknown_chipset_is_rejected(project):
 
 def test_unknown_device_and_model():
     with pytest.raises(ConfigError, match=r"unknown device 'sm9999'.*known: iq9075, qcm6690"):
-        load_build(ROOT, {"device": "sm9999"})
+        load_build(CONFIGS, {"device": "sm9999"})
     with pytest.raises(ConfigError, match=r"unknown model 'llama'.*qwen2-tiny"):
-        load_build(ROOT, {"model": "llama"})
+        load_build(CONFIGS, {"model": "llama"})
 
 
 def test_plan_layers_must_sum_to_num_layers(project):
@@ -158,21 +159,21 @@ def test_plan_layers_must_sum_to_num_layers(project):
 
 
 def test_command_line_overrides_are_typed_and_validated():
-    assert load_build(ROOT, {"weights_packing": "false"}).compile["weights_packing"] is False
+    assert load_build(CONFIGS, {"weights_packing": "false"}).compile["weights_packing"] is False
     with pytest.raises(ConfigError, match="expected true or false"):
-        load_build(ROOT, {"weights_packing": "maybe"})
+        load_build(CONFIGS, {"weights_packing": "maybe"})
     with pytest.raises(ConfigError, match="unknown setting 'modle'"):
-        load_build(ROOT, {"modle": "x"})
+        load_build(CONFIGS, {"modle": "x"})
     with pytest.raises(ConfigError, match="allowed: 'reference', 'qairt'"):
-        load_build(ROOT, {"backend": "cli"})
+        load_build(CONFIGS, {"backend": "cli"})
 
 
 def test_container_limits_come_from_build_toml_and_the_command_line():
     """[container]: the step containers' limits and uid, typed, in docker's units."""
-    settings = load_build(ROOT).container
+    settings = load_build(CONFIGS).container
     assert (settings.pids_limit, settings.memory, settings.cpus, settings.tmp_size,
             settings.user) == (4096, 32 << 30, 0.0, 256 << 20, "65534:65534")
-    given = load_build(ROOT, {"container.memory": "1g", "container.cpus": "1.5",
+    given = load_build(CONFIGS, {"container.memory": "1g", "container.cpus": "1.5",
                               "container.pids_limit": "64", "container.tmp_size": "8m",
                               "container.user": "4242:4343"}).container
     assert (given.pids_limit, given.memory, given.cpus, given.tmp_size, given.user) == \
@@ -204,13 +205,13 @@ def test_bad_container_settings_are_refused_naming_the_key(project, line, named)
 
 def test_bad_container_settings_on_the_command_line_name_it():
     with pytest.raises(ConfigError, match=r"command line: key 'container.user' is '0:0'"):
-        load_build(ROOT, {"container.user": "0:0"})
+        load_build(CONFIGS, {"container.user": "0:0"})
     with pytest.raises(ConfigError, match=r"command line: container.cpus='two': expected a "
                                           "number"):
-        load_build(ROOT, {"container.cpus": "two"})
+        load_build(CONFIGS, {"container.cpus": "two"})
     with pytest.raises(ConfigError, match=r"unknown setting 'container.mem'; allowed: .*"
                                           r"container.memory"):
-        load_build(ROOT, {"container.mem": "1g"})
+        load_build(CONFIGS, {"container.mem": "1g"})
 
 
 def test_input_dir_outside_project_is_refused(project):

@@ -23,7 +23,7 @@ import pytest
 import tomli
 
 import real_qairt
-from conftest import copy_project
+from conftest import CONFIGS, copy_project, embedded_models
 from hexbundle.config.build import MODEL_SCHEMA, QUALCOMM_MAX_NUM_TOKENS, load_build
 from hexbundle.config.devices import (CHIPSETS_FILE, GENERATOR_FILE, qualcomm_facts,
                                       render_table)
@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 QUALCOMM = ROOT / "tests" / "data" / "qualcomm" / "qai-hub-models-0.65.0"
 QUALCOMM_VERSION = "0.65.0"
 WHEEL_SHA256 = "35198f76e3b98a759bc0d1ec94692b21f44e0cf20dc6f6fe51d8dceb05f12f2c"   # PyPI's
-TABLE = tomli.loads((ROOT / "configs" / "devices.toml").read_text())
+TABLE = tomli.loads((CONFIGS / "configs" / "devices.toml").read_text())
 CHIPSETS = sorted(TABLE["chipset"])
-MODELS = sorted(p.stem for p in (ROOT / "configs" / "models").glob("*.toml"))
+MODELS = embedded_models()
 TOKEN_IDS = {"bos": 151644, "eos": 151645, "eot": 151643}   # Qwen2's, for configs built unbuilt
 
 
@@ -60,7 +60,7 @@ def edit(path: Path, old: str, new: str) -> None:
 @pytest.fixture
 def configs(tmp_path):
     """A copy of the project's configs, for load_build in-process."""
-    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    copy_project(tmp_path, ("configs",))
     return tmp_path
 
 
@@ -71,7 +71,7 @@ def test_the_committed_table_is_what_the_script_makes_of_qualcomms_files():
     facts = vendored_facts()
     assert (facts.chipsets_sha256, facts.generator_sha256) == (
         TABLE["source"]["chipsets_sha256"], TABLE["source"]["generator_sha256"])
-    assert render_table(facts) == (ROOT / "configs" / "devices.toml").read_text()
+    assert render_table(facts) == (CONFIGS / "configs" / "devices.toml").read_text()
 
 
 def test_the_script_reads_a_qai_hub_models_wheel(tmp_path):
@@ -88,7 +88,7 @@ def test_the_script_reads_a_qai_hub_models_wheel(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"28 chipsets with an HTP of 34 in qai-hub-models {QUALCOMM_VERSION}" in proc.stdout
     ours = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    expected = (ROOT / "configs" / "devices.toml").read_text().replace(WHEEL_SHA256, ours)
+    expected = (CONFIGS / "configs" / "devices.toml").read_text().replace(WHEEL_SHA256, ours)
     assert out.read_text() == expected
 
 
@@ -128,7 +128,7 @@ def test_genie_defaults_are_qualcomms_generator_values():
 def test_shipped_models_generate_up_to_qualcomms_max_num_tokens_capped_by_the_context():
     contexts = {}
     for model in MODELS:
-        cfg = load_build(ROOT, {"model": model})
+        cfg = load_build(CONFIGS, {"model": model})
         contexts[model] = cfg.model.context_length
         assert cfg.genie["max_num_tokens"] == min(2048, cfg.model.context_length), model
     assert (contexts["qwen2-tiny"], contexts["qwen2.5-7b-instruct"]) == (256, 4096)
@@ -198,13 +198,13 @@ def test_a_clash_fails_the_build_cleanly_and_keeps_the_bundle(tmp_path):
 def test_a_plan_known_to_fail_on_a_board_fails_on_its_chipset_by_any_name():
     for device in ("iq9075", "qcs9075", "qualcomm-dragonwing-iq-9075", "iq9100"):
         with pytest.raises(ConfigError, match="known to fail on iq9075.*contexts 8-10"):
-            load_build(ROOT, {"model": "qwen2.5-7b-instruct", "plan": "eleven",
+            load_build(CONFIGS, {"model": "qwen2.5-7b-instruct", "plan": "eleven",
                               "device": device})
 
 
 def test_an_unknown_device_suggests_the_nearest_name():
     with pytest.raises(ConfigError, match=r"unknown device 'sa8757p' \(did you mean 'sa8775p'\?\)"):
-        load_build(ROOT, {"device": "sa8757p"})
+        load_build(CONFIGS, {"device": "sa8757p"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +291,7 @@ def qualcomm_key_paths(node, prefix=()):
 
 def configs_of(model: str, device: str) -> tuple:
     """(genie_config.json, htp_backend_ext_config.json) as the bundle step writes them."""
-    cfg = load_build(ROOT, {"model": model, "device": device})
+    cfg = load_build(CONFIGS, {"model": model, "device": device})
     layout = Layout(cfg)
     bins = [layout.bin_name(p) for p in cfg.plan.parts()]
     return genie_config(cfg, TOKEN_IDS, bins), htp_backend_ext_config(cfg)

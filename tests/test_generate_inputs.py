@@ -12,6 +12,7 @@ from hexbundle.config.build import load_model
 from hexbundle.config.model import Architecture, Model, Plan, Quantization
 from hexbundle.inputs import generate, synthetic
 from hexbundle.support.errors import DiskSpaceError
+from conftest import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 3
@@ -69,7 +70,7 @@ def test_both_graphs_record_the_parts_one_data_file_and_onnx_loads_it(tmp_path):
 
 
 def test_a_7b_three_layer_part_needs_about_2_8_gb():
-    model, _ = load_model(ROOT, "qwen2.5-7b-instruct")
+    model, _ = load_model(CONFIGS, "qwen2.5-7b-instruct")
     part = model.plans["eleven"].parts()[1]
     assert len(part.layers) == 3
     assert 2.7e9 < generate.data_bytes(model, part) < 2.9e9

@@ -3,13 +3,14 @@ from pathlib import Path
 
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import BUILD_ROOT_ENV, Layout, ProjectLayout, graph_files
+from conftest import CONFIGS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = CONFIGS.resolve()   # the project root the configs are loaded from
 
 
 def test_build_paths_hang_off_the_build_root(monkeypatch, tmp_path):
     monkeypatch.setenv(BUILD_ROOT_ENV, str(tmp_path / "scratch"))
-    layout = Layout(load_build(ROOT))
+    layout = Layout(load_build(CONFIGS))
     scratch = (tmp_path / "scratch").resolve()
     assert layout.build_dir == scratch / "qwen2-tiny" / "iq9075" / "four" / "reference"
     assert layout.inputs_dir == scratch / "qwen2-tiny" / "inputs"
@@ -25,7 +26,7 @@ def test_build_paths_hang_off_the_build_root(monkeypatch, tmp_path):
 
 
 def test_an_exported_model_reads_its_inputs_where_its_config_says():
-    layout = Layout(load_build(ROOT, {"model": "qwen2.5-7b-instruct"}))
+    layout = Layout(load_build(CONFIGS, {"model": "qwen2.5-7b-instruct"}))
     assert layout.inputs_dir == ROOT / "exports" / "qwen2.5-7b-instruct"
     part = layout.cfg.part(1)
     graph = layout.cfg.model.graphs(part)[0]

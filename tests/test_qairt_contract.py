@@ -15,6 +15,7 @@ import real_qairt
 from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions
 from hexbundle.backends.qairt import QairtBackend, _Api, convert_kwargs, perf_profile
 from hexbundle.toolchain.wheelhouse import read_lock
+from conftest import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "standin_qairt" / "lib" / "python"
@@ -90,9 +91,9 @@ def test_every_perf_profile_a_device_may_name_is_a_real_member(real):
     from hexbundle.config.devices import PERF_PROFILES
     for name in PERF_PROFILES:
         assert perf_profile(real.PerfProfile, name).value == name, name
-    named = [tomli.loads((ROOT / "configs" / "devices.toml").read_text())["defaults"]["htp"]]
+    named = [tomli.loads((CONFIGS / "configs" / "devices.toml").read_text())["defaults"]["htp"]]
     named += [tomli.loads(p.read_text()).get("htp", {})
-              for p in sorted((ROOT / "configs" / "boards").glob("*.toml"))]
+              for p in sorted((CONFIGS / "configs" / "boards").glob("*.toml"))]
     assert len(named) >= 2 and all(n.get("perf_profile", "burst") in PERF_PROFILES for n in named)
 
 

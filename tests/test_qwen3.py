@@ -28,6 +28,7 @@ from hexbundle.inputs import generate, synthetic
 from hexbundle.runtime.conventions import causal_mask, rope_inputs
 from hexbundle.runtime.interpreter import GraphRunner
 from hexbundle.support.errors import ConfigError
+from conftest import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -40,13 +41,13 @@ def small_qwen3(tied: bool, heads: int, kv_heads: int, head_dim: int) -> Model:
                         num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=160,
                         vocab_size=256, rope_theta=1e6, rms_norm_eps=1e-6,
                         tie_word_embeddings=tied, family="qwen3")
-    tiny, _ = load_model(ROOT, "qwen3-tiny")
+    tiny, _ = load_model(CONFIGS, "qwen3-tiny")
     return replace(tiny, name="qwen3-test", slug="qwen3_test", architecture=arch,
                    context_lengths=(160,), plans={"test": Plan("test", (0, 2, 1))},
                    default_plan="test")
 
 
-MODELS = {"qwen3-tiny": lambda: load_model(ROOT, "qwen3-tiny")[0],
+MODELS = {"qwen3-tiny": lambda: load_model(CONFIGS, "qwen3-tiny")[0],
           "untied-6-over-2-heads": lambda: small_qwen3(False, 6, 2, 16),
           "tied-mqa": lambda: small_qwen3(True, 4, 1, 20)}
 
@@ -183,11 +184,11 @@ def built_bins(generated, tmp_path_factory):
 
 
 def test_family_qwen3_loads_and_an_unknown_family_is_refused(tmp_path):
-    model, _ = load_model(ROOT, "qwen3-tiny")
+    model, _ = load_model(CONFIGS, "qwen3-tiny")
     assert model.architecture.family == "qwen3" and model.architecture.tie_word_embeddings
     assert model.architecture.qk_norm and not model.architecture.qkv_bias
     (tmp_path / "configs" / "models").mkdir(parents=True)
-    text = (ROOT / "configs" / "models" / "qwen3-tiny.toml").read_text()
+    text = (CONFIGS / "configs" / "models" / "qwen3-tiny.toml").read_text()
     path = tmp_path / "configs" / "models" / "qwen3-tiny.toml"
     path.write_text(text.replace('family = "qwen3"', 'family = "llama"'))
     with pytest.raises(ConfigError, match=re.escape(f"{path}: key 'architecture.family' is "
@@ -196,7 +197,7 @@ def test_family_qwen3_loads_and_an_unknown_family_is_refused(tmp_path):
 
 
 def test_qwen3_layers_hold_q_and_k_norms_and_no_qkv_biases():
-    model, _ = load_model(ROOT, "qwen3-tiny")
+    model, _ = load_model(CONFIGS, "qwen3-tiny")
     a = model.architecture
     layer = next(p for p in model.plans["four"].parts() if p.layers and not p.has_head)
     names = {w.name: w for w in part_weights(a, model.quantization, layer)}
@@ -205,7 +206,7 @@ def test_qwen3_layers_hold_q_and_k_norms_and_no_qkv_biases():
         w = names[f"model.layers.0.self_attn.{n}_norm.weight"]
         assert w.shape == (a.head_dim,) and w.bitwidth is None
     assert names["model.layers.0.self_attn.q_proj.weight"].shape == (128, 8 * 24)   # 192 != 128
-    qwen2, _ = load_model(ROOT, "qwen2-tiny")   # the qwen2 family is as it was
+    qwen2, _ = load_model(CONFIGS, "qwen2-tiny")   # the qwen2 family is as it was
     qwen2_names = {w.name for w in part_weights(qwen2.architecture, qwen2.quantization,
                                                  qwen2.plans["four"].parts()[1])}
     assert "model.layers.0.self_attn.q_proj.bias" in qwen2_names
@@ -213,7 +214,7 @@ def test_qwen3_layers_hold_q_and_k_norms_and_no_qkv_biases():
 
 
 def test_a_tied_lm_head_is_the_embedding_as_a_conv_weight_in_the_last_part():
-    model, _ = load_model(ROOT, "qwen3-tiny")
+    model, _ = load_model(CONFIGS, "qwen3-tiny")
     parts = model.plans["four"].parts()
     embedding = synthetic.make_weights(model, parts[0], SEED)["model.embed_tokens.weight"]
     head = synthetic.make_weights(model, parts[-1], SEED)["lm_head.weight"]
@@ -227,7 +228,7 @@ def test_a_tied_lm_head_is_the_embedding_as_a_conv_weight_in_the_last_part():
 def test_streamed_qwen3_inputs_are_the_whole_tensor_generators_bytes(tmp_path):
     """The tied LM head drawn block by block from the embedding's stream, its per-row encoding
     accumulated over blocks: the same files as from whole tensors."""
-    model, _ = load_model(ROOT, "qwen3-tiny")
+    model, _ = load_model(CONFIGS, "qwen3-tiny")
     for part in model.plans["four"].parts():
         whole = synthetic.generate_part(model, part, tmp_path / "whole", SEED)
         streamed = generate.generate_part(model, part, tmp_path / "streamed", SEED, chunk_bytes=3000)
@@ -325,7 +326,7 @@ def test_cpu_runner_equals_onnxruntime_on_every_qwen3_graph(generated, built_bin
 
 
 def test_qwen3_tiny_bins_are_the_tensor_expectation_and_the_formula_agrees(tmp_path):
-    model, _ = load_model(ROOT, "qwen3-tiny")
+    model, _ = load_model(CONFIGS, "qwen3-tiny")
     plan = model.plans["four"]
     parts = plan.parts()
     for part in parts:
@@ -341,7 +342,7 @@ def test_qwen3_tiny_bins_are_the_tensor_expectation_and_the_formula_agrees(tmp_p
 
 def test_qwen3_4b_plan_is_within_tolerance_of_the_seeds_3_0_gb():
     """The seeds: Qwen3-4B w4a16, 4 parts, 3.0 GB on IQ-9075 (no per-part figures)."""
-    model, _ = load_model(ROOT, "qwen3-4b")
+    model, _ = load_model(CONFIGS, "qwen3-4b")
     plan = model.plans[model.default_plan]
     assert plan.layers_per_part == (0, 12, 12, 12)            # qai-hub-models' split
     assert round(plan.expected_total_mib * MIB / 1e9, 1) == 3.0   # the config records the seed

@@ -16,6 +16,7 @@ from hexbundle.config.layout import graph_files
 from hexbundle.config.model import Plan
 from hexbundle.inputs.synthetic import encodings_bytes, generate_part
 from hexbundle.support.errors import SizeError
+from conftest import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = sizes.MIB
@@ -23,7 +24,7 @@ MIB = sizes.MIB
 
 @pytest.fixture(scope="module")
 def qwen7b():
-    model, _ = load_model(ROOT, "qwen2.5-7b-instruct")
+    model, _ = load_model(CONFIGS, "qwen2.5-7b-instruct")
     return model
 
 
@@ -124,7 +125,7 @@ def expected_by_build(e) -> dict:
 @pytest.fixture(scope="module")
 def tiny_built(tmp_path_factory):
     """The embedded qwen2-tiny model's generated inputs, every part built three ways."""
-    model, _ = load_model(ROOT, "qwen2-tiny")
+    model, _ = load_model(CONFIGS, "qwen2-tiny")
     out = tmp_path_factory.mktemp("tiny")
     parts = []
     for part in model.plans["four"].parts():

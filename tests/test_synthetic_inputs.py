@@ -14,6 +14,7 @@ from onnx import numpy_helper
 from hexbundle.config.model import Architecture, Model, Plan, Quantization
 from hexbundle.inputs import synthetic
 from hexbundle.runtime.conventions import MASK_VALUE, causal_mask, rope_inputs
+from conftest import CONFIGS, embedded_models
 
 SEED = 7
 SPECIALS = {"bos": "<|im_start|>", "eos": "<|im_end|>", "eot": "<|endoftext|>"}
@@ -419,14 +420,13 @@ def test_tokenizer_specials_take_the_top_ids(model, tokenizer):
 
 
 def embedded_generated_models() -> list:
-    """Every model config in the checkout that the `inputs` task generates."""
+    """Every model config the project ships that the `inputs` task generates."""
     import tomllib
-    root = Path(__file__).resolve().parent.parent
     names = []
-    for path in sorted((root / "configs" / "models").glob("*.toml")):
-        with open(path, "rb") as fh:
+    for name in embedded_models():
+        with open(CONFIGS / "configs" / "models" / f"{name}.toml", "rb") as fh:
             if tomllib.load(fh).get("inputs", {}).get("source") == "generated":
-                names.append(path.stem)
+                names.append(name)
     return names
 
 
@@ -438,7 +438,7 @@ def test_generated_tokenizer_passes_the_bundle_steps_check(name, tmp_path):
     from hexbundle.config.build import load_build
     from hexbundle.formats.tokenizer import special_token_ids
     tokenizers = pytest.importorskip("tokenizers")
-    cfg = load_build(Path(__file__).resolve().parent.parent, {"model": name})
+    cfg = load_build(CONFIGS, {"model": name})
     path = synthetic.generate_tokenizer(cfg.model, tmp_path / "tokenizer.json",
                                         cfg.tokenizer_specials)
     ids = special_token_ids(path, cfg.tokenizer_specials, cfg.model.architecture.vocab_size)
@@ -452,7 +452,7 @@ def test_7b_shape_tokenizer_specials_follow_its_bpe_vocabulary(tmp_path):
     """A vocabulary wider than the corpus's merges: the specials follow the BPE vocabulary (as in
     Qwen's own tokenizer.json), below the logits width, not at its top."""
     from hexbundle.config.build import load_build
-    cfg = load_build(Path(__file__).resolve().parent.parent, {"model": "qwen2.5-7b-shape"})
+    cfg = load_build(CONFIGS, {"model": "qwen2.5-7b-shape"})
     content = synthetic.tokenizer_json(cfg.model, cfg.tokenizer_specials)
     bpe = len(content["model"]["vocab"])
     assert bpe < cfg.model.architecture.vocab_size - len(cfg.tokenizer_specials)

@@ -17,6 +17,7 @@ from hexbundle.backends import describe
 from hexbundle.config import toolchain
 from hexbundle.support.errors import ConfigError, ToolchainError
 from hexbundle.toolchain import image, wheelhouse
+from conftest import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN_SDK = Path(__file__).resolve().parent / "standin_qairt"
@@ -27,7 +28,7 @@ def toolchain_project(tmp_path, sha256=""):
     """A project root holding only what hexbundle.config.toolchain and hexbundle.toolchain read (plus the Dockerfile, lock)."""
     root = tmp_path / "proj"
     (root / "configs").mkdir(parents=True)
-    text = (ROOT / "configs" / "toolchain.toml").read_text()
+    text = (CONFIGS / "configs" / "toolchain.toml").read_text()
     text = text.replace('sha256 = ""', f'sha256 = "{sha256}"')
     (root / "configs" / "toolchain.toml").write_text(text)
     for rel in ("Dockerfile", "requirements/container.lock"):

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import ROOT, copy_project
+from conftest import CONFIGS, ROOT, copy_project
 from hexbundle.backends import ConvertOptions, get_backend
 from hexbundle.config.build import load_model
 from hexbundle.formats.dlc import read_dlc
@@ -28,7 +28,7 @@ def drop_encoding(path, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def part2(tmp_path_factory):
-    model, _ = load_model(ROOT, "qwen2-tiny")
+    model, _ = load_model(CONFIGS, "qwen2-tiny")
     out = tmp_path_factory.mktemp("part2")
     generate.generate_part(model, model.plans["four"].parts()[1], out, 0)
     drop_encoding(out / f"{GRAPH}.encodings", WEIGHT)
