@@ -186,3 +186,39 @@ def built(tmp_path_factory) -> Project:
     proj = copy_project(tmp_path_factory.mktemp("built") / "proj")
     proj.first_run = proj.doit("bundle")
     return proj
+
+
+# ---------------------------------------------------------------------------------------------
+# test tiers: `pytest` runs the fast tier; `pytest --full` (what .ci/run runs) runs everything
+
+HEAVY_MARKERS = ("heavy", "real_qairt")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="the full suite: also the tests marked heavy (the Docker engine, "
+                          "BuildGrid, fuzzing, the long end-to-end builds) and real_qairt")
+
+
+def names_no_file(config) -> bool:
+    """True when the command line names directories only (or nothing: testpaths): a file or
+    node id named on it selects its heavy tests too."""
+    return all(Path(arg.split("::")[0]).is_dir() for arg in config.args)
+
+
+def pytest_report_header(config):
+    if config.getoption("--full"):
+        return "tier: full (every test)"
+    if names_no_file(config) and not config.getoption("markexpr"):
+        return (f"tier: fast (tests marked {' or '.join(HEAVY_MARKERS)} are deselected; "
+                "`pytest --full` runs every test)")
+    return "tier: as selected on the command line"
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--full") or config.getoption("markexpr") or not names_no_file(config):
+        return
+    heavy = [i for i in items if any(i.get_closest_marker(m) for m in HEAVY_MARKERS)]
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = [i for i in items if not any(i.get_closest_marker(m) for m in HEAVY_MARKERS)]
