@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from doit import doit_cmd
+import doit
 
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import DOIT_DB, Layout, ProjectLayout
@@ -23,9 +23,15 @@ from hexbundle.support.errors import HexbundleError
 BENCH_CHECKER_ENV = "HEXBUNDLE_BENCH_CHECKER"
 
 
-def command_line_overrides() -> dict:
-    """Every `key=value` given to doit (typos included: load_build rejects unknown keys)."""
-    return dict(doit_cmd._CMDLINE_VARS or {})
+def command_line_overrides(argv=None) -> dict:
+    """Every `key=value` given to doit (typos included: load_build rejects unknown keys).
+
+    doit's public API reads a variable by name (doit.get_var); the names are the arguments doit
+    takes as variables: not an option, holding a '=' (doit 0.37, DoitMain.process_args)."""
+    argv = sys.argv[1:] if argv is None else argv
+    names = dict.fromkeys(a.split("=", 1)[0] for a in argv if a[:1] not in ("", "-") and "=" in a)
+    values = {name: doit.get_var(name) for name in names}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def load(root: Path):
