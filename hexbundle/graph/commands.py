@@ -199,7 +199,7 @@ def print_task_help(tasks: dict, name: str, loader, command_names=()) -> None:
         return
     settings = command_line_settings(loader.namespace["ROOT"]) if "ROOT" in \
         (getattr(loader, "namespace", None) or {}) else []
-    print(f"\ncommand-line settings (`python3 -m doit {basename} key=value ...`; shown: the "
+    print(f"\ncommand-line settings (`python3 -m doit {task.name} key=value ...`; shown: the "
           "value configs/build.toml gives, or the default):")
     shown = [f"{key}={_shown(value)}" for key, value, _ in settings]
     width = max((len(s) for s in shown), default=0)
