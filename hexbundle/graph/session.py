@@ -34,8 +34,25 @@ def command_line_overrides(argv=None) -> dict:
     return {name: value for name, value in values.items() if value is not None}
 
 
+def outside_project_problem(root: Path, argv: list, started_in: Path):
+    """doit reads its command plugins (pyproject.toml: graph.commands) from the directory it is
+    started in. Run from elsewhere (a subdirectory, with -k or DOIT_SEEK_FILE=1), a flag only
+    they know would end in doit's 'option not recognized': say what to do instead."""
+    if started_in.resolve() == root.resolve():
+        return None
+    flags = [a for a in argv[1:] if a in runguard.RUN_READ_ONLY_FLAGS]
+    if not flags:
+        return None
+    return (f"{flags[0]} is hexbundle's (pyproject.toml), which doit reads only when started in "
+            f"the project directory: run it from {root}")
+
+
 def load(root: Path):
     """Resolve the build for this doit run, or exit with a clean message (no traceback)."""
+    problem = outside_project_problem(root, sys.argv, Path(doit.get_initial_workdir()))
+    if problem:
+        print(f"hexbundle: {problem}", file=sys.stderr)
+        sys.exit(3)
     overrides = command_line_overrides()
     try:
         ProjectLayout(root).check_build_root()   # not /, $HOME, the source tree: before any use
