@@ -18,9 +18,11 @@ from the directory it is started in: the project's). What they add to doit's own
 """
 from __future__ import annotations
 
+import getopt
 import inspect
 
 from doit import cmd_help, cmd_run
+from doit.cmdparse import CmdParseError
 from doit.control import TaskControl
 from doit.exceptions import InvalidCommand
 from doit.reporter import JsonReporter
@@ -56,20 +58,46 @@ class Run(cmd_run.Run):
         self._command_names = sorted(cmds or ())
         super().__init__(cmds=cmds, **kwargs)
 
-    def execute(self, params, args):
-        args = list(args)
-        if any(a in HELP_FLAGS for a in args):   # `doit bundle --help`
-            names = [a for a in args if a not in HELP_FLAGS]
-            self.loader.setup(params)
-            self.loader.load_doit_config()
-            tasks = {t.name: t for t in self.loader.load_tasks(cmd=self, pos_args=[])}
-            for name in names or params.get("default_tasks") or []:
-                print_task_help(tasks, name, self.loader, self._command_names)
-            return 0
-        if DRY_RUN_FLAG in args:   # after the task names, where doit looks for task options
-            args = [a for a in args if a != DRY_RUN_FLAG]
-            params["dry_run"] = True
-        return super().execute(params, args)
+    def parse_execute(self, in_args):
+        """doit's, plus: --help/-h and --dry-run anywhere (doit takes what follows a task name
+        for the task's own options); an unknown option in one line, with the nearest."""
+        flags = HELP_FLAGS + (DRY_RUN_FLAG,)
+        wants_help = any(a in HELP_FLAGS for a in in_args)
+        dry_run = DRY_RUN_FLAG in in_args
+        try:
+            params, args = self.cmdparser.parse([a for a in in_args if a not in flags])
+            self.pdb = params.get("pdb", False)
+            params.update(self.opt_vals)
+            if wants_help:
+                return self._help(params, args)
+            if dry_run:
+                params["dry_run"] = True
+            return self.execute(params, args)
+        except CmdParseError as exc:
+            raise CmdParseError(self._unknown_option(exc)) from None
+
+    def _help(self, params, names) -> int:
+        """`doit bundle --help`: what `doit help bundle` says (default tasks: without a name)."""
+        self.loader.setup(params)
+        defaults = self.loader.load_doit_config().get("default_tasks") or []
+        tasks = {t.name: t for t in self.loader.load_tasks(cmd=self, pos_args=[])}
+        for name in names or defaults:
+            print_task_help(tasks, name, self.loader, self._command_names)
+        return 0
+
+    def _unknown_option(self, exc: CmdParseError) -> str:
+        """doit's message lists every option object (CmdOption(...)): name the one instead."""
+        cause = exc.__context__
+        opt = getattr(cause, "opt", "")
+        if not isinstance(cause, getopt.GetoptError) or not opt:
+            return str(exc)
+        typed = ("--" if len(opt) > 1 else "-") + opt
+        known = [f"--{o.long}" for o in self.cmdparser.options if o.long] + \
+            [f"-{o.short}" for o in self.cmdparser.options if o.short]
+        task = " or of the tasks named" if "Error parsing Task" in str(exc) else ""
+        return (f"option {typed} is not an option of doit run{task}"
+                f"{did_you_mean(typed, known + list(HELP_FLAGS))}; `python3 -m doit help run` "
+                "lists doit's, `python3 -m doit help TASK` a task's")
 
     def _execute(self, outfile, verbosity=None, always=False, continue_=False,
                  reporter="console", num_process=0, par_type="process", single=False,
@@ -153,7 +181,9 @@ def run_reason(dep_manager, task, tasks) -> str | None:
     if reasons.get("missing_target"):
         return "target missing: " + _first(reasons["missing_target"])
     if reasons.get("uptodate_false"):
-        return "never built, or its settings or toolchain changed"
+        if all(check is False for check, _, _ in reasons["uptodate_false"]):
+            return "always runs"
+        return "never built here, or its settings, code or toolchain changed"
     if reasons.get("checker_changed"):
         return "checker changed"
     changed = reasons.get("changed_file_dep") or reasons.get("added_file_dep") or []
