@@ -64,11 +64,12 @@ def test_help_flag_alone_is_the_default_tasks_help(fresh):
 
 def test_help_task_gives_the_whole_description_and_the_settings(fresh):
     run = fresh.doit("help", "gen_inputs")
-    assert "The same files as scripts/gen_7b_inputs.py" in run.out   # beyond the docstring's first line
+    assert "The same files as scripts/gen_7b_inputs.py" in run.out   # past the first line
     assert "--part" in run.out
     for key in settable_keys():
         assert f"\n  {key}=" in run.out, key
-    assert "none (this task does not read configs/build.toml)" in fresh.doit("help", "wheelhouse").out
+    wheelhouse = fresh.doit("help", "wheelhouse").out
+    assert "none (this task does not read configs/build.toml)" in wheelhouse
 
 
 def test_list_shows_whole_sentences(fresh):
