@@ -1,7 +1,8 @@
 """hexbundle's task graph: ONNX -> DLC -> context binary -> Genie bundle. Nothing else lives here.
 
 `doit list` is the manual, `doit bundle` (the default) builds. Settings come from
-configs/build.toml; override them as `doit bundle model=... device=... weights_packing=...`.
+configs/build.toml; override them as `doit bundle model=... device=... weights_packing=...`
+(`doit help TASK` lists them; `doit bundle --dry-run` says what would run).
 
 Each task and the module that does its work, under hexbundle/:
   inputs          steps/inputs.py          generate a model's inputs, streamed (inputs/generate.py,
@@ -69,6 +70,8 @@ def toolchain():
 
 
 rel = LAYOUT.rel
+# A task that reads no build setting (key=value): `doit help TASK` says so (graph/commands.py).
+NO_SETTINGS = {"settings": False}
 # Steps run in threads under `doit -n 2`: don't let doit swap sys.stdout per action (racy).
 NO_CAPTURE = {"capture": False}
 
@@ -140,7 +143,7 @@ def task_import_export():
                         "help": "the model's tokenizer.json (default: DIR/tokenizer.json)"},
                        {"name": "rope_theta", "long": "rope-theta", "type": float,
                         "default": QWEN2_ROPE_THETA, "help": "RoPE theta (not in the files)"}],
-            "uptodate": [False], "verbosity": 2}
+            "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
 
 def task_inspect():
@@ -176,8 +179,9 @@ def task_convert():
 
 
 def task_compile():
-    """A part's DLCs (prompt + token, per context length) -> one context binary (weight sharing,
-    4-bit packing)."""
+    """A part's DLCs -> one context binary, weights shared and 4-bit weights packed.
+
+    The part's prompt and token graph at each context length go into one binary."""
     for part in PARTS:
         options = compile_options(CFG, part)
         yield {"name": part.tag, "doc": f"compile {LAYOUT.bin_name(part)}",
@@ -224,7 +228,7 @@ def task_release():
 def task_verify_release():
     """Rebuild a release from its provenance and compare: doit verify_release ARCHIVE."""
     return {"actions": [action(verify_release_command, ROOT)], "pos_arg": "archive",
-            "uptodate": [False], "verbosity": 2}
+            "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
 
 def task_verify():
@@ -243,24 +247,25 @@ def task_verify():
 
 
 def task_contract_wheel():
-    """Fetch and verify the pinned qairt-dev wheel (requirements/contract.lock) the contract
-    tests load the real QAIRT API classes from, into build/wheelhouse/contract. Not part of the
-    image."""
+    """Fetch and verify the qairt-dev wheel the real_qairt contract tests load (not in the image).
+
+    The wheel pinned by requirements/contract.lock, into build/wheelhouse/contract: the contract
+    tests load the real QAIRT API classes from it."""
     return {"actions": [action(wheelhouse.fetch_contract, ROOT)],
             "file_dep": [rel(ROOT / wheelhouse.CONTRACT_LOCK)],
-            "uptodate": [False], "verbosity": 2}
+            "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
 
 def task_wheelhouse():
     """Fetch and verify the toolchain image's locked Python wheels (build/wheelhouse).
 
     CPython 3.10, manylinux x86_64 wheels named by requirements/container.lock, every sha256
-    checked. Needs PyPI for
-    missing wheels only: a complete wheelhouse brought offline is just verified."""
+    checked. Needs PyPI for missing wheels only: a complete wheelhouse brought offline is just
+    verified."""
     return {"actions": [action(wheelhouse.fetch, ROOT)],
             "file_dep": [rel(TOOLCHAIN.lock)],
             "targets": [rel(TOOLCHAIN.wheelhouse / wheelhouse.SUMS)],
-            "verbosity": 2}
+            "verbosity": 2, "meta": NO_SETTINGS}
 
 
 def task_image():
@@ -279,7 +284,7 @@ def task_image():
             "file_dep": [rel(p) for p in image.build_inputs(ROOT)],
             "targets": [rel(LAYOUT.image_id_file)],
             "uptodate": [image_unchanged(ROOT)],
-            "verbosity": 2}
+            "verbosity": 2, "meta": NO_SETTINGS}
 
 
 def task_gen_inputs():
@@ -310,7 +315,7 @@ def task_bench():
                         "help": "keep the benchmark tree in build/bench/"},
                        {"name": "rows", "long": "rows", "default": "",
                         "help": "only these rows, e.g. 9 or 1,5 (default: all)"}],
-            "uptodate": [False], "verbosity": 2}
+            "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
 
 def task_offline_kit():
@@ -324,4 +329,4 @@ def task_load_kit():
     return {"actions": [action(load_kit_command)], "pos_arg": "kit", "uptodate": [False],
             "params": [{"name": "expect_sha256", "long": "expect-sha256", "default": "",
                         "help": "the archive's sha256, as `doit offline_kit` printed it"}],
-            "verbosity": 2}
+            "verbosity": 2, "meta": NO_SETTINGS}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT_FILES = ("dodo.py", "configs", "scripts", "hexbundle", ".gitignore")
+PROJECT_FILES = ("dodo.py", "pyproject.toml", "configs", "scripts", "hexbundle", ".gitignore")
 
 
 @dataclass

@@ -209,8 +209,8 @@ def test_bad_container_settings_on_the_command_line_name_it():
     with pytest.raises(ConfigError, match=r"command line: container.cpus='two': expected a "
                                           "number"):
         load_build(CONFIGS, {"container.cpus": "two"})
-    with pytest.raises(ConfigError, match=r"unknown setting 'container.mem'; allowed: .*"
-                                          r"container.memory"):
+    with pytest.raises(ConfigError, match=r"unknown setting 'container.mem' \(did you mean "
+                                          r"'container.memory'\?\); allowed: .*container.memory"):
         load_build(CONFIGS, {"container.mem": "1g"})
 
 

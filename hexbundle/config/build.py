@@ -11,6 +11,7 @@ Files (under <project>/configs):
 """
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -372,7 +373,8 @@ def load_model(root: Path, name: str) -> tuple:
     path = project.model_config(name)
     if not path.is_file():
         known = sorted(p.stem for p in project.models_dir.glob("*.toml"))
-        raise ConfigError(f"unknown model {name!r}: no {path}; known: {', '.join(known)}")
+        raise ConfigError(f"unknown model {name!r}{did_you_mean(name, known)}: no {path}; "
+                          f"known: {', '.join(known)}")
     d = read_toml(path, MODEL_SCHEMA)
     m, a, g, q = d["model"], d["architecture"], d["graphs"], d["quantization"]
     where = str(path)
@@ -531,16 +533,14 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
         if sub:
             schema = SECTIONS.get(section, {})
             if sub not in schema:
-                raise ConfigError(f"command line: unknown setting {key!r}; allowed: "
-                                  + ", ".join(_settable()))
+                raise unknown_setting(key)
             with_defaults[section][sub] = check_value(
                 parse_override(key, text, schema[sub]), schema[sub], "command line", key)
         elif key in BUILD_SCHEMA and key not in SECTIONS:
             with_defaults[key] = check_value(parse_override(key, text, BUILD_SCHEMA[key]),
                                               BUILD_SCHEMA[key], "command line", key)
         else:
-            raise ConfigError(f"command line: unknown setting {key!r}; allowed: "
-                              + ", ".join(_settable()))
+            raise unknown_setting(key)
     b = with_defaults
     devices = Devices(root)
     try:
@@ -583,7 +583,42 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
                        remote={k.removeprefix("remote_"): b[k] for k in REMOTE_SCHEMA})
 
 
-def _settable() -> list:
+def settable_keys() -> list:
     """Every key the command line may set: top-level keys, [compile] keys (bare), table.key."""
     return ([k for k in BUILD_SCHEMA if k not in SECTIONS] + list(COMPILE_SCHEMA)
             + [f"container.{k}" for k in CONTAINER_SCHEMA])
+
+
+def did_you_mean(typed: str, known) -> str:
+    """' (did you mean 'x'?)' for the nearest of `known` to a name the user typed, or ''."""
+    near = difflib.get_close_matches(typed, list(known), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def unknown_setting(key: str) -> ConfigError:
+    return ConfigError(f"command line: unknown setting {key!r}{did_you_mean(key, settable_keys())};"
+                       " allowed: " + ", ".join(settable_keys()))
+
+
+def setting_field(key: str) -> Field:
+    """The schema field of a command-line key (as settable_keys names it)."""
+    section, _, sub = key.partition(".")
+    if key in COMPILE_SCHEMA:
+        return COMPILE_SCHEMA[key]
+    return SECTIONS[section][sub] if sub else BUILD_SCHEMA[key]
+
+
+def command_line_settings(root: Path) -> list:
+    """(key, value without overrides, what it is) for every key the command line may set: the
+    value configs/build.toml (and HEXBUNDLE_REMOTE_* for remote_*) gives, else the schema's
+    default. What `doit help TASK` lists; the keys are load_build's own (settable_keys)."""
+    values = remote_from_environment(read_toml(ProjectLayout(root).build_config, BUILD_SCHEMA))
+    out = []
+    for key in settable_keys():
+        section, _, sub = key.partition(".")
+        if key in COMPILE_SCHEMA:
+            section, sub = "compile", key
+        value = values[section][sub] if sub else values[key]
+        f = setting_field(key)
+        out.append((key, value, f.doc or (f"one of {', '.join(f.choices)}" if f.choices else "")))
+    return out

@@ -7,6 +7,7 @@ from hexbundle import __version__
 from hexbundle.backends import describe
 from hexbundle.config.layout import Layout
 from hexbundle.graph import runguard
+from hexbundle.support import console
 
 _banner = ""
 
@@ -36,7 +37,7 @@ class Reporter(ConsoleReporter):
 
     def initialize(self, tasks, selected_tasks):
         super().initialize(tasks, selected_tasks)
-        if _banner:
+        if _banner and not console.quiet():   # -v 0 / -v 1: task output is not shown
             self.outstream.write(_banner + "\n")
 
     def add_success(self, task):

@@ -48,6 +48,7 @@ DEFAULT_LOCK_TIMEOUT_S = 600.0
 POLL_S = 0.2
 # doit commands that neither run tasks nor write the DB: no lock, no clean-up.
 READ_ONLY_COMMANDS = {"list", "help", "info", "dumpdb", "tabcompletion", "--help", "--version"}
+RUN_READ_ONLY_FLAGS = {"--dry-run", "--help", "-h"}   # graph.commands.Run
 
 _held = None   # the lock's open file: the lock lasts as long as this process
 
@@ -60,7 +61,10 @@ class LockBusy(HexbundleError):
 # entry point
 
 def command_writes(argv: list) -> bool:
-    """doit takes its command from the first argument only; anything else means `run`."""
+    """doit takes its command from the first argument only; anything else means `run`. A run
+    with --dry-run or a task's --help (graph.commands) runs nothing and writes nothing."""
+    if any(arg in RUN_READ_ONLY_FLAGS for arg in argv[1:]):
+        return False
     return (argv[1] if len(argv) > 1 else "") not in READ_ONLY_COMMANDS
 
 
@@ -365,6 +369,18 @@ def seed_variant_db(variant_db: Path, model_db: Path) -> None:
     if records != variant:
         _save_db(variant_db, lambda: json.dumps(records))
     _model_dbs[os.path.abspath(variant_db)] = (Path(model_db), split_records(model)[0])
+
+
+def seeded_view(backend, layout, db_name: str = DOIT_DB) -> None:
+    """The seeding of seed_variant_db, in memory only (doit's DB backend, through its set and
+    remove): what `doit --dry-run` reads, writing nothing."""
+    variant = _read_db(layout.doit_db(db_name))
+    records = seeded(variant, _read_db(layout.model_db(db_name)))
+    for task in set(variant) - set(records):
+        backend.remove(task)
+    for task, record in records.items():
+        for key, value in record.items():
+            backend.set(task, key, value)
 
 
 def _read_db(db: Path) -> dict:

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from doit import doit_cmd
+import doit
 
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import DOIT_DB, Layout, ProjectLayout
@@ -23,13 +23,36 @@ from hexbundle.support.errors import HexbundleError
 BENCH_CHECKER_ENV = "HEXBUNDLE_BENCH_CHECKER"
 
 
-def command_line_overrides() -> dict:
-    """Every `key=value` given to doit (typos included: load_build rejects unknown keys)."""
-    return dict(doit_cmd._CMDLINE_VARS or {})
+def command_line_overrides(argv=None) -> dict:
+    """Every `key=value` given to doit (typos included: load_build rejects unknown keys).
+
+    doit's public API reads a variable by name (doit.get_var); the names are the arguments doit
+    takes as variables: not an option, holding a '=' (doit 0.37, DoitMain.process_args)."""
+    argv = sys.argv[1:] if argv is None else argv
+    names = dict.fromkeys(a.split("=", 1)[0] for a in argv if a[:1] not in ("", "-") and "=" in a)
+    values = {name: doit.get_var(name) for name in names}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def outside_project_problem(root: Path, argv: list, started_in: Path):
+    """doit reads its command plugins (pyproject.toml: graph.commands) from the directory it is
+    started in. Run from elsewhere (a subdirectory, with -k or DOIT_SEEK_FILE=1), a flag only
+    they know would end in doit's 'option not recognized': say what to do instead."""
+    if started_in.resolve() == root.resolve():
+        return None
+    flags = [a for a in argv[1:] if a in runguard.RUN_READ_ONLY_FLAGS]
+    if not flags:
+        return None
+    return (f"{flags[0]} is hexbundle's (pyproject.toml), which doit reads only when started in "
+            f"the project directory: run it from {root}")
 
 
 def load(root: Path):
     """Resolve the build for this doit run, or exit with a clean message (no traceback)."""
+    problem = outside_project_problem(root, sys.argv, Path(doit.get_initial_workdir()))
+    if problem:
+        print(f"hexbundle: {problem}", file=sys.stderr)
+        sys.exit(3)
     overrides = command_line_overrides()
     try:
         ProjectLayout(root).check_build_root()   # not /, $HOME, the source tree: before any use

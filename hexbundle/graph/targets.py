@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from hexbundle.support import hashing
+from hexbundle.support import console, hashing
 
 KEY = "_targets_xxh3"
 
@@ -59,8 +59,7 @@ class targets_unchanged:
             if not os.path.exists(target) or target not in recorded:
                 up_to_date = False   # doit rebuilds missing targets; a new target: build once
             elif changed(target, recorded.get(target)):
-                print(f"hexbundle: {target} changed since {task.name} built it: rebuilding",
-                      flush=True)
+                console.say(f"hexbundle: {target} changed since {task.name} built it: rebuilding")
                 up_to_date = False
         return up_to_date
 

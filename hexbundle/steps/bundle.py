@@ -20,7 +20,7 @@ from hexbundle.formats.genie import genie_config, htp_backend_ext_config
 from hexbundle.formats.manifest import bundle_manifest, write_build_info
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.export import check_pins
-from hexbundle.support import hashing, testhooks
+from hexbundle.support import console, hashing, testhooks
 from hexbundle.support.atomic import staged_dir, write_json
 from hexbundle.support.errors import InputError, output_error
 
@@ -119,7 +119,7 @@ class bundle_in_place:
     def __call__(self, task, values) -> bool:
         notes = bundle_drift(self.layout)
         for note in notes:
-            print(f"hexbundle: {note}", flush=True)
+            console.say(f"hexbundle: {note}")   # hidden at -v 0, on stderr under -r json
         return not notes
 
     def __repr__(self) -> str:

@@ -8,10 +8,26 @@ import sys
 import threading
 
 _lock = threading.Lock()
+# Set once per run by the run command (graph.commands): `-v 0`/`-v 1` hide progress (doit's
+# verbosity: task output captured); under `-r json` it goes to stderr, stdout being the JSON.
+_quiet = False
+_to_stderr = False
+
+
+def configure(quiet: bool = False, to_stderr: bool = False) -> None:
+    global _quiet, _to_stderr
+    _quiet, _to_stderr = quiet, to_stderr
+
+
+def quiet() -> bool:
+    return _quiet
 
 
 def say(msg: str) -> None:
-    stream = sys.__stdout__
+    """A progress line for the user on the real stdout (stderr under `-r json`; none at -v 0/1)."""
+    if _quiet:
+        return
+    stream = sys.__stderr__ if _to_stderr else sys.__stdout__
     with _lock:
         stream.write(msg + "\n")
         stream.flush()

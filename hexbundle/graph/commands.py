@@ -1,0 +1,252 @@
+"""doit's `run` and `help` commands, as hexbundle's command line needs them.
+
+Registered as doit command plugins in pyproject.toml ([tool.doit.plugins.command]; doit reads it
+from the directory it is started in: the project's). What they add to doit's own:
+
+- `doit bundle --help` (or -h): the task's help, as `doit help bundle` gives it (doit takes
+  `--help` after a task name for an option of the task, and fails);
+- `doit help TASK`: the task's whole description (doit keeps the first line of a docstring
+  only) and the command-line settings `key=value` it reads, with the values configs/build.toml
+  gives them (config.build.command_line_settings: load_build's own keys, not a copy);
+- `doit bundle --dry-run`: which steps would run and why, in order; nothing is executed or
+  written (no lock, no DB save: runguard.command_writes);
+- a task, target or command name that is none of them: one line with the nearest name
+  (did you mean), exit 3, instead of doit's three lines;
+- verbosity and reporter reach hexbundle's own lines (support.console, graph.reporter): at
+  `-v 0`/`-v 1` (doit: task output captured) the banner, progress lines and tables are not
+  printed; under `-r json` they go to stderr, so stdout is exactly doit's JSON.
+"""
+from __future__ import annotations
+
+import getopt
+import inspect
+
+from doit import cmd_help, cmd_run
+from doit.cmdparse import CmdParseError
+from doit.control import TaskControl
+from doit.exceptions import InvalidCommand
+from doit.reporter import JsonReporter
+
+from hexbundle.config.build import command_line_settings, did_you_mean
+from hexbundle.graph import runguard
+from hexbundle.graph.session import checker_and_db
+from hexbundle.support import console
+from hexbundle.support.errors import HexbundleError
+
+HELP_FLAGS = ("--help", "-h")
+DRY_RUN_FLAG = "--dry-run"
+TASKS_ONLY_BUILD = "settings"   # a task's meta {"settings": False}: it reads no build setting
+
+opt_dry_run = {
+    "name": "dry_run",
+    "short": "",
+    "long": "dry-run",
+    "type": bool,
+    "default": False,
+    "help": "say which tasks would run and why, in order; run nothing, write nothing",
+}
+
+
+class Run(cmd_run.Run):
+    doc_purpose = cmd_run.Run.doc_purpose
+    doc_usage = "[TASK/TARGET...] [key=value...] [--dry-run] [--help]"
+    doc_description = ("`doit help TASK` (or `doit TASK --help`) lists a task's command-line "
+                       "settings key=value.")
+    cmd_options = cmd_run.Run.cmd_options + (opt_dry_run,)
+
+    def __init__(self, cmds=None, **kwargs):
+        self._command_names = sorted(cmds or ())
+        super().__init__(cmds=cmds, **kwargs)
+
+    def parse_execute(self, in_args):
+        """doit's, plus: --help/-h and --dry-run anywhere (doit takes what follows a task name
+        for the task's own options); an unknown option in one line, with the nearest."""
+        flags = HELP_FLAGS + (DRY_RUN_FLAG,)
+        wants_help = any(a in HELP_FLAGS for a in in_args)
+        dry_run = DRY_RUN_FLAG in in_args
+        try:
+            params, args = self.cmdparser.parse([a for a in in_args if a not in flags])
+            self.pdb = params.get("pdb", False)
+            params.update(self.opt_vals)
+            if wants_help:
+                return self._help(params, args)
+            if dry_run:
+                params["dry_run"] = True
+            return self.execute(params, args)
+        except CmdParseError as exc:
+            raise CmdParseError(self._unknown_option(exc)) from None
+
+    def _help(self, params, names) -> int:
+        """`doit bundle --help`: what `doit help bundle` says (default tasks: without a name)."""
+        self.loader.setup(params)
+        defaults = self.loader.load_doit_config().get("default_tasks") or []
+        tasks = {t.name: t for t in self.loader.load_tasks(cmd=self, pos_args=[])}
+        for name in names or defaults:
+            print_task_help(tasks, name, self.loader, self._command_names)
+        return 0
+
+    def _unknown_option(self, exc: CmdParseError) -> str:
+        """doit's message lists every option object (CmdOption(...)): name the one instead."""
+        cause = exc.__context__
+        opt = getattr(cause, "opt", "")
+        if not isinstance(cause, getopt.GetoptError) or not opt:
+            return str(exc)
+        typed = ("--" if len(opt) > 1 else "-") + opt
+        known = [f"--{o.long}" for o in self.cmdparser.options if o.long] + \
+            [f"-{o.short}" for o in self.cmdparser.options if o.short]
+        task = " or of the tasks named" if "Error parsing Task" in str(exc) else ""
+        return (f"option {typed} is not an option of doit run{task}"
+                f"{did_you_mean(typed, known + list(HELP_FLAGS))}; `python3 -m doit help run` "
+                "lists doit's, `python3 -m doit help TASK` a task's")
+
+    def _execute(self, outfile, verbosity=None, always=False, continue_=False,
+                 reporter="console", num_process=0, par_type="process", single=False,
+                 auto_delayed_regex=False, force_verbosity=False, failure_verbosity=0,
+                 pdb=False, dry_run=False):
+        chosen = self.reporters.get(reporter) if isinstance(reporter, str) else reporter
+        console.configure(
+            quiet=bool(force_verbosity and verbosity is not None and verbosity < 2),
+            to_stderr=isinstance(chosen, type) and issubclass(chosen, JsonReporter))
+        try:
+            if dry_run:
+                return self._dry_run(always, auto_delayed_regex)
+            return super()._execute(outfile, verbosity, always, continue_, reporter,
+                                    num_process, par_type, single, auto_delayed_regex,
+                                    force_verbosity, failure_verbosity, pdb)
+        except InvalidCommand as exc:
+            if exc.not_found is None:
+                raise
+            raise InvalidCommand(not_a_task(exc.not_found, self.task_list,
+                                            self._command_names)) from None
+
+    def _dry_run(self, always, auto_delayed_regex) -> int:
+        """Each task the run would reach, in dependency order: would it run, and why."""
+        layout = (getattr(self.loader, "namespace", None) or {}).get("LAYOUT")
+        if layout is not None:   # the model's steps' records, as a real run would see them
+            runguard.seeded_view(self.dep_manager.backend, layout, checker_and_db()[1])
+        control = TaskControl(self.task_list, auto_delayed_regex=auto_delayed_regex)
+        control.process(self.sel_tasks)
+        tasks, order, seen = control.tasks, [], set()
+
+        def visit(name):
+            if name in seen:
+                return
+            seen.add(name)
+            for dep in tasks[name].task_dep + tasks[name].setup_tasks:
+                visit(dep)
+            order.append(name)
+
+        for name in control.selected_tasks:
+            visit(name)
+        runs, lines = set(), []
+        for name in order:
+            task = tasks[name]
+            if not task.actions:   # a group: its subtasks are listed
+                if any(d in runs for d in task.task_dep):
+                    runs.add(name)
+                continue
+            upstream = [d for d in task.task_dep if d in runs]
+            if always:
+                why = "-a: always"
+            elif upstream:   # its inputs are rewritten first
+                why = f"after {upstream[0]}" + (f" and {len(upstream) - 1} more"
+                                                if len(upstream) > 1 else "")
+            else:
+                why = run_reason(self.dep_manager, task, tasks)
+            if why is None:
+                lines.append(f"--  {name}")
+            else:
+                runs.add(name)
+                lines.append(f".   {name}  ({why})")
+        steps = sum(1 for n in order if tasks[n].actions)
+        print(f"dry run: {len(runs & {n for n in order if tasks[n].actions})} of {steps} "
+              "task(s) would run ('.'); '--': up to date. Nothing was run or written.")
+        print("\n".join(lines))
+        return 0
+
+
+def run_reason(dep_manager, task, tasks) -> str | None:
+    """Why doit would run `task` now (its file_dep, targets, up-to-date checks), or None."""
+    try:
+        status = dep_manager.get_status(task, tasks, get_log=True)
+    except (HexbundleError, OSError) as exc:
+        return f"cannot tell: {exc}"
+    if status.status == "up-to-date":
+        return None
+    reasons = status.reasons
+    if status.status == "error" or reasons.get("missing_file_dep"):
+        return "input missing: " + _first(reasons.get("missing_file_dep") or ["?"])
+    if reasons.get("has_no_dependencies"):
+        return "always runs"
+    if reasons.get("missing_target"):
+        return "target missing: " + _first(reasons["missing_target"])
+    if reasons.get("uptodate_false"):
+        if all(check is False for check, _, _ in reasons["uptodate_false"]):
+            return "always runs"
+        return "never built here, or its settings, code or toolchain changed"
+    if reasons.get("checker_changed"):
+        return "checker changed"
+    changed = reasons.get("changed_file_dep") or reasons.get("added_file_dep") or []
+    if changed:
+        return "changed: " + _first(changed)
+    return "not up to date"
+
+
+def _first(names) -> str:
+    names = sorted(names)
+    return names[0] + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+
+
+def not_a_task(name: str, task_list, command_names) -> str:
+    """One line for a name that is no task, target or command: the nearest one, and where to
+    look."""
+    known = [t.name for t in task_list] + list(command_names)
+    return (f"{name!r} is not a task, target or command{did_you_mean(name, known)}; "
+            "`python3 -m doit list` lists the tasks (--all: with their subtasks)")
+
+
+def print_task_help(tasks: dict, name: str, loader, command_names=()) -> None:
+    """A task's whole description, its options, and the command-line settings it reads."""
+    task = tasks.get(name)
+    if task is None:
+        raise InvalidCommand(not_a_task(name, tasks.values(), command_names))
+    print(f"{task.name}  {task.doc}")
+    basename = task.name.split(":", 1)[0]
+    creator = (getattr(loader, "namespace", None) or {}).get(f"task_{basename}")
+    text = inspect.cleandoc(creator.__doc__ or "") if creator else ""
+    first, _, rest = text.partition("\n")
+    if ":" in task.name and first:
+        print(f"  (a subtask of {basename}: {first})")
+    elif rest.strip():
+        print("\n" + "\n".join("  " + line if line else "" for line in rest.strip().splitlines()))
+    params = list(task.creator_params) + list(task.params)
+    if params:
+        print("\noptions:")
+        for opt in cmd_help.TaskParse([cmd_help.CmdOption(o) for o in params]).options:
+            print("\n".join(opt.help_doc()))
+    if (task.meta or {}).get(TASKS_ONLY_BUILD, True) is False:
+        print("\ncommand-line settings: none (this task does not read configs/build.toml)")
+        return
+    settings = command_line_settings(loader.namespace["ROOT"]) if "ROOT" in \
+        (getattr(loader, "namespace", None) or {}) else []
+    print(f"\ncommand-line settings (`python3 -m doit {task.name} key=value ...`; shown: the "
+          "value configs/build.toml gives, or the default):")
+    shown = [f"{key}={_shown(value)}" for key, value, _ in settings]
+    width = max((len(s) for s in shown), default=0)
+    for text, (_, _, doc) in zip(shown, settings):
+        print(f"  {text:<{width}}  {doc}".rstrip())
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return '""' if value == "" else str(value)
+
+
+class Help(cmd_help.Help):
+    """doit's help; on a task: its whole description and its command-line settings."""
+
+    def _execute(self, pos_args):
+        tasks = {t.name: t for t in self.task_list}
+        print_task_help(tasks, pos_args[0], self.loader, self.cmds)
+        return True

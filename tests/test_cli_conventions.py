@@ -1,0 +1,141 @@
+"""doit's own conventions, kept: --help on a task, `doit help TASK`, `doit list`, -v 0, -r json,
+a dry run, "did you mean" on every name a user types, a run from a subdirectory.
+
+Each through a real `python -m doit` on a copy of the project, with its pyproject.toml (where
+hexbundle's run and help commands are registered, as in a checkout). One small build
+(qwen2-tiny, `-r json`) is shared by the tests that need one.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, copy_project
+from hexbundle.config.build import settable_keys
+
+
+def with_commands(dest):
+    """A project copy; its pyproject.toml registers the commands (conftest copies it)."""
+    proj = copy_project(dest)
+    assert (proj.root / "pyproject.toml").is_file()
+    return proj
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """Nothing built: help, list, typos and dry runs (none of them writes)."""
+    return with_commands(tmp_path_factory.mktemp("cli") / "proj")
+
+
+@pytest.fixture(scope="module")
+def built_json(tmp_path_factory):
+    """qwen2-tiny built once, with `-r json`."""
+    proj = with_commands(tmp_path_factory.mktemp("cli-built") / "proj")
+    proj.first_run = proj.doit("-r", "json")
+    return proj
+
+
+def one_line_error(run, *needles):
+    assert run.code != 0, run.out
+    assert "Traceback" not in run.err + run.out
+    lines = [line for line in run.err.splitlines() if line.strip()]
+    assert len(lines) == 1, run.err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_help_flag_after_a_task_shows_its_help_and_settings(fresh):
+    run = fresh.doit("bundle", "--help")
+    assert run.out.startswith("bundle  Check sizes"), run.out
+    for key in settable_keys():   # load_build's own keys, every one
+        assert re.search(rf"^  {re.escape(key)}=", run.out, re.M), key
+    assert "model=qwen2-tiny" in run.out and "device=iq9075" in run.out   # build.toml's values
+    assert "weights_packing=true" in run.out and "container.memory=32g" in run.out
+    assert not (fresh.root / "build" / ".hexbundle" / "lock").exists()   # nothing run
+
+
+def test_help_flag_alone_is_the_default_tasks_help(fresh):
+    assert fresh.doit("-h").out.startswith("bundle  Check sizes")
+
+
+def test_help_task_gives_the_whole_description_and_the_settings(fresh):
+    run = fresh.doit("help", "gen_inputs")
+    assert "The same files as scripts/gen_7b_inputs.py" in run.out   # past the first line
+    assert "--part" in run.out
+    for key in settable_keys():
+        assert f"\n  {key}=" in run.out, key
+    wheelhouse = fresh.doit("help", "wheelhouse").out
+    assert "none (this task does not read configs/build.toml)" in wheelhouse
+
+
+def test_list_shows_whole_sentences(fresh):
+    lines = fresh.doit("list").out.splitlines()
+    assert len(lines) >= 15
+    for line in lines:
+        name, doc = line.split(None, 1)
+        assert doc.rstrip().endswith("."), line   # doit shows a docstring's first line only
+
+
+@pytest.mark.parametrize("args,needles", [
+    (("bundel",), ("'bundel'", "did you mean 'bundle'?")),
+    (("help", "bundel"), ("'bundel'", "did you mean 'bundle'?")),
+    (("bundle", "modle=qwen2-tiny"), ("'modle'", "did you mean 'model'?")),
+    (("bundle", "model=qwen2-tinny"), ("'qwen2-tinny'", "did you mean 'qwen2-tiny'?")),
+    (("--dryrun",), ("--dryrun", "did you mean '--dry-run'?")),   # not doit's CmdOption(...) dump
+    (("bundle", "--dryrun"), ("--dryrun", "did you mean '--dry-run'?")),
+])
+def test_a_mistyped_name_gets_the_nearest_in_one_line(fresh, args, needles):
+    one_line_error(fresh.doit(*args, check=False), *needles)
+
+
+def test_dry_run_says_what_would_run_and_writes_nothing(tmp_path):
+    fresh = with_commands(tmp_path / "proj")   # its own: a mistyped task takes the build lock
+    for args in (("bundle", "--dry-run"), ("--dry-run",)):
+        run = fresh.doit(*args)
+        assert "CmdOption" not in run.out + run.err
+        assert run.out.startswith("dry run: 18 of 18 task(s) would run"), run.out
+        assert re.search(r"^\.   inputs:tokenizer  \(target missing: ", run.out, re.M), run.out
+        assert re.search(r"^\.   bundle  \(after ", run.out, re.M), run.out
+    assert not list((fresh.root / "build").rglob("doit-db.json"))
+    assert not list((fresh.root / "build").rglob("*.bin"))
+    assert not (fresh.root / "build" / ".hexbundle" / "lock").exists()
+
+
+def test_json_reporter_output_is_json(built_json):
+    run = built_json.first_run
+    report = json.loads(run.out)   # stdout is exactly the JSON
+    assert len(report["tasks"]) == 18
+    assert {t["result"] for t in report["tasks"]} == {"success"}
+    assert "  ok bundle" in run.err   # hexbundle's progress went to stderr
+
+
+def test_dry_run_reads_the_command_line_settings(built_json):
+    run = built_json.doit("--dry-run")
+    assert run.out.startswith("dry run: 0 of 18"), run.out
+    run = built_json.doit("bundle", "--dry-run", "weights_packing=false")
+    assert re.search(r"^\.   compile:part_1_of_4  \(", run.out, re.M), run.out
+    assert re.search(r"^--  convert:part_1_of_4_prompt$", run.out, re.M), run.out
+
+
+def test_verbosity_0_shows_only_doits_task_lines(built_json):
+    bins = built_json.build_dir() / "bin"
+    next(bins.glob("*part_2_of_4.bin")).unlink()
+    run = built_json.doit("-v", "0")
+    assert {".  compile:part_2_of_4", ".  bundle"} <= set(run.out.splitlines()), run.out
+    for line in run.out.splitlines():
+        assert re.match(r"^(\.  |-- )\S+$", line), run.out   # no banner, progress, size table
+    assert run.err == ""
+
+
+def test_a_hexbundle_flag_from_a_subdirectory_says_where_to_run(fresh):
+    proc = subprocess.run([sys.executable, "-m", "doit", "bundle", "--dry-run"],
+                          cwd=fresh.root / "configs", capture_output=True, text=True,
+                          env={**os.environ, "DOIT_SEEK_FILE": "1"}, timeout=300)
+    assert proc.returncode == 3
+    assert "Traceback" not in proc.stderr
+    assert f"run it from {fresh.root}" in proc.stderr, proc.stderr
