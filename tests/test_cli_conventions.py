@@ -8,13 +8,12 @@ hexbundle's run and help commands are registered, as in a checkout). One small b
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, copy_project
+from conftest import copy_project
 from hexbundle.config.build import settable_keys
 
 

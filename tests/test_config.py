@@ -1,5 +1,4 @@
 """Config loading: the shipped configs load; every kind of mistake is a clean, named error."""
-import shutil
 from pathlib import Path
 
 import pytest
