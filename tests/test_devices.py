@@ -13,7 +13,6 @@ the Genie configs as Qualcomm's own generator and schema have them.
 """
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 import zipfile

@@ -1,5 +1,4 @@
 """hexbundle.config.layout: every path of a build, from one place."""
-from pathlib import Path
 
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import BUILD_ROOT_ENV, Layout, ProjectLayout, graph_files
