@@ -265,13 +265,15 @@ def task_image():
     CPython 3.10, the hashed lock, and QAIRT when its archive is staged (configs/toolchain.toml;
     without it the image runs the reference backend only and its labels say so). `--base REF` builds on
     another base (no registry: scripts/make_base_image.sh makes one); `--network default` lets
-    a base without python3.10 install it. Log: build/logs/image.log; ID: build/image/."""
+    a base without python3.10 install it. Preconditions first: the SDK archive's pin, a Docker
+    engine that answers and the base image in it are checked before the locked wheels the
+    wheelhouse lacks are fetched (as `doit wheelhouse` does). Log: build/logs/image.log; ID:
+    build/image/."""
     return {"actions": [action("hexbundle.toolchain.image:build", ROOT)],
             "params": [{"name": "base", "long": "base", "default": "",
                         "help": "base image reference (default: configs/toolchain.toml)"},
                        {"name": "network", "long": "network", "default": "none",
                         "help": "network of the build's RUN steps (default: none)"}],
-            "task_dep": ["wheelhouse"],
             "file_dep": [rel(p) for p in image.build_inputs(ROOT)],
             "targets": [rel(LAYOUT.image_id_file)],
             "uptodate": [image_unchanged(ROOT)],
