@@ -22,7 +22,6 @@ import io
 import json
 import os
 import re
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -93,6 +92,7 @@ class _HashingWriter(io.RawIOBase):
 
 def write_context(ctx: Context, fh) -> str:
     """The context as an uncompressed tar into `fh`; returns its sha256."""
+    import tarfile   # here, not at the top: dodo.py imports this module (~10 ms)
     out = _HashingWriter(fh)
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         dirs = sorted({str(Path(n).parent) for n, _ in ctx.files} - {"."})
@@ -106,6 +106,7 @@ def write_context(ctx: Context, fh) -> str:
 
 
 def _info(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
+    import tarfile
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.size, info.mtime = kind, mode, size, CONTEXT_MTIME
     info.uid = info.gid = 0
