@@ -33,26 +33,15 @@ doit's side -- checker, up-to-date keys, run guard, reporter, the action wrapper
 """
 from pathlib import Path
 
-from hexbundle.bench.benchmark import run_bench
-from hexbundle.checks.inspect import inspect_command
-from hexbundle.checks.integrity import check_bundle_integrity
-from hexbundle.checks.sizes import check_built_sizes
-from hexbundle.checks.verify import code_digest, run_verify
 from hexbundle.config.build import CONVERT_IO_KEYS
 from hexbundle.config.toolchain import load_toolchain
+from hexbundle.formats.qaihm import QWEN2_ROPE_THETA
 from hexbundle.graph.actions import action, step_action
 from hexbundle.graph.keys import (generator_digest, image_unchanged, options_key, pinned,
-                                  splitter_digest, toolchain_key)
+                                  runtime_digest, splitter_digest, toolchain_key)
 from hexbundle.graph.session import doit_config, load
-from hexbundle.graph.targets import targets_unchanged
-from hexbundle.inputs.export import require_export
-from hexbundle.inputs.generate import generate_action
-from hexbundle.inputs.import_export import QWEN2_ROPE_THETA, import_export
-from hexbundle.release.offline_kit import load_kit_command, offline_kit_command
-from hexbundle.release.reproducible import make_release, verify_release_command
-from hexbundle.steps.bundle import bundle_in_place
+from hexbundle.graph.targets import bundle_in_place, targets_unchanged
 from hexbundle.steps.compile import compile_options
-from hexbundle.steps.executor import run_step
 from hexbundle.toolchain import image, wheelhouse
 
 ROOT = Path(__file__).resolve().parent
@@ -79,7 +68,8 @@ NO_CAPTURE = {"capture": False}
 def step(task, name, **extra):
     """The action that runs build step `name` (steps/<name>.py) through the configured executor
     (and the remote cache, when configured: graph/remote_steps.py)."""
-    return step_action(run_step, LAYOUT, OVERRIDES, task, name, **extra)
+    return step_action("hexbundle.steps.executor:run_step", LAYOUT, OVERRIDES, task, name,
+                       **extra)
 
 
 def task_inputs():
@@ -90,7 +80,8 @@ def task_inputs():
     if LAYOUT.splits_locally:
         sources = [rel(p) for p in LAYOUT.source_inputs()]
         yield {"name": "check", "doc": "check the export's unsplit graphs are present",
-               "actions": [action(require_export, LAYOUT)], "targets": sources,
+               "actions": [action("hexbundle.inputs.export:require_export", LAYOUT)],
+               "targets": sources,
                "uptodate": [True]}
         for part in PARTS:
             yield {"name": part.tag, "doc": f"split {part.tag} out of the unsplit graphs",
@@ -102,7 +93,7 @@ def task_inputs():
         return
     if CFG.inputs["source"] != "generated":
         yield {"name": "check", "doc": "check the exported inputs are present",
-               "actions": [action(require_export, LAYOUT)],
+               "actions": [action("hexbundle.inputs.export:require_export", LAYOUT)],
                "targets": [rel(p) for p in LAYOUT.all_inputs()],
                "uptodate": [True]}
         return
@@ -132,7 +123,7 @@ def task_import_export():
     `doit import_export --dir PATH --name NAME [--plan 0,6,6,6,6,4] [--tokenizer FILE]`: reads an
     export tree (0.52-0.55 or 0.46), Qualcomm's asset or unsplit graphs alone, in place; infers
     the model and the plan from the files; prints what it found and what is missing."""
-    return {"actions": [action(import_export, ROOT)],
+    return {"actions": [action("hexbundle.inputs.import_export:import_export", ROOT)],
             "params": [{"name": "dir", "long": "dir", "default": "",
                         "help": "the export's directory (its --onnx-export-dir)"},
                        {"name": "name", "long": "name", "default": "",
@@ -154,7 +145,8 @@ def task_inspect():
     dtype, symmetric); then every problem the build would refuse (the build's own checks, all
     of them, not just the first; each weight's values are read once, streamed). Exits non-zero
     if there is any."""
-    return {"actions": [action(inspect_command, float_bitwidth=CFG.compile["float_bitwidth"])],
+    return {"actions": [action("hexbundle.checks.inspect:inspect_command",
+                               float_bitwidth=CFG.compile["float_bitwidth"])],
             "params": [{"name": "path", "long": "path", "default": "",
                         "help": "an export directory, an .onnx or an .encodings file"}],
             "uptodate": [False], "verbosity": 2}
@@ -198,14 +190,16 @@ def task_check_sizes():
 
     The size model catches unpacked 4-bit weights; the re-hash catches any bundle file edited,
     removed or added after the build (no digest cache, no stat shortcut)."""
-    return {"actions": [action(check_built_sizes, LAYOUT), action(check_bundle_integrity, LAYOUT)],
+    return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", LAYOUT),
+                        action("hexbundle.checks.integrity:check_bundle_integrity", LAYOUT)],
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS],
             "uptodate": [False], "verbosity": 2}
 
 
 def task_bundle():
     """Check sizes, then assemble the Genie bundle: configs, tokenizer, bins, manifest."""
-    return {"actions": [action(check_built_sizes, LAYOUT), step("bundle", "bundle")],
+    return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", LAYOUT),
+                        step("bundle", "bundle")],
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS] + [rel(LAYOUT.tokenizer)]
             + CONFIG_FILES,
             "targets": [rel(p) for p in LAYOUT.bundle_files()],
@@ -221,14 +215,15 @@ def task_bundle():
 
 def task_release():
     """Clean rebuild -> build/release/: deterministic .tar.gz, SHA256SUMS, provenance.json."""
-    return {"actions": [action(make_release, LAYOUT, OVERRIDES)], "uptodate": [False],
+    return {"actions": [action("hexbundle.release.reproducible:make_release", LAYOUT, OVERRIDES)],
+            "uptodate": [False],
             "verbosity": 2}
 
 
 def task_verify_release():
     """Rebuild a release from its provenance and compare: doit verify_release ARCHIVE."""
-    return {"actions": [action(verify_release_command, ROOT)], "pos_arg": "archive",
-            "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
+    return {"actions": [action("hexbundle.release.reproducible:verify_release_command", ROOT)],
+            "pos_arg": "archive", "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
 
 def task_verify():
@@ -237,12 +232,12 @@ def task_verify():
     The bins in ctx-bins order, prefill in AR-128 chunks, then AR-1 decode with the KV cache, vs
     the float ONNX on the same tokens: a table per part and end to end (cosine, max error, top-1);
     fails naming the first part that diverges. Thresholds: the model config's [verify] table."""
-    return {"actions": [action(run_verify, LAYOUT)],
+    return {"actions": [action("hexbundle.checks.verify:run_verify", LAYOUT)],
             "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
             + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
             "targets": [rel(LAYOUT.verify_report)],
             "uptodate": [options_key(verify=CFG.verify, backend=CFG.backend,
-                                     runtime=code_digest)],
+                                     runtime=runtime_digest)],
             "verbosity": 2}
 
 
@@ -251,7 +246,7 @@ def task_contract_wheel():
 
     The wheel pinned by requirements/contract.lock, into build/wheelhouse/contract: the contract
     tests load the real QAIRT API classes from it."""
-    return {"actions": [action(wheelhouse.fetch_contract, ROOT)],
+    return {"actions": [action("hexbundle.toolchain.wheelhouse:fetch_contract", ROOT)],
             "file_dep": [rel(ROOT / wheelhouse.CONTRACT_LOCK)],
             "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
@@ -262,7 +257,7 @@ def task_wheelhouse():
     CPython 3.10, manylinux x86_64 wheels named by requirements/container.lock, every sha256
     checked. Needs PyPI for missing wheels only: a complete wheelhouse brought offline is just
     verified."""
-    return {"actions": [action(wheelhouse.fetch, ROOT)],
+    return {"actions": [action("hexbundle.toolchain.wheelhouse:fetch", ROOT)],
             "file_dep": [rel(TOOLCHAIN.lock)],
             "targets": [rel(TOOLCHAIN.wheelhouse / wheelhouse.SUMS)],
             "verbosity": 2, "meta": NO_SETTINGS}
@@ -274,13 +269,15 @@ def task_image():
     CPython 3.10, the hashed lock, and QAIRT when its archive is staged (configs/toolchain.toml;
     without it the image runs the reference backend only and its labels say so). `--base REF` builds on
     another base (no registry: scripts/make_base_image.sh makes one); `--network default` lets
-    a base without python3.10 install it. Log: build/logs/image.log; ID: build/image/."""
-    return {"actions": [action(image.build, ROOT)],
+    a base without python3.10 install it. Preconditions first: the SDK archive's pin, a Docker
+    engine that answers and the base image in it are checked before the locked wheels the
+    wheelhouse lacks are fetched (as `doit wheelhouse` does). Log: build/logs/image.log; ID:
+    build/image/."""
+    return {"actions": [action("hexbundle.toolchain.image:build", ROOT)],
             "params": [{"name": "base", "long": "base", "default": "",
                         "help": "base image reference (default: configs/toolchain.toml)"},
                        {"name": "network", "long": "network", "default": "none",
                         "help": "network of the build's RUN steps (default: none)"}],
-            "task_dep": ["wheelhouse"],
             "file_dep": [rel(p) for p in image.build_inputs(ROOT)],
             "targets": [rel(LAYOUT.image_id_file)],
             "uptodate": [image_unchanged(ROOT)],
@@ -294,7 +291,7 @@ def task_gen_inputs():
     written tensor by tensor where the build reads them: e.g. `doit gen_inputs
     model=qwen2.5-7b-instruct` writes ~30 GB into its exports dir (`--part N`: one part). Free
     disk space is checked first. The same files as scripts/gen_7b_inputs.py."""
-    return {"actions": [action(generate_action, LAYOUT)],
+    return {"actions": [action("hexbundle.inputs.generate:generate_action", LAYOUT)],
             "params": [{"name": "part", "long": "part", "type": int, "default": 0,
                         "help": "only this part of the plan (1-based; 0 = every part)"}],
             "uptodate": [False], "verbosity": 2}
@@ -308,7 +305,7 @@ def task_bench():
     through a local BuildGrid vs the full build, on the Qwen2.5-7B-shaped model (~17 GB of
     disk, ~10 min; `--small`: qwen2-tiny, seconds; `--rows 9`: that row only).
     Table printed, results in build/bench/results.json."""
-    return {"actions": [action(run_bench, ROOT)],
+    return {"actions": [action("hexbundle.bench.benchmark:run_bench", ROOT)],
             "params": [{"name": "small", "long": "small", "type": bool, "default": False,
                         "help": "qwen2-tiny instead of the 7B shape"},
                        {"name": "keep", "long": "keep", "type": bool, "default": False,
@@ -320,13 +317,15 @@ def task_bench():
 
 def task_offline_kit():
     """Write build/offline-kit(.tar, .tar.sha256) + build/load_kit.py: image, wheels, source."""
-    return {"actions": [action(offline_kit_command, LAYOUT)], "uptodate": [False],
+    return {"actions": [action("hexbundle.release.offline_kit:offline_kit_command", LAYOUT)],
+            "uptodate": [False],
             "verbosity": 2}
 
 
 def task_load_kit():
     """Verify an offline kit (its archive's sha256, every checksum), then load its images."""
-    return {"actions": [action(load_kit_command)], "pos_arg": "kit", "uptodate": [False],
+    return {"actions": [action("hexbundle.release.offline_kit:load_kit_command")],
+            "pos_arg": "kit", "uptodate": [False],
             "params": [{"name": "expect_sha256", "long": "expect-sha256", "default": "",
                         "help": "the archive's sha256, as `doit offline_kit` printed it"}],
             "verbosity": 2, "meta": NO_SETTINGS}

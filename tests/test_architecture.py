@@ -182,6 +182,26 @@ def test_dodo_declares_tasks_and_nothing_else():
             assert isinstance(node.value, ast.Constant), f"dodo.py line {node.lineno} acts"
 
 
+def test_dodo_names_every_action_as_an_existing_module_function():
+    """dodo.py names its actions' functions as "module:function", imported when the action runs
+    (hexbundle.graph.actions): each must be a top-level function of an existing module, so a
+    typo fails here, not when someone first runs that task."""
+    dodo = ast.parse((ROOT / "dodo.py").read_text())
+    calls = [n for n in ast.walk(dodo) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Name) and n.func.id in ("action", "step_action")]
+    assert len(calls) >= 15, "dodo.py's actions are made by action() and step_action()"
+    modules = all_modules()
+    for call in calls:
+        ref = call.args[0]
+        assert isinstance(ref, ast.Constant) and isinstance(ref.value, str), \
+            f"dodo.py line {call.lineno}: name the function as \"module:function\""
+        module, _, name = ref.value.partition(":")
+        assert module in modules, f"dodo.py line {call.lineno}: no module {module}"
+        defined = {n.name for n in ast.parse(modules[module].read_text()).body
+                   if isinstance(n, ast.FunctionDef)}
+        assert name in defined, f"dodo.py line {call.lineno}: {module} defines no {name}()"
+
+
 # Temp-then-rename, and temp names inside our own directories, come from hexbundle.support.atomic
 # only: one naming scheme, which the clean-up after a killed run (graph.runguard) knows.
 RENAMES = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("shutil", "move")}

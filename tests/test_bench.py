@@ -43,6 +43,10 @@ def test_results_json_is_well_formed(small_bench):
         assert row["met"] in (True, False, None)
     digests = rows[0]["detail"]
     assert digests["ours_seconds"] > 0 and digests["stock_seconds"] > 0 and digests["bytes"] > 0
+    startup = rows[1]["detail"]   # `doit list` beside `python -m doit --version`, no-op beside list
+    assert startup["version_seconds"] > 0 and startup["list_seconds"] > 0
+    assert len(startup["version_all"]) == len(startup["list_all"]) == len(startup["noop_all"])
+    assert rows[1]["ratio"] == f"{startup['list_ratio']}x; {startup['ratio']}x"
     assert rows[4]["detail"]["peak_rss_bytes"] > 0
     assert results["sizes"]["passed"] is True
     assert results["full_build"]["bins_hard_linked"] is True

@@ -16,11 +16,12 @@ import onnxruntime
 import pytest
 from onnx import helper, numpy_helper
 
-from hexbundle.checks.verify import RUNTIME_SOURCES, compare_bundle_with_onnx
+from hexbundle.checks.verify import compare_bundle_with_onnx
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout
 from hexbundle.formats.container import QuantParams, Tensor
 from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
+from hexbundle.graph.keys import RUNTIME_SOURCES
 from hexbundle.runtime.conventions import causal_mask, rope_inputs
 from hexbundle.runtime.interpreter import GraphRunner
 from hexbundle.support.errors import ConfigError, VerifyError
@@ -155,7 +156,7 @@ def test_verify_config_refuses_a_sequence_longer_than_the_context(project):
 
 
 def test_runtime_sources_list_every_runtime_module_verify_runs():
-    """`doit verify` reruns when a file of RUNTIME_SOURCES changes (code_digest): the list must
+    """`doit verify` reruns when a file of RUNTIME_SOURCES changes (graph.keys.runtime_digest): the list must
     hold every hexbundle.runtime module checks/verify.py reaches through its imports."""
     seen, todo = set(), ["hexbundle.checks.verify"]
     while todo:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from hexbundle import __version__
+from hexbundle.formats import FORMAT_VERSION   # not formats.container: describe() needs no numpy
 from hexbundle.support.errors import BackendError
 
 
@@ -66,7 +67,6 @@ _BACKENDS = {
 
 
 def reference_toolchain_version() -> str:
-    from hexbundle.formats.container import FORMAT_VERSION  # numpy: only when asked
     return f"hexbundle-reference {__version__} format {FORMAT_VERSION}"
 
 

@@ -47,13 +47,9 @@ import numpy as np
 from hexbundle.config.layout import Layout
 from hexbundle.formats.genie import GenieSettings, read_genie_config
 from hexbundle.runtime.parts import bundle_session, onnx_session, open_bundle_parts, rope_settings
-from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import VerifyError
 
-# verify reruns when these change: every runtime module it runs, and this one
-RUNTIME_SOURCES = ("runtime/conventions.py", "runtime/sessions.py", "runtime/interpreter.py",
-                   "runtime/onnx_graph.py", "runtime/parts.py", "checks/verify.py")
 
 
 # ============================================================================ the bundle's runtime config
@@ -284,11 +280,6 @@ def compare_bundle_with_onnx(layout: Layout, bundle_dir: Optional[Path] = None,
                              v["min_cosine_logits"], v["min_top1_agreement"]))
     return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v["decode_steps"], rows,
                   time.monotonic() - started)
-
-
-def code_digest() -> str:
-    here = Path(__file__).resolve().parents[1]
-    return hashing.bytes_digest("".join(hashing.digest(here / n) for n in RUNTIME_SOURCES).encode())
 
 
 def run_verify(layout: Layout) -> None:

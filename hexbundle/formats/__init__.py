@@ -11,3 +11,8 @@
 Import the modules directly (`hexbundle.formats.ctxbin`, ...): this package imports nothing, so
 that reading sizes does not pay for importing onnx.
 """
+
+# The version of the container layout (container.py writes and checks it). Here, not there, so
+# that the reference backend's version (backends.describe: every doit run asks, for the banner and
+# the up-to-date keys) costs no numpy import.
+FORMAT_VERSION = 2   # 2: float32 offsets, per-block groups (AIMET PER_BLOCK, LPBQ)

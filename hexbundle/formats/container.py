@@ -22,11 +22,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 import numpy as np
 import xxhash
 
+from hexbundle.formats import FORMAT_VERSION
 from hexbundle.support import atomic, testhooks
 from hexbundle.support.errors import FormatError, HexbundleError, output_error
 
 ALIGN = 4096
-FORMAT_VERSION = 2   # 2: float32 offsets, per-block groups (AIMET PER_BLOCK, LPBQ)
 PREAMBLE = struct.Struct("<8sIIQQQ24x")   # magic, version, flags, header_offset, header_length, blob_count
 assert PREAMBLE.size == 64
 

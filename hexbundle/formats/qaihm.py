@@ -41,6 +41,11 @@ PART_DIR = re.compile(r"(?P<stem>.+)_(?P<index>\d+)_of_(?P<count>\d+)\.aimet")
 ASSET_ONNX = re.compile(r"(?P<slug>.+)_ar(?P<ar>\d+)\.onnx")
 PRECISION = re.compile(r"_(?P<precision>w\d+a\d+)_ar\d+_cl\d+$")
 UNSPLIT_AIMET = "model.onnx"    # <ClassName>.aimet/model.onnx: the generic path's unsplit graph
+# Not in an export's files: the Qwen2 family's values (Qwen2.5's config.json), which an import
+# (inputs/import_export.py) prints as assumptions.
+QWEN2_ROPE_THETA = 1000000.0
+QWEN2_RMS_NORM_EPS = 1e-6
+QWEN2_SPECIALS = {"bos": "<|im_start|>", "eos": "<|im_end|>", "eot": "<|endoftext|>"}
 
 
 @dataclass(frozen=True)

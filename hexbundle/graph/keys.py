@@ -19,7 +19,8 @@ from hexbundle.toolchain import image
 
 # The generator's sources: generated inputs are regenerated when any changes (the graphs' runtime
 # inputs follow runtime/conventions.py; the weights, graphs and their names, config/model.py).
-# (Hashed, not imported: importing onnx costs ~1 s, which a no-op `doit bundle` must not pay.)
+# (Hashed, not imported: importing onnx costs ~1 s, which a no-op `doit bundle` must not pay;
+# so do the verifier's sources below.)
 PACKAGE = Path(__file__).resolve().parents[1]
 INPUTS_PACKAGE = PACKAGE / "inputs"
 MODEL_SOURCE = PACKAGE / "config" / "model.py"
@@ -79,6 +80,18 @@ SPLITTER_SOURCES = (INPUTS_PACKAGE / "split.py", MODEL_SOURCE)   # where parts a
 def splitter_digest() -> list:
     """The local split's code: a changed splitter re-splits."""
     return [hashing.digest(p) for p in SPLITTER_SOURCES]
+
+
+# verify reruns when these change: every runtime module it runs, and checks/verify.py itself
+# (tests/test_verify.py checks the list against verify's imports).
+RUNTIME_SOURCES = ("runtime/conventions.py", "runtime/sessions.py", "runtime/interpreter.py",
+                   "runtime/onnx_graph.py", "runtime/parts.py", "checks/verify.py")
+
+
+def runtime_digest() -> str:
+    """The code `doit verify` runs: a changed runtime re-verifies."""
+    return hashing.bytes_digest("".join(hashing.digest(PACKAGE / n)
+                                        for n in RUNTIME_SOURCES).encode())
 
 
 def pinned(cfg: BuildConfig, paths: list) -> dict:

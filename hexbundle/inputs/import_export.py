@@ -26,7 +26,8 @@ from hexbundle.config.layout import GraphInputs, ProjectLayout
 from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
                                     part_graphs)
 from hexbundle.formats.encodings import load_encodings
-from hexbundle.formats.qaihm import (TOKENIZER, TOKENIZER_CONFIG, ExportTree, graph_io,
+from hexbundle.formats.qaihm import (QWEN2_RMS_NORM_EPS, QWEN2_ROPE_THETA, QWEN2_SPECIALS,
+                                     TOKENIZER, TOKENIZER_CONFIG, ExportTree, graph_io,
                                      load_structure, scan_export)
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.validate import whole_model_part
@@ -37,10 +38,6 @@ from hexbundle.support.errors import HexbundleError, InputError
 # qai-hub-models' own split of the models it ships (decoder layers per part; part 1 is the
 # embedding): qwen2_5_7b_instruct's 28 layers in 6 parts.
 KNOWN_PLANS = {"qwen2_5_7b_instruct": (0, 6, 6, 6, 6, 4)}
-# Not in the files: the Qwen2 family's values (Qwen2.5's config.json), printed as assumptions.
-QWEN2_ROPE_THETA = 1000000.0
-QWEN2_RMS_NORM_EPS = 1e-6
-QWEN2_SPECIALS = {"bos": "<|im_start|>", "eos": "<|im_end|>", "eot": "<|endoftext|>"}
 PAST_KEY = re.compile(r"past_key_(\d+)_in")
 LAYER_IN_NAME = re.compile(r"layers\.(\d+)[./]")
 HEAD_WEIGHT = re.compile(r"layers\.(\d+)\..*q_proj[a-z_]*\.(\d+)\.weight$")

@@ -20,7 +20,7 @@ from hexbundle.formats.genie import genie_config, htp_backend_ext_config
 from hexbundle.formats.manifest import bundle_manifest, write_build_info
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.export import check_pins
-from hexbundle.support import console, hashing, testhooks
+from hexbundle.support import hashing, testhooks
 from hexbundle.support.atomic import staged_dir, write_json
 from hexbundle.support.errors import InputError, output_error
 
@@ -83,44 +83,3 @@ def assemble(layout: Layout, backend_version: str, sizes_expected: dict, log,
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in
     carry.adopt(bins + [final / b.name for b in bins])
     return final
-
-
-
-def bundle_drift(layout: Layout) -> list:
-    """Why the bundle directory is not what the bundle step makes, though every target is
-    unchanged: files it does not list (a bundle holds only its own files), and bins that are
-    no longer hard links to bin/ (compile replaced bin/X.bin with a new file of the same bytes,
-    and the bundle's name still points at the old one). Empty when it is in place."""
-    bundle = layout.bundle_dir
-    if not bundle.is_dir():
-        return []
-    wanted = {p.name for p in layout.bundle_files()}
-    notes = [f"{layout.rel(bundle / n)} is not part of the bundle: removing it"
-             for n in sorted(os.listdir(bundle)) if n not in wanted]
-    for part in layout.cfg.plan.parts():
-        shipped, built = bundle / layout.bin_name(part), layout.bin(part)
-        try:
-            a, b = os.stat(shipped), os.stat(built)
-        except OSError:
-            continue   # missing: doit rebuilds a missing target by itself
-        if a.st_dev == b.st_dev and a.st_ino != b.st_ino:   # across filesystems it is a copy
-            notes.append(f"{layout.rel(shipped)} is no longer a hard link to "
-                         f"{layout.rel(built)}: linking it again")
-    return notes
-
-
-class bundle_in_place:
-    """doit uptodate item of `bundle`: False (with a line saying why) when bundle_drift finds
-    anything, so the step assembles the bundle again (whole, unlisted files gone, bins linked)."""
-
-    def __init__(self, layout: Layout):
-        self.layout = layout
-
-    def __call__(self, task, values) -> bool:
-        notes = bundle_drift(self.layout)
-        for note in notes:
-            console.say(f"hexbundle: {note}")   # hidden at -v 0, on stderr under -r json
-        return not notes
-
-    def __repr__(self) -> str:
-        return "bundle_in_place()"

@@ -7,7 +7,6 @@ become backend options; the bundle's runtime config reads the same device (forma
 from __future__ import annotations
 
 from hexbundle.backends import CompileOptions, DeviceOptions, get_backend
-from hexbundle.checks.sizes import MIB
 from hexbundle.config.build import BuildConfig
 from hexbundle.config.layout import Layout
 from hexbundle.config.model import Part
@@ -47,4 +46,5 @@ def compile_part(layout: Layout, spec: dict, log) -> None:
         sources = "; ".join(f"{g.name}: " + ", ".join(str(p) for p in layout.graph_inputs(g))
                             for g in graphs)
         raise type(exc)(f"{exc}\n  the part's graphs were converted from {sources}") from None
-    log(f"wrote {layout.rel(layout.bin(part))} ({layout.bin(part).stat().st_size / MIB:.2f} MiB)")
+    size = layout.bin(part).stat().st_size
+    log(f"wrote {layout.rel(layout.bin(part))} ({size / (1 << 20):.2f} MiB)")

@@ -32,7 +32,6 @@ regenerable data and of the digest cache, which never did).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import os
@@ -291,6 +290,7 @@ _AT_FDCWD = -100
 
 def exchange_dirs(a: Path, b: Path) -> bool:
     """Atomically swap two paths; False where the OS or filesystem cannot (then nothing moved)."""
+    import ctypes   # here, not at the top: every doit command imports this module
     try:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):   # not Linux, or a libc without renameat2 (< glibc 2.28)

@@ -22,7 +22,6 @@ import io
 import json
 import os
 import re
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -57,18 +56,23 @@ class Context:
     lock_sha256: str
 
 
-def plan_context(tc: Toolchain) -> Context:
-    """What goes into the context; every check (lock vs wheelhouse, SDK vs pin) happens here,
-    before docker is asked for anything."""
-    from hexbundle.toolchain.wheelhouse import verify
+def check_sources(tc: Toolchain) -> str | None:
+    """The build's own files are there and a staged SDK archive is the pinned one (returns its
+    sha256; None: no SDK staged). Local checks, made before docker or PyPI is asked anything."""
     for path, what in ((tc.dockerfile, "the Dockerfile"), (tc.lock, "the lock file"),
                        (INSTALLER, "the SDK installer")):
         if not path.is_file():
             raise ToolchainError(f"{path}: {what} is missing")
+    return staged_sdk(tc)
+
+
+def plan_context(tc: Toolchain, sdk_sha256: str | None, wheels: dict) -> Context:
+    """What goes into the context: the sources check_sources passed, the SDK archive whose
+    sha256 it returned (if any), the locked wheels as the wheelhouse verified them
+    ({entry: path}, wheelhouse.verify or .download)."""
     files = [("Dockerfile", tc.dockerfile), ("requirements/container.lock", tc.lock),
              ("sdk/install_sdk.py", INSTALLER)]
-    sdk_sha256 = staged_sdk(tc)    # first: a wrong SDK archive is the likelier surprise
-    files += [(f"wheelhouse/{wheel.name}", wheel) for wheel in verify(tc).values()]
+    files += [(f"wheelhouse/{wheel.name}", wheel) for wheel in wheels.values()]
     if sdk_sha256:
         files.append((f"sdk/{tc.sdk_archive.name}", tc.sdk_archive))
     return Context(sorted(files), sdk_sha256, sha256_file(tc.lock))
@@ -88,6 +92,7 @@ class _HashingWriter(io.RawIOBase):
 
 def write_context(ctx: Context, fh) -> str:
     """The context as an uncompressed tar into `fh`; returns its sha256."""
+    import tarfile   # here, not at the top: dodo.py imports this module (~10 ms)
     out = _HashingWriter(fh)
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         dirs = sorted({str(Path(n).parent) for n, _ in ctx.files} - {"."})
@@ -101,6 +106,7 @@ def write_context(ctx: Context, fh) -> str:
 
 
 def _info(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
+    import tarfile
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.size, info.mtime = kind, mode, size, CONTEXT_MTIME
     info.uid = info.gid = 0
@@ -188,16 +194,22 @@ def stream_build(client, fh, tag: str, args: dict, image_labels: dict, network: 
 
 
 def build(root: Path, base: str | None = None, network: str = "none") -> dict:
-    """Build and tag the toolchain image; record and return what was built."""
+    """Build and tag the toolchain image; record and return what was built.
+
+    Preconditions first, before anything is downloaded: the sources and the SDK archive's pin
+    (local), an engine that answers, the base image in it. Only then are the locked wheels the
+    wheelhouse lacks fetched (none when it is complete, e.g. brought offline) and all verified."""
     from hexbundle.toolchain.docker import LONG_TIMEOUT_S, docker_client
+    from hexbundle.toolchain.wheelhouse import download
     tc = load_toolchain(root)
     base = base or tc.base
     started = time.monotonic()
     say = lambda msg: print(f"  image: {msg} ({time.monotonic() - started:.0f}s)",
                             flush=True)
-    ctx = plan_context(tc)
+    sdk_sha256 = check_sources(tc)   # first: a wrong SDK archive is the likelier surprise
     client = docker_client(LONG_TIMEOUT_S)
     facts = base_facts(client, base)
+    ctx = plan_context(tc, sdk_sha256, download(tc))
     say(f"base {base} ({facts['id'][:19]}), QAIRT SDK "
         f"{tc.sdk_version + ' from ' + tc.sdk_archive.name if ctx.sdk_sha256 else 'none'}, "
         f"{sum(1 for n, _ in ctx.files if n.startswith('wheelhouse/'))} wheels, network "
