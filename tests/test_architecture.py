@@ -110,7 +110,7 @@ def test_find_cycle_finds_one_and_only_one():
 
 def test_every_package_has_a_layer():
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    assert packages == set(LAYERS), "add the package to LAYERS (and the README's layout)"
+    assert packages == set(LAYERS), "add the package to LAYERS (and docs/layout.md)"
     assert not [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"], \
         "modules belong in a subpackage"
 
@@ -153,11 +153,11 @@ def test_standalone_modules_import_only_the_standard_library():
                 f"{name}:{line} imports {imported}"
 
 
-def test_readme_layout_lists_every_package():
-    readme = (ROOT / "README.md").read_text()
+def test_layout_document_lists_every_package():
+    layout = (ROOT / "docs" / "layout.md").read_text()
     for package in LAYERS:
-        assert re.search(rf"^\s+{package}/\s+\S", readme, re.M), \
-            f"README.md's layout has no line for hexbundle/{package}/"
+        assert re.search(rf"^\s+{package}/\s+\S", layout, re.M), \
+            f"docs/layout.md has no line for hexbundle/{package}/"
 
 
 def test_dodo_docstring_maps_every_task_to_a_module_that_exists():

@@ -352,7 +352,7 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
         "[inputs]", 'source = "qai-hub-models"', f"dir = {_s(_dir_value(tree.root, project))}",
         f"layout = {_s(tree.layout)}", f"split = {_s(split)}",
         f"tokenizer = {_s(tree.rel(tokenizer) if tokenizer else TOKENIZER)}",
-        "how_to_export = " + _s("re-run the qai-hub-models export (README: Using your export), "
+        "how_to_export = " + _s("re-run the qai-hub-models export (docs/exports.md), "
                                 "then `doit import_export` again"),
         "",
     ]
