@@ -8,6 +8,7 @@ The banner is only for runs that build or check a variant (VARIANT_TASKS): `doit
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Optional
 
@@ -75,7 +76,7 @@ class Reporter(ConsoleReporter):
         super().initialize(tasks, selected_tasks)
         self.started = time.monotonic()
         self.selected = list(selected_tasks or [])
-        self.ran, self.skipped, self.failed = [], [], []
+        self.ran, self.skipped, self.failed, self.succeeded = [], [], [], []
         if _layout is not None and builds_variant(self.selected):
             self.outstream.write(banner(_layout) + "\n")
 
@@ -95,6 +96,7 @@ class Reporter(ConsoleReporter):
 
     def add_success(self, task):
         super().add_success(task)
+        self.succeeded.append(task.name)
         runguard.save_progress()   # a run killed later keeps this task's record
 
     def complete_run(self):
@@ -110,6 +112,14 @@ class Reporter(ConsoleReporter):
         elapsed = _seconds(time.monotonic() - self.started)
         ran = len(self.ran) - len(self.failed)
         counts = f"{ran} step{'s' if ran != 1 else ''} ran, {len(self.skipped)} up to date"
+        stopped = sys.exc_info()[1]   # complete_run runs in doit's `finally`: Ctrl-C, SIGTERM
+        if isinstance(stopped, KeyboardInterrupt):
+            running = [n for n in self.ran if n not in self.succeeded and n not in self.failed]
+            how = "SIGTERM" if type(stopped).__name__ == "Terminated" else "Ctrl-C"
+            done = len(self.succeeded)
+            return (f"hexbundle: stopped by {how} during {', '.join(running) or 'the run'}: "
+                    f"{done} step{'s' if done != 1 else ''} finished, {len(self.skipped)} up "
+                    f"to date, {elapsed}")
         if self.failed:
             name = self.failed[0]
             base = name.split(":")[0]
