@@ -17,6 +17,7 @@ counted in the outer one: the outer total already holds its bytes.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -160,8 +161,9 @@ def is_closed_line(line: str) -> bool:
 
 
 def stdout_is_tty() -> bool:
+    """A terminal a bar can be drawn on (a pty of no width, as `script` gives, is not one)."""
     stream = sys.__stdout__
     try:
-        return bool(stream) and stream.isatty()
+        return bool(stream) and stream.isatty() and os.get_terminal_size(stream.fileno()).columns > 0
     except (ValueError, OSError):
         return False
