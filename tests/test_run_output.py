@@ -132,7 +132,12 @@ def test_inspect_and_import_export_do_not_print_the_default_models_banner(built,
     for run in (inspect, imported):
         assert BANNER not in run.out and "qwen2-tiny, plan" not in run.out, run.out
         assert "NOT deployable" not in run.out
-    assert inspect.out.rstrip("\n").splitlines()[-1].startswith("hexbundle: inspect: 1 step ran")
+    # their own verdict is the last line (the run's summary only follows a failure)
+    assert inspect.out.rstrip("\n").splitlines()[-1] == "8 graphs, 8 encodings files, 0 problems"
+    failed = built.doit("inspect", "--path", str(tmp_path / "gone"), check=False)
+    assert failed.code != 0 and BANNER not in failed.out
+    assert failed.out.rstrip("\n").splitlines()[-1].startswith(
+        "hexbundle: FAILED: task inspect (its message is above)"), failed.out
 
 
 # ---------------------------------------------------------------------------------------------

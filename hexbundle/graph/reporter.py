@@ -4,6 +4,8 @@ many were up to date, how long; on failure which task failed and where its log i
 
 The banner is only for runs that build or check a variant (VARIANT_TASKS): `doit inspect`,
 `doit import_export`, `doit image`... do not build the default model, so they don't name it.
+Those tools end with their own verdict (inspect's counts, the image's ID...): the summary line
+follows it only when they fail or are stopped.
 """
 from __future__ import annotations
 
@@ -103,7 +105,9 @@ class Reporter(ConsoleReporter):
         super().complete_run()
         if _layout is None or not hasattr(self, "started"):
             return
-        self.write(self.summary() + "\n")
+        stopped = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+        if builds_variant(self.selected) or self.failed or self.runtime_errors or stopped:
+            self.write(self.summary() + "\n")
         self.outstream.flush()
 
     def summary(self) -> str:
@@ -130,9 +134,6 @@ class Reporter(ConsoleReporter):
             return (f"hexbundle: FAILED: task {name}{more} ({where}); {counts}, {elapsed}")
         if self.runtime_errors:
             return f"hexbundle: aborted: {counts}, {elapsed}"
-        if not builds_variant(self.selected):
-            what = " ".join(self.selected) or "nothing"
-            return f"hexbundle: {what}: {counts}, {elapsed}"
         names = {n.split(":")[0] for n in self.selected}
         _, deployable = describe(cfg.backend)
         backend = f"{cfg.backend} backend" + ("" if deployable else ", NOT deployable")
