@@ -220,8 +220,10 @@ def generate_action(layout: Layout, part: int = 0) -> None:
             raise ConfigError(f"--part {part}: plan {cfg.plan.name} of {cfg.model.name} has parts "
                               f"1..{len(parts)}")
         parts = [parts[part - 1]]
+    from hexbundle.steps.executor import monitored
     started = time.monotonic()
-    paths = generate_parts(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
-                     cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
+    with monitored("gen_inputs", "gen_inputs"):   # bytes written, rate, ETA as it goes
+        paths = generate_parts(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
+                               cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
     print(f"{len(paths)} files in {layout.rel(layout.inputs_dir)} in "
           f"{time.monotonic() - started:.1f}s", flush=True)

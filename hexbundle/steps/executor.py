@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -133,6 +134,22 @@ class Monitor:
                 bar.close()
 
 
+@contextmanager
+def monitored(task: str, label: str):
+    """Show the work in the block on the console (Monitor), this thread's meters included."""
+    monitor = Monitor(task, label, time.monotonic(), progress_every())
+    done = threading.Event()
+    shows = threading.Thread(target=monitor.run, args=(done,), daemon=True)
+    shows.start()
+    progress.set_sink(monitor)
+    try:
+        yield monitor
+    finally:
+        progress.set_sink(None)
+        done.set()
+        shows.join(timeout=2)   # its bar is cleared before the next line
+
+
 def run_local(spec: dict, log_path: Path) -> int:
     from hexbundle.steps.runner import run
     with open(log_path, "w") as fh:
@@ -150,24 +167,13 @@ def run_step(layout: Layout, overrides: dict, task: str, step: str, **extra) -> 
     spec = step_spec(layout, overrides, step, **extra)
     label = f"{task} [{cfg.backend}/{cfg.executor}]"
     started = time.monotonic()
-    monitor = Monitor(task, label, started, progress_every())
-    done = threading.Event()
-    shows = threading.Thread(target=monitor.run, args=(done,), daemon=True)
-    shows.start()
-    try:
+    with monitored(task, label) as monitor:
         if cfg.executor == "docker":
             from hexbundle.steps.docker_executor import run_in_container
             code = run_in_container(layout, spec, log_path, task=task,
                                     on_progress=monitor.relayed)
         else:
-            progress.set_sink(monitor)
-            try:
-                code = run_local(spec, log_path)
-            finally:
-                progress.set_sink(None)
-    finally:
-        done.set()
-        shows.join(timeout=2)   # its bar is cleared before the step's last line
+            code = run_local(spec, log_path)
     elapsed = time.monotonic() - started
     if code != 0:
         raise StepFailed(f"{label} failed (exit {code}) after {elapsed:.1f}s; log: "
