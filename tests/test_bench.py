@@ -23,8 +23,8 @@ def test_small_bench_runs_and_prints_one_table(small_bench):
     project, run, _ = small_bench
     assert run.code == 0, run.out + run.err
     table = [line for line in run.out.splitlines() if line.startswith("|")]
-    assert table[0].split("|")[1:-1] == [" # ", " measured ", " hexbundle ", " baseline ",
-                                         " ratio ", " target ", " met "]
+    assert [c.strip() for c in table[0].split("|")[1:-1]] == [
+        "#", "measured", "hexbundle", "baseline", "ratio", "target", "met"]
     assert [line.split("|")[1].strip() for line in table[2:]] == [str(i) for i in range(1, 10)]
     assert "machine:" in run.out
     assert not (project.root / "build" / "bench" / "small-tree").exists()   # cleaned up

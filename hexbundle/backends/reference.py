@@ -30,6 +30,7 @@ from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
 from hexbundle.formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
 from hexbundle.formats.onnxfile import BLOCK_ELEMENTS, TensorValues, initializer_values
 from hexbundle.inputs.validate import WeightValueCheck
+from hexbundle.support import progress
 from hexbundle.support.errors import BackendError, HexbundleError
 
 # Non-weight initializers kept inside the topology must stay small: the topology is one blob
@@ -73,9 +74,10 @@ class ReferenceBackend:
                                   [_inline_constant(c, onnx_path) for c in constants],
                                   [_inline_attribute_tensors(n, onnx_path) for n in model.graph.node])
         tensors = _stored_tensors(weights, onnx_path, options.float_bitwidth, log)
-        size = write_dlc(dlc_path, DlcGraph(info, topology, tensors, self._producer(),
-                                            options.float_bitwidth, onnx_path.name,
-                                            encodings_path.name, deployable=self.deployable))
+        with progress.meter(f"{onnx_path.stem} weights", _bytes_read(weights, onnx_path)):
+            size = write_dlc(dlc_path, DlcGraph(info, topology, tensors, self._producer(),
+                                                options.float_bitwidth, onnx_path.name,
+                                                encodings_path.name, deployable=self.deployable))
         quantized = sum(1 for w in weights if w.encoding is not None)
         log(f"{dlc_path.name}: graph {graph_name}: {quantized} quantized + {len(weights) - quantized} "
             f"float weights, {len(constants)} constants in topology, {size} bytes")
@@ -98,11 +100,13 @@ class ReferenceBackend:
                     f"pass the DLCs in bin order (prompt, token; per context length)")
             graphs = (CtxGraph(r.graph, r.topology_bytes(), _dlc_tensors(r)) for r in readers)
             device = {"soc_model": options.device.soc_model, "dsp_arch": options.device.dsp_arch}
-            size = write_ctxbin(bin_path, graphs, weights_packing=options.weights_packing,
-                                weight_sharing=options.weight_sharing,
-                                optimization_type=options.optimization_type,
-                                vtcm_mb=options.device.vtcm_mb, device=device,
-                                producer=self._producer(), deployable=self.deployable)
+            total = sum(rec.data_nbytes for r in readers for rec in r.tensors.values())
+            with progress.meter(f"{bin_path.name} DLC weights", total):
+                size = write_ctxbin(bin_path, graphs, weights_packing=options.weights_packing,
+                                    weight_sharing=options.weight_sharing,
+                                    optimization_type=options.optimization_type,
+                                    vtcm_mb=options.device.vtcm_mb, device=device,
+                                    producer=self._producer(), deployable=self.deployable)
         finally:
             for reader in readers:
                 reader.close()
@@ -140,6 +144,13 @@ def _check_compile_options(names: tuple, dlc_paths: list, options: CompileOption
     if options.device.vtcm_mb < 0:   # 0: the SoC's maximum, as QAIRT takes it
         raise BackendError(f"vtcm_mb {options.device.vtcm_mb} must be 0 (the SoC's maximum) or "
                            "positive")
+
+
+def _bytes_read(weights: list, onnx_path: Path) -> int:
+    """What converting reads of the external data: each weight once, twice when its encoding is
+    derived from its values (one pass for the scale, one to quantize)."""
+    return sum(initializer_values(w.initializer, onnx_path).nbytes * (2 if w.derived_bitwidth else 1)
+               for w in weights)
 
 
 def _dlc_tensors(reader: DlcReader) -> Iterator[TensorStream]:

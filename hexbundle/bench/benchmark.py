@@ -40,6 +40,7 @@ from hexbundle.config.build import load_build
 from hexbundle.config.layout import BUILD_ROOT_ENV, MD5_DOIT_DB, Layout, ProjectLayout, dlc_name
 from hexbundle.config.model import Part
 from hexbundle.support import hashing
+from hexbundle.support import table as tables
 from hexbundle.support.atomic import atomic_output, output_path
 from hexbundle.support.errors import HexbundleError
 
@@ -774,8 +775,7 @@ def format_table(results: dict) -> str:
     head = ("#", "measured", "hexbundle", "baseline", "ratio", "target", "met")
     body = [(str(r["id"]), r["what"], r["ours"], r["baseline"], r["ratio"], r["target"],
              {True: "yes", False: "NO", None: "-"}[r["met"]]) for r in results["rows"]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    lines = tables.table(head, body, markdown=True)
     m, s, f = results["machine"], results["sizes"], results["full_build"]
     notes = [f"machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['os']}, "
              f"Python {m['python']}, doit {m['doit']}, numpy {m['numpy']}; load average "

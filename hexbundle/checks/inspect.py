@@ -35,6 +35,7 @@ from hexbundle.formats.qaihm import (AR_DIR, ASSET_ONNX, KIND_DIRS, GraphIO, gra
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.import_export import QWEN2_SPECIALS, expected_graphs
 from hexbundle.inputs.validate import check_weight_values, io_problem, structure_problems
+from hexbundle.support import table as tables
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError, InputError
 
@@ -391,14 +392,7 @@ def fold(names: list) -> str:
 
 
 def table(rows: list, indent: int, header: Optional[tuple], right: set = frozenset()) -> list:
-    rows = ([header] if header else []) + [tuple(r) for r in rows]
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    out = []
-    for r in rows:
-        cells = [r[c].rjust(widths[c]) if c in right else r[c].ljust(widths[c])
-                 for c in range(len(r))]
-        out.append((" " * indent + "  ".join(cells)).rstrip())
-    return out
+    return tables.table(header, rows, right=right, indent=indent)
 
 
 def wrap(lead: str, items: list) -> list:

@@ -33,6 +33,7 @@ from hexbundle.formats.container import (ALIGN, QUANT_DTYPE_FOR_BITWIDTH, BlobEn
                                          TensorStream, align_up, canonical_json, container_size,
                                          encode_tensor, tensor_blob_nbytes)
 from hexbundle.formats.ctxbin import ctxbin_header, topology_blob_name, weight_blob_name
+from hexbundle.support import table as tables
 from hexbundle.support.console import say
 from hexbundle.support.errors import SizeError
 
@@ -286,30 +287,33 @@ def judge_sizes(model: Model, plan: Plan, actual: dict, float_bitwidth: int = 16
 
 
 def _mib(n: Optional[float]) -> str:
-    return "-" if n is None else f"{n / MIB:10.2f}"
+    return "-" if n is None else f"{n / MIB:.2f}"
 
 
 def format_table(model: Model, plan: Plan, rows: list) -> str:
     has_measured = any(r.measured_mib is not None for r in rows)
-    head = f"{'part':>5}  {'content':<28}{'actual MiB':>11}{'expected MiB':>13}{'dev %':>8}"
-    head += f"{'measured MiB':>14}" if has_measured else ""
-    lines = [f"size check: {model.name}, plan {plan.name} ({len(rows)} parts), "
-             f"tolerance {plan.tolerance_pct}%", head + "  verdict"]
+    head = ["part", "content", "actual MiB", "expected MiB", "dev %"]
+    head += ["measured MiB"] if has_measured else []
+    body = []
     for r in rows:
         dev = "-" if r.deviation_pct is None else f"{r.deviation_pct:+.2f}"
-        line = (f"{r.expectation.part.index:>5}  {r.expectation.content:<28}{_mib(r.actual):>11}"
-                f"{_mib(r.expectation.packed):>13}{dev:>8}")
+        cells = [r.expectation.part.index, r.expectation.content, _mib(r.actual),
+                 _mib(r.expectation.packed), dev]
         if has_measured:
-            line += f"{r.measured_mib:>14.1f}" if r.measured_mib is not None else f"{'-':>14}"
-        lines.append(line + f"  {r.verdict}")
+            cells.append("-" if r.measured_mib is None else f"{r.measured_mib:.1f}")
+        body.append(cells + [r.verdict])
     total_actual = sum(r.actual or 0 for r in rows)
     total_expected = sum(r.expectation.packed for r in rows)
-    line = f"{'total':>5}  {'':<28}{_mib(total_actual):>11}{_mib(total_expected):>13}" \
-           f"{100.0 * (total_actual - total_expected) / total_expected:>+8.2f}"
-    if plan.expected_total_mib:
-        line += f"{plan.expected_total_mib:>14.1f}" if has_measured else \
-            f"   (a known-good build measured {plan.expected_total_mib:.1f})"
-    lines.append(line)
+    total = ["total", "", _mib(total_actual), _mib(total_expected),
+             f"{100.0 * (total_actual - total_expected) / total_expected:+.2f}"]
+    if has_measured:
+        total += [f"{plan.expected_total_mib:.1f}" if plan.expected_total_mib else "", ""]
+    elif plan.expected_total_mib:
+        total.append(f"(a known-good build measured {plan.expected_total_mib:.1f})")
+    body.append(total)
+    lines = [f"size check: {model.name}, plan {plan.name} ({len(rows)} parts), "
+             f"tolerance {plan.tolerance_pct}%"]
+    lines += tables.table(head + ["verdict"], body, right={0, 2, 3, 4, 5} if has_measured else {0, 2, 3, 4})
     lines += [f"note: {r.note}" for r in rows if r.note]
     return "\n".join(lines)
 

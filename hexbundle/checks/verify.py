@@ -47,6 +47,7 @@ import numpy as np
 from hexbundle.config.layout import Layout
 from hexbundle.formats.genie import GenieSettings, read_genie_config
 from hexbundle.runtime.parts import bundle_session, onnx_session, open_bundle_parts, rope_settings
+from hexbundle.support import table as tables
 from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import VerifyError
 
@@ -218,18 +219,13 @@ class Report:
         return [r for r in failing if (r.part_index or math.inf) == first]
 
     def table(self) -> str:
-        width = max(len(r.part) for r in self.rows)
-        checks = max(len(r.check) for r in self.rows)
         lines = [f"verify {self.model}: {self.bundle}, {self.prompt_tokens} prompt tokens + "
-                 f"{self.decode_steps} decode steps vs the float ONNX (onnxruntime)",
-                 f"{'part':<{width}}  {'check':<{checks}} {'out':<6} {'pos':>4} {'cos min':>9} "
-                 f"{'cos mean':>9} {'max|err|':>9} {'top-1':>6}  verdict"]
-        for r in self.rows:
-            top1 = "" if r.top1 is None else f"{r.top1:.3f}"
-            verdict = "ok" if r.ok else "FAIL: " + "; ".join(r.problems)
-            lines.append(f"{r.part:<{width}}  {r.check:<{checks}} {r.what:<6} {r.positions:>4} "
-                         f"{r.cos_min:>9.6f} {r.cos_mean:>9.6f} {r.max_abs:>9.4f} {top1:>6}  "
-                         f"{verdict}")
+                 f"{self.decode_steps} decode steps vs the float ONNX (onnxruntime)"]
+        body = [(r.part, r.check, r.what, r.positions, f"{r.cos_min:.6f}", f"{r.cos_mean:.6f}",
+                 f"{r.max_abs:.4f}", "" if r.top1 is None else f"{r.top1:.3f}",
+                 "ok" if r.ok else "FAIL: " + "; ".join(r.problems)) for r in self.rows]
+        lines += tables.table(("part", "check", "out", "pos", "cos min", "cos mean", "max|err|",
+                               "top-1", "verdict"), body, right={3, 4, 5, 6, 7})
         lines.append(f"{'ok' if self.ok else 'FAILED'} in {self.seconds:.1f}s")
         return "\n".join(lines)
 

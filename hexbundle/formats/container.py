@@ -23,7 +23,7 @@ import numpy as np
 import xxhash
 
 from hexbundle.formats import FORMAT_VERSION
-from hexbundle.support import atomic, testhooks
+from hexbundle.support import atomic, progress, testhooks
 from hexbundle.support.errors import FormatError, HexbundleError, output_error
 
 ALIGN = 4096
@@ -120,7 +120,7 @@ class ContainerWriter:
         self._position += nbytes + padding
         self.blobs.append(entry)
         self._names.add(name)
-        if len(self.blobs) == 1:
+        if len(self.blobs) == 2:   # the topology and a first weight: bytes done, more to come
             testhooks.pause_point()   # tests kill or interrupt a half-written file here
         return entry
 
@@ -266,6 +266,7 @@ class ContainerReader:
             if record.packed:   # unpacking needs the whole tensor; readers of packed data are small
                 raw = self.blob(record.blob)
                 digest.update(raw[:record.data_nbytes])
+                progress.advance(record.data_nbytes)
                 yield tensor_values(record, raw).reshape(-1)
             else:
                 values = tensor_values(record, self.blob(record.blob)).reshape(-1)
@@ -273,6 +274,7 @@ class ContainerReader:
                 for start in range(0, values.size, STREAM_BLOCK_ELEMENTS):
                     block = values[start:start + STREAM_BLOCK_ELEMENTS]
                     digest.update(block.view(np.uint8))
+                    progress.advance(block.nbytes)
                     yield block
                     self.release(entry.offset + start * itemsize, block.nbytes)
             rest = entry.offset + record.data_offset + record.data_nbytes

@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from hexbundle.support.errors import InputError
+from hexbundle.support import progress
 from hexbundle.support.files import require_regular_file
 
 BLOCK_ELEMENTS = 1 << 22   # rows per block ~ 16 MiB of float32 temporaries
@@ -82,6 +83,7 @@ class TensorValues:
                                   shape=(rows.stop - start, *shape[1:]))
                 if block.dtype != np.float32:
                     block = np.asarray(block, dtype=np.float32)
+            progress.advance((rows.stop - start) * row_bytes)   # read from the file
             yield rows, block
             del block
 

@@ -31,6 +31,7 @@ import numpy as np
 from hexbundle.config.build import load_model, resolve_inside
 from hexbundle.config.layout import TOKENIZER, Layout, ProjectLayout, graph_files
 from hexbundle.config.model import Model, Part, part_weights
+from hexbundle.support import progress
 from hexbundle.support.errors import ConfigError, DiskSpaceError
 
 CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
@@ -113,13 +114,16 @@ def write_data(path: Path, model: Model, part: Part, seed: int,
     specs = synthetic.weight_specs(model, part)
     layout = synthetic.data_layout({s.name: s.shape for s in specs})
     ranges = {}
-    with synthetic.open_input_file(path) as f:
+    total = sum(4 * math.prod(s.shape) for s in specs)
+    with synthetic.open_input_file(path) as f, progress.meter(f"{path.name}", total):
         for spec in specs:
             f.write(bytes(layout[spec.name][0] - f.tell()))
             ranges[spec.name] = synthetic.WeightRange(spec)
             for block in weight_blocks(spec, seed, chunk_bytes):
                 ranges[spec.name].update(block)
-                f.write(memoryview(np.ascontiguousarray(block, dtype="<f4")).cast("B"))
+                data = memoryview(np.ascontiguousarray(block, dtype="<f4")).cast("B")
+                f.write(data)
+                progress.advance(data.nbytes)
     return ranges
 
 
@@ -216,8 +220,10 @@ def generate_action(layout: Layout, part: int = 0) -> None:
             raise ConfigError(f"--part {part}: plan {cfg.plan.name} of {cfg.model.name} has parts "
                               f"1..{len(parts)}")
         parts = [parts[part - 1]]
+    from hexbundle.steps.executor import monitored
     started = time.monotonic()
-    paths = generate_parts(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
-                     cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
+    with monitored("gen_inputs", "gen_inputs"):   # bytes written, rate, ETA as it goes
+        paths = generate_parts(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
+                               cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
     print(f"{len(paths)} files in {layout.rel(layout.inputs_dir)} in "
           f"{time.monotonic() - started:.1f}s", flush=True)

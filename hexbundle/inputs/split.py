@@ -31,7 +31,7 @@ from hexbundle.formats.encodings import subset_encodings
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.inputs import validate
-from hexbundle.support import hashing
+from hexbundle.support import hashing, progress
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.errors import InputError
 
@@ -209,11 +209,13 @@ class DataWriter:
         token graph's weights, in a tree whose unsplit graphs each have their own .data)."""
         key = (str(source.resolve()), offset, length)
         if key in self.written:
+            progress.advance(length)   # done: the bytes are there already
             return self.written[key]
         if match_content:
             same = self.digests.get((_range_digest(source, offset, length), length))
             if same is not None:
                 self.written[key] = same
+                progress.advance(length)
                 return same
         start = -(-self.file.tell() // ALIGNMENT) * ALIGNMENT
         self.file.write(bytes(start - self.file.tell()))
@@ -250,6 +252,7 @@ def _copy_range(path: Path, offset: int, length: int, out) -> str:
     for block in _blocks(path, offset, length):
         out.write(block)
         h.update(block)
+        progress.advance(len(block))
     return h.hexdigest()
 
 
@@ -300,7 +303,9 @@ def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
         validate.check_graph_io(src.onnx, proto, model, whole_graph, config)
         cut = cut_graph(proto, model.architecture.num_layers, src.onnx)
         pieces[graph.slot] = (src, proto, part_graph(cut, part, src.onnx))
-    with atomic_output(data_path) as f:
+    total = sum(initializer_values(init, pieces[g.slot][0].onnx).nbytes for g in graphs
+                for init in pieces[g.slot][2].initializers if init.data_location == init.EXTERNAL)
+    with atomic_output(data_path) as f, progress.meter(f"{data_path.name}", total):
         writer = DataWriter(f)
         protos = {}
         for graph in graphs:

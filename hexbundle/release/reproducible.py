@@ -26,6 +26,7 @@ from hexbundle.config.build import REMOTE_ENV_PREFIX, BuildConfig
 from hexbundle.config.layout import BUILD_ROOT_ENV, RELEASE_PROVENANCE, Layout
 from hexbundle.release.provenance import provenance
 from hexbundle.support import hashing
+from hexbundle.support import table as tables
 from hexbundle.support.atomic import atomic_output, write_atomic
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import sha256_file
@@ -304,9 +305,7 @@ def verify_release(root: Path, archive: Path, log=print) -> bool:
 def report_comparison(recorded: dict, rebuilt: dict, archive_same: bool, backend: str,
                       log) -> bool:
     names = sorted(set(recorded) | set(rebuilt))
-    width = max(len(n) for n in names)
-    ok = True
-    log(f"{'file':<{width}}  result")
+    ok, body = True, []
     for name in names:
         if name not in rebuilt:
             verdict, ok = "MISSING from the rebuild", False
@@ -319,8 +318,10 @@ def report_comparison(recorded: dict, rebuilt: dict, archive_same: bool, backend
             if backend == "qairt" and name.endswith(".bin"):
                 verdict += " (context binary from the QAIRT SDK: the compiler is not bit-for-bit " \
                            "reproducible here; inspect before trusting)"
-        log(f"{name:<{width}}  {verdict}")
-    log(f"{'archive':<{width}}  {'identical' if archive_same else 'DIFFERS'}")
+        body.append((name, verdict))
+    body.append(("archive", "identical" if archive_same else "DIFFERS"))
+    for line in tables.table(("file", "result"), body):
+        log(line)
     return ok and archive_same
 
 

@@ -13,7 +13,9 @@ from hexbundle.backends import ConvertOptions, get_backend
 from hexbundle.backends.weightplan import graph_encodings, plan_weights
 from hexbundle.config.layout import Layout
 from hexbundle.inputs import validate
+from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.inputs.export import check_pins
+from hexbundle.support import progress
 
 
 def convert_graph(layout: Layout, spec: dict, log) -> None:
@@ -50,6 +52,9 @@ def scan_weight_values(layout: Layout, graph, proto, options: ConvertOptions, lo
     weights, _ = plan_weights(proto.graph, encodings, onnx_path, encodings_path,
                               options.unencoded_weights)
     stored = {w.name: w.stored_dtype(options.float_bitwidth) for w in weights}
-    read = validate.check_weight_values(onnx_path, proto, stored)
+    total = sum(initializer_values(i, onnx_path).nbytes for i in proto.graph.initializer
+                if i.name in stored)
+    with progress.meter(f"{onnx_path.stem} weight values", total):
+        read = validate.check_weight_values(onnx_path, proto, stored)
     log(f"weight values checked: {len(stored)} weights, {read / 2**20:.1f} MiB read in "
         f"{time.monotonic() - started:.2f}s (no NaN, no infinity, float16 weights in range)")

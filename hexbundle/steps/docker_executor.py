@@ -39,6 +39,7 @@ from typing import Callable
 from hexbundle.config.build import ContainerSettings
 from hexbundle.config.layout import BUILD_ROOT_ENV, Layout, ProjectLayout
 from hexbundle.config.toolchain import load_toolchain
+from hexbundle.support import progress
 from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import ContainerError, HexbundleError
 from hexbundle.support.run import LIFELINE_ENV, run_id
@@ -214,10 +215,11 @@ def _chown_tree(top: Path, uid: int, gid: int) -> None:
 # one step
 
 def run_in_container(layout: Layout, spec: dict, log_path: Path, user: str = "",
-                     task: str = "") -> int:
+                     task: str = "", on_progress: Callable = None) -> int:
     """Run one step in the toolchain image; its output goes to log_path; returns its exit code
     (3 when the container could not be started: the log says why). `user` (uid:gid) defaults to
-    step_user's choice; `task` names the container."""
+    step_user's choice; `task` names the container. The step's progress lines
+    (support.progress) are not logged: each goes to on_progress(snapshot, closed)."""
     user = step_user(layout, user)
     with open(log_path, "w") as log:
         try:
@@ -235,10 +237,32 @@ def run_in_container(layout: Layout, spec: dict, log_path: Path, user: str = "",
         log.write(f"# container: image {tc.image_tag} {image.id}, "
                   f"{describe(layout.cfg.container, user)}\n")
         log.flush()
-        return _run(client, image, layout, spec, log, user, task)
+        return _run(client, image, layout, spec, log, user, task, on_progress)
 
 
-def _run(client, image, layout: Layout, spec: dict, log, user: str, task: str) -> int:
+class _Relay:
+    """The container's output, line by line: progress lines to on_progress, the rest to the log."""
+
+    def __init__(self, log, on_progress):
+        self.log, self.on_progress, self.pending = log, on_progress, ""
+
+    def feed(self, text: str, final: bool = False) -> None:
+        lines = (self.pending + text).split("\n")
+        self.pending = "" if final else lines.pop()
+        kept = []
+        for line in lines:
+            snap = progress.Snapshot.from_line(line)
+            if snap is None:
+                kept.append(line)
+            elif self.on_progress is not None:
+                self.on_progress(snap, progress.is_closed_line(line))
+        if kept:
+            self.log.write("\n".join(kept) + ("" if final and not text.endswith("\n") else "\n"))
+        self.log.flush()
+
+
+def _run(client, image, layout: Layout, spec: dict, log, user: str, task: str,
+         on_progress: Callable = None) -> int:
     from docker.errors import APIError
     command = [PYTHON, str(layout.script("step.py")), json.dumps(spec, sort_keys=True)]
     name = container_name(spec, task)
@@ -258,10 +282,10 @@ def _run(client, image, layout: Layout, spec: dict, log, user: str, task: str) -
         lifeline = _lifeline(client, container)
         container.start()
         text = codecs.getincrementaldecoder("utf-8")(errors="replace")   # chunks split chars
+        relay = _Relay(log, on_progress)
         for chunk in container.logs(stream=True, follow=True):
-            log.write(text.decode(chunk))
-            log.flush()
-        log.write(text.decode(b"", final=True))
+            relay.feed(text.decode(chunk))
+        relay.feed(text.decode(b"", final=True), final=True)
         return int(container.wait().get("StatusCode", 1))
     except APIError as exc:
         log.write(f"error: the Docker engine refused to run the step: {exc.explanation or exc}\n")

@@ -18,7 +18,7 @@ from hexbundle.steps.bundle import assemble_bundle
 from hexbundle.steps.compile import compile_part
 from hexbundle.steps.convert import convert_graph
 from hexbundle.steps.inputs import generate_inputs
-from hexbundle.support import hashing, testhooks
+from hexbundle.support import hashing, progress, testhooks
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.run import end_with_the_run
 
@@ -55,4 +55,5 @@ def main(argv: list) -> int:
         print("usage: step.py SPEC_JSON", file=sys.stderr)
         return 2
     end_with_the_run()   # in a step container: its run killed, the step stops too
+    progress.set_sink(progress.LineSink())   # relayed by the docker executor, not logged
     return run(json.loads(argv[0]))

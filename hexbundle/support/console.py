@@ -29,13 +29,22 @@ def say(msg: str) -> None:
         return
     stream = sys.__stderr__ if _to_stderr else sys.__stdout__
     with _lock:
-        stream.write(msg + "\n")
+        _write(stream, msg)
+
+
+def _write(stream, msg: str) -> None:
+    """A line; above the live progress bars when there are some (steps.executor, on a TTY)."""
+    tqdm = sys.modules.get("tqdm")
+    if tqdm is not None and getattr(tqdm.tqdm, "_instances", None):
+        tqdm.tqdm.write(msg, file=stream)
         stream.flush()
+        return
+    stream.write(msg + "\n")
+    stream.flush()
 
 
 def warn(msg: str) -> None:
     """A warning line on the real stderr (same lock: lines never interleave)."""
     stream = sys.__stderr__
     with _lock:
-        stream.write(msg + "\n")
-        stream.flush()
+        _write(stream, msg)

@@ -3,8 +3,9 @@
 Interrupted-build tests must hit the step while it is writing, every time, on any machine;
 a sleep-and-hope kill would be flaky. Each step has one pause point:
 
-  convert, compile   in the middle of writing the DLC / context binary (the first blob is in
-                     the temp file, the header is not): a kill here leaves a partial temp file
+  convert, compile   in the middle of writing the DLC / context binary (the first two blobs,
+                     the topology and a weight, are in the temp file, the header is not): a kill
+                     here leaves a partial temp file, and the step's progress meter has bytes
   bundle             the staging directory is complete, the swap into bundle/ has not happened
 
     HEXBUNDLE_TEST_PAUSE_AT=compile HEXBUNDLE_TEST_PAUSE_DIR=/tmp/p python3 -m doit bundle

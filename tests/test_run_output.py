@@ -1,0 +1,192 @@
+"""What a run says: the banner only for tasks that build or check a variant, one summary line at
+the end (what, where, steps ran / up to date, time; the failed task and its log), verify's
+verdict even when it is up to date, progress of long steps in bytes (rate, ETA), and SIGTERM
+handled as Ctrl-C is.
+
+Real `python -m doit` runs on a copied project; one build of qwen2-tiny is shared by the module.
+"""
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, DoitRun, copy_project, default_sigint
+from hexbundle.support.atomic import is_temp_name
+
+BUNDLE = "build/qwen2-tiny/iq9075/four/reference/bundle"
+REPORT = "build/qwen2-tiny/iq9075/four/reference/verify/report.json"
+BANNER = "hexbundle 0"   # the banner's first words: `hexbundle <version>: <model>, plan ...`
+WAIT_S = 120
+SUMMARY = re.compile(r"^hexbundle: bundle (\S+) \(reference backend, NOT deployable\): "
+                     r"(\d+) steps? ran, (\d+) up to date, [\d.]+ s$", re.M)
+PROGRESS = re.compile(r"^  \.\. compile:(\S+) \[reference/local\]: \S+ DLC weights "
+                      r"[\d.]+ (?:B|KiB|MiB|GiB) / [\d.]+ (?:B|KiB|MiB|GiB) \(\d+%\), "
+                      r"[\d.]+ (?:B|KiB|MiB|GiB)/s, ETA (?:\d+s|\d+m\d\ds|\d+h\d\dm|\?)", re.M)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    proj = copy_project(tmp_path_factory.mktemp("runout") / "proj")
+    proj.first_run = proj.doit("bundle")
+    return proj
+
+
+def leftovers(build: Path) -> list:
+    return [Path(d, n) for d, dirs, files in os.walk(build) for n in dirs + files
+            if is_temp_name(n)]
+
+
+class Held:
+    """A `doit bundle` in the background held at a step's pause point (support.testhooks)."""
+
+    def __init__(self, project, tmp: Path, pause_at: str, env=None):
+        self.dir = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **(env or {}), "HEXBUNDLE_TEST_PAUSE_AT": pause_at,
+               "HEXBUNDLE_TEST_PAUSE_DIR": str(tmp)}
+        self.out_path, self.err_path = tmp / "out.txt", tmp / "err.txt"
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "doit", "bundle"],
+                                         cwd=project.root, preexec_fn=default_sigint,
+                                         stdout=out, stderr=err, env=env)
+
+    def text(self) -> str:
+        return self.out_path.read_text() + self.err_path.read_text()
+
+    def wait_for(self, predicate, what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not predicate():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the run ended (exit {self.proc.returncode}) before {what}:"
+                                     f"\n{self.text()}")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"no {what} after {WAIT_S}s:\n{self.text()}")
+            time.sleep(0.05)
+
+    def finish(self) -> DoitRun:
+        self.proc.wait(timeout=WAIT_S)
+        return DoitRun(self.proc.returncode, self.out_path.read_text(), self.err_path.read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# the summary line
+
+def test_a_build_ends_with_one_summary_line_naming_the_bundle(built):
+    last = built.first_run.out.rstrip("\n").splitlines()[-1]
+    m = SUMMARY.match(last)
+    assert m, f"last line: {last!r}\n{built.first_run.out}"
+    assert m.group(1) == BUNDLE and (built.root / BUNDLE / "manifest.json").is_file()
+    assert int(m.group(2)) == len(built.first_run.executed) and m.group(3) == "0"
+    assert len(SUMMARY.findall(built.first_run.out)) == 1
+
+    again = built.doit("bundle")
+    m = SUMMARY.search(again.out)
+    assert m and m.group(2) == "0" and int(m.group(3)) == len(again.uptodate), again.out
+
+
+def test_a_failed_run_names_the_task_that_failed_and_its_log(project):
+    project.doit("inputs")
+    encodings = next((project.root / "build" / "qwen2-tiny" / "inputs").glob("*2_of_4.encodings"))
+    encodings.write_text("not json")
+    run = project.doit("bundle", check=False)
+    assert run.code != 0
+    last = run.out.rstrip("\n").splitlines()[-1]
+    m = re.match(r"hexbundle: FAILED: task (convert:part_2_of_4_\w+) \(log: (\S+)\); "
+                 r"\d+ steps? ran, \d+ up to date, [\d.]+ s$", last)
+    assert m, f"last line: {last!r}\n{run.out}"
+    log = project.root / m.group(2)
+    assert log.is_file() and "not valid JSON" in log.read_text()
+    assert m.group(2) == ("build/qwen2-tiny/iq9075/four/reference/logs/"
+                          f"{m.group(1).replace(':', '__')}.log")
+
+
+# ---------------------------------------------------------------------------------------------
+# verify's verdict
+
+def test_verify_prints_its_verdict_and_report_even_when_up_to_date(built):
+    first = built.doit("verify")
+    second = built.doit("verify")
+    assert "verify" in second.uptodate and "verify" not in second.executed
+    for run in (first, second):
+        assert f"verify: PASSED ({REPORT})" in run.out, run.out
+        assert run.out.rstrip("\n").splitlines()[-1].startswith(
+            f"hexbundle: verify: PASSED ({REPORT}), bundle {BUNDLE}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the banner
+
+def test_inspect_and_import_export_do_not_print_the_default_models_banner(built, tmp_path):
+    assert built.first_run.out.startswith(BANNER) and "qwen2-tiny, plan four" in \
+        built.first_run.out
+    inspect = built.doit("inspect", "--path", "build/qwen2-tiny/inputs")
+    imported = built.doit("import_export", "--dir",
+                          str(ROOT / "tests" / "data" / "qaihm" / "export-2cl"), "--name", "two")
+    for run in (inspect, imported):
+        assert BANNER not in run.out and "qwen2-tiny, plan" not in run.out, run.out
+        assert "NOT deployable" not in run.out
+    # their own verdict is the last line (the run's summary only follows a failure)
+    assert inspect.out.rstrip("\n").splitlines()[-1] == "8 graphs, 8 encodings files, 0 problems"
+    failed = built.doit("inspect", "--path", str(tmp_path / "gone"), check=False)
+    assert failed.code != 0 and BANNER not in failed.out
+    assert failed.out.rstrip("\n").splitlines()[-1].startswith(
+        "hexbundle: FAILED: task inspect (its message is above)"), failed.out
+
+
+# ---------------------------------------------------------------------------------------------
+# progress
+
+def test_progress_lines_carry_bytes_rate_and_eta_when_not_a_tty(built, tmp_path):
+    """Held mid-compile (a first weight written), the step's lines say how far it is."""
+    next(built.bundle().parent.joinpath("bin").glob("*_2_of_4.bin")).unlink()
+    held = Held(built, tmp_path / "held", "compile", env={"HEXBUNDLE_PROGRESS_EVERY": "0.1"})
+    held.wait_for(lambda: (held.dir / "paused").exists(), "pause point")
+    held.wait_for(lambda: PROGRESS.search(held.out_path.read_text()), "progress line")
+    (held.dir / "release").touch()
+    run = held.finish()
+    assert run.code == 0, run.out + run.err
+    line = PROGRESS.search(run.out)
+    assert line.group(1) == "part_2_of_4", line.group(0)
+    assert "still running" not in run.out.split(line.group(0))[0].split("compile:part_2")[-1]
+    assert SUMMARY.search(run.out)
+
+
+def test_a_step_containers_progress_lines_are_relayed_not_logged():
+    from hexbundle.steps.docker_executor import _Relay
+    from hexbundle.support import progress
+    got, log = [], io.StringIO()
+    relay = _Relay(log, lambda snap, closed: got.append((snap.what, snap.done, closed)))
+    line = progress.Snapshot("x.bin DLC weights", 5 << 20, 10 << 20, 2.0).to_line()
+    relay.feed("convert x\n" + line[:12])
+    relay.feed(line[12:] + "\ndone in 1.0s\n", final=False)
+    relay.feed("", final=True)
+    assert log.getvalue() == "convert x\ndone in 1.0s\n"
+    assert got == [("x.bin DLC weights", 5 << 20, False)]
+    snap = progress.Snapshot("w", 5 << 20, 10 << 20, 2.0)
+    assert snap.describe() == "w 5.0 MiB / 10.0 MiB (50%), 2.5 MiB/s, ETA 2s"
+
+
+# ---------------------------------------------------------------------------------------------
+# SIGTERM
+
+def test_sigterm_mid_step_exits_non_zero_with_a_message_and_no_temp_file(project, tmp_path):
+    held = Held(project, tmp_path / "held", "compile")
+    held.wait_for(lambda: (held.dir / "paused").exists(), "pause point")
+    assert leftovers(project.root / "build"), "held mid-write: a temp file should be there"
+    held.proc.send_signal(signal.SIGTERM)
+    stopped = held.finish()
+    assert stopped.code != 0
+    assert "hexbundle: terminated (SIGTERM)" in stopped.err, stopped.out + stopped.err
+    assert "Traceback" not in stopped.out + stopped.err
+    assert re.search(r"^hexbundle: stopped by SIGTERM during compile:", stopped.out, re.M)
+    assert leftovers(project.root / "build") == [], "SIGTERM left a temp file"
+
+    rerun = project.doit("bundle")
+    assert rerun.executed and "left by an interrupted run" not in rerun.err
