@@ -5,6 +5,8 @@ is still a dependency; it only hides a cycle from Python's import machinery).
 """
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -257,3 +259,34 @@ def test_only_support_atomic_renames_outputs_into_place():
     assert not found, ("write through hexbundle.support.atomic (atomic_output, output_path, "
                        "staged_dir, temp_dir) instead:\n" + "\n".join(found))
     assert others == set(OTHER_RENAMES), "OTHER_RENAMES lists a rename that is gone"
+
+
+CONTAINER_PROBE = """
+import re, sys
+from pathlib import Path
+allowed = set(sys.stdlib_module_names) | {"hexbundle", "_distutils_hack"}
+for line in Path("requirements/container.in").read_text().splitlines():
+    m = re.match(r"([A-Za-z0-9_.\\-]+)", line.strip())
+    if m and not line.lstrip().startswith("#"):
+        allowed.add(m.group(1).lower().replace("-", "_"))
+allowed |= {"yaml", "typing_extensions", "google", "ml_dtypes", "huggingface_hub",
+            "exceptiongroup", "jsonschema"}   # import names of locked packages and their deps
+class Gate:
+    def find_spec(self, name, path, target=None):
+        top = name.split(".")[0]
+        if top not in allowed and not top.startswith("_") and not top.endswith("__mypyc"):
+            raise ImportError(f"{name} is not in requirements/container.in")
+sys.meta_path.insert(0, Gate())
+import hexbundle.steps.runner
+import hexbundle.backends.qairt, hexbundle.backends.reference
+print("ok")
+"""
+
+
+def test_the_container_step_runner_imports_only_what_the_image_locks():
+    """scripts/step.py runs hexbundle.steps.runner in the toolchain image, whose wheels are
+    requirements/container.in's: a host-only library (a table or progress-bar package) imported
+    at module level by anything the runner imports would fail every docker step."""
+    proc = subprocess.run([sys.executable, "-c", CONTAINER_PROBE], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
