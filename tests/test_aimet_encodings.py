@@ -146,6 +146,7 @@ def aimet_project(tmp_path_factory):
     return project
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 @pytest.mark.parametrize("kind,version", BUILDS, ids=[f"{k}-{v}" for k, v in BUILDS])
 def test_a_build_with_aimets_encodings_bundles_sizes_exactly_and_verifies(aimet_project, kind,
                                                                           version):

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+pytestmark = pytest.mark.heavy   # `doit bench --small`, every row: the full suite (`pytest --full`)
+
 ROW_KEYS = {"id", "what", "ours", "baseline", "ratio", "target", "met", "detail"}
 
 

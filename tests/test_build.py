@@ -83,6 +83,7 @@ def test_doit_list_reads_as_a_manual(built):
 
 # --- incremental behaviour ---------------------------------------------------------------------
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_reading_commands_create_nothing_and_ask_no_docker_engine(project):
     """`doit list`, `help` and `info` in a fresh tree: no build/ (no lock, no directories, no
     digest cache), and under executor=docker no engine is asked (none answers here: the
@@ -98,6 +99,7 @@ def test_reading_commands_create_nothing_and_ask_no_docker_engine(project):
     assert not (project.root / "build").exists(), "doit info bundle created build/"
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_second_run_executes_nothing_and_touch_hashes_once(project, tmp_path):
     project.doit("bundle")
     again = project.doit("bundle")
@@ -143,6 +145,7 @@ def test_changing_one_parts_weights_rebuilds_only_that_part(project):
                             "compile:part_3_of_4", "bundle"}, run.out
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 @pytest.mark.parametrize("source", ["hexbundle/config/model.py", "hexbundle/inputs/synthetic.py"])
 def test_a_changed_generator_source_regenerates_the_inputs(project, source):
     """config/model.py says which weights and graphs the generator writes, as synthetic.py says
@@ -154,6 +157,7 @@ def test_a_changed_generator_source_regenerates_the_inputs(project, source):
     assert {f"inputs:part_{i}_of_4" for i in range(1, 5)} <= run.executed, run.out
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_weights_packing_off_reruns_compile_and_bundle_only_and_fails_loudly(project):
     project.doit("bundle")
     good_manifest = project.manifest()
@@ -172,6 +176,7 @@ def test_weights_packing_off_reruns_compile_and_bundle_only_and_fails_loudly(pro
     assert not any(t.startswith("convert:") for t in back.executed)
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_deleted_bin_is_rebuilt(project):
     project.doit("bundle")
     victim = project.build_dir() / "bin" / "qwen2_tiny_part_2_of_4.bin"
@@ -182,6 +187,7 @@ def test_deleted_bin_is_rebuilt(project):
     assert victim.read_bytes() == before
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_parallel_build_gives_the_same_bytes(project, tmp_path):
     project.doit("-n", "2", "bundle")
     parallel = {p.name: p.read_bytes() for p in all_files(project.bundle())}

@@ -235,6 +235,7 @@ toml_values = st.recursive(
 
 
 @settings(max_examples=300, deadline=None)
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 @given(st.dictionaries(st.sampled_from(list(MODEL_SCHEMA) + list(BUILD_SCHEMA) + ["x"]),
                        toml_values, max_size=6))
 def test_validator_fuzz_only_raises_config_error(data):

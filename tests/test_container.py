@@ -22,6 +22,8 @@ import pytest
 
 from conftest import copy_project, default_sigint
 
+pytestmark = pytest.mark.heavy   # a Docker engine and the toolchain image: the full suite (`pytest --full`)
+
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN_SDK = Path(__file__).resolve().parent / "standin_qairt"
 LOCAL_BASE = "hexbundle/base:bookworm-py3.10"      # what scripts/make_base_image.sh makes

@@ -105,6 +105,7 @@ def test_one_bin_per_part_holds_four_graphs_and_one_copy_of_the_weights(two_leng
             assert f"convert:{part}_{slot}" in run.executed
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_the_size_check_counts_every_graph(two_lengths, project):
     """The four-graph bins are judged against an expectation of four graphs (exact for the
     reference backend), and each is larger than the one-length bin by topologies only."""
@@ -121,6 +122,7 @@ def test_the_size_check_counts_every_graph(two_lengths, project):
         assert one_size < two_size < 1.25 * one_size      # not a second copy of the weights
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_unshared_weights_across_lengths_are_refused(two_lengths, tmp_path):
     """weight_sharing off stores the weights once per graph: four copies, caught by size."""
     project = copy_project(tmp_path / "proj")
@@ -226,6 +228,7 @@ def test_the_export_verifies_at_both_lengths(imported_2cl):
     assert all(r["cos_min"] >= 0.95 and r["top1"] >= 0.5 for r in ends.values()), ends
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_the_export_splits_locally_at_both_lengths(tmp_path):
     """--plan: every length's unsplit graphs cut into the plan's parts; one .data per part."""
     project = copy_project(tmp_path / "proj")
@@ -244,6 +247,7 @@ def test_the_export_splits_locally_at_both_lengths(tmp_path):
     project.doit("verify", "model=mine")
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_weight_that_differs_between_lengths_is_refused_naming_both_graphs_files(tmp_path):
     """Weight sharing needs every length's copy of a weight to be the same bytes; a CL-512
     export whose weight differs is refused at compile, naming the two graphs and their files."""

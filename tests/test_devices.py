@@ -179,6 +179,7 @@ def test_a_board_claiming_a_chipsets_name_is_refused_naming_both_files(configs):
         load_build(configs)
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_clash_fails_the_build_cleanly_and_keeps_the_bundle(tmp_path):
     proj = copy_project(tmp_path / "proj")
     proj.doit("bundle")
@@ -230,6 +231,7 @@ def built_device(proj, name: str) -> dict:
     return {"ext": ext["devices"][0], "bins": devices, "manifest": proj.manifest(device=name)}
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 @pytest.mark.parametrize("name", CHIPSETS)
 def test_every_chipset_of_the_table_builds_the_tiny_model(fleet, name):
     chip = TABLE["chipset"][name]
@@ -245,6 +247,7 @@ def test_every_chipset_of_the_table_builds_the_tiny_model(fleet, name):
     assert built["manifest"]["device"] == name
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_sa8775p_and_qcs9075_write_52_and_77(fleet):
     for name, soc_model in (("sa8775p", 52), ("qcs9075", 77)):
         fleet.doit("bundle", f"device={name}")
@@ -253,6 +256,7 @@ def test_sa8775p_and_qcs9075_write_52_and_77(fleet):
         assert [b["soc_model"] for b in built["bins"]] == [soc_model] * 4
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_the_banner_says_what_was_typed_and_what_it_resolved_to(fleet):
     assert ("for device iq9075 (board on qcs9075: Dragonwing IQ-9075, soc_model 77, v73)"
             in fleet.first_run.out)
@@ -265,6 +269,7 @@ def test_the_banner_says_what_was_typed_and_what_it_resolved_to(fleet):
         assert line in fleet.doit("bundle", f"device={typed}").out.splitlines()[0]
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_the_board_keeps_the_seeds_vtcm_and_a_chipset_asks_for_the_socs_maximum(fleet):
     fleet.doit("bundle", "device=qcs9075")
     vtcm = {}

@@ -219,6 +219,7 @@ def test_v2_reads_each_kind_into_the_unsigned_convention():
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 @given(st.one_of(json_like, mutated(LEGACY), mutated(V1), mutated(V2),
                  st.fixed_dictionaries({"version": st.sampled_from(["1.0.0", "0.6.1"]),
                                         "param_encodings": json_like,

@@ -33,6 +33,8 @@ from onnx import numpy_helper
 from conftest import ROOT, copy_project
 from hexbundle.support.hashing import file_digest
 
+pytestmark = pytest.mark.heavy   # 221 real doit runs, ~10 minutes: the full suite (`pytest --full`)
+
 DATA = ROOT / "tests" / "data" / "qaihm" / "export"
 SLUG = "qwen2_5_7b_instruct"
 MODEL = "fuzzed"

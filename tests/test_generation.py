@@ -5,8 +5,9 @@ import re
 import subprocess
 import sys
 
-from test_verify import set_toml
+import pytest
 
+from test_verify import set_toml
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout
 from hexbundle.runtime.generation import generate_text as library_generate
@@ -19,6 +20,7 @@ def generate(project, *args):
     return proc.stdout
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_generate_greedy_equals_the_float_onnx_when_quantization_error_is_small(project):
     """With 4-bit weights the random tiny model's argmax often flips (top-1 agreement ~0.75);
     with 16-bit weights the error is far below the logit gaps, and the bundle must then

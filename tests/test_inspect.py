@@ -136,6 +136,7 @@ def test_fold_names_that_differ_in_one_number():
 
 # ============================================================================ doit, end to end
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_doit_inspect_end_to_end(tmp_path):
     proj = copy_project(tmp_path / "proj")
     ok = proj.doit("inspect", "--path", str(DATA))

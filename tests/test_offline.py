@@ -186,6 +186,7 @@ def test_a_malformed_expected_sha256_is_refused_before_anything_is_read(tmp_path
             r"offline-kit: --expect-sha256 checks the archive, and this is a directory")
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_doit_load_kit_checks_the_expected_sha256_too(project, tmp_path):
     archive = pack(small_kit(tmp_path))
     wrong = project.doit("load_kit", "--expect-sha256", "0" * 64, str(archive), check=False)
@@ -245,6 +246,7 @@ def gzip_bomb(tmp_path: Path, size: int) -> Path:
     return archive
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_an_archive_that_would_unpack_beyond_the_cap_is_refused_before_writing(tmp_path):
     archive = gzip_bomb(tmp_path, 64 << 20)
     assert archive.stat().st_size < (1 << 20)
@@ -520,6 +522,7 @@ def test_kit_source_keeps_packages_named_like_excluded_top_level_dirs(tmp_path):
     assert source_files(tmp_path) == ["dodo.py", "hexbundle/toolchain/image.py"]
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_hexbundles_wheel_is_built_from_the_kits_source_and_its_bytes_depend_on_nothing_else(
         tmp_path):
     """The wheel the offline side installs is made here, from the source the kit carries. Its

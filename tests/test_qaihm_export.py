@@ -145,6 +145,7 @@ def test_not_an_export_is_refused(tmp_path):
 
 # ============================================================================ the local split
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_local_split_chains_to_the_unsplit_graph_bit_for_bit(tmp_path):
     """hexbundle's split, run by doit on the unsplit graphs alone, equals the unsplit graph."""
     project = copy_project(tmp_path / "proj")
@@ -233,6 +234,7 @@ def test_verify_passes_on_the_qualcomm_made_export(imported):
     assert end and end[0]["cos_min"] >= 0.95 and end[0]["top1"] >= 0.5, end
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_the_asset_is_split_locally_and_built(tmp_path):
     project = copy_project(tmp_path / "proj")
     asset = make_asset(tmp_path / "asset")

@@ -360,6 +360,7 @@ def test_qwen3_4b_plan_is_within_tolerance_of_the_seeds_3_0_gb():
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_qwen3_tiny_builds_and_verifies_with_real_doit(project):
     run = project.doit("bundle", "model=qwen3-tiny")
     assert "size check: qwen3-tiny, plan four (4 parts)" in run.out

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tarfile
 
+import pytest
+
 from conftest import copy_project, variant_dir
 
 EPOCH = "1700000000"
@@ -24,6 +26,7 @@ def release(project, env_extra, umask):
     return project.root / "build" / "release"
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_two_release_builds_are_byte_identical(tmp_path):
     a = copy_project(tmp_path / "first" / "checkout")
     b = copy_project(tmp_path / "second-dir" / "elsewhere")
@@ -68,6 +71,7 @@ def test_release_needs_a_time(tmp_path):
     assert run.code != 0 and "SOURCE_DATE_EPOCH" in run.out + run.err
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_verify_release_reproduces_and_reports_differences(tmp_path):
     proj = copy_project(tmp_path / "p")
     subprocess.run(["git", "init", "-q"], cwd=proj.root, check=True)

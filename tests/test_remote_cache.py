@@ -21,6 +21,8 @@ from test_robustness import Held, leftovers, snapshot
 
 from hexbundle.remote.buildgrid import BuildGrid, find_bgd, free_port
 
+pytestmark = pytest.mark.heavy   # a BuildGrid server: the full suite (`pytest --full`)
+
 CACHED = ("inputs", "convert", "compile")
 
 

@@ -140,6 +140,7 @@ def finished_tasks(text: str) -> set:
 # ---------------------------------------------------------------------------------------------
 # tampering and drift
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_hand_edited_bin_is_named_and_rebuilt_to_the_same_bytes(project):
     project.doit("bundle")
     good = snapshot(project.bundle())
@@ -154,6 +155,7 @@ def test_hand_edited_bin_is_named_and_rebuilt_to_the_same_bytes(project):
     assert project.doit("bundle").executed == set()
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_hand_edited_dlc_is_reconverted_and_nothing_else(project):
     project.doit("bundle")
     good = snapshot(project.bundle())
@@ -166,6 +168,7 @@ def test_hand_edited_dlc_is_reconverted_and_nothing_else(project):
     assert snapshot(project.bundle()) == good
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_check_sizes_reverifies_bundle_digests_and_bundle_repairs_it(project):
     project.doit("bundle")
     good = snapshot(project.bundle())
@@ -205,6 +208,7 @@ def same_size_genie_edit(path: Path) -> None:
     path.write_text(text.replace('"temp": 0.8', '"temp": 0.9'))   # in place: same inode
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 @pytest.mark.parametrize("kind", ["bin", "dlc", "bundle file", "input"])
 def test_same_size_edit_with_the_mtime_put_back_is_rebuilt(project, kind):
     """Issue 14 item 1: the stat key has the ctime, which no user call can set."""
@@ -229,6 +233,7 @@ def test_same_size_edit_with_the_mtime_put_back_is_rebuilt(project, kind):
     assert project.doit("bundle").executed == set()
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_bundle_rebuild_links_bins_without_hashing_them_again(project, tmp_path):
     project.doit("bundle")
     model = project.root / "configs" / "models" / "qwen2-tiny.toml"
@@ -240,6 +245,7 @@ def test_bundle_rebuild_links_bins_without_hashing_them_again(project, tmp_path)
     assert hashed and not [h for h in hashed if h.endswith(".bin")], hashed
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_compile_refuses_a_dlc_whose_weight_bytes_changed(project):
     """Issue 14 item 3: a DLC edited after convert (however its change went unseen) is refused
     by the compile that reads it, naming the DLC and the tensor; no bin is committed."""
@@ -267,6 +273,7 @@ def _rewrite_manifest(project, edit) -> None:
     path.write_text(json.dumps(doc, indent=2, sort_keys=True))
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 @pytest.mark.parametrize("key, value", [("deployable", True), ("backend", "qairt"),
                                         ("plan", "other"), ("compile", {})])
 def test_check_sizes_checks_the_manifests_own_fields_against_the_build(project, key, value):
@@ -286,6 +293,7 @@ def test_check_sizes_checks_the_manifests_own_fields_against_the_build(project, 
     # the check alone: bin/ is the same tampered inode; the bin's own blob digests tell
     (["-s", "check_sizes"], "digest mismatch"),
 ], ids=["with-compile", "alone"])
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_check_sizes_refuses_a_tampered_bin_whose_manifest_digest_was_rewritten(project, args,
                                                                                  named):
     from hexbundle.formats.ctxbin import read_ctxbin
@@ -303,6 +311,7 @@ def test_check_sizes_refuses_a_tampered_bin_whose_manifest_digest_was_rewritten(
     no_traceback(run)
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_bundle_removes_an_unlisted_file_from_the_bundle(project):
     project.doit("bundle")
     good = snapshot(project.bundle())
@@ -315,6 +324,7 @@ def test_bundle_removes_an_unlisted_file_from_the_bundle(project):
     assert project.doit("bundle").executed == set()
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_after_a_recompile_the_bundles_bins_are_hard_links_again(project):
     project.doit("bundle")
     built, shipped = project.build_dir() / "bin" / BIN2, project.bundle() / BIN2
@@ -349,6 +359,7 @@ def test_verify_bundle_names_the_file(built, tmp_path, damage, named):
 # ---------------------------------------------------------------------------------------------
 # killed, interrupted, out of space
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_kill_during_compile_leaves_no_partial_bin_and_the_rerun_resumes(project, tmp_path):
     held = Held(project, ["bundle"], pause_at="compile", tmp=tmp_path / "held")
     held.wait_paused()
@@ -372,6 +383,7 @@ def test_kill_during_compile_leaves_no_partial_bin_and_the_rerun_resumes(project
     assert project.doit("check_sizes").code == 0
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_kill_during_convert_keeps_the_previous_bundle(project, tmp_path):
     project.doit("bundle")
     good = snapshot(project.bundle())
@@ -397,6 +409,7 @@ def test_kill_during_convert_keeps_the_previous_bundle(project, tmp_path):
     assert leftovers(project.root / "build") == []
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_kill_during_bundle_assembly_keeps_the_previous_bundle(project, tmp_path):
     project.doit("bundle")
     good = snapshot(project.bundle())
@@ -419,6 +432,7 @@ def test_kill_during_bundle_assembly_keeps_the_previous_bundle(project, tmp_path
     assert leftovers(project.root / "build") == []
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_full_disk_during_compile_is_a_clean_error_with_nothing_partial(project):
     project.doit("bundle")
     good = snapshot(project.bundle())
@@ -446,6 +460,7 @@ def test_full_disk_during_compile_is_a_clean_error_with_nothing_partial(project)
     assert snapshot(project.bundle()) == good
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_ctrl_c_stops_cleanly_and_the_next_run_resumes(project, tmp_path):
     held = Held(project, ["bundle"], pause_at="compile", tmp=tmp_path / "held")
     held.wait_paused()
@@ -462,6 +477,7 @@ def test_ctrl_c_stops_cleanly_and_the_next_run_resumes(project, tmp_path):
     assert rerun.executed and "left by an interrupted run" not in rerun.err
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_an_unreadable_dependency_db_is_set_aside_and_the_build_redone(project):
     project.doit("bundle")
     good = snapshot(project.bundle())
@@ -701,6 +717,7 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
 # ---------------------------------------------------------------------------------------------
 # two runs at once
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_second_run_waits_for_the_first_and_never_corrupts_the_db(project, tmp_path):
     first = Held(project, ["bundle"], pause_at="compile", tmp=tmp_path / "first")
     first.wait_paused()

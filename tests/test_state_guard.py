@@ -44,6 +44,7 @@ def test_a_build_root_that_is_not_a_build_directory_is_refused(tmp_path, where):
     assert not (Path(root) / ".hexbundle").exists()
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_shared_scratch_directory_is_never_swept(tmp_path):
     proj = copy_project(tmp_path / "proj")
     shared = tmp_path / "scratch"
@@ -81,6 +82,7 @@ def test_a_new_build_root_is_marked_and_cleaned_up(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # 8. the doit DB and bundle/ of the wrong shape
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 @pytest.mark.parametrize("key, value", [(None, ["not", "a", "record"]), ("_values_:", [1]),
                                         ("deps:", 5)])
 def test_a_db_record_of_another_type_is_set_aside_and_the_run_carries_on(built_copy, key, value):
@@ -100,6 +102,7 @@ def test_a_db_record_of_another_type_is_set_aside_and_the_run_carries_on(built_c
     assert built_copy.doit("bundle").executed == set()
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_directory_in_place_of_the_db_is_set_aside(built_copy):
     db = built_copy.doit_db()
     db.unlink()
@@ -160,6 +163,7 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_full_disk_under_the_db_is_a_message_and_the_next_run_resumes(built_copy, tmp_path):
     state = built_copy.root / STATE
     saved = tmp_path / "state"

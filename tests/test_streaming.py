@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hexbundle.backends import (CompileOptions, ConvertOptions, DeviceOptions, get_backend,
                                 reference)
@@ -103,6 +104,7 @@ def peak_rss(spec: dict) -> int:
     return usage.ru_maxrss * 1024
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_memory_stays_below_the_tensor_size(tmp_path):
     """A 256 MiB float32 embedding (16-bit codes: 128 MiB per DLC) converts and compiles in less
     memory than the tensor takes: it is never whole in memory, in any form. (Reading it whole,

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import CONFIGS, ROOT, copy_project
+from conftest import CONFIGS, copy_project
 from hexbundle.backends import ConvertOptions, get_backend
 from hexbundle.config.build import load_model
 from hexbundle.formats.dlc import read_dlc
@@ -73,6 +73,7 @@ def test_float_keeps_it_at_float_bitwidth_and_says_so(part2, tmp_path):
         assert dlc.record(WEIGHT).dtype == "float16"
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_build_records_the_policy_and_each_tensor_in_the_manifest(tmp_path):
     project = copy_project(tmp_path / "proj")
     project.doit("inputs")

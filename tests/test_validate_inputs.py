@@ -167,6 +167,7 @@ def test_a_node_reading_a_tensor_nothing_produces_is_refused(exported):
            "node produces" in text and "re-export the model" in text
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_an_op_onnx_does_not_define_is_refused(exported):
     def unknown(model):
         model.graph.node[node_index(model, "Softmax")].op_type = "SoftMaxx"
@@ -175,6 +176,7 @@ def test_an_op_onnx_does_not_define_is_refused(exported):
         in text
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_an_opset_onnx_does_not_know_is_refused(exported):
     def opset_99(model):
         for entry in model.opset_import:
@@ -184,6 +186,7 @@ def test_an_opset_onnx_does_not_know_is_refused(exported):
         in text
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_duplicated_initializer_is_a_clean_error(exported):
     def duplicate(model):
         copy = onnx.TensorProto()
@@ -193,6 +196,7 @@ def test_a_duplicated_initializer_is_a_clean_error(exported):
     assert f"{P2}.onnx: initializer '{V_PROJ}' is defined 2 times" in text
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_shapes_that_shape_inference_contradicts_are_refused_by_the_checker(exported):
     def wrong_value_info(model):   # an inner tensor declared with a shape its op cannot make
         out = model.graph.node[node_index(model, "Softmax")].output[0]
@@ -202,6 +206,7 @@ def test_shapes_that_shape_inference_contradicts_are_refused_by_the_checker(expo
     assert f"{P2}.onnx: the ONNX checker refuses it: " in text and "ShapeInferenceError" in text
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_location_that_is_no_file_name_is_a_clean_error(exported):
     def nul(model):
         for entry in next(i for i in model.graph.initializer if i.name == V_PROJ).external_data:
@@ -212,6 +217,7 @@ def test_a_location_that_is_no_file_name_is_a_clean_error(exported):
            "file name" in text
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_non_utf8_location_is_a_clean_error(exported):
     def non_utf8(p):   # same length: the only fault is the byte that is no UTF-8
         path = ex(p, f"{P2}.onnx")
@@ -224,17 +230,20 @@ def test_a_non_utf8_location_is_a_clean_error(exported):
 # ---------------------------------------------------------------------------------------------
 # weights: NaN, infinity, float16 overflow (end to end; streamed, in the convert pass)
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_nan_weight_is_refused_naming_the_tensor_and_the_element(exported):
     text = refused(exported, lambda p: set_element(ex(p, f"{P2}.onnx"), V_PROJ, (5, 3), np.nan))
     assert re.search(rf"_2_of_4\.onnx: weight '{re.escape(V_PROJ)}' holds NaN at \[5, 3\]", text)
     assert "re-export the model" in text
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_an_infinite_float_weight_is_refused(exported):
     text = refused(exported, lambda p: set_element(ex(p, f"{P2}.onnx"), Q_BIAS, (7,), -np.inf))
     assert f"weight '{Q_BIAS}' holds infinity at [7]" in text
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_float16_weight_beyond_65504_is_an_error_and_builds_as_float32(exported, tmp_path):
     text = refused(exported, lambda p: set_element(ex(p, f"{P2}.onnx"), Q_BIAS, (3,), 1e6))
     assert f"weight '{Q_BIAS}' holds 1e+06 at [3]" in text
@@ -248,6 +257,7 @@ def test_a_float16_weight_beyond_65504_is_an_error_and_builds_as_float32(exporte
     assert (tmp_path / "p2.dlc").stat().st_size > 0
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_the_qairt_backend_never_gets_a_graph_with_a_nan_weight(tmp_path):
     project = copy_project(tmp_path / "proj")
     project.doit("inputs")
@@ -312,12 +322,14 @@ def test_a_weight_is_scanned_block_by_block_and_the_element_located(tmp_path, mo
     (f"{D2}.data", "external data of tensor '[^']+'"),
     (f"{P2}.onnx", "ONNX model"),
 ], ids=["tokenizer", "encodings", "data", "onnx"])
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_fifo_where_a_file_belongs_is_refused_at_once(exported, name, what):
     text = refused(exported, lambda p: fifo_in_place_of(ex(p, name)))
     assert re.search(rf"{re.escape(str(ex(exported, name)))}: the {what} is a named pipe "
                      r"\(FIFO\), not a regular file", text), text
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_pinned_input_that_is_a_fifo_is_refused_before_it_is_hashed(exported):
     model = exported.root / "configs" / "models" / f"{EXPORT}.toml"
     text = model.read_text()
@@ -389,6 +401,7 @@ def test_a_vocab_wider_than_n_vocab_is_refused(tmp_path):
         special_token_ids(path, QWEN2_SPECIALS, 300)
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_tokenizer_with_a_boolean_id_fails_the_build(exported):
     def boolean_bos(p):
         path = ex(p, "tokenizer.json")

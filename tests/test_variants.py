@@ -74,6 +74,7 @@ def edit(path, old: str, new: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # switching models, devices, plans, backends
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_switching_models_back_and_forth_reruns_nothing_already_built(project):
     add_model(project, "qwen2-tiny-b", seed=1)
     assert project.doit("bundle").executed == EVERY_STEP                       # A
@@ -88,6 +89,7 @@ def test_switching_models_back_and_forth_reruns_nothing_already_built(project):
         [f"qwen2_tiny_b_{t}.bin" for t in TINY_PARTS]
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_switching_devices_back_and_forth_reruns_nothing_already_built(project):
     other = add_device(project)
     project.doit("bundle")                                                     # X
@@ -102,6 +104,7 @@ def test_switching_devices_back_and_forth_reruns_nothing_already_built(project):
     assert htp["devices"][0]["soc_model"] == 77
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_second_device_of_a_generated_model_leaves_its_inputs_alone(project):
     other = add_device(project)
     project.doit("bundle")
@@ -113,6 +116,7 @@ def test_a_second_device_of_a_generated_model_leaves_its_inputs_alone(project):
     assert files_of(inputs) == before   # same bytes, same inodes, same mtimes
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_config_change_after_switching_rebuilds_exactly_what_it_should(project):
     add_model(project, "qwen2-tiny-b", seed=1)
     project.doit("bundle")
@@ -132,6 +136,7 @@ def test_a_config_change_after_switching_rebuilds_exactly_what_it_should(project
     assert project.doit("bundle").executed == set()
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_switching_plans_keeps_both_side_by_side(project):
     add_plan(project, "five", [0, 1, 1, 1, 1])
     project.doit("bundle")
@@ -144,6 +149,7 @@ def test_switching_plans_keeps_both_side_by_side(project):
     assert len(list(project.bundle(plan="five").glob("*.bin"))) == 5
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_plans_that_write_the_same_input_files_regenerate_them_and_stay_correct(project):
     """Two plans with the same number of parts name their generated inputs alike (the model's
     inputs/ is shared): switching regenerates them, never builds on the other plan's."""
@@ -160,6 +166,7 @@ def test_plans_that_write_the_same_input_files_regenerate_them_and_stay_correct(
     assert project.doit("check_sizes").code == 0
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_switching_backends_keeps_both_side_by_side(project, tmp_path):
     qairt = ["backend=qairt"]
     env = {"QAIRT_SDK_ROOT": str(STANDIN_SDK), "STANDIN_QAIRT_RECORD": str(tmp_path / "c.jsonl"),
@@ -175,6 +182,7 @@ def test_switching_backends_keeps_both_side_by_side(project, tmp_path):
     assert len(list(project.build_dir(backend="qairt").glob("bin/*.bin"))) == 4
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_locally_split_export_is_split_once_for_all_devices(project):
     data = ROOT / "tests" / "data" / "qaihm" / "export"
     project.doit("import_export", "--dir", str(data), "--name", "mine", "--plan", "0,3,3,3")
@@ -205,6 +213,7 @@ def test_each_variant_has_its_own_db_and_the_model_one_for_its_inputs(project):
         assert all(f"/{device}/four/reference/bundle/" in t for t in targets), targets
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_model_db_set_aside_regenerates_the_inputs_for_every_variant(project):
     """The model's DB has the last word on its inputs: without it no variant trusts its own copy
     of the inputs' records."""
@@ -231,6 +240,7 @@ def test_the_db_of_an_older_hexbundle_is_set_aside_with_one_line(project):
     assert "of an older hexbundle" not in project.doit("bundle").err
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_two_variants_of_one_model_built_at_once_take_turns(project, tmp_path):
     """The lock serialises runs in a build root: a second variant of the same model waits, and
     then finds the model's inputs the first run generated."""

@@ -122,6 +122,7 @@ def set_toml(path, **values):
 # ------------------------------------------------------------------------------ doit verify
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_doit_verify_passes_on_the_built_bundle_and_prints_the_table(built):
     run = built.doit("verify")
     assert "verify" in run.executed
@@ -137,6 +138,7 @@ def test_doit_verify_passes_on_the_built_bundle_and_prints_the_table(built):
     assert "verify" in built.doit("verify").uptodate      # same bundle, same inputs: no rerun
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_doit_verify_fails_naming_the_first_part_below_the_threshold(project):
     # 4-bit weights keep the hidden cosine near 0.98: demanding 0.9999 must fail at part 2 (the
     # embedding part 1 is 16-bit and passes).
