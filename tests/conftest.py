@@ -90,18 +90,30 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+# Where a user's own files live in a checkout: `doit import_export` writes configs/models/NAME.toml
+# (exports/ and build/ are git-ignored). Only what git tracks is taken from there.
+USER_STATE = ("configs",)
+
+
 def project_files(names=PROJECT_FILES) -> list:
-    """The checkout's own files under `names`, relative to ROOT: those git tracks (staged ones
-    included), so a user's own configs/models/NAME.toml (what `doit import_export` writes) or
-    exports never reach a test. Outside a git checkout: every file but bytecode."""
+    """The checkout's own files under `names`, relative to ROOT: under configs/ those git tracks
+    (staged ones included), so a user's imported models never reach a test; elsewhere also the
+    new files git does not ignore (a module being written). Outside a git checkout: every file
+    but bytecode."""
+    def listed(paths, *extra):
+        out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", *extra, "--", *paths],
+                             capture_output=True, check=True).stdout
+        return [rel for rel in out.decode().split("\0") if rel]
     try:
-        listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--", *names],
-                                capture_output=True, check=True).stdout
+        state = [n for n in names if n in USER_STATE]
+        code = [n for n in names if n not in USER_STATE]
+        rels = (listed(state) if state else []) + \
+            (listed(code, "--cached", "--others", "--exclude-standard") if code else [])
     except (OSError, subprocess.CalledProcessError):
         return sorted(p.relative_to(ROOT) for name in names for p in
                       ([ROOT / name] if (ROOT / name).is_file() else (ROOT / name).rglob("*"))
                       if p.is_file() and "__pycache__" not in p.parts)
-    return [Path(rel) for rel in listed.decode().split("\0") if rel and (ROOT / rel).is_file()]
+    return sorted({Path(rel) for rel in rels if (ROOT / rel).is_file()})
 
 
 def copy_project(dest: Path, names=PROJECT_FILES) -> Project:

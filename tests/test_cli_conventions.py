@@ -121,13 +121,15 @@ def test_dry_run_reads_the_command_line_settings(built_json):
     assert re.search(r"^--  convert:part_1_of_4_prompt$", run.out, re.M), run.out
 
 
-def test_verbosity_0_shows_only_doits_task_lines(built_json):
+def test_verbosity_0_shows_only_doits_task_lines_and_the_summary(built_json):
     bins = built_json.build_dir() / "bin"
     next(bins.glob("*part_2_of_4.bin")).unlink()
     run = built_json.doit("-v", "0")
-    assert {".  compile:part_2_of_4", ".  bundle"} <= set(run.out.splitlines()), run.out
-    for line in run.out.splitlines():
+    *tasks, summary = run.out.splitlines()
+    assert {".  compile:part_2_of_4", ".  bundle"} <= set(tasks), run.out
+    for line in tasks:
         assert re.match(r"^(\.  |-- )\S+$", line), run.out   # no banner, progress, size table
+    assert summary.startswith("hexbundle: bundle build/qwen2-tiny/"), run.out   # the one last line
     assert run.err == ""
 
 

@@ -220,7 +220,7 @@ def generate_action(layout: Layout, part: int = 0) -> None:
             raise ConfigError(f"--part {part}: plan {cfg.plan.name} of {cfg.model.name} has parts "
                               f"1..{len(parts)}")
         parts = [parts[part - 1]]
-    from hexbundle.steps.executor import monitored
+    from hexbundle.support.monitor import monitored
     started = time.monotonic()
     with monitored("gen_inputs", "gen_inputs"):   # bytes written, rate, ETA as it goes
         paths = generate_parts(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
