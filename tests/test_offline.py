@@ -405,6 +405,7 @@ def test_without_the_docker_package_the_loader_says_how_to_get_it(tmp_path):
     refused(proc, r"the docker Python package is not installed for .*: pass --venv DIR")
 
 
+@pytest.mark.heavy   # a Docker engine: the full suite (`pytest --full`)
 def test_an_image_the_engine_cannot_load_is_named(tmp_path, engine):  # noqa: F811
     image = {"file": "images/toolchain.tar", "id": "sha256:" + "0" * 64, "tag": "hexbundle/x:y"}
     kit = small_kit(tmp_path, kit_doc(images=[image]),
@@ -438,6 +439,7 @@ def installed_hexbundle(python: Path, cwd: Path) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.heavy   # a Docker engine: the full suite (`pytest --full`)
 def test_build_from_a_kit_with_no_network_gives_the_connected_bytes(connected, tmp_path):
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare(1) for a network namespace")
@@ -484,6 +486,7 @@ def test_build_from_a_kit_with_no_network_gives_the_connected_bytes(connected, t
     assert "hexbundle/release/kit.py" in origin["files"]
 
 
+@pytest.mark.heavy   # a Docker engine: the full suite (`pytest --full`)
 def test_loading_a_kit_never_runs_a_build_backend_its_source_names(connected, tmp_path):
     """A kit (altered, sums rewritten, loaded without --expect-sha256) whose pyproject.toml names
     an in-tree build backend: pip used to build the kit's source with it, running that code as
