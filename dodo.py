@@ -13,7 +13,8 @@ Each task and the module that does its work, under hexbundle/:
                                            problem the build would refuse, before building
   convert         steps/convert.py         ONNX + AIMET encodings -> DLC (backends/), the
                                            inputs validated first (inputs/validate.py)
-  compile         steps/compile.py         a part's DLCs -> one context binary (backends/)
+  compile         steps/compile.py         a part's DLCs -> one context binary (backends/);
+                                           both steps' options: steps/options.py, their keys
   check_sizes     checks/sizes.py          bins vs the size model; checks/integrity.py re-hashes
   bundle          steps/bundle.py          Genie configs (formats/genie.py), manifest, bins
   verify          checks/verify.py         the bundle on the CPU (runtime/) vs the float ONNX
@@ -33,7 +34,6 @@ doit's side -- checker, up-to-date keys, run guard, reporter, the action wrapper
 """
 from pathlib import Path
 
-from hexbundle.config.build import CONVERT_IO_KEYS
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.formats.qaihm import QWEN2_ROPE_THETA
 from hexbundle.graph.actions import action, step_action
@@ -41,7 +41,7 @@ from hexbundle.graph.keys import (generator_digest, image_unchanged, options_key
                                   runtime_digest, splitter_digest, toolchain_key)
 from hexbundle.graph.session import doit_config, load
 from hexbundle.graph.targets import bundle_in_place, targets_unchanged
-from hexbundle.steps.compile import compile_options
+from hexbundle.steps.options import compile_options, convert_options
 from hexbundle.toolchain import image, wheelhouse
 
 ROOT = Path(__file__).resolve().parent
@@ -163,8 +163,7 @@ def task_convert():
                    "file_dep": [rel(p) for p in LAYOUT.graph_inputs(graph)],
                    "targets": [rel(LAYOUT.dlc(graph))],
                    "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
-                                            float_bitwidth=CFG.compile["float_bitwidth"],
-                                            io={k: CFG.compile[k] for k in CONVERT_IO_KEYS},
+                                            options=repr(convert_options(CFG)),
                                             pins=pinned(CFG, LAYOUT.graph_inputs(graph))),
                                targets_unchanged()],
                    "clean": True, "io": NO_CAPTURE}

@@ -568,8 +568,8 @@ def _negate(path: Path, offset: int, nbytes: int) -> None:
 def backend_step(spec: dict) -> dict:
     """Run in a fresh process by Bench.backend_row: one convert or compile of the part, outputs
     in the scratch directory. Returns its own timing (interpreter start-up excluded)."""
-    from hexbundle.backends import ConvertOptions, get_backend
-    from hexbundle.steps.compile import compile_options
+    from hexbundle.backends import get_backend
+    from hexbundle.steps.options import compile_options, convert_options
     cfg = load_build(Path(spec["root"]), {"model": spec["model"]})
     layout = Layout(cfg)
     part = cfg.plan.parts()[spec["part"] - 1]
@@ -581,9 +581,7 @@ def backend_step(spec: dict) -> dict:
         graph = next(g for g in graphs if g.slot == spec["graph"])
         out = scratch / dlc_name(graph)
         backend.convert(layout.onnx(graph), layout.encodings(graph), out, graph.name,
-                        ConvertOptions(float_bitwidth=cfg.compile["float_bitwidth"],
-                                       unencoded_weights=cfg.model.quantization.unencoded_weights),
-                        lambda m: None)
+                        convert_options(cfg), lambda m: None)
         read = layout.onnx_data(graph).stat().st_size
     else:
         dlcs = [scratch / dlc_name(g) for g in graphs]

@@ -57,7 +57,6 @@ COMPILE_SCHEMA = {
                                 "the cloud compile without it)"),
 }
 
-CONVERT_IO_KEYS = ("truncate_64bit_io", "quantize_io", "quantize_full_type")   # convert's key
 
 SIZE = r"[0-9]+[kmgKMG]?"   # bytes, or with a unit: 512m, 32g (as docker spells them)
 UID_GID = r"[0-9]+:[0-9]+"

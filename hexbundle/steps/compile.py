@@ -1,27 +1,14 @@
 """Step `compile`: a part's DLCs (prompt + token, per context length) -> one context binary
 (weight sharing, packing).
 
-`compile_options` is the one place the device's soc_model / dsp_arch and the compile settings
-become backend options; the bundle's runtime config reads the same device (formats.genie).
+Its options come from steps/options.py (compile_options), which dodo.py keys the task on.
 """
 from __future__ import annotations
 
-from hexbundle.backends import CompileOptions, DeviceOptions, get_backend
-from hexbundle.config.build import BuildConfig
+from hexbundle.backends import get_backend
 from hexbundle.config.layout import Layout
-from hexbundle.config.model import Part
+from hexbundle.steps.options import compile_options
 from hexbundle.support.errors import HexbundleError
-
-
-def compile_options(cfg: BuildConfig, part: Part) -> CompileOptions:
-    d, htp = cfg.device, cfg.device.htp
-    device = DeviceOptions(soc_model=d.soc_model, dsp_arch=d.dsp_arch,
-                           perf_profile=htp["perf_profile"],
-                           rpc_control_latency=htp["rpc_control_latency"], vtcm_mb=htp["vtcm_mb"])
-    return CompileOptions(graph_names=tuple(g.name for g in cfg.model.graphs(part)), device=device,
-                          weights_packing=cfg.compile["weights_packing"],
-                          weight_sharing=cfg.compile["weight_sharing"],
-                          optimization_type=cfg.compile["optimization_type"])
 
 
 def compile_part(layout: Layout, spec: dict, log) -> None:

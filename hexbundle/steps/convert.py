@@ -15,6 +15,7 @@ from hexbundle.config.layout import Layout
 from hexbundle.inputs import validate
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.inputs.export import check_pins
+from hexbundle.steps.options import convert_options
 from hexbundle.support import progress
 
 
@@ -28,12 +29,7 @@ def convert_graph(layout: Layout, spec: dict, log) -> None:
     log(f"{layout.onnx(graph).name}: ONNX checked (structure, onnx.checker full check, "
         f"inputs and outputs of {graph.name} as {layout.model_config_path.name} says)")
     layout.dlc_dir.mkdir(parents=True, exist_ok=True)
-    c = cfg.compile
-    options = ConvertOptions(float_bitwidth=c["float_bitwidth"],
-                             unencoded_weights=cfg.model.quantization.unencoded_weights,
-                             truncate_64bit_io=c["truncate_64bit_io"],
-                             quantize_io=c["quantize_io"],
-                             quantize_full_type=c["quantize_full_type"])
+    options = convert_options(cfg)   # the same value the task's key is made of (dodo.py)
     log(f"convert options: float_precision {options.float_bitwidth}, truncate_64bit_io "
         f"{options.truncate_64bit_io}, quantize_io {options.quantize_io}, quantize_full_type "
         f"{options.quantize_full_type or '(not passed)'}")
