@@ -7,11 +7,7 @@ import shlex
 import subprocess
 import sys
 
-import pytest
-
 from conftest import ROOT, copy_project
-
-pytestmark = pytest.mark.heavy   # builds and verifies: the full suite's
 
 
 def quick_start_commands() -> list:
