@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +171,13 @@ def unsplit_only_tree(dest: Path) -> Path:
     return dest
 
 
+def drop_encoding(path: Path, name: str) -> None:
+    """Remove weight `name`'s entry from an AIMET encodings file (a weight left unencoded)."""
+    data = json.loads(path.read_text())
+    data["param_encodings"] = [e for e in data["param_encodings"] if e["name"] != name]
+    path.write_text(json.dumps(data))
+
+
 def tiny_as_export(dest: Path, name: str) -> Project:
     """A project with qwen2-tiny's inputs as a user export (exports/qwen2-tiny/) under model
     `name`, built once; `good` is its bundle's snapshot."""
@@ -185,6 +193,49 @@ def tiny_as_export(dest: Path, name: str) -> Project:
     proj.doit("bundle", f"model={name}")
     proj.good = snapshot(proj.bundle(name))
     return proj
+
+
+WAIT_S = 120   # upper bound for a held run to reach its pause point (a safety net, not a timing)
+
+
+class Held:
+    """A `doit` run in the background, output to files (no pipe can fill up and block it)."""
+
+    def __init__(self, project, args, env=None, pause_at=None, tmp=None):
+        self.dir = Path(tmp)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **(env or {})}
+        if pause_at:
+            env.update(HEXBUNDLE_TEST_PAUSE_AT=pause_at, HEXBUNDLE_TEST_PAUSE_DIR=str(self.dir))
+        self.out_path, self.err_path = self.dir / "out.txt", self.dir / "err.txt"
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=project.root,
+                                         preexec_fn=default_sigint,
+                                         stdout=out, stderr=err, env=env)
+
+    def text(self) -> str:
+        return self.out_path.read_text() + self.err_path.read_text()
+
+    def wait_for(self, predicate, what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not predicate():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the run ended (exit {self.proc.returncode}) before {what}:"
+                                     f"\n{self.text()}")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"no {what} after {WAIT_S}s:\n{self.text()}")
+            time.sleep(0.05)
+
+    def wait_paused(self) -> None:
+        self.wait_for(lambda: (self.dir / "paused").exists(), "pause point")
+
+    def release(self) -> None:
+        (self.dir / "release").touch()
+
+    def finish(self) -> DoitRun:
+        self.proc.wait(timeout=WAIT_S)
+        return DoitRun(self.proc.returncode, self.out_path.read_text(), self.err_path.read_text())
 
 
 @pytest.fixture

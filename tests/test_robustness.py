@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DoitRun, default_sigint, snapshot, tiny_as_export
+from conftest import DoitRun, Held, snapshot, tiny_as_export
 from hexbundle.config.build import BUILD_SCHEMA, load_build
 from hexbundle.config.schema import read_toml
 from hexbundle.formats.encodings import EncodingsError, load_encodings
@@ -35,7 +34,6 @@ from hexbundle.support.errors import ConfigError
 
 BIN2 = "qwen2_tiny_part_2_of_4.bin"
 VARIANT = "build/qwen2-tiny/iq9075/four/reference"   # the default build's own directory
-WAIT_S = 120   # upper bound for a held run to reach its pause point (a safety net, not a timing)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,46 +88,6 @@ def own_data_copy(onnx_path: Path) -> Path:
 
 def no_traceback(run: DoitRun) -> None:
     assert "Traceback" not in run.out + run.err, run.out + run.err
-
-
-class Held:
-    """A `doit` run in the background, output to files (no pipe can fill up and block it)."""
-
-    def __init__(self, project, args, env=None, pause_at=None, tmp=None):
-        self.dir = Path(tmp)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **(env or {})}
-        if pause_at:
-            env.update(HEXBUNDLE_TEST_PAUSE_AT=pause_at, HEXBUNDLE_TEST_PAUSE_DIR=str(self.dir))
-        self.out_path, self.err_path = self.dir / "out.txt", self.dir / "err.txt"
-        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=project.root,
-                                         preexec_fn=default_sigint,
-                                         stdout=out, stderr=err, env=env)
-
-    def text(self) -> str:
-        return self.out_path.read_text() + self.err_path.read_text()
-
-    def wait_for(self, predicate, what: str) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not predicate():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the run ended (exit {self.proc.returncode}) before {what}:"
-                                     f"\n{self.text()}")
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                raise AssertionError(f"no {what} after {WAIT_S}s:\n{self.text()}")
-            time.sleep(0.05)
-
-    def wait_paused(self) -> None:
-        self.wait_for(lambda: (self.dir / "paused").exists(), "pause point")
-
-    def release(self) -> None:
-        (self.dir / "release").touch()
-
-    def finish(self) -> DoitRun:
-        self.proc.wait(timeout=WAIT_S)
-        return DoitRun(self.proc.returncode, self.out_path.read_text(), self.err_path.read_text())
 
 
 def finished_tasks(text: str) -> set:

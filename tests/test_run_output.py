@@ -9,20 +9,16 @@ import io
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, DoitRun, copy_project, default_sigint
+from conftest import ROOT, Held, copy_project
 from hexbundle.support.atomic import is_temp_name
 
 BUNDLE = "build/qwen2-tiny/iq9075/four/reference/bundle"
 REPORT = "build/qwen2-tiny/iq9075/four/reference/verify/report.json"
 BANNER = "hexbundle 0"   # the banner's first words: `hexbundle <version>: <model>, plan ...`
-WAIT_S = 120
 SUMMARY = re.compile(r"^hexbundle: bundle (\S+) \(reference backend, NOT deployable\): "
                      r"(\d+) steps? ran, (\d+) up to date, [\d.]+ s$", re.M)
 PROGRESS = re.compile(r"^  \.\. compile:(\S+) \[reference/local\]: \S+ DLC weights "
@@ -40,39 +36,6 @@ def built(tmp_path_factory):
 def leftovers(build: Path) -> list:
     return [Path(d, n) for d, dirs, files in os.walk(build) for n in dirs + files
             if is_temp_name(n)]
-
-
-class Held:
-    """A `doit bundle` in the background held at a step's pause point (support.testhooks)."""
-
-    def __init__(self, project, tmp: Path, pause_at: str, env=None):
-        self.dir = tmp
-        tmp.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **(env or {}), "HEXBUNDLE_TEST_PAUSE_AT": pause_at,
-               "HEXBUNDLE_TEST_PAUSE_DIR": str(tmp)}
-        self.out_path, self.err_path = tmp / "out.txt", tmp / "err.txt"
-        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "doit", "bundle"],
-                                         cwd=project.root, preexec_fn=default_sigint,
-                                         stdout=out, stderr=err, env=env)
-
-    def text(self) -> str:
-        return self.out_path.read_text() + self.err_path.read_text()
-
-    def wait_for(self, predicate, what: str) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not predicate():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the run ended (exit {self.proc.returncode}) before {what}:"
-                                     f"\n{self.text()}")
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                raise AssertionError(f"no {what} after {WAIT_S}s:\n{self.text()}")
-            time.sleep(0.05)
-
-    def finish(self) -> DoitRun:
-        self.proc.wait(timeout=WAIT_S)
-        return DoitRun(self.proc.returncode, self.out_path.read_text(), self.err_path.read_text())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +109,8 @@ def test_inspect_and_import_export_do_not_print_the_default_models_banner(built,
 def test_progress_lines_carry_bytes_rate_and_eta_when_not_a_tty(built, tmp_path):
     """Held mid-compile (a first weight written), the step's lines say how far it is."""
     next(built.bundle().parent.joinpath("bin").glob("*_2_of_4.bin")).unlink()
-    held = Held(built, tmp_path / "held", "compile", env={"HEXBUNDLE_PROGRESS_EVERY": "0.1"})
+    held = Held(built, ["bundle"], pause_at="compile", tmp=tmp_path / "held",
+                env={"HEXBUNDLE_PROGRESS_EVERY": "0.1"})
     held.wait_for(lambda: (held.dir / "paused").exists(), "pause point")
     held.wait_for(lambda: PROGRESS.search(held.out_path.read_text()), "progress line")
     (held.dir / "release").touch()
@@ -181,7 +145,7 @@ def test_a_step_containers_progress_lines_are_relayed_not_logged():
 # SIGTERM
 
 def test_sigterm_mid_step_exits_non_zero_with_a_message_and_no_temp_file(project, tmp_path):
-    held = Held(project, tmp_path / "held", "compile")
+    held = Held(project, ["bundle"], pause_at="compile", tmp=tmp_path / "held")
     held.wait_for(lambda: (held.dir / "paused").exists(), "pause point")
     assert leftovers(project.root / "build"), "held mid-write: a temp file should be there"
     held.proc.send_signal(signal.SIGTERM)

@@ -5,24 +5,17 @@ model's [quantization] unencoded_weights, which the hand-kept key list missed)."
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import shutil
 
 import pytest
 
-from conftest import copy_project, snapshot
+from conftest import copy_project, drop_encoding, snapshot
 from hexbundle.backends import ConvertOptions
 
 GRAPH = "prompt_ar128_cl256_2_of_4"
 WEIGHT = "model.layers.0.mlp.up_proj.weight"
 MODEL = "w8"
-
-
-def drop_encoding(path, name: str) -> None:
-    data = json.loads(path.read_text())
-    data["param_encodings"] = [e for e in data["param_encodings"] if e["name"] != name]
-    path.write_text(json.dumps(data))
 
 
 def with_unencoded_weight(project, policy: str):

@@ -4,12 +4,11 @@ Qualcomm compiles its LLMs with `--quantize_full_type w8a16` (every float weight
 to 8 bits); hexbundle refuses by default, or does that ("int8"), or keeps the weight float
 ("float") -- and says which, in the step log and the manifest.
 """
-import json
 
 import numpy as np
 import pytest
 
-from conftest import CONFIGS, copy_project
+from conftest import CONFIGS, copy_project, drop_encoding
 from hexbundle.backends import ConvertOptions, get_backend
 from hexbundle.config.build import load_model
 from hexbundle.formats.dlc import read_dlc
@@ -18,12 +17,6 @@ from hexbundle.support.errors import EncodingsError
 
 GRAPH = "prompt_ar128_cl256_2_of_4"
 WEIGHT = "model.layers.0.mlp.up_proj.weight"
-
-
-def drop_encoding(path, name: str) -> None:
-    data = json.loads(path.read_text())
-    data["param_encodings"] = [e for e in data["param_encodings"] if e["name"] != name]
-    path.write_text(json.dumps(data))
 
 
 @pytest.fixture(scope="module")
