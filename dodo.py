@@ -41,7 +41,9 @@ from hexbundle.graph.keys import (generator_digest, image_unchanged, options_key
                                   runtime_digest, splitter_digest, toolchain_key)
 from hexbundle.graph.session import doit_config, load
 from hexbundle.graph.targets import bundle_in_place, targets_unchanged
-from hexbundle.steps.options import compile_options, convert_options
+from hexbundle.steps.options import (bundle_options, compile_options, convert_options,
+                                     generate_options, split_options, tokenizer_options,
+                                     verify_options)
 from hexbundle.toolchain import image, wheelhouse
 
 ROOT = Path(__file__).resolve().parent
@@ -88,7 +90,8 @@ def task_inputs():
                    "actions": [step(f"inputs:{part.tag}", "inputs", part=part.index)],
                    "file_dep": [p for p in sources if p != rel(LAYOUT.tokenizer)],
                    "targets": [rel(p) for p in LAYOUT.part_inputs(part)],
-                   "uptodate": [options_key(plan=CFG.plan.layers_per_part, splitter=splitter_digest)],
+                   "uptodate": [options_key(options=repr(split_options(CFG)),
+                                           splitter=splitter_digest)],
                    "clean": True, "io": NO_CAPTURE}
         return
     if CFG.inputs["source"] != "generated":
@@ -97,12 +100,7 @@ def task_inputs():
                "targets": [rel(p) for p in LAYOUT.all_inputs()],
                "uptodate": [True]}
         return
-    generator = options_key(architecture=repr(CFG.model.architecture),
-                            quantization=repr(CFG.model.quantization),
-                            graphs=[CFG.model.context_lengths, CFG.model.prompt_ar,
-                                    CFG.model.token_ar],
-                            plan=CFG.plan.layers_per_part, seed=CFG.inputs["seed"],
-                            generator=generator_digest)
+    generator = options_key(options=repr(generate_options(CFG)), generator=generator_digest)
     for part in PARTS:
         yield {"name": part.tag, "doc": f"generate the ONNX, weights and encodings of {part.tag}",
                "actions": [step(f"inputs:{part.tag}", "inputs", part=part.index)],
@@ -111,8 +109,7 @@ def task_inputs():
     yield {"name": "tokenizer", "doc": "generate the byte-level BPE tokenizer.json",
            "actions": [step("inputs:tokenizer", "inputs", what="tokenizer")],
            "targets": [rel(LAYOUT.tokenizer)],
-           "uptodate": [options_key(vocab=CFG.model.architecture.vocab_size,
-                                    specials=CFG.tokenizer_specials,
+           "uptodate": [options_key(options=repr(tokenizer_options(CFG)),
                                     generator=generator_digest)],
            "clean": True, "io": NO_CAPTURE}
 
@@ -146,7 +143,7 @@ def task_inspect():
     of them, not just the first; each weight's values are read once, streamed). Exits non-zero
     if there is any."""
     return {"actions": [action("hexbundle.checks.inspect:inspect_command",
-                               float_bitwidth=CFG.compile["float_bitwidth"])],
+                               float_bitwidth=convert_options(CFG).float_bitwidth)],
             "params": [{"name": "path", "long": "path", "default": "",
                         "help": "an export directory, an .onnx or an .encodings file"}],
             "uptodate": [False], "verbosity": 2}
@@ -162,8 +159,8 @@ def task_convert():
                                     graph=graph.slot)],
                    "file_dep": [rel(p) for p in LAYOUT.graph_inputs(graph)],
                    "targets": [rel(LAYOUT.dlc(graph))],
-                   "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
-                                            options=repr(convert_options(CFG)),
+                   "uptodate": [options_key(options=repr(convert_options(CFG)),
+                                            backend=CFG.backend, toolchain=toolchain,
                                             pins=pinned(CFG, LAYOUT.graph_inputs(graph))),
                                targets_unchanged()],
                    "clean": True, "io": NO_CAPTURE}
@@ -189,7 +186,9 @@ def task_check_sizes():
 
     The size model catches unpacked 4-bit weights; the re-hash catches any bundle file edited,
     removed or added after the build (no digest cache, no stat shortcut)."""
-    return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", LAYOUT),
+    options = bundle_options(CFG)
+    return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", LAYOUT,
+                               options.convert, options.compile),
                         action("hexbundle.checks.integrity:check_bundle_integrity", LAYOUT)],
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS],
             "uptodate": [False], "verbosity": 2}
@@ -197,16 +196,14 @@ def task_check_sizes():
 
 def task_bundle():
     """Check sizes, then assemble the Genie bundle: configs, tokenizer, bins, manifest."""
-    return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", LAYOUT),
+    options = bundle_options(CFG)
+    return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", LAYOUT,
+                               options.convert, options.compile),
                         step("bundle", "bundle")],
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS] + [rel(LAYOUT.tokenizer)]
             + CONFIG_FILES,
             "targets": [rel(p) for p in LAYOUT.bundle_files()],
-            "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
-                                     device=[CFG.device.name, CFG.device.soc_model,
-                                             CFG.device.dsp_arch, CFG.device.htp,
-                                             CFG.device.runtime], genie=CFG.genie,
-                                     specials=CFG.tokenizer_specials,
+            "uptodate": [options_key(options=repr(options), toolchain=toolchain,
                                      pins=pinned(CFG, [LAYOUT.tokenizer])),
                          targets_unchanged(), bundle_in_place(LAYOUT)],
             "clean": True}
@@ -231,12 +228,12 @@ def task_verify():
     The bins in ctx-bins order, prefill in AR-128 chunks, then AR-1 decode with the KV cache, vs
     the float ONNX on the same tokens: a table per part and end to end (cosine, max error, top-1);
     fails naming the first part that diverges. Thresholds: the model config's [verify] table."""
-    return {"actions": [action("hexbundle.checks.verify:run_verify", LAYOUT)],
+    options = verify_options(CFG)
+    return {"actions": [action("hexbundle.checks.verify:run_verify", LAYOUT, options)],
             "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
             + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
             "targets": [rel(LAYOUT.verify_report)],
-            "uptodate": [options_key(verify=CFG.verify, backend=CFG.backend,
-                                     runtime=runtime_digest)],
+            "uptodate": [options_key(options=repr(options), runtime=runtime_digest)],
             "verbosity": 2}
 
 

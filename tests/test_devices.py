@@ -29,6 +29,7 @@ from hexbundle.config.devices import (CHIPSETS_FILE, GENERATOR_FILE, qualcomm_fa
 from hexbundle.config.layout import Layout
 from hexbundle.formats.ctxbin import read_ctxbin
 from hexbundle.formats.genie import genie_config, htp_backend_ext_config
+from hexbundle.steps.options import genie_options
 from hexbundle.support.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -298,7 +299,8 @@ def configs_of(model: str, device: str) -> tuple:
     cfg = load_build(CONFIGS, {"model": model, "device": device})
     layout = Layout(cfg)
     bins = [layout.bin_name(p) for p in cfg.plan.parts()]
-    return genie_config(cfg, TOKEN_IDS, bins), htp_backend_ext_config(cfg)
+    options = genie_options(cfg)   # as the bundle step computes them
+    return genie_config(options, TOKEN_IDS, bins), htp_backend_ext_config(options)
 
 
 @pytest.mark.parametrize("model", MODELS)

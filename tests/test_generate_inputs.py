@@ -139,7 +139,7 @@ def test_a_generator_writing_a_contradictory_tokenizer_fails_its_own_step(projec
     fixed = "ids = generated_special_ids(len(vocab), special_tokens)"
     assert fixed in text
     synthetic_py.write_text(text.replace(
-        fixed, "ids = generated_special_ids(model.architecture.vocab_size - len(special_tokens), "
+        fixed, "ids = generated_special_ids(vocab_size - len(special_tokens), "
                "special_tokens)"))
     run = project.doit("inputs:tokenizer", "model=qwen2.5-7b-shape", check=False)
     assert run.code != 0 and "Traceback" not in run.out + run.err

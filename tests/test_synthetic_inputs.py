@@ -364,8 +364,9 @@ def test_generating_twice_gives_identical_bytes(model, parts, tmp_path):
         second = synthetic.generate_part(model, part, tmp_path / "b", SEED)
         assert first == synthetic.part_files(model, part, tmp_path / "a")
         assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
-    a = synthetic.generate_tokenizer(model, tmp_path / "a" / "tokenizer.json", SPECIALS)
-    b = synthetic.generate_tokenizer(model, tmp_path / "b" / "tokenizer.json", SPECIALS)
+    vocab = model.architecture.vocab_size
+    a = synthetic.generate_tokenizer(vocab, tmp_path / "a" / "tokenizer.json", SPECIALS)
+    b = synthetic.generate_tokenizer(vocab, tmp_path / "b" / "tokenizer.json", SPECIALS)
     assert a.read_bytes() == b.read_bytes()
     assert not [p for p in (tmp_path / "a").iterdir() if ".tmp" in p.name]
 
@@ -390,7 +391,8 @@ def test_part_files_lists_onnx_encodings_per_graph_and_the_parts_one_data(model,
 @pytest.fixture(scope="module")
 def tokenizer(model, tmp_path_factory):
     tokenizers = pytest.importorskip("tokenizers")
-    path = synthetic.generate_tokenizer(model, tmp_path_factory.mktemp("tok") / "tokenizer.json", SPECIALS)
+    path = synthetic.generate_tokenizer(model.architecture.vocab_size,
+                                        tmp_path_factory.mktemp("tok") / "tokenizer.json", SPECIALS)
     return tokenizers.Tokenizer.from_file(str(path)), json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -439,7 +441,7 @@ def test_generated_tokenizer_passes_the_bundle_steps_check(name, tmp_path):
     from hexbundle.formats.tokenizer import special_token_ids
     tokenizers = pytest.importorskip("tokenizers")
     cfg = load_build(CONFIGS, {"model": name})
-    path = synthetic.generate_tokenizer(cfg.model, tmp_path / "tokenizer.json",
+    path = synthetic.generate_tokenizer(cfg.model.architecture.vocab_size, tmp_path / "tokenizer.json",
                                         cfg.tokenizer_specials)
     ids = special_token_ids(path, cfg.tokenizer_specials, cfg.model.architecture.vocab_size)
     tok = tokenizers.Tokenizer.from_file(str(path))
@@ -453,7 +455,7 @@ def test_7b_shape_tokenizer_specials_follow_its_bpe_vocabulary(tmp_path):
     Qwen's own tokenizer.json), below the logits width, not at its top."""
     from hexbundle.config.build import load_build
     cfg = load_build(CONFIGS, {"model": "qwen2.5-7b-shape"})
-    content = synthetic.tokenizer_json(cfg.model, cfg.tokenizer_specials)
+    content = synthetic.tokenizer_json(cfg.model.architecture.vocab_size, cfg.tokenizer_specials)
     bpe = len(content["model"]["vocab"])
     assert bpe < cfg.model.architecture.vocab_size - len(cfg.tokenizer_specials)
     assert [t["id"] for t in content["added_tokens"]] == [bpe, bpe + 1, bpe + 2]

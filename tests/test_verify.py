@@ -24,6 +24,7 @@ from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
 from hexbundle.graph.keys import RUNTIME_SOURCES
 from hexbundle.runtime.conventions import causal_mask, rope_inputs
 from hexbundle.runtime.interpreter import GraphRunner
+from hexbundle.steps.options import verify_options
 from hexbundle.support.errors import ConfigError, VerifyError
 
 PARTS = 4
@@ -51,7 +52,8 @@ def bundle_copy(built, tmp_path):
 
 def run_verify(tiny, bundle_dir):
     cfg, layout = tiny
-    return compare_bundle_with_onnx(layout, bundle_dir=bundle_dir, log=lambda line: None)
+    return compare_bundle_with_onnx(layout, verify_options(cfg), bundle_dir=bundle_dir,
+                                    log=lambda line: None)
 
 
 def rewrite_bin(path, alter_tensor=None, alter_topology=None, weight_sharing=None):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from hexbundle import __version__
+from hexbundle.config.devices import DeviceOptions   # the device's meaning, resolved once
 from hexbundle.formats import FORMAT_VERSION   # not formats.container: describe() needs no numpy
 from hexbundle.support.errors import BackendError
 
@@ -23,15 +24,6 @@ class ConvertOptions:
     truncate_64bit_io: bool = True    # int64 graph I/O (input_ids) as int32
     quantize_io: bool = False         # graph I/O quantized rather than float
     quantize_full_type: str = ""      # e.g. "w8a16": weights/activations without encodings
-
-
-@dataclass(frozen=True)
-class DeviceOptions:
-    soc_model: int
-    dsp_arch: str
-    perf_profile: str = "burst"
-    rpc_control_latency: int = 100
-    vtcm_mb: int = 8                  # per graph; 0: the SoC's maximum (QAIRT's default)
 
 
 @dataclass(frozen=True)

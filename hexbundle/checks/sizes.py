@@ -209,19 +209,18 @@ def part_expectation(part: Part, graphs: list, float_bitwidth: int = 16,
                            architecture, unencoded)
 
 
-def expect_from_inputs(layout: Layout) -> list:
+def expect_from_inputs(layout: Layout, convert, compiles: tuple) -> list:
     """Every part's expectation from its inputs (layout.onnx / layout.encodings per graph), with
-    the architecture formula's figure alongside as a cross-check."""
+    the architecture formula's figure alongside as a cross-check. `convert` and `compiles` (one
+    per part) are the options the steps built the bins with (steps/options.py)."""
     cfg = layout.cfg
-    float_bitwidth = cfg.compile["float_bitwidth"]
-    fields = header_fields(
-        cfg.compile["weights_packing"], cfg.compile["weight_sharing"],
-        cfg.compile["optimization_type"], cfg.device.htp["vtcm_mb"],
-        {"soc_model": cfg.device.soc_model, "dsp_arch": cfg.device.dsp_arch})
+    float_bitwidth = convert.float_bitwidth
     out = []
-    for part in cfg.plan.parts():
-        graphs = [NamedGraph(g.name, layout.onnx(g), layout.encodings(g),
-                             cfg.model.quantization.unencoded_weights)
+    for part, c in zip(cfg.plan.parts(), compiles):
+        fields = header_fields(c.weights_packing, c.weight_sharing, c.optimization_type,
+                               c.device.vtcm_mb,
+                               {"soc_model": c.device.soc_model, "dsp_arch": c.device.dsp_arch})
+        graphs = [NamedGraph(g.name, layout.onnx(g), layout.encodings(g), convert.unencoded_weights)
                   for g in cfg.model.graphs(part)]
         out.append(part_expectation(part, graphs, float_bitwidth, fields,
                                     part_bytes(cfg.model, part, float_bitwidth=float_bitwidth)))
@@ -350,13 +349,13 @@ def raise_on_failure(model: Model, plan: Plan, rows: list, table: str) -> None:
                     "\n" + table)
 
 
-def check_built_sizes(layout: Layout) -> None:
-    """Size every part's context binary against what its inputs' tensors make; a SizeError
-    explains itself."""
+def check_built_sizes(layout: Layout, convert, compiles: tuple) -> None:
+    """Size every part's context binary against what its inputs' tensors make, by the options
+    the steps built them with; a SizeError explains itself."""
     cfg = layout.cfg
     actual = {p.index: (layout.bin(p).stat().st_size if layout.bin(p).is_file() else None)
               for p in cfg.plan.parts()}
-    expectations = expect_from_inputs(layout)
+    expectations = expect_from_inputs(layout, convert, compiles)
     rows = judge(expectations, cfg.plan, actual)
     table = format_table(cfg.model, cfg.plan, rows)
     raise_on_failure(cfg.model, cfg.plan, rows, table)
@@ -364,5 +363,5 @@ def check_built_sizes(layout: Layout) -> None:
     unencoded = sorted({u for e in expectations for u in e.unencoded})
     if unencoded:   # no silent fallback: which weights the policy stored, and how
         say(f"note: {len(unencoded)} layer weight(s) without an encoding, stored by the policy "
-            f"unencoded_weights = {cfg.model.quantization.unencoded_weights!r}: "
+            f"unencoded_weights = {convert.unencoded_weights!r}: "
             + ", ".join(f"{n} ({d})" for n, d in unencoded[:8]) + (" ..." if len(unencoded) > 8 else ""))

@@ -240,20 +240,22 @@ class Report:
                 "ok": self.ok, "rows": [asdict(r) for r in self.rows]}
 
 
-def compare_bundle_with_onnx(layout: Layout, bundle_dir: Optional[Path] = None,
+def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path] = None,
                              log: Callable[[str], None] = print) -> Report:
-    """Run the checks; return the report (callers decide what a failure means)."""
+    """Run the checks with the verify step's options (steps/options.py verify_options: its
+    thresholds, token counts and the context lengths); return the report (callers decide what a
+    failure means)."""
     cfg = layout.cfg
     started = time.monotonic()
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
-    v = cfg.verify
+    v = dict(options.settings)
     genie = read_genie_config(bundle_dir)
     check_runtime_settings(layout, genie)
     rope = rope_settings(genie)
     opened = open_bundle_parts(cfg, genie)
     n_prompt, total = v["prompt_tokens"], v["prompt_tokens"] + v["decode_steps"]
     ids = np.random.default_rng(v["seed"]).integers(0, genie.n_vocab, total).astype(np.int32)
-    lengths = cfg.model.context_lengths
+    lengths = options.context_lengths
     chains = {cl: (ids, ids) for cl in lengths}   # per context length: (bundle, float ONNX)
     rows = []
     try:
@@ -278,15 +280,15 @@ def compare_bundle_with_onnx(layout: Layout, bundle_dir: Optional[Path] = None,
                   time.monotonic() - started)
 
 
-def run_verify(layout: Layout) -> None:
-    """Print the table, write the JSON report; a failure names the first bad part."""
-    cfg = layout.cfg
-    if cfg.backend != "reference":
+def run_verify(layout: Layout, options) -> None:
+    """Print the table, write the JSON report; a failure names the first bad part. `options`:
+    the verify step's (steps/options.py), the same value its task is keyed on."""
+    if options.backend != "reference":
         raise VerifyError(f"verify runs the open-format context binaries of the reference backend; "
-                          f"backend {cfg.backend!r} bins are QNN binaries that only a device runs. "
+                          f"backend {options.backend!r} bins are QNN binaries that only a device runs. "
                           f"Verify the same model with backend=reference")
     try:
-        report = compare_bundle_with_onnx(layout)
+        report = compare_bundle_with_onnx(layout, options)
     except VerifyError as exc:
         raise VerifyError(f"verify failed: {exc}") from None
     print(report.table(), flush=True)

@@ -125,6 +125,17 @@ BOARD_SCHEMA = {
 # Loaded entries
 
 @dataclass(frozen=True)
+class DeviceOptions:
+    """What a device means to the compile (and to the runtime config written beside the bins):
+    computed once, by Device.options, from the resolved device."""
+    soc_model: int
+    dsp_arch: str
+    perf_profile: str = "burst"
+    rpc_control_latency: int = 100
+    vtcm_mb: int = 8                  # per graph; 0: the SoC's maximum (QAIRT's default)
+
+
+@dataclass(frozen=True)
 class Device:
     """One resolved device: what was typed, what it resolved to, every setting the build uses."""
 
@@ -149,6 +160,14 @@ class Device:
         board = f"board on {self.chipset}: " if self.kind == "board" else ""
         return (f"device {self.typed}{resolved} ({board}{self.title}, soc_model "
                 f"{self.soc_model}, {self.dsp_arch})")
+
+    @property
+    def options(self) -> DeviceOptions:
+        """The device's meaning to the compile, the size model and the HTP runtime config."""
+        return DeviceOptions(soc_model=self.soc_model, dsp_arch=self.dsp_arch,
+                             perf_profile=self.htp["perf_profile"],
+                             rpc_control_latency=self.htp["rpc_control_latency"],
+                             vtcm_mb=self.htp["vtcm_mb"])
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The Genie runtime configs: genie_config.json and htp_backend_ext_config.json.
 
-Writers (`genie_config`, `htp_backend_ext_config`) derive every value from the build config: the
-model's architecture and [genie] settings, the tokenizer's special ids, and the one resolved
-device (config.devices) whose soc_model / dsp_arch also fed the compile. Key names and types are
+Writers (`genie_config`, `htp_backend_ext_config`) write a GenieOptions value (the bundle step's
+options: the model's architecture and [genie] settings, the one resolved device whose
+soc_model / dsp_arch also fed the compile) and the tokenizer's special ids. Key names and types are
 those of Qualcomm's schema (qairt-dev's genie_config.GenieConfig, HtpConfigHelper), which the
 tests validate every model's output against. The reader (`read_genie_config`) takes back what a
 host runtime needs, as Genie would (`doit verify` runs the bundle with it).
@@ -13,28 +13,45 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hexbundle.config.build import BuildConfig
+from hexbundle.config.devices import DeviceOptions
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER
 from hexbundle.support.errors import VerifyError
 
 
-def htp_backend_ext_config(cfg: BuildConfig) -> dict:
+@dataclass(frozen=True)
+class GenieOptions:
+    """What the two configs say besides the token ids and the bins' names: the bundle step's
+    options (steps/options.py genie_options computes it from the resolved config)."""
+    device: DeviceOptions        # the same soc_model / dsp_arch / HTP settings as the compile
+    cores: tuple
+    mem_type: str
+    weight_sharing: bool
+    runtime: tuple               # the device's [runtime] settings, sorted (key, value) pairs
+    settings: tuple              # the [genie] settings, sorted pairs
+    context_size: int            # the largest context length
+    n_vocab: int
+    head_dim: int
+    pos_id_dim: int
+    rope_theta: float
+
+
+def htp_backend_ext_config(o: GenieOptions) -> dict:
     """Runtime HTP settings. soc_model / dsp_arch come from the same device as the compile."""
-    d, htp = cfg.device, cfg.device.htp
-    cores = [{"core_id": c, "perf_profile": htp["perf_profile"],
-              "rpc_control_latency": htp["rpc_control_latency"]} for c in htp["cores"]]
+    d = o.device
+    cores = [{"core_id": c, "perf_profile": d.perf_profile,
+              "rpc_control_latency": d.rpc_control_latency} for c in o.cores]
     return {"devices": [{"soc_model": d.soc_model, "dsp_arch": d.dsp_arch, "cores": cores}],
-            "memory": {"mem_type": htp["mem_type"]},
-            "context": {"weight_sharing_enabled": cfg.compile["weight_sharing"]}}
+            "memory": {"mem_type": o.mem_type},
+            "context": {"weight_sharing_enabled": o.weight_sharing}}
 
 
-def genie_config(cfg: BuildConfig, token_ids: dict, bin_names: list) -> dict:
-    a, rt, g = cfg.model.architecture, cfg.device.runtime, cfg.genie
+def genie_config(o: GenieOptions, token_ids: dict, bin_names: list) -> dict:
+    rt, g = dict(o.runtime), dict(o.settings)
     return {"dialog": {
         "version": 1,
         "type": "basic",
         "max-num-tokens": g["max_num_tokens"],
-        "context": {"version": 1, "size": cfg.model.context_length, "n-vocab": a.vocab_size,
+        "context": {"version": 1, "size": o.context_size, "n-vocab": o.n_vocab,
                     "bos-token": token_ids["bos"], "eos-token": token_ids["eos"],
                     "eot-token": token_ids["eot"]},
         "sampler": {"version": 1, "seed": g["sampler_seed"], "temp": g["temp"],
@@ -49,9 +66,9 @@ def genie_config(cfg: BuildConfig, token_ids: dict, bin_names: list) -> dict:
                 "QnnHtp": {"version": 1, "use-mmap": rt["use_mmap"],
                            "spill-fill-bufsize": rt["spill_fill_bufsize"],
                            "mmap-budget": rt["mmap_budget"], "poll": rt["poll"],
-                           "cpu-mask": rt["cpu_mask"], "kv-dim": a.head_dim,
+                           "cpu-mask": rt["cpu_mask"], "kv-dim": o.head_dim,
                            # an integer in Qualcomm's schema; the model config refuses others
-                           "pos-id-dim": a.pos_id_dim, "rope-theta": int(a.rope_theta),
+                           "pos-id-dim": o.pos_id_dim, "rope-theta": int(o.rope_theta),
                            "allow-async-init": rt["allow_async_init"]},
                 "extensions": HTP_EXT_CONFIG},
             "model": {"version": 1, "type": "binary",

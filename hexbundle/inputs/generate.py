@@ -173,7 +173,8 @@ def generate_parts(model: Model, parts: list, out_dir: Path, seed: int,
         pending = sum(part_disk_bytes(model, p) for p in parts[i + 1:])
         written += generate_part(model, part, out_dir, seed, log, also_needed=pending)
     if specials is not None:
-        written.append(synthetic.generate_tokenizer(model, out_dir / TOKENIZER, specials))
+        written.append(synthetic.generate_tokenizer(model.architecture.vocab_size, out_dir / TOKENIZER,
+                                                        specials))
         log(f"wrote {written[-1].name}")
     return written
 

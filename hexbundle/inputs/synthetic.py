@@ -649,13 +649,13 @@ def generated_special_ids(first_free: int, special_tokens: dict) -> dict:
     return {role: first_free + i for i, role in enumerate(special_tokens)}
 
 
-def tokenizer_json(model: Model, special_tokens: dict) -> dict:
-    """The Hugging Face tokenizer.json content (byte-level BPE) for the model: the corpus's merges
-    up to vocab_size (a small model's vocabulary fills up, a 7B-sized one does not), then the
-    specials."""
-    budget = model.architecture.vocab_size - len(special_tokens) - 256
+def tokenizer_json(vocab_size: int, special_tokens: dict) -> dict:
+    """The Hugging Face tokenizer.json content (byte-level BPE) for a model's vocab_size: the
+    corpus's merges up to it (a small model's vocabulary fills up, a 7B-sized one does not),
+    then the specials."""
+    budget = vocab_size - len(special_tokens) - 256
     if budget < 0:
-        raise ValueError(f"vocab_size {model.architecture.vocab_size} leaves no room for 256 byte "
+        raise ValueError(f"vocab_size {vocab_size} leaves no room for 256 byte "
                          f"tokens and {len(special_tokens)} special tokens")
     vocab = {ch: i for i, ch in enumerate(_byte_to_unicode().values())}
     merges = _learn_merges(_CORPUS, budget)
@@ -682,10 +682,10 @@ def tokenizer_json(model: Model, special_tokens: dict) -> dict:
     }
 
 
-def generate_tokenizer(model: Model, path: Path, special_tokens: dict) -> Path:
+def generate_tokenizer(vocab_size: int, path: Path, special_tokens: dict) -> Path:
     """Write a byte-level BPE tokenizer.json: every id < vocab_size, specials at the top ids."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(tokenizer_json(model, special_tokens), ensure_ascii=False, indent=2) + "\n"
+    text = json.dumps(tokenizer_json(vocab_size, special_tokens), ensure_ascii=False, indent=2) + "\n"
     write_input_file(path, text.encode("utf-8"))
     return path

@@ -20,26 +20,27 @@ from hexbundle.formats.genie import genie_config, htp_backend_ext_config
 from hexbundle.formats.manifest import bundle_manifest, write_build_info
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.export import check_pins
+from hexbundle.steps.options import BundleOptions, bundle_options
 from hexbundle.support import hashing, testhooks
 from hexbundle.support.atomic import staged_dir, write_json
 from hexbundle.support.errors import InputError, output_error
 
 
 def assemble_bundle(layout: Layout, spec: dict, log) -> None:
-    cfg = layout.cfg
+    options = bundle_options(layout.cfg)   # the same value the task's key is made of (dodo.py)
     check_pins(layout, [layout.tokenizer])
     # The manifest records what the size check judged by: the size the inputs' tensors make.
-    expectations = sizes.expect_from_inputs(layout)
+    expectations = sizes.expect_from_inputs(layout, options.convert, options.compile)
     expected = {layout.bin_name(e.part): e.packed for e in expectations}
     unencoded = {name: dtype for e in expectations for name, dtype in e.unencoded}
     if unencoded:
         log(f"{len(unencoded)} layer weight(s) without an encoding, stored by the policy "
-            f"unencoded_weights = {cfg.model.quantization.unencoded_weights!r}: "
+            f"unencoded_weights = {options.convert.unencoded_weights!r}: "
             + ", ".join(f"{n} ({d})" for n, d in sorted(unencoded.items())[:8])
             + (" ..." if len(unencoded) > 8 else ""))
-    final = assemble(layout, get_backend(cfg.backend).toolchain_version(), expected, log,
-                     unencoded)
-    write_build_info(layout, cfg.executor, spec.get("image", ""))   # set by the docker executor
+    final = assemble(layout, options, get_backend(options.backend).toolchain_version(), expected,
+                     log, unencoded)
+    write_build_info(layout, options.executor, spec.get("image", ""))   # set by the docker executor
     log(f"bundle ready: {layout.rel(final)}")
 
 
@@ -53,22 +54,23 @@ def link_or_copy(src: Path, dst: Path) -> str:
         return "copied"
 
 
-def assemble(layout: Layout, backend_version: str, sizes_expected: dict, log,
-             unencoded: dict = None) -> Path:
+def assemble(layout: Layout, options: BundleOptions, backend_version: str,
+             sizes_expected: dict, log, unencoded: dict = None) -> Path:
     cfg = layout.cfg
     bins = [layout.bin(p) for p in cfg.plan.parts()]
     for b in bins:
         if not b.is_file():
             raise InputError(f"{b}: context binary missing; run `doit bundle` to build it")
-    token_ids = special_token_ids(layout.tokenizer, cfg.tokenizer_specials,
-                                  cfg.model.architecture.vocab_size)
+    token_ids = special_token_ids(layout.tokenizer, dict(options.specials),
+                                  options.genie.n_vocab)
     final = layout.bundle_dir
     final.parent.mkdir(parents=True, exist_ok=True)
     # Linking a bin (and removing the old bundle's names) changes its ctime, not its bytes.
     carry = hashing.cache().carry_over(bins)
     with staged_dir(final) as staging:   # swapped in whole when complete, removed on failure
-        write_json(staging / GENIE_CONFIG, genie_config(cfg, token_ids, [b.name for b in bins]))
-        write_json(staging / HTP_EXT_CONFIG, htp_backend_ext_config(cfg))
+        write_json(staging / GENIE_CONFIG, genie_config(options.genie, token_ids,
+                                                           [b.name for b in bins]))
+        write_json(staging / HTP_EXT_CONFIG, htp_backend_ext_config(options.genie))
         try:
             shutil.copyfile(layout.tokenizer, staging / TOKENIZER)
             for b in bins:

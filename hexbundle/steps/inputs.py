@@ -6,16 +6,17 @@ from __future__ import annotations
 from hexbundle.config.layout import Layout
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs import generate, split, synthetic
+from hexbundle.steps.options import generate_options, tokenizer_options
 
 
 def generate_inputs(layout: Layout, spec: dict, log) -> None:
     cfg = layout.cfg
     if spec.get("what") == "tokenizer":
-        synthetic.generate_tokenizer(cfg.model, layout.tokenizer, cfg.tokenizer_specials)
+        options = tokenizer_options(cfg)   # the same value the task's key is made of (dodo.py)
+        synthetic.generate_tokenizer(options.vocab_size, layout.tokenizer, dict(options.specials))
         # The bundle step's own check, now: a tokenizer it would refuse fails here, in seconds,
         # not after every part is converted and compiled.
-        ids = special_token_ids(layout.tokenizer, cfg.tokenizer_specials,
-                                cfg.model.architecture.vocab_size)
+        ids = special_token_ids(layout.tokenizer, dict(options.specials), options.vocab_size)
         log(f"wrote {layout.rel(layout.tokenizer)} (specials {ids}; checked as the bundle "
             "step reads it)")
         return
@@ -28,6 +29,7 @@ def generate_inputs(layout: Layout, spec: dict, log) -> None:
     others = [p for p in generate.missing_parts(cfg.model, cfg.plan.parts(), layout.inputs_dir)
               if p.index != part.index]
     pending = sum(generate.part_disk_bytes(cfg.model, p) for p in others)
-    for path in generate.generate_part(cfg.model, part, layout.inputs_dir, cfg.inputs["seed"],
+    options = generate_options(cfg)   # the same value the task's key is made of (dodo.py)
+    for path in generate.generate_part(cfg.model, part, layout.inputs_dir, options.seed,
                                        log, also_needed=pending):
         log(f"wrote {layout.rel(path)} ({path.stat().st_size} bytes)")

@@ -1,16 +1,103 @@
-"""What each backend step receives beside its files, computed in one place from the resolved
-config: `convert_options` and `compile_options`.
+"""What each build step receives beside its files, computed in one place from the resolved
+config: one frozen options value per step.
 
-The step uses exactly this value, and dodo.py keys the step's task on the same value (its
-repr; the remote cache's Action options are that key's values, graph/remote_steps.py): a
-setting the step reads cannot be missing from its key, since there is no second list of them.
+  inputs (generated parts)  generate_options     inputs (tokenizer)  tokenizer_options
+  inputs (local split)      split_options        convert             convert_options
+  compile                   compile_options      bundle              bundle_options
+  verify                    verify_options
+
+The step's code uses exactly this value, and dodo.py keys the step's task on the same value
+(`step_key`: its canonical text; the remote cache's Action options are that key's values,
+graph/remote_steps.py). dodo.py lists no settings: a setting a step reads cannot be missing from
+its key, since there is no second list of them. The device's meaning (soc_model, dsp_arch, HTP
+settings) is computed once, by config.devices.Device.options.
 Kept free of heavy imports: dodo.py imports it to declare the tasks.
 """
 from __future__ import annotations
 
-from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions
+from dataclasses import dataclass
+
+from hexbundle.backends import CompileOptions, ConvertOptions
 from hexbundle.config.build import BuildConfig
-from hexbundle.config.model import Part
+from hexbundle.config.model import Architecture, Part, Quantization
+from hexbundle.formats.genie import GenieOptions
+
+
+def frozen(table: dict) -> tuple:
+    """A settings table as sorted (key, value) pairs, lists as tuples: a value whose repr is
+    canonical (the same settings give the same text, whatever order the TOML gave them in)."""
+    def freeze(v):
+        if isinstance(v, dict):
+            return frozen(v)
+        if isinstance(v, list):
+            return tuple(freeze(x) for x in v)
+        return v
+    return tuple((k, freeze(v)) for k, v in sorted(table.items()))
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """A generated model's parts: every tensor's shape and encoding follow from these."""
+    architecture: Architecture
+    quantization: Quantization
+    context_lengths: tuple
+    prompt_ar: int
+    token_ar: int
+    layers_per_part: tuple
+    seed: int
+
+
+@dataclass(frozen=True)
+class TokenizerOptions:
+    """The generated tokenizer: its vocabulary size and the special tokens it must map."""
+    vocab_size: int
+    specials: tuple                   # (role, token) pairs, sorted
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """Where the local split cuts an export's unsplit graphs, and what it names the parts."""
+    architecture: Architecture
+    context_lengths: tuple
+    prompt_ar: int
+    token_ar: int
+    layers_per_part: tuple
+
+
+@dataclass(frozen=True)
+class BundleOptions:
+    """The bundle step: the Genie configs' settings, the tokenizer's specials, what the size
+    check judges by (every step's options that shape a bin), and what the manifest records."""
+    backend: str
+    executor: str
+    genie: GenieOptions
+    specials: tuple                   # (role, token) pairs, sorted
+    convert: ConvertOptions           # the size model: float and unencoded weights' storage
+    compile: tuple                    # CompileOptions per part: packing, sharing, device
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """`doit verify`: the backend whose bins it runs, its thresholds and token counts."""
+    backend: str
+    settings: tuple                   # the model's [verify] table, sorted pairs
+    context_lengths: tuple
+
+
+def generate_options(cfg: BuildConfig) -> GenerateOptions:
+    m = cfg.model
+    return GenerateOptions(m.architecture, m.quantization, tuple(m.context_lengths), m.prompt_ar,
+                           m.token_ar, tuple(cfg.plan.layers_per_part), cfg.inputs["seed"])
+
+
+def tokenizer_options(cfg: BuildConfig) -> TokenizerOptions:
+    return TokenizerOptions(cfg.model.architecture.vocab_size, frozen(cfg.tokenizer_specials))
+
+
+def split_options(cfg: BuildConfig) -> SplitOptions:
+    m = cfg.model
+    return SplitOptions(m.architecture, tuple(m.context_lengths), m.prompt_ar, m.token_ar,
+                        tuple(cfg.plan.layers_per_part))
 
 
 def convert_options(cfg: BuildConfig) -> ConvertOptions:
@@ -24,14 +111,31 @@ def convert_options(cfg: BuildConfig) -> ConvertOptions:
 
 
 def compile_options(cfg: BuildConfig, part: Part) -> CompileOptions:
-    """The compile step's options for a part: its graphs in bin order, the device (soc_model,
-    dsp_arch, HTP settings: the bundle's runtime config reads the same device, formats.genie)
-    and the [compile] settings."""
-    d, htp = cfg.device, cfg.device.htp
-    device = DeviceOptions(soc_model=d.soc_model, dsp_arch=d.dsp_arch,
-                           perf_profile=htp["perf_profile"],
-                           rpc_control_latency=htp["rpc_control_latency"], vtcm_mb=htp["vtcm_mb"])
-    return CompileOptions(graph_names=tuple(g.name for g in cfg.model.graphs(part)), device=device,
+    """The compile step's options for a part: its graphs in bin order, the device (the bundle's
+    runtime config reads the same Device.options) and the [compile] settings."""
+    return CompileOptions(graph_names=tuple(g.name for g in cfg.model.graphs(part)),
+                          device=cfg.device.options,
                           weights_packing=cfg.compile["weights_packing"],
                           weight_sharing=cfg.compile["weight_sharing"],
                           optimization_type=cfg.compile["optimization_type"])
+
+
+def genie_options(cfg: BuildConfig) -> GenieOptions:
+    """What genie_config.json and htp_backend_ext_config.json say besides the token ids and
+    the bins' names (formats.genie)."""
+    a, htp = cfg.model.architecture, cfg.device.htp
+    return GenieOptions(device=cfg.device.options, cores=tuple(htp["cores"]),
+                        mem_type=htp["mem_type"], weight_sharing=cfg.compile["weight_sharing"],
+                        runtime=frozen(cfg.device.runtime), settings=frozen(cfg.genie),
+                        context_size=cfg.model.context_length, n_vocab=a.vocab_size,
+                        head_dim=a.head_dim, pos_id_dim=a.pos_id_dim, rope_theta=a.rope_theta)
+
+
+def bundle_options(cfg: BuildConfig) -> BundleOptions:
+    return BundleOptions(backend=cfg.backend, executor=cfg.executor, genie=genie_options(cfg),
+                         specials=frozen(cfg.tokenizer_specials), convert=convert_options(cfg),
+                         compile=tuple(compile_options(cfg, p) for p in cfg.plan.parts()))
+
+
+def verify_options(cfg: BuildConfig) -> VerifyOptions:
+    return VerifyOptions(cfg.backend, frozen(cfg.verify or {}), tuple(cfg.model.context_lengths))
