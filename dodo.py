@@ -94,7 +94,7 @@ def task_inputs():
                                            splitter=splitter_digest)],
                    "clean": True, "io": NO_CAPTURE}
         return
-    if CFG.inputs["source"] != "generated":
+    if CFG.inputs.source != "generated":
         yield {"name": "check", "doc": "check the exported inputs are present",
                "actions": [action("hexbundle.inputs.export:require_export", LAYOUT)],
                "targets": [rel(p) for p in LAYOUT.all_inputs()],

@@ -30,7 +30,7 @@ def test_shipped_defaults_load():
     assert cfg.model.name == "qwen2-tiny"
     assert cfg.device.soc_model == 77 and cfg.device.dsp_arch == "v73"
     assert cfg.backend == "reference" and cfg.executor == "local"
-    assert cfg.compile["weights_packing"] is True
+    assert cfg.compile.weights_packing is True
 
 
 @pytest.mark.parametrize("alias", ["iq9075", "iq9100", "IQ-9100", "QCS9100"])
@@ -158,7 +158,7 @@ def test_plan_layers_must_sum_to_num_layers(project):
 
 
 def test_command_line_overrides_are_typed_and_validated():
-    assert load_build(CONFIGS, {"weights_packing": "false"}).compile["weights_packing"] is False
+    assert load_build(CONFIGS, {"weights_packing": "false"}).compile.weights_packing is False
     with pytest.raises(ConfigError, match="expected true or false"):
         load_build(CONFIGS, {"weights_packing": "maybe"})
     with pytest.raises(ConfigError, match="unknown setting 'modle'"):

@@ -616,11 +616,12 @@ def test_docker_steps_share_a_remote_cache_keyed_by_the_toolchain_image(engine, 
         assert "cache hit" not in local.out, local.out
         # the Action in the server's CAS names the image as remote-execution workers expect
         from hexbundle.remote import reapi
+        from hexbundle.config.build import remote_settings
         from hexbundle.remote.cas import CasClient
         origin = json.loads((b.build_dir() / "origins" / "compile__part_1_of_4.json").read_text())
         hash_, size = origin["action"].split("/")
         pieces = []
-        client = CasClient({"cache": server.url, "timeout": 30}, tmp_path)
+        client = CasClient(remote_settings(cache=server.url, timeout=30), tmp_path)
         client.read_blob(reapi.Digest(hash=hash_, size_bytes=int(size)), pieces.append)
         client.close()
         action = reapi.Action.FromString(b"".join(pieces))

@@ -44,7 +44,7 @@ def graphs_line(project, line: str):
 def test_lengths_are_sorted_and_genie_gets_the_largest(project):
     cfg = graphs_line(project, "context_lengths = [512, 256]")
     assert cfg.model.context_lengths == (256, 512) and cfg.model.context_length == 512
-    assert cfg.genie["max_num_tokens"] == 512     # min(Qualcomm's 2048, the largest length)
+    assert cfg.genie.max_num_tokens == 512     # min(Qualcomm's 2048, the largest length)
     names = [g.name for g in cfg.model.graphs(cfg.part(2))]
     assert names == ["prompt_ar128_cl256_2_of_4", "token_ar1_cl256_2_of_4",
                      "prompt_ar128_cl512_2_of_4", "token_ar1_cl512_2_of_4"]

@@ -130,14 +130,14 @@ def test_shipped_models_generate_up_to_qualcomms_max_num_tokens_capped_by_the_co
     for model in MODELS:
         cfg = load_build(CONFIGS, {"model": model})
         contexts[model] = cfg.model.context_length
-        assert cfg.genie["max_num_tokens"] == min(2048, cfg.model.context_length), model
+        assert cfg.genie.max_num_tokens == min(2048, cfg.model.context_length), model
     assert (contexts["qwen2-tiny"], contexts["qwen2.5-7b-instruct"]) == (256, 4096)
 
 
 @pytest.mark.parametrize("model, expected", [("qwen2-tiny", 256), ("qwen2.5-7b-instruct", 2048)])
 def test_max_num_tokens_left_out_is_qualcomms_capped_by_the_context(configs, model, expected):
     edit(configs / "configs" / "models" / f"{model}.toml", f"max_num_tokens = {expected}\n", "")
-    assert load_build(configs, {"model": model}).genie["max_num_tokens"] == expected
+    assert load_build(configs, {"model": model}).genie.max_num_tokens == expected
 
 
 def test_max_num_tokens_beyond_the_context_is_refused(configs):

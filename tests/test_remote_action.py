@@ -12,9 +12,9 @@ from conftest import copy_project
 
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout
+from hexbundle.config.remote import header_metadata, parse_target
 from hexbundle.remote import reapi
 from hexbundle.remote.action import remote_path, step_action
-from hexbundle.remote.cas import header, parse_target
 from hexbundle.support import hashing
 from hexbundle.support.errors import ConfigError
 
@@ -133,14 +133,14 @@ def test_remote_settings_come_from_build_toml_then_the_environment_then_the_comm
     text = re.sub(r'^remote_cache = ""', 'remote_cache = "grpc://file:1"', text, flags=re.M)
     text = re.sub(r'^remote_instance = ""', 'remote_instance = "a"', text, flags=re.M)
     toml.write_text(text)
-    assert load_build(project.root).remote["cache"] == "grpc://file:1"
+    assert load_build(project.root).remote.cache == "grpc://file:1"
     monkeypatch.setenv("HEXBUNDLE_REMOTE_CACHE", "grpcs://env.example:443")
     monkeypatch.setenv("HEXBUNDLE_REMOTE_CACHE_MODE", "read")
     cfg = load_build(project.root)
-    assert (cfg.remote["cache"], cfg.remote["cache_mode"], cfg.remote["instance"]) == \
+    assert (cfg.remote.cache, cfg.remote.cache_mode, cfg.remote.instance) == \
         ("grpcs://env.example:443", "read", "a")
     cfg = load_build(project.root, {"remote_cache": "grpc://[::1]:9092", "remote_timeout": "5"})
-    assert (cfg.remote["cache"], cfg.remote["timeout"]) == ("grpc://[::1]:9092", 5)
+    assert (cfg.remote.cache, cfg.remote.timeout) == ("grpc://[::1]:9092", 5)
 
 
 def test_bad_remote_settings_name_the_variable_or_key(tmp_path, monkeypatch):
@@ -168,12 +168,48 @@ def test_a_bad_remote_cache_on_the_command_line_stops_doit_with_one_line(project
 
 def test_the_auth_header_reads_its_secret_from_the_environment(monkeypatch):
     monkeypatch.setenv("CACHE_TOKEN", "s3cret")
-    assert header({"header": "x-api-key=$CACHE_TOKEN"}) == [("x-api-key", "s3cret")]
-    assert header({"header": "Authorization=Bearer abc"}) == [("authorization", "Bearer abc")]
+    assert header_metadata("x-api-key=$CACHE_TOKEN") == [("x-api-key", "s3cret")]
+    assert header_metadata("Authorization=Bearer abc") == [("authorization", "Bearer abc")]
     monkeypatch.delenv("CACHE_TOKEN")
     with pytest.raises(ConfigError, match=r"remote_header = x-api-key=\$CACHE_TOKEN: the "
                                           "environment variable CACHE_TOKEN is not set"):
-        header({"header": "x-api-key=$CACHE_TOKEN"})
+        header_metadata("x-api-key=$CACHE_TOKEN")
+
+
+@pytest.mark.parametrize("settings, env, message", [
+    ({"remote_cache": "grpcs://cache.example:443", "remote_tls_ca": "certs/ca.pem"}, {},
+     r"remote_tls_ca = 'certs/ca.pem': cannot read .*certs/ca.pem \(No such file"),
+    ({"remote_cache": "grpc://cache.example:80", "remote_tls_cert": "c.pem"}, {},
+     "are set but remote_cache = 'grpc://cache.example:80' is not TLS; use grpcs://"),
+    ({"remote_cache": "grpcs://cache.example:443", "remote_tls_cert": "configs/build.toml"}, {},
+     "remote_tls_cert and remote_tls_key go together"),
+    ({"remote_cache": "grpc://cache.example:80", "remote_header": "x-api-key=$NO_SUCH_TOKEN"},
+     {}, r"remote_header = x-api-key=\$NO_SUCH_TOKEN: the environment variable NO_SUCH_TOKEN"),
+    ({"remote_header": "x-api-key=$NO_SUCH_TOKEN"}, {"HEXBUNDLE_REMOTE_CACHE": "grpc://c:1"},
+     r"the environment variable NO_SUCH_TOKEN is not set"),
+], ids=["ca-unreadable", "tls-without-grpcs", "cert-without-key", "header-var-unset",
+        "cache-from-environment"])
+def test_remote_settings_are_checked_whole_when_the_config_loads(tmp_path, monkeypatch,
+                                                                 settings, env, message):
+    """TLS files and the header are checked at load (config.remote), as the first call to the
+    server would use them: every command fails at once, naming the key, not the first step."""
+    project = copy_project(tmp_path / "p")
+    monkeypatch.delenv("NO_SUCH_TOKEN", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message):
+        load_build(project.root, settings)
+
+
+def test_a_readable_tls_setup_and_a_set_header_load(tmp_path, monkeypatch):
+    project = copy_project(tmp_path / "p")
+    pem = project.root / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("CACHE_TOKEN", "s3cret")
+    cfg = load_build(project.root, {"remote_cache": "grpcs://cache.example:443",
+                                    "remote_tls_ca": "ca.pem",
+                                    "remote_header": "x-api-key=$CACHE_TOKEN"})
+    assert (cfg.remote.tls_ca, cfg.remote.header) == ("ca.pem", "x-api-key=$CACHE_TOKEN")
 
 
 def test_targets_parse_as_grpc_or_grpcs():

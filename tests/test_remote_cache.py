@@ -234,7 +234,7 @@ def test_a_refused_download_lands_nothing_and_leaves_the_targets_as_they_were(se
     for i, path in enumerate(targets):
         path.write_bytes(bytes([i + 1]) * (3 << 19))   # 1.5 MiB each: ByteStream
     step = step_action(layout, "compile", {"part": 9}, {"o": 1}, [], targets)
-    remote = RemoteSession({"cache": server.url, "instance": "", "timeout": 30}, layout.root)
+    remote = RemoteSession(remote_settings(cache=server.url, timeout=30), layout.root)
     assert upload(layout, remote, "compile:x", step)
     blob = server.blob_path(sha256(targets[1]))
     raw = bytearray(blob.read_bytes())

@@ -17,6 +17,7 @@ import json
 import os
 
 from hexbundle.config.layout import MANIFEST, Layout
+from hexbundle.config.schema import table_of
 from hexbundle.formats.manifest import BundleIntegrityError, verify_bundle_files
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import file_digest
@@ -46,7 +47,7 @@ def expected_manifest_fields(layout: Layout) -> dict:
     cfg = layout.cfg
     return {"model": cfg.model.name, "device": cfg.device.name, "plan": cfg.plan.name,
             "backend": cfg.backend, "deployable": cfg.backend == "qairt",
-            "compile": json.loads(json.dumps(cfg.compile))}
+            "compile": table_of(cfg.compile)}
 
 
 def check_manifest_fields(layout: Layout, doc: dict) -> None:

@@ -44,6 +44,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from hexbundle.config.build import VerifySettings
 from hexbundle.config.layout import Layout
 from hexbundle.formats.genie import GenieSettings, read_genie_config
 from hexbundle.runtime.parts import bundle_session, onnx_session, open_bundle_parts, rope_settings
@@ -170,9 +171,9 @@ def make_row(label: str, index: int, check: str, got, want, logits: bool, min_co
 
 
 def part_rows(label: str, index: int, logits: bool, n_prompt: int, bundle: SequenceRun,
-              ref: SequenceRun, v: dict) -> list:
-    min_cos = v["min_cosine_logits"] if logits else v["min_cosine_hidden"]
-    top1, paths = v["min_top1_agreement"], v["min_cosine_prompt_vs_token"]
+              ref: SequenceRun, v: VerifySettings) -> list:
+    min_cos = v.min_cosine_logits if logits else v.min_cosine_hidden
+    top1, paths = v.min_top1_agreement, v.min_cosine_prompt_vs_token
     rows = [make_row(label, index, "prefill vs onnx", bundle.outputs[:n_prompt],
                      ref.outputs[:n_prompt], logits, min_cos, top1)]
     if bundle.outputs.shape[0] > n_prompt:
@@ -248,13 +249,13 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     cfg = layout.cfg
     started = time.monotonic()
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
-    v = dict(options.settings)
+    v = options.settings
     genie = read_genie_config(bundle_dir)
     check_runtime_settings(layout, genie)
     rope = rope_settings(genie)
     opened = open_bundle_parts(cfg, genie)
-    n_prompt, total = v["prompt_tokens"], v["prompt_tokens"] + v["decode_steps"]
-    ids = np.random.default_rng(v["seed"]).integers(0, genie.n_vocab, total).astype(np.int32)
+    n_prompt, total = v.prompt_tokens, v.prompt_tokens + v.decode_steps
+    ids = np.random.default_rng(v.seed).integers(0, genie.n_vocab, total).astype(np.int32)
     lengths = options.context_lengths
     chains = {cl: (ids, ids) for cl in lengths}   # per context length: (bundle, float ONNX)
     rows = []
@@ -275,8 +276,8 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     for cl in lengths:
         label = "end to end" + (f" cl {cl}" if len(lengths) > 1 else "")
         rows.append(make_row(label, 0, "all positions vs onnx", *chains[cl], True,
-                             v["min_cosine_logits"], v["min_top1_agreement"]))
-    return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v["decode_steps"], rows,
+                             v.min_cosine_logits, v.min_top1_agreement))
+    return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v.decode_steps, rows,
                   time.monotonic() - started)
 
 

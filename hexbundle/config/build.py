@@ -21,7 +21,9 @@ from hexbundle.config.devices import DEVICE_NAME, Device, Devices
 from hexbundle.config.layout import ProjectLayout
 from hexbundle.config.model import (FAMILIES, Architecture, Graph, Model, Part, Plan,
                                     Quantization, pipeline_order_problem)
-from hexbundle.config.schema import Field, check_value, read_toml, validate
+from hexbundle.config.remote import check_remote_settings
+from hexbundle.config.schema import (Field, check_value, read_toml, section_type, to_section,
+                                     validate)
 from hexbundle.support.errors import ConfigError
 
 BACKENDS = ("reference", "qairt")
@@ -233,6 +235,22 @@ MODEL_SCHEMA = {
 # ---------------------------------------------------------------------------------------------
 # Loaded configs
 
+# Each table as a frozen value read by attribute, its fields the schema's keys (config.schema
+# section_type): the schema is the one list of them.
+CompileSettings = section_type("CompileSettings", COMPILE_SCHEMA, __name__)
+VerifySettings = section_type("VerifySettings", VERIFY_SCHEMA, __name__)
+InputsSettings = section_type("InputsSettings", MODEL_SCHEMA["inputs"].type, __name__)
+DialogSettings = section_type("DialogSettings", MODEL_SCHEMA["genie"].type, __name__)   # [genie]
+# The remote_* keys without their prefix: cache, instance, cache_mode, tls_ca, ...
+REMOTE_SETTINGS = {k.removeprefix("remote_"): f for k, f in REMOTE_SCHEMA.items()}
+RemoteSettings = section_type("RemoteSettings", REMOTE_SETTINGS, __name__)
+
+
+def remote_settings(**given) -> "RemoteSettings":
+    """RemoteSettings from these keys (the rest defaults; none: no remote cache), validated."""
+    return to_section(RemoteSettings, validate(given, REMOTE_SETTINGS, "remote settings"))
+
+
 @dataclass(frozen=True)
 class ContainerSettings:
     """[container], checked and in the units docker takes."""
@@ -258,16 +276,16 @@ class BuildConfig:
     plan: Plan
     backend: str
     executor: str
-    compile: dict
+    compile: CompileSettings
     tokenizer_specials: dict
-    inputs: dict
-    genie: dict
+    inputs: InputsSettings
+    genie: DialogSettings
     config_files: tuple    # every config file read, for file_dep and the manifest
     build_root: Path       # build/ of the project, or $HEXBUNDLE_BUILD_ROOT (scratch builds)
-    verify: Optional[dict] = None   # the model's [verify] table (thresholds of `doit verify`)
+    verify: Optional[VerifySettings] = None   # the model's [verify] (`doit verify`'s thresholds)
     export_dir: Optional[Path] = None   # inputs.dir, resolved, for an exported model
     container: ContainerSettings = field(default_factory=default_container_settings)
-    remote: Optional[dict] = None   # the remote_* settings, without the prefix (cache, mode, ...)
+    remote: RemoteSettings = field(default_factory=remote_settings)   # remote_*, checked
 
     def part(self, index: int) -> Part:
         """Part `index` (1-based) of the plan."""
@@ -576,10 +594,15 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
     container = container_settings(
         b["container"], lambda key: "command line" if f"container.{key}" in (overrides or {})
         else path)
-    return BuildConfig(root, model, device, plan, b["backend"], b["executor"], b["compile"],
-                       raw["tokenizer"], raw["inputs"], genie, files, project.build_root,
-                       verify=raw["verify"], export_dir=export_dir, container=container,
-                       remote={k.removeprefix("remote_"): b[k] for k in REMOTE_SCHEMA})
+    remote = to_section(RemoteSettings, {k.removeprefix("remote_"): b[k] for k in REMOTE_SCHEMA})
+    check_remote_settings(remote, root)
+    return BuildConfig(root, model, device, plan, b["backend"], b["executor"],
+                       to_section(CompileSettings, b["compile"]), raw["tokenizer"],
+                       to_section(InputsSettings, raw["inputs"]),
+                       to_section(DialogSettings, genie), files, project.build_root,
+                       verify=to_section(VerifySettings, raw["verify"]), export_dir=export_dir,
+                       container=container, remote=remote)
+
 
 
 def settable_keys() -> list:

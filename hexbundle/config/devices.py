@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hexbundle.config.layout import ProjectLayout
-from hexbundle.config.schema import Field, read_toml
+from hexbundle.config.schema import Field, read_toml, section_type, to_section
 from hexbundle.support.errors import ConfigError
 
 NAME = r"[a-z0-9][a-z0-9._-]*"
@@ -72,6 +72,9 @@ RUNTIME_SETTINGS = {
     "allow_async_init": Field(bool, None),
 }
 DEFAULT_HTP = ("perf_profile", "rpc_control_latency", "mem_type")   # the rest is per chipset
+# A resolved device's [htp] and [runtime], every key given: frozen, read by attribute.
+HtpSettings = section_type("HtpSettings", HTP_SETTINGS, __name__)
+RuntimeSettings = section_type("RuntimeSettings", RUNTIME_SETTINGS, __name__)
 
 
 def _required(schema: dict) -> dict:
@@ -148,8 +151,8 @@ class Device:
     description: str
     soc_model: int
     dsp_arch: str
-    htp: dict            # cores, perf_profile, rpc_control_latency, vtcm_mb, mem_type
-    runtime: dict        # n_threads, cpu_mask, poll, use_mmap, mmap_budget, ... (genie_config)
+    htp: HtpSettings     # cores, perf_profile, rpc_control_latency, vtcm_mb, mem_type
+    runtime: RuntimeSettings   # n_threads, cpu_mask, poll, use_mmap, ... (genie_config)
     path: Path           # the file that defines the entry
     files: tuple         # every config file its values came from
 
@@ -165,9 +168,9 @@ class Device:
     def options(self) -> DeviceOptions:
         """The device's meaning to the compile, the size model and the HTP runtime config."""
         return DeviceOptions(soc_model=self.soc_model, dsp_arch=self.dsp_arch,
-                             perf_profile=self.htp["perf_profile"],
-                             rpc_control_latency=self.htp["rpc_control_latency"],
-                             vtcm_mb=self.htp["vtcm_mb"])
+                             perf_profile=self.htp.perf_profile,
+                             rpc_control_latency=self.htp.rpc_control_latency,
+                             vtcm_mb=self.htp.vtcm_mb)
 
 
 @dataclass(frozen=True)
@@ -282,11 +285,11 @@ def _unknown(typed: str, index: dict, boards: list, table: dict, project: Projec
 
 def _chipset_device(typed: str, name: str, table: dict, path: Path) -> Device:
     chip = table["chipset"][name]
-    htp = {"cores": list(chip["htp_cores"]), "vtcm_mb": chip["vtcm_mb"],
-           **table["defaults"]["htp"]}
+    htp = to_section(HtpSettings, {"cores": chip["htp_cores"], "vtcm_mb": chip["vtcm_mb"],
+                                   **table["defaults"]["htp"]})
     return Device(name, typed, "chipset", name, chip["title"], tuple(chip["aliases"]),
                   chip["marketing_name"], chip["soc_model"], chip["dsp_arch"], htp,
-                  dict(table["defaults"]["runtime"]), path, (path,))
+                  to_section(RuntimeSettings, table["defaults"]["runtime"]), path, (path,))
 
 
 def _board_device(typed: str, entry: _Entry, table: dict, table_path: Path) -> Device:
@@ -297,15 +300,17 @@ def _board_device(typed: str, entry: _Entry, table: dict, table_path: Path) -> D
                           f"not a chipset of {table_path}"
                           + (f" (did you mean {near[0]!r}?)" if near else ""))
     base = _chipset_device(typed, dev["chipset"], table, table_path)
-    htp = {**base.htp, **_given(entry.data["htp"])}
-    runtime = {**base.runtime, **_given(entry.data["runtime"])}
+    htp = _overlay(base.htp, entry.data["htp"])
+    runtime = _overlay(base.runtime, entry.data["runtime"])
     return Device(entry.name, typed, "board", base.chipset, base.title, tuple(dev["aliases"]),
                   dev["description"] or base.description, base.soc_model, base.dsp_arch, htp,
                   runtime, entry.path, (entry.path, table_path))
 
 
-def _given(settings: dict) -> dict:
-    return {k: v for k, v in settings.items() if v is not None}
+def _overlay(section, given: dict):
+    """A chipset's settings with the keys a board gives (not None) put over them."""
+    values = {k: getattr(section, k) for k in section.schema}
+    return to_section(type(section), {**values, **{k: v for k, v in given.items() if v is not None}})
 
 
 # ---------------------------------------------------------------------------------------------

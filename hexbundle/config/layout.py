@@ -359,21 +359,21 @@ class Layout(ProjectLayout):
 
     @property
     def is_tree(self) -> bool:
-        return self.cfg.inputs["source"] == "qai-hub-models"
+        return self.cfg.inputs.source == "qai-hub-models"
 
     @property
     def splits_locally(self) -> bool:
-        return self.is_tree and self.cfg.inputs["split"] == "local"
+        return self.is_tree and self.cfg.inputs.split == "local"
 
     # files ------------------------------------------------------------------------------
     def graph_files(self, graph: Graph) -> GraphInputs:
         """Where a graph's files are: written by hexbundle (generated, split locally) or the
         export's own files in place, as the import recorded them ([inputs.graphs])."""
         if self.is_tree and not self.splits_locally:
-            entry = self.cfg.inputs["graphs"][graph.name]
-            return GraphInputs(self.inputs_dir / entry["onnx"],
-                               tuple(self.inputs_dir / d for d in entry["data"]),
-                               self.inputs_dir / entry["encodings"])
+            entry = self.cfg.inputs.graphs[graph.name]
+            return GraphInputs(self.inputs_dir / entry.onnx,
+                               tuple(self.inputs_dir / d for d in entry.data),
+                               self.inputs_dir / entry.encodings)
         directory = self.split_dir if self.splits_locally else self.inputs_dir
         onnx_path, data, encodings = graph_files(directory, graph)
         return GraphInputs(onnx_path, (data,), encodings)
@@ -385,10 +385,10 @@ class Layout(ProjectLayout):
 
     def unsplit_files(self, slot: str) -> GraphInputs:
         """The unsplit graph in `slot` (Graph.slot) of an export split locally."""
-        entry = self.cfg.inputs["unsplit"][slot]
-        return GraphInputs(self.inputs_dir / entry["onnx"],
-                           tuple(self.inputs_dir / d for d in entry["data"]),
-                           self.inputs_dir / entry["encodings"])
+        entry = self.cfg.inputs.unsplit[slot]
+        return GraphInputs(self.inputs_dir / entry.onnx,
+                           tuple(self.inputs_dir / d for d in entry.data),
+                           self.inputs_dir / entry.encodings)
 
     def onnx(self, graph: Graph) -> Path:
         return self.graph_files(graph).onnx
@@ -423,8 +423,8 @@ class Layout(ProjectLayout):
 
     @property
     def tokenizer(self) -> Path:
-        if self.is_tree and self.cfg.inputs["tokenizer"]:
-            return self.inputs_dir / self.cfg.inputs["tokenizer"]
+        if self.is_tree and self.cfg.inputs.tokenizer:
+            return self.inputs_dir / self.cfg.inputs.tokenizer
         return self.inputs_dir / TOKENIZER
 
     def dlc(self, graph: Graph) -> Path:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -139,3 +140,99 @@ def read_toml(path: Path, schema: dict) -> dict:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return validate(data, schema, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loaded tables as frozen, typed values: read by attribute, never by string key.
+
+class FrozenMap(Mapping):
+    """A read-only table whose keys are data, not settings (e.g. [inputs.pins]: file name ->
+    pin): looked up by key, hashable, and its repr is canonical (sorted), so it can be part of a
+    step's key."""
+
+    def __init__(self, items=()):
+        self._items = tuple(sorted(dict(items).items()))
+        self._index = dict(self._items)
+
+    def __getitem__(self, key):
+        return self._index[key]
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __hash__(self):
+        return hash(self._items)
+
+    def __eq__(self, other):
+        return isinstance(other, FrozenMap) and self._items == other._items
+
+    def __repr__(self):
+        return f"FrozenMap({dict(self._items)!r})"
+
+
+_PYTHON_TYPES = {bool: bool, int: int, float: float, str: str, list: tuple}
+
+
+def _title(key: str) -> str:
+    return key.title().replace("_", "")
+
+
+def section_type(name: str, schema: dict, module: str = __name__) -> type:
+    """A frozen dataclass with one field per key of `schema`, in the schema's order (so its repr,
+    which a step's key may hold, is canonical): the schema stays the one list of a table's keys.
+    A nested table is a section of its own; a table of '*' keys is a FrozenMap (of sections,
+    when its values are tables). Lists become tuples."""
+    fields, entries = [], {}
+    for key, f in schema.items():
+        if isinstance(f.type, dict) and "*" in f.type:
+            inner = f.type["*"]
+            if isinstance(inner.type, dict):
+                entries[key] = section_type(name + _title(key) + "Entry", inner.type, module)
+            kind = FrozenMap
+        elif isinstance(f.type, dict):
+            kind = section_type(name + _title(key), f.type, module)
+        else:
+            kind = _PYTHON_TYPES[f.type]
+        fields.append((key, kind))
+    cls = make_dataclass(name, fields, frozen=True)
+    cls.__module__ = module
+    cls.schema, cls.entries = schema, entries
+    return cls
+
+
+def to_section(cls: type, table: dict):
+    """A validated table (validate()'s output: every key present) as a `cls` (section_type)."""
+    values = {}
+    for key in cls.schema:
+        value, kind = table[key], cls.__dataclass_fields__[key].type
+        if kind is FrozenMap:
+            entry = cls.entries.get(key)
+            value = FrozenMap({k: to_section(entry, v) if entry else _plain(v)
+                               for k, v in value.items()})
+        elif hasattr(kind, "schema"):
+            value = to_section(kind, value)
+        else:
+            value = _plain(value)
+        values[key] = value
+    return cls(**values)
+
+
+def _plain(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def table_of(section) -> dict:
+    """A section (to_section) back as a plain table, for JSON: what a manifest or provenance
+    records of the settings, key for key as the TOML spells them."""
+    def plain(value):
+        if hasattr(value, "schema"):
+            return table_of(value)
+        if isinstance(value, FrozenMap):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        return value
+    return {key: plain(getattr(section, key)) for key in section.schema}

@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hexbundle.config.devices import DeviceOptions
+from hexbundle.config.build import DialogSettings
+from hexbundle.config.devices import DeviceOptions, RuntimeSettings
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER
 from hexbundle.support.errors import VerifyError
 
@@ -26,8 +27,8 @@ class GenieOptions:
     cores: tuple
     mem_type: str
     weight_sharing: bool
-    runtime: tuple               # the device's [runtime] settings, sorted (key, value) pairs
-    settings: tuple              # the [genie] settings, sorted pairs
+    runtime: RuntimeSettings     # the device's [runtime] settings
+    settings: DialogSettings     # the model's [genie] settings
     context_size: int            # the largest context length
     n_vocab: int
     head_dim: int
@@ -46,30 +47,30 @@ def htp_backend_ext_config(o: GenieOptions) -> dict:
 
 
 def genie_config(o: GenieOptions, token_ids: dict, bin_names: list) -> dict:
-    rt, g = dict(o.runtime), dict(o.settings)
+    rt, g = o.runtime, o.settings
     return {"dialog": {
         "version": 1,
         "type": "basic",
-        "max-num-tokens": g["max_num_tokens"],
+        "max-num-tokens": g.max_num_tokens,
         "context": {"version": 1, "size": o.context_size, "n-vocab": o.n_vocab,
                     "bos-token": token_ids["bos"], "eos-token": token_ids["eos"],
                     "eot-token": token_ids["eot"]},
-        "sampler": {"version": 1, "seed": g["sampler_seed"], "temp": g["temp"],
-                    "top-k": g["top_k"], "top-p": g["top_p"]},
+        "sampler": {"version": 1, "seed": g.sampler_seed, "temp": g.temp,
+                    "top-k": g.top_k, "top-p": g.top_p},
         "tokenizer": {"version": 1, "path": TOKENIZER},
         "engine": {
             "version": 1,
-            "n-threads": rt["n_threads"],
+            "n-threads": rt.n_threads,
             "backend": {
                 "version": 1,
                 "type": "QnnHtp",
-                "QnnHtp": {"version": 1, "use-mmap": rt["use_mmap"],
-                           "spill-fill-bufsize": rt["spill_fill_bufsize"],
-                           "mmap-budget": rt["mmap_budget"], "poll": rt["poll"],
-                           "cpu-mask": rt["cpu_mask"], "kv-dim": o.head_dim,
+                "QnnHtp": {"version": 1, "use-mmap": rt.use_mmap,
+                           "spill-fill-bufsize": rt.spill_fill_bufsize,
+                           "mmap-budget": rt.mmap_budget, "poll": rt.poll,
+                           "cpu-mask": rt.cpu_mask, "kv-dim": o.head_dim,
                            # an integer in Qualcomm's schema; the model config refuses others
                            "pos-id-dim": o.pos_id_dim, "rope-theta": int(o.rope_theta),
-                           "allow-async-init": rt["allow_async_init"]},
+                           "allow-async-init": rt.allow_async_init},
                 "extensions": HTP_EXT_CONFIG},
             "model": {"version": 1, "type": "binary",
                       "binary": {"version": 1, "ctx-bins": bin_names}},

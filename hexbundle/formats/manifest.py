@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from hexbundle.config.layout import MANIFEST, Layout
+from hexbundle.config.schema import table_of
 from hexbundle.formats.origins import read_origins, remote_summary
 from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
@@ -36,7 +37,7 @@ def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
         "backend": cfg.backend,
         "deployable": cfg.backend == "qairt",
         "toolchain": backend_version,
-        "compile": cfg.compile,
+        "compile": table_of(cfg.compile),
         "files": files,
         "total_bytes": sum(f["size"] for f in files.values()),
         "bins_total_bytes": sum(files[n]["size"] for n in bins),

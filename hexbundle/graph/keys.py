@@ -96,7 +96,7 @@ def runtime_digest() -> str:
 
 def pinned(cfg: BuildConfig, paths: list) -> dict:
     """The pins (from the model config's [inputs.pins]) that apply to these files."""
-    pins = cfg.inputs.get("pins", {})
+    pins = cfg.inputs.pins
     return {p.name: pins[p.name] for p in paths if p.name in pins}
 
 

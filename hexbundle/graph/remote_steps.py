@@ -28,7 +28,7 @@ def run_step_recorded(run, layout: Layout, overrides: dict, task_name: str, step
     record where its outputs came from (formats.origins), cache or not."""
     if step not in CACHED_STEPS:
         run(layout, overrides, task_name, step, **extra)
-    elif (layout.cfg.remote or {}).get("cache"):
+    elif layout.cfg.remote.cache:
         run_through_cache(run, layout, overrides, task_name, step, extra, task)
     else:   # (hexbundle.remote, and gRPC with it, is not even imported)
         run(layout, overrides, task_name, step, **extra)

@@ -44,11 +44,11 @@ def banner(layout: Layout) -> str:
     return (f"hexbundle {__version__}: {cfg.model.name}, plan {cfg.plan.name} "
             f"({len(cfg.plan.layers_per_part)} parts) for {cfg.device.banner()}\n  backend "
             f"{cfg.backend} ({version}), executor {cfg.executor}, weights_packing "
-            f"{cfg.compile['weights_packing']}, weight_sharing "
-            f"{cfg.compile['weight_sharing']}{note}\n  convert: float_precision "
-            f"{cfg.compile['float_bitwidth']}, truncate_64bit_io "
-            f"{cfg.compile['truncate_64bit_io']}, quantize_io {cfg.compile['quantize_io']}, "
-            f"quantize_full_type {cfg.compile['quantize_full_type'] or '(not passed)'}\n  output: "
+            f"{cfg.compile.weights_packing}, weight_sharing "
+            f"{cfg.compile.weight_sharing}{note}\n  convert: float_precision "
+            f"{cfg.compile.float_bitwidth}, truncate_64bit_io "
+            f"{cfg.compile.truncate_64bit_io}, quantize_io {cfg.compile.quantize_io}, "
+            f"quantize_full_type {cfg.compile.quantize_full_type or '(not passed)'}\n  output: "
             f"{layout.rel(layout.build_dir)}")
 
 

@@ -69,7 +69,7 @@ def load(root: Path):
             sys.exit(3)
         hashing.use_cache(layout.digest_cache)   # else digests stay in memory
         # A remote cache names files by SHA-256: take it in the same read as the XXH3.
-        hashing.cache().with_sha256 = bool((cfg.remote or {}).get("cache"))
+        hashing.cache().with_sha256 = bool(cfg.remote.cache)
     set_banner(layout)
     return cfg, layout, overrides
 

@@ -23,7 +23,7 @@ def require_export(layout: Layout) -> None:
     if missing:
         listed = "\n".join(f"  {layout.rel(p)}" for p in missing[:12])
         more = f"\n  ... and {len(missing) - 12} more" if len(missing) > 12 else ""
-        how = cfg.inputs["how_to_export"] or "export the model (ONNX + .data + AIMET .encodings)"
+        how = cfg.inputs.how_to_export or "export the model (ONNX + .data + AIMET .encodings)"
         raise InputError(f"{cfg.model.name}: {len(missing)} exported input file(s) missing:\n"
                          f"{listed}{more}\nHow to produce them: {how}")
     if layout.is_tree:   # each ONNX must still record the data files the import found
@@ -44,7 +44,7 @@ def check_pins(layout: Layout, paths: list) -> None:
     """A pinned input whose bytes changed is refused, naming the file and both digests."""
     cfg = layout.cfg
     for path in paths:
-        pin = cfg.inputs.get("pins", {}).get(path.name)
+        pin = cfg.inputs.pins.get(path.name)
         if pin is None:
             continue
         algorithm, want = pin.split(":", 1)

@@ -224,7 +224,7 @@ def generate_action(layout: Layout, part: int = 0) -> None:
     from hexbundle.support.monitor import monitored
     started = time.monotonic()
     with monitored("gen_inputs", "gen_inputs"):   # bytes written, rate, ETA as it goes
-        paths = generate_parts(cfg.model, parts, layout.inputs_dir, cfg.inputs["seed"],
+        paths = generate_parts(cfg.model, parts, layout.inputs_dir, cfg.inputs.seed,
                                cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
     print(f"{len(paths)} files in {layout.rel(layout.inputs_dir)} in "
           f"{time.monotonic() - started:.1f}s", flush=True)

@@ -173,7 +173,7 @@ def bring_list(layout: Layout, tc, staging: Path, include_sdk: bool, include_inp
         else:
             bring.append({"path": layout.rel(tc.sdk_archive), "what": "QAIRT SDK archive",
                           "sha256": sha256_file(tc.sdk_archive)})
-    if cfg.inputs["source"] != "generated":
+    if cfg.inputs.source != "generated":
         for path in layout.source_inputs():   # the user's files (an export outside the project
             if include_inputs and path.is_file():   # goes under bring/ by its absolute path)
                 dest = staging / "bring" / layout.rel(path).lstrip("/")

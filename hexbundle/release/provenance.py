@@ -7,6 +7,7 @@ from pathlib import Path
 from hexbundle import __version__
 from hexbundle.backends import describe
 from hexbundle.config.layout import Layout
+from hexbundle.config.schema import table_of
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.formats.manifest import read_build_info
 from hexbundle.support import hashing
@@ -93,7 +94,7 @@ def provenance(layout: Layout, overrides: dict, source: dict, epoch: int,
                 "buildType": BUILD_TYPE,
                 "externalParameters": {
                     "model": cfg.model.name, "device": cfg.device.name, "plan": cfg.plan.name,
-                    "backend": cfg.backend, "executor": cfg.executor, "compile": cfg.compile,
+                    "backend": cfg.backend, "executor": cfg.executor, "compile": table_of(cfg.compile),
                     "overrides": {k: SECRET if k in SECRET_KEYS else v
                                   for k, v in sorted(overrides.items())},
                     "source_date_epoch": epoch},

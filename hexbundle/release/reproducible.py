@@ -24,6 +24,7 @@ from typing import Optional
 
 from hexbundle.config.build import REMOTE_ENV_PREFIX, BuildConfig
 from hexbundle.config.layout import BUILD_ROOT_ENV, RELEASE_PROVENANCE, Layout
+from hexbundle.config.schema import table_of
 from hexbundle.release.provenance import provenance
 from hexbundle.support import hashing
 from hexbundle.support import table as tables
@@ -166,7 +167,7 @@ def _overrides_of(cfg: BuildConfig) -> dict:
     out = {"model": cfg.model.name, "device": cfg.device.name, "plan": cfg.plan.name,
            "backend": cfg.backend, "executor": cfg.executor}
     out.update({k: str(v).lower() if isinstance(v, bool) else str(v)
-                for k, v in cfg.compile.items()})
+                for k, v in table_of(cfg.compile).items()})
     return out
 
 

@@ -124,8 +124,10 @@ class BuildGrid:
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         """Until the server answers GetCapabilities (it takes a few seconds to start)."""
+        from hexbundle.config.build import remote_settings
         from hexbundle.remote.cas import CasClient, RemoteError
-        client = CasClient({"cache": self.url, "instance": self.instance, "timeout": 5}, self.workdir)
+        client = CasClient(remote_settings(cache=self.url, instance=self.instance, timeout=5),
+                           self.workdir)
         deadline = time.monotonic() + timeout
         try:
             while True:

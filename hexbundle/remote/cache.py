@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from hexbundle import __version__
+from hexbundle.config.build import RemoteSettings
 from hexbundle.config.layout import Layout
 from hexbundle.formats.origins import record_origin
 from hexbundle.remote import reapi
@@ -49,10 +50,10 @@ class RemoteSession:
     """The remote cache of one doit run: one client, shared by the steps' threads. Once the
     server proves unreachable it is not asked again in this run (one warning)."""
 
-    def __init__(self, settings: dict, root: Path):
+    def __init__(self, settings: RemoteSettings, root: Path):
         self.settings = settings
         self.client = CasClient(settings, root)
-        self.read_write = settings.get("cache_mode", "read-write") == "read-write"
+        self.read_write = settings.cache_mode == "read-write"
         self.down = False
         self.refused: set = set()      # (hash, size) refused as corrupt: upload them again
         self._lock = threading.Lock()
@@ -76,10 +77,10 @@ _sessions_lock = threading.Lock()
 
 def session(layout: Layout):
     """The run's RemoteSession, or None when no remote cache is configured."""
-    settings = (layout.cfg.remote or {})
-    if not settings.get("cache"):
+    settings = layout.cfg.remote
+    if not settings.cache:
         return None
-    key = tuple(sorted(settings.items())) + (str(layout.root),)
+    key = (settings, str(layout.root))
     with _sessions_lock:
         if key not in _sessions:
             _sessions[key] = RemoteSession(settings, layout.root)

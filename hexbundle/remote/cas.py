@@ -14,15 +14,16 @@ Errors, all RemoteError (the cache degrades to a local build, it never fails one
 from __future__ import annotations
 
 import hashlib
-import os
 import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 import grpc
 
+from hexbundle.config.build import RemoteSettings
+from hexbundle.config.remote import header_metadata, parse_target, tls_files
 from hexbundle.remote import reapi
-from hexbundle.support.errors import ConfigError, HexbundleError
+from hexbundle.support.errors import HexbundleError
 
 CHUNK_BYTES = 1 << 20          # ByteStream pieces, both ways
 BATCH_BLOB_BYTES = 1 << 20     # larger blobs stream
@@ -47,57 +48,17 @@ class BlobMismatch(RemoteError):
     """A blob's bytes do not match its digest."""
 
 
-def parse_target(url: str) -> tuple:
-    """grpc://HOST:PORT -> ("HOST:PORT", False); grpcs:// -> (..., True)."""
-    scheme, _, rest = url.partition("://")
-    if scheme not in ("grpc", "grpcs") or not rest:
-        raise ConfigError(f"remote_cache = {url!r}: expected grpc://HOST:PORT or grpcs://HOST:PORT")
-    return rest, scheme == "grpcs"
-
-
-def _read_pem(root: Path, value: str, key: str) -> Optional[bytes]:
-    if not value:
-        return None
-    path = Path(root, value)
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{key} = {value!r}: cannot read {path} ({exc.strerror}); give a PEM "
-                          "file, relative to the project") from None
-
-
-def header(settings: dict) -> list:
-    """The remote_header setting as gRPC metadata; a value $VAR is read from the environment."""
-    text = settings.get("header") or ""
-    if not text:
-        return []
-    name, _, value = text.partition("=")
-    if value.startswith("$"):
-        var = value[1:]
-        if var not in os.environ:
-            raise ConfigError(f"remote_header = {name}=${var}: the environment variable {var} "
-                              "is not set; set it to the header's value")
-        value = os.environ[var]
-    return [(name.lower(), value)]
-
-
-def open_channel(settings: dict, root: Path) -> grpc.Channel:
-    target, tls = parse_target(settings["cache"])
+def open_channel(settings: RemoteSettings, root: Path) -> grpc.Channel:
+    target, _ = parse_target(settings.cache)
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                ("grpc.enable_retries", 0)]
-    if not tls:
-        if settings.get("tls_ca") or settings.get("tls_cert"):
-            raise ConfigError(f"remote_tls_ca / remote_tls_cert are set but remote_cache = "
-                              f"{settings['cache']!r} is not TLS; use grpcs://")
+    tls = tls_files(settings, root)   # as checked when the config loaded (config.remote)
+    if tls is None:
         return grpc.insecure_channel(target, options=options)
-    cert = _read_pem(root, settings.get("tls_cert", ""), "remote_tls_cert")
-    key = _read_pem(root, settings.get("tls_key", ""), "remote_tls_key")
-    if bool(cert) != bool(key):
-        raise ConfigError("remote_tls_cert and remote_tls_key go together (mutual TLS): set both")
-    creds = grpc.ssl_channel_credentials(
-        root_certificates=_read_pem(root, settings.get("tls_ca", ""), "remote_tls_ca"),
-        private_key=key, certificate_chain=cert)
+    ca, cert, key = tls
+    creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key,
+                                         certificate_chain=cert)
     return grpc.secure_channel(target, creds, options=options)
 
 
@@ -109,11 +70,11 @@ def _unary(channel, path: str, request_cls, response_cls):
 class CasClient:
     """One server and instance. Thread-safe (gRPC channels are): doit -n 2 steps share it."""
 
-    def __init__(self, settings: dict, root: Path):
-        self.url = settings["cache"]
-        self.instance = settings.get("instance", "")
-        self.timeout = float(settings.get("timeout", 60))
-        self.metadata = header(settings)
+    def __init__(self, settings: RemoteSettings, root: Path):
+        self.url = settings.cache
+        self.instance = settings.instance
+        self.timeout = float(settings.timeout)
+        self.metadata = header_metadata(settings.header)
         self.channel = open_channel(settings, root)
         c = self.channel
         self._get_result = _unary(c, reapi.GET_ACTION_RESULT, reapi.GetActionResultRequest,

@@ -18,21 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hexbundle.backends import CompileOptions, ConvertOptions
-from hexbundle.config.build import BuildConfig
+from hexbundle.config.build import BuildConfig, VerifySettings
 from hexbundle.config.model import Architecture, Part, Quantization
 from hexbundle.formats.genie import GenieOptions
 
 
 def frozen(table: dict) -> tuple:
-    """A settings table as sorted (key, value) pairs, lists as tuples: a value whose repr is
-    canonical (the same settings give the same text, whatever order the TOML gave them in)."""
-    def freeze(v):
-        if isinstance(v, dict):
-            return frozen(v)
-        if isinstance(v, list):
-            return tuple(freeze(x) for x in v)
-        return v
-    return tuple((k, freeze(v)) for k, v in sorted(table.items()))
+    """A table of data (the tokenizer's specials: role -> token) as sorted (key, value) pairs:
+    a value whose repr is canonical, whatever order the TOML gave them in."""
+    return tuple(sorted(table.items()))
 
 
 @dataclass(frozen=True)
@@ -80,14 +74,14 @@ class BundleOptions:
 class VerifyOptions:
     """`doit verify`: the backend whose bins it runs, its thresholds and token counts."""
     backend: str
-    settings: tuple                   # the model's [verify] table, sorted pairs
+    settings: VerifySettings          # the model's [verify] table
     context_lengths: tuple
 
 
 def generate_options(cfg: BuildConfig) -> GenerateOptions:
     m = cfg.model
     return GenerateOptions(m.architecture, m.quantization, tuple(m.context_lengths), m.prompt_ar,
-                           m.token_ar, tuple(cfg.plan.layers_per_part), cfg.inputs["seed"])
+                           m.token_ar, tuple(cfg.plan.layers_per_part), cfg.inputs.seed)
 
 
 def tokenizer_options(cfg: BuildConfig) -> TokenizerOptions:
@@ -104,10 +98,10 @@ def convert_options(cfg: BuildConfig) -> ConvertOptions:
     """The convert step's options: the [compile] settings convert reads and the model's
     treatment of weights that have no encoding."""
     c = cfg.compile
-    return ConvertOptions(float_bitwidth=c["float_bitwidth"],
+    return ConvertOptions(float_bitwidth=c.float_bitwidth,
                           unencoded_weights=cfg.model.quantization.unencoded_weights,
-                          truncate_64bit_io=c["truncate_64bit_io"], quantize_io=c["quantize_io"],
-                          quantize_full_type=c["quantize_full_type"])
+                          truncate_64bit_io=c.truncate_64bit_io, quantize_io=c.quantize_io,
+                          quantize_full_type=c.quantize_full_type)
 
 
 def compile_options(cfg: BuildConfig, part: Part) -> CompileOptions:
@@ -115,18 +109,18 @@ def compile_options(cfg: BuildConfig, part: Part) -> CompileOptions:
     runtime config reads the same Device.options) and the [compile] settings."""
     return CompileOptions(graph_names=tuple(g.name for g in cfg.model.graphs(part)),
                           device=cfg.device.options,
-                          weights_packing=cfg.compile["weights_packing"],
-                          weight_sharing=cfg.compile["weight_sharing"],
-                          optimization_type=cfg.compile["optimization_type"])
+                          weights_packing=cfg.compile.weights_packing,
+                          weight_sharing=cfg.compile.weight_sharing,
+                          optimization_type=cfg.compile.optimization_type)
 
 
 def genie_options(cfg: BuildConfig) -> GenieOptions:
     """What genie_config.json and htp_backend_ext_config.json say besides the token ids and
     the bins' names (formats.genie)."""
     a, htp = cfg.model.architecture, cfg.device.htp
-    return GenieOptions(device=cfg.device.options, cores=tuple(htp["cores"]),
-                        mem_type=htp["mem_type"], weight_sharing=cfg.compile["weight_sharing"],
-                        runtime=frozen(cfg.device.runtime), settings=frozen(cfg.genie),
+    return GenieOptions(device=cfg.device.options, cores=htp.cores, mem_type=htp.mem_type,
+                        weight_sharing=cfg.compile.weight_sharing, runtime=cfg.device.runtime,
+                        settings=cfg.genie,
                         context_size=cfg.model.context_length, n_vocab=a.vocab_size,
                         head_dim=a.head_dim, pos_id_dim=a.pos_id_dim, rope_theta=a.rope_theta)
 
@@ -138,4 +132,4 @@ def bundle_options(cfg: BuildConfig) -> BundleOptions:
 
 
 def verify_options(cfg: BuildConfig) -> VerifyOptions:
-    return VerifyOptions(cfg.backend, frozen(cfg.verify or {}), tuple(cfg.model.context_lengths))
+    return VerifyOptions(cfg.backend, cfg.verify, tuple(cfg.model.context_lengths))
