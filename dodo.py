@@ -37,8 +37,7 @@ from pathlib import Path
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.formats.qaihm import QWEN2_ROPE_THETA
 from hexbundle.graph.actions import action, step_action
-from hexbundle.graph.keys import (generator_digest, image_unchanged, options_key, pinned,
-                                  runtime_digest, splitter_digest, toolchain_key)
+from hexbundle.graph.keys import image_unchanged, options_key, pinned, step_code, toolchain_key
 from hexbundle.graph.session import doit_config, load
 from hexbundle.graph.targets import bundle_in_place, targets_unchanged
 from hexbundle.steps.options import compile_options, convert_options
@@ -88,7 +87,7 @@ def task_inputs():
                    "actions": [step(f"inputs:{part.tag}", "inputs", part=part.index)],
                    "file_dep": [p for p in sources if p != rel(LAYOUT.tokenizer)],
                    "targets": [rel(p) for p in LAYOUT.part_inputs(part)],
-                   "uptodate": [options_key(plan=CFG.plan.layers_per_part, splitter=splitter_digest)],
+                   "uptodate": [options_key(plan=CFG.plan.layers_per_part, code=step_code("inputs"))],
                    "clean": True, "io": NO_CAPTURE}
         return
     if CFG.inputs["source"] != "generated":
@@ -102,7 +101,7 @@ def task_inputs():
                             graphs=[CFG.model.context_lengths, CFG.model.prompt_ar,
                                     CFG.model.token_ar],
                             plan=CFG.plan.layers_per_part, seed=CFG.inputs["seed"],
-                            generator=generator_digest)
+                            code=step_code("inputs"))
     for part in PARTS:
         yield {"name": part.tag, "doc": f"generate the ONNX, weights and encodings of {part.tag}",
                "actions": [step(f"inputs:{part.tag}", "inputs", part=part.index)],
@@ -113,7 +112,7 @@ def task_inputs():
            "targets": [rel(LAYOUT.tokenizer)],
            "uptodate": [options_key(vocab=CFG.model.architecture.vocab_size,
                                     specials=CFG.tokenizer_specials,
-                                    generator=generator_digest)],
+                                    code=step_code("inputs"))],
            "clean": True, "io": NO_CAPTURE}
 
 
@@ -163,6 +162,7 @@ def task_convert():
                    "file_dep": [rel(p) for p in LAYOUT.graph_inputs(graph)],
                    "targets": [rel(LAYOUT.dlc(graph))],
                    "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
+                                            code=step_code("convert"),
                                             options=repr(convert_options(CFG)),
                                             pins=pinned(CFG, LAYOUT.graph_inputs(graph))),
                                targets_unchanged()],
@@ -180,6 +180,7 @@ def task_compile():
                "file_dep": [rel(LAYOUT.dlc(g)) for g in CFG.model.graphs(part)],
                "targets": [rel(LAYOUT.bin(part))],
                "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
+                                        code=step_code("compile"),
                                         options=repr(options)), targets_unchanged()],
                "clean": True, "io": NO_CAPTURE}
 
@@ -203,6 +204,7 @@ def task_bundle():
             + CONFIG_FILES,
             "targets": [rel(p) for p in LAYOUT.bundle_files()],
             "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
+                                     code=step_code("bundle"),
                                      device=[CFG.device.name, CFG.device.soc_model,
                                              CFG.device.dsp_arch, CFG.device.htp,
                                              CFG.device.runtime], genie=CFG.genie,
@@ -236,7 +238,7 @@ def task_verify():
             + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
             "targets": [rel(LAYOUT.verify_report)],
             "uptodate": [options_key(verify=CFG.verify, backend=CFG.backend,
-                                     runtime=runtime_digest)],
+                                     code=step_code("verify"))],
             "verbosity": 2}
 
 
