@@ -37,8 +37,7 @@ from pathlib import Path
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.formats.qaihm import QWEN2_ROPE_THETA
 from hexbundle.graph.actions import action, step_action
-from hexbundle.graph.keys import (generator_digest, image_unchanged, options_key, pinned,
-                                  runtime_digest, splitter_digest, toolchain_key)
+from hexbundle.graph.keys import image_unchanged, options_key, pinned, step_code, toolchain_key
 from hexbundle.graph.session import doit_config, load
 from hexbundle.graph.targets import bundle_in_place, targets_unchanged
 from hexbundle.steps.options import (bundle_options, compile_options, convert_options,
@@ -91,7 +90,7 @@ def task_inputs():
                    "file_dep": [p for p in sources if p != rel(LAYOUT.tokenizer)],
                    "targets": [rel(p) for p in LAYOUT.part_inputs(part)],
                    "uptodate": [options_key(options=repr(split_options(CFG)),
-                                           splitter=splitter_digest)],
+                                           code=step_code("inputs"))],
                    "clean": True, "io": NO_CAPTURE}
         return
     if CFG.inputs.source != "generated":
@@ -100,7 +99,7 @@ def task_inputs():
                "targets": [rel(p) for p in LAYOUT.all_inputs()],
                "uptodate": [True]}
         return
-    generator = options_key(options=repr(generate_options(CFG)), generator=generator_digest)
+    generator = options_key(options=repr(generate_options(CFG)), code=step_code("inputs"))
     for part in PARTS:
         yield {"name": part.tag, "doc": f"generate the ONNX, weights and encodings of {part.tag}",
                "actions": [step(f"inputs:{part.tag}", "inputs", part=part.index)],
@@ -110,7 +109,7 @@ def task_inputs():
            "actions": [step("inputs:tokenizer", "inputs", what="tokenizer")],
            "targets": [rel(LAYOUT.tokenizer)],
            "uptodate": [options_key(options=repr(tokenizer_options(CFG)),
-                                    generator=generator_digest)],
+                                    code=step_code("inputs"))],
            "clean": True, "io": NO_CAPTURE}
 
 
@@ -161,6 +160,7 @@ def task_convert():
                    "targets": [rel(LAYOUT.dlc(graph))],
                    "uptodate": [options_key(options=repr(convert_options(CFG)),
                                             backend=CFG.backend, toolchain=toolchain,
+                                            code=step_code("convert"),
                                             pins=pinned(CFG, LAYOUT.graph_inputs(graph))),
                                targets_unchanged()],
                    "clean": True, "io": NO_CAPTURE}
@@ -177,6 +177,7 @@ def task_compile():
                "file_dep": [rel(LAYOUT.dlc(g)) for g in CFG.model.graphs(part)],
                "targets": [rel(LAYOUT.bin(part))],
                "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
+                                        code=step_code("compile"),
                                         options=repr(options)), targets_unchanged()],
                "clean": True, "io": NO_CAPTURE}
 
@@ -204,7 +205,7 @@ def task_bundle():
             + CONFIG_FILES,
             "targets": [rel(p) for p in LAYOUT.bundle_files()],
             "uptodate": [options_key(options=repr(options), toolchain=toolchain,
-                                     pins=pinned(CFG, [LAYOUT.tokenizer])),
+                                     code=step_code("bundle"), pins=pinned(CFG, [LAYOUT.tokenizer])),
                          targets_unchanged(), bundle_in_place(LAYOUT)],
             "clean": True}
 
@@ -233,7 +234,7 @@ def task_verify():
             "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
             + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
             "targets": [rel(LAYOUT.verify_report)],
-            "uptodate": [options_key(options=repr(options), runtime=runtime_digest)],
+            "uptodate": [options_key(options=repr(options), code=step_code("verify"))],
             "verbosity": 2}
 
 

@@ -6,33 +6,14 @@ SDK. Backends are imported lazily so nothing here needs the SDK.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
 from hexbundle import __version__
-from hexbundle.config.devices import DeviceOptions   # the device's meaning, resolved once
+# The values a convert and a compile are given (re-exported: a backend's interface)
+from hexbundle.config.backend_options import CompileOptions, ConvertOptions, DeviceOptions
 from hexbundle.formats import FORMAT_VERSION   # not formats.container: describe() needs no numpy
 from hexbundle.support.errors import BackendError
-
-
-@dataclass(frozen=True)
-class ConvertOptions:
-    float_bitwidth: int = 16          # params left in float: 16 -> float16, 32 -> float32
-    unencoded_weights: str = "refuse" # a layer weight without an encoding: refuse | int8 | float
-    # Qualcomm's LLM compile options (qai-hub-models), by [compile]'s names (config.build)
-    truncate_64bit_io: bool = True    # int64 graph I/O (input_ids) as int32
-    quantize_io: bool = False         # graph I/O quantized rather than float
-    quantize_full_type: str = ""      # e.g. "w8a16": weights/activations without encodings
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    graph_names: tuple                # the part's graphs in bin order (config.model.part_graphs)
-    device: DeviceOptions
-    weights_packing: bool = True      # off: every 4-bit value takes a byte (~2x)
-    weight_sharing: bool = True       # off: every graph gets its own weight copy (~2x)
-    optimization_type: int = 3
 
 
 class Backend(Protocol):

@@ -1,4 +1,4 @@
-"""doit up-to-date keys: a task reruns when the options, toolchain, generator or pins it uses change.
+"""doit up-to-date keys: a task reruns when the options, toolchain, code or pins it uses change.
 
 Keys are computed when doit checks a task, not when dodo.py is loaded: `doit list` asks nothing
 of the Docker engine, and a build asks it once.
@@ -13,19 +13,33 @@ from doit.tools import config_changed
 from hexbundle.backends import describe
 from hexbundle.config.build import BuildConfig
 from hexbundle.config.toolchain import load_toolchain
-from hexbundle.support import hashing
+from hexbundle.graph.codekey import code_digest
 from hexbundle.support.errors import HexbundleError
 from hexbundle.toolchain import image
 
-# The generator's sources: generated inputs are regenerated when any changes (the graphs' runtime
-# inputs follow runtime/conventions.py; the weights, graphs and their names, config/model.py).
-# (Hashed, not imported: importing onnx costs ~1 s, which a no-op `doit bundle` must not pay;
-# so do the verifier's sources below.)
-PACKAGE = Path(__file__).resolve().parents[1]
-INPUTS_PACKAGE = PACKAGE / "inputs"
-MODEL_SOURCE = PACKAGE / "config" / "model.py"
-GENERATOR_SOURCES = (INPUTS_PACKAGE / "synthetic.py", INPUTS_PACKAGE / "generate.py",
-                     PACKAGE / "runtime" / "conventions.py", MODEL_SOURCE)
+# The hexbundle code each step runs, from its entry modules' imports (graph.codekey; hashed,
+# not imported: importing onnx costs ~1 s, which a no-op `doit bundle` must not pay). The
+# entries are those dodo.py's actions reach by name: the step module steps.runner.STEPS runs
+# (steps/inputs.py covers generating, the synthetic generator and the local split), plus
+# checks/sizes.py, whose action runs first in task_bundle. Third-party code is not in it (see
+# graph.codekey: toolchain_key below stands for it in the convert, compile and bundle keys).
+STEP_CODE = {
+    "inputs": ("hexbundle.steps.inputs",),
+    "convert": ("hexbundle.steps.convert",),
+    "compile": ("hexbundle.steps.compile",),
+    "bundle": ("hexbundle.steps.bundle", "hexbundle.checks.sizes"),
+    "verify": ("hexbundle.checks.verify",),
+}
+
+
+def step_code(step: str):
+    """An options_key value: the digest of the code `step` runs, computed when doit checks the
+    task (once per process): a changed line of that code reruns the step."""
+    entries = STEP_CODE[step]
+
+    def code() -> str:
+        return code_digest(*entries)
+    return code
 
 
 class options_key(config_changed):
@@ -68,30 +82,6 @@ def toolchain_key(cfg: BuildConfig) -> str:
     ID when the steps run in the container (so a rebuilt image reruns them, and switching
     executor does too). Asked of the engine once per run."""
     return _toolchain_key(cfg.backend, cfg.executor, cfg.root)
-
-
-def generator_digest() -> list:
-    return [hashing.digest(p) for p in GENERATOR_SOURCES]
-
-
-SPLITTER_SOURCES = (INPUTS_PACKAGE / "split.py", MODEL_SOURCE)   # where parts are cut, and names
-
-
-def splitter_digest() -> list:
-    """The local split's code: a changed splitter re-splits."""
-    return [hashing.digest(p) for p in SPLITTER_SOURCES]
-
-
-# verify reruns when these change: every runtime module it runs, and checks/verify.py itself
-# (tests/test_verify.py checks the list against verify's imports).
-RUNTIME_SOURCES = ("runtime/conventions.py", "runtime/sessions.py", "runtime/interpreter.py",
-                   "runtime/onnx_graph.py", "runtime/parts.py", "checks/verify.py")
-
-
-def runtime_digest() -> str:
-    """The code `doit verify` runs: a changed runtime re-verifies."""
-    return hashing.bytes_digest("".join(hashing.digest(PACKAGE / n)
-                                        for n in RUNTIME_SOURCES).encode())
 
 
 def pinned(cfg: BuildConfig, paths: list) -> dict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hexbundle.backends import CompileOptions, ConvertOptions
+from hexbundle.config.backend_options import CompileOptions, ConvertOptions
 from hexbundle.config.build import BuildConfig, VerifySettings
 from hexbundle.config.model import Architecture, Part, Quantization
 from hexbundle.formats.genie import GenieOptions
