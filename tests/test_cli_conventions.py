@@ -140,3 +140,32 @@ def test_a_hexbundle_flag_from_a_subdirectory_says_where_to_run(fresh):
     assert proc.returncode == 3
     assert "Traceback" not in proc.stderr
     assert f"run it from {fresh.root}" in proc.stderr, proc.stderr
+
+
+def from_subdirectory(project, *args, seek_env=True):
+    env = {**os.environ, "DOIT_SEEK_FILE": "1"} if seek_env else dict(os.environ)
+    return subprocess.run([sys.executable, "-m", "doit", *args], cwd=project.root / "configs",
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("args", [("bundle",), ("-k", "inputs"), ("forget", "-k", "bundle")],
+                         ids=" ".join)
+def test_a_build_from_a_subdirectory_says_where_to_run(fresh, args):
+    """hexbundle's dependency DB is a doit backend registered in pyproject.toml (graph.db), which
+    doit reads only where it is started: a command that would write the DB is refused there,
+    before anything is written."""
+    proc = from_subdirectory(fresh, *args, seek_env=args[0] == "bundle")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "did not read pyproject.toml" in proc.stderr
+    assert proc.stderr.rstrip().endswith(f"run it from {fresh.root}"), proc.stderr
+    assert not (fresh.root / "build" / ".hexbundle" / "db").exists()
+
+
+@pytest.mark.parametrize("args", [("list",), ("-k", "list"), ("info", "-k", "bundle")],
+                         ids=" ".join)
+def test_reading_commands_work_from_a_subdirectory(fresh, args):
+    proc = from_subdirectory(fresh, *args, seek_env="-k" not in args)
+    # doit info's exit code says whether the task is up to date (1: it is not)
+    assert proc.returncode == (1 if args[0] == "info" else 0), proc.stdout + proc.stderr
+    assert proc.stderr == "" and "bundle" in proc.stdout, proc.stdout + proc.stderr

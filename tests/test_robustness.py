@@ -450,8 +450,10 @@ def test_an_unreadable_dependency_db_is_set_aside_and_the_build_redone(project):
     assert project.doit("bundle").executed == set()
 
 
-def test_dependency_db_writes_are_atomic(tmp_path):
-    from doit.dependency import JsonDB
+def test_dependency_db_writes_are_atomic(tmp_path, capsys, monkeypatch):
+    from hexbundle.graph import db as durable
+    from hexbundle.graph.db import DbSaveError, DurableJsonDB
+    monkeypatch.setattr(durable, "_reported_db_failure", False)
 
     class FailingCodec:
         def encode(self, data):
@@ -462,13 +464,18 @@ def test_dependency_db_writes_are_atomic(tmp_path):
 
     path = tmp_path / "doit-db.json"
     path.write_text('{"task": {"k": 1}}')
-    db = JsonDB(str(path), codec=FailingCodec())
+    db = DurableJsonDB(str(path), codec=FailingCodec())
     db.set("task", "k", 2)
-    with pytest.raises(runguard.DbSaveError, match=r"cannot save the dependency DB .*doit-db"
+    with pytest.raises(DbSaveError, match=r"cannot save the dependency DB .*doit-db"
                        r"\.json \(No space left on device; \d+ KiB free .*free some disk space"):
-        runguard.atomic_dump(db)
+        db.save()
     assert json.loads(path.read_text()) == {"task": {"k": 1}}   # doit's own dump: empty file
     assert list(tmp_path.iterdir()) == [path]
+    with pytest.raises(SystemExit) as stop:   # doit's last save (Dependency.close): one message
+        db.dump()
+    assert stop.value.code == 3
+    assert capsys.readouterr().err.startswith("hexbundle: cannot save the dependency DB ")
+    assert json.loads(path.read_text()) == {"task": {"k": 1}}
 
 
 def test_an_interrupted_swap_gets_the_previous_bundle_back(tmp_path):
@@ -554,7 +561,7 @@ def tree(build: Path) -> dict:
 
 
 def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_path):
-    from doit.dependency import JSONCodec, JsonDB
+    from doit.dependency import JSONCodec
 
     from hexbundle.backends import qairt
     from hexbundle.bench import benchmark
@@ -624,10 +631,11 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
     def digest_cache():   # support.hashing: the digest cache, saved after a new digest
         hashing.DigestCache(build / ".hexbundle" / "digests.json").digest(data)
 
-    def doit_db():   # graph.runguard.atomic_dump: doit's dependency DB
-        db = JsonDB(str(variant_db), codec=JSONCodec())
+    def doit_db():   # graph.db.DurableJsonDB: doit's dependency DB
+        from hexbundle.graph.db import DurableJsonDB
+        db = DurableJsonDB(str(variant_db), codec=JSONCodec())
         db.set("task", "k", 2)
-        runguard.atomic_dump(db)
+        db.save()
 
     def wheelhouse_sums():   # toolchain.wheelhouse: SHA256SUMS (write_lock: the same call)
         wheelhouse.write_sums(build / "wheelhouse", [wheel])

@@ -19,7 +19,7 @@ from doit.reporter import ConsoleReporter
 from hexbundle import __version__
 from hexbundle.backends import describe
 from hexbundle.config.layout import Layout
-from hexbundle.graph import runguard
+from hexbundle.graph import db
 from hexbundle.support import console
 
 # The tasks that build or check the variant the configs and the command line resolve to.
@@ -100,7 +100,7 @@ class Reporter(ConsoleReporter):
     def add_success(self, task):
         super().add_success(task)
         self.succeeded.append(task.name)
-        runguard.save_progress()   # a run killed later keeps this task's record
+        db.save_progress()   # a run killed later keeps this task's record
 
     def complete_run(self):
         super().complete_run()

@@ -14,13 +14,13 @@ tasks or change the dependency DB (all but list, help, info, dumpdb, tabcompleti
    are removed. Every writer takes its temp names from hexbundle.support.atomic, so one rule
    (is_temp_name) finds them all, and nothing else is removed. Only under the lock: a live
    run's temp files and containers are never touched.
-3. The dependency DB (doit's JSON backend) is written atomically (temp, fsync, rename) instead
-   of in place, and after every task that succeeds rather than only at the end of the run, so
-   a killed run keeps the work it finished. A DB that is nevertheless unreadable is set aside
-   (every task then runs again) instead of stopping every later run. Each variant has a DB of
-   its own, and the model's own steps (inputs) keep their records in the model's DB: copied into
-   the variant's before doit opens it, written back by a save that changed them (graph.variants
-   says why).
+3. The dependency DB is hexbundle's doit backend (graph.db): written atomically (temp, fsync,
+   rename) instead of in place, and after every task that succeeds rather than only at the end
+   of the run, so a killed run keeps the work it finished. A DB that is nevertheless unreadable
+   is set aside here (every task then runs again) instead of stopping every later run. Each
+   variant has a DB of its own, and the model's own steps (inputs) keep their records in the
+   model's DB: copied into the variant's here, before doit opens it, written back by a save that
+   changed them (graph.db; graph.variants says why).
 4. Ctrl-C ends the run with one line, not a traceback; so does SIGTERM (kill, systemd, a CI
    runner's timeout), which is raised as Ctrl-C is (Terminated, a KeyboardInterrupt): every
    writer's temp file is removed on the way out, the step containers too, and the run exits
@@ -28,9 +28,9 @@ tasks or change the dependency DB (all but list, help, info, dumpdb, tabcompleti
 """
 from __future__ import annotations
 
-import copy
 import errno
 import fcntl
+import getopt
 import json
 import math
 import os
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Optional
 
 from hexbundle.config.layout import DB_DIR, DOIT_DB, STATE_DIR
+from hexbundle.graph.db import pair_with_model, save_file
 from hexbundle.graph.variants import seeded, split_records
 from hexbundle.support.atomic import atomic_output, discard, is_temp_name, put_back
 from hexbundle.support.errors import HexbundleError
@@ -64,12 +65,24 @@ class LockBusy(HexbundleError):
 # ---------------------------------------------------------------------------------------------
 # entry point
 
+def command_name(argv: list) -> str:
+    """The argument doit takes its command from (doit 0.37, DoitMain.run): the first one after
+    the dodo-finding options (-f FILE, -d DIR, -k, which may come first) and the `key=value`
+    variables; "" if none. Not one of doit's commands means `run`."""
+    try:
+        _, args = getopt.getopt(argv[1:], "f:d:k", ["file=", "dir=", "seek-file"])
+    except getopt.GetoptError:   # doit then looks at the arguments as given
+        args = argv[1:]
+    args = [a for a in args if a.startswith("-") or "=" not in a]
+    return args[0] if args else ""
+
+
 def command_writes(argv: list) -> bool:
-    """doit takes its command from the first argument only; anything else means `run`. A run
+    """Anything but a read-only command means a run (or a command that writes the DB). A run
     with --dry-run or a task's --help (graph.commands) runs nothing and writes nothing."""
     if any(arg in RUN_READ_ONLY_FLAGS for arg in argv[1:]):
         return False
-    return (argv[1] if len(argv) > 1 else "") not in READ_ONLY_COMMANDS
+    return command_name(argv) not in READ_ONLY_COMMANDS
 
 
 def guard_run(layout, argv: list, db_name: str = DOIT_DB) -> None:
@@ -97,7 +110,6 @@ def guard_run(layout, argv: list, db_name: str = DOIT_DB) -> None:
     bundle = getattr(layout, "bundle_dir", None)
     if bundle is not None:
         set_aside_bundle_link(bundle, root)
-    make_doit_db_durable()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,8 +383,8 @@ def seed_variant_db(variant_db: Path, model_db: Path) -> None:
     model, variant = _read_db(model_db), _read_db(variant_db)
     records = seeded(variant, model)
     if records != variant:
-        _save_db(variant_db, lambda: json.dumps(records))
-    _model_dbs[os.path.abspath(variant_db)] = (Path(model_db), split_records(model)[0])
+        save_file(variant_db, lambda: json.dumps(records))
+    pair_with_model(variant_db, model_db, split_records(model)[0])
 
 
 def seeded_view(backend, layout, db_name: str = DOIT_DB) -> None:
@@ -392,102 +404,6 @@ def _read_db(db: Path) -> dict:
         return json.loads(db.read_text())
     except FileNotFoundError:
         return {}
-
-
-# the variant's DB -> (the model's DB, the model's records as last saved there); set by
-# seed_variant_db, so atomic_dump writes the model's DB only when they change
-_model_dbs: dict = {}
-
-
-def atomic_dump(self) -> None:
-    """doit's JsonDB.dump, but temp + fsync + rename: a kill never leaves half a DB. A full disk
-    (or quota) stops the run with a message rather than a traceback; the DB on disk is the last
-    one saved, so the next run redoes only what was not recorded.
-
-    A variant's DB also saves the model's steps' records to the model's DB, first, when they
-    changed (graph.variants)."""
-    key = os.path.abspath(self.name)
-    if key in _model_dbs:
-        model_db, saved = _model_dbs[key]
-        model, _ = split_records(self._db)
-        if model != saved:
-            _save_db(model_db, lambda: self.codec.encode(model))
-            _model_dbs[key] = (model_db, copy.deepcopy(model))
-    _save_db(Path(self.name), lambda: self.codec.encode(self._db))
-
-
-def _save_db(path: Path, encode) -> None:
-    try:
-        with atomic_output(path, "w", user_errors=False) as fh:
-            fh.write(encode())
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise
-        raise DbSaveError(_db_save_message(path, exc)) from None
-
-
-class DbSaveError(HexbundleError):
-    """The dependency DB could not be saved (full disk, quota, file-size limit)."""
-
-
-def _db_save_message(path: Path, exc: OSError) -> str:
-    try:
-        free = f"{shutil.disk_usage(path.parent).free / 1024:.0f} KiB free"
-    except OSError:
-        free = "free space unknown"
-    return (f"cannot save the dependency DB {path} ({exc.strerror or exc}; {free} on its file "
-            "system): free some disk space (or raise the quota / ulimit -f) and run the build "
-            "again; the steps that finished before the last save are kept, the others run again")
-
-
-_reported_db_failure = False
-
-
-def _report_db_failure(exc: DbSaveError) -> None:
-    global _reported_db_failure
-    if not _reported_db_failure:
-        _reported_db_failure = True
-        print(f"hexbundle: {exc}", file=sys.stderr, flush=True)
-
-
-def make_doit_db_durable() -> None:
-    """Write doit's JSON DB atomically (doit 0.37 opens it with 'w' and writes in place)."""
-    from doit.dependency import JsonDB
-    JsonDB.dump = atomic_dump
-    _make_db_close_clean()
-
-
-def save_progress() -> None:
-    """Persist the DB now (after each successful task): a killed run keeps its finished work."""
-    from doit.dependency import JsonDB
-    from doit.globals import Globals
-    manager = Globals.dep_manager
-    backend = getattr(manager, "backend", None)
-    if isinstance(backend, JsonDB) and JsonDB.dump is atomic_dump:
-        try:
-            backend.dump()
-        except DbSaveError as exc:   # reported; the run goes on (steps fail cleanly on their
-            _report_db_failure(exc)   # own writes) and the final save reports it again
-
-
-def _make_db_close_clean() -> None:
-    """doit saves the DB once more when the run ends (Dependency.close, from Runner.finish): a
-    failure there ends the run with the message and exit code 3, not a traceback."""
-    from doit.dependency import Dependency
-    if getattr(Dependency.close, "hexbundle", False):
-        return
-    original = Dependency.close
-
-    def close(self):
-        try:
-            original(self)
-        except DbSaveError as exc:
-            _report_db_failure(exc)
-            sys.stdout.flush()
-            raise SystemExit(3) from None   # not a traceback from doit
-
-    close.hexbundle = True
-    Dependency.close = close
 
 
 # ---------------------------------------------------------------------------------------------

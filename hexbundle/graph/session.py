@@ -14,6 +14,7 @@ from hexbundle.config.build import load_build
 from hexbundle.config.layout import DOIT_DB, Layout, ProjectLayout
 from hexbundle.graph import runguard
 from hexbundle.graph.checker import XXH3Checker, comparison_checker
+from hexbundle.graph.db import BACKEND
 from hexbundle.graph.reporter import Reporter, set_banner
 from hexbundle.support import hashing
 from hexbundle.support.errors import HexbundleError
@@ -34,17 +35,30 @@ def command_line_overrides(argv=None) -> dict:
     return {name: value for name, value in values.items() if value is not None}
 
 
+def started_in_project(root: Path) -> bool:
+    """True if doit was started in the project directory, so it read our pyproject.toml (doit
+    reads its config, and so its plugins, only from the directory it is started in)."""
+    started_in = doit.get_initial_workdir()
+    return started_in is None or Path(started_in).resolve() == root.resolve()
+
+
 def outside_project_problem(root: Path, argv: list, started_in: Path):
-    """doit reads its command plugins (pyproject.toml: graph.commands) from the directory it is
-    started in. Run from elsewhere (a subdirectory, with -k or DOIT_SEEK_FILE=1), a flag only
-    they know would end in doit's 'option not recognized': say what to do instead."""
+    """doit reads its plugins (pyproject.toml: graph.commands, and graph.db, the dependency DB
+    backend) from the directory it is started in. Run from elsewhere (a subdirectory, with -k or
+    DOIT_SEEK_FILE=1), a flag only our commands know would end in doit's 'option not
+    recognized', and a command that writes the DB would have doit's own in-place JSON DB: say
+    what to do instead. Read-only commands (list, info, help) still work from there."""
     if started_in.resolve() == root.resolve():
         return None
     flags = [a for a in argv[1:] if a in runguard.RUN_READ_ONLY_FLAGS]
-    if not flags:
-        return None
-    return (f"{flags[0]} is hexbundle's (pyproject.toml), which doit reads only when started in "
-            f"the project directory: run it from {root}")
+    if flags:
+        return (f"{flags[0]} is hexbundle's (pyproject.toml), which doit reads only when "
+                f"started in the project directory: run it from {root}")
+    if runguard.command_writes(argv):
+        return ("doit was started outside the project directory, so it did not read "
+                "pyproject.toml, which registers hexbundle's dependency DB (graph/db.py: saved "
+                f"atomically, after every step, one per variant): run it from {root}")
+    return None
 
 
 def load(root: Path):
@@ -83,13 +97,16 @@ def checker_and_db() -> tuple:
 
 
 def doit_config(layout: Layout) -> dict:
-    """doit's settings; the dependency DB is the variant's own (graph.variants)."""
+    """doit's settings; the dependency DB is the variant's own (graph.variants), kept by
+    hexbundle's DB backend (graph.db)."""
     checker, db = checker_and_db()
     return {
         "default_tasks": ["bundle"],
         "check_file_uptodate": checker,
         "dep_file": str(layout.doit_db(db)),
-        "backend": "json",
+        # graph.db's backend, registered in pyproject.toml; doit's own JSON backend (same file
+        # format) only for the read-only commands allowed outside the project directory
+        "backend": BACKEND if started_in_project(layout.root) else "json",
         "par_type": "thread",      # steps are subprocesses or containers: threads suffice
         "reporter": Reporter,
         "verbosity": 2,            # show the steps' progress lines as they happen

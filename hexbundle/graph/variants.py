@@ -14,7 +14,7 @@ The model's own steps are the exception: `inputs:*` write `<model>/inputs/`, whi
 of the model reads. Their records are the model's, kept in `.hexbundle/db/<model>/doit-db.json`:
 before doit opens the variant's DB, the run copies them in (`seeded`, by runguard under the build
 lock), and a save of the DB that changed them writes them back there (`split_records`,
-runguard.atomic_dump). The variant's file keeps its copy, which the model's DB overrides.
+graph.db.DurableJsonDB.save). The variant's file keeps its copy, which the model's DB overrides.
 doit decides about them exactly as before -- the generator's options, the split's file_dep --
 but on the model's last word: a second device of a generated model finds its inputs up to date
 and leaves their bytes alone, and when one variant regenerates them (another plan with the same

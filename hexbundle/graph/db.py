@@ -1,0 +1,130 @@
+"""hexbundle's dependency DB: doit's JSON backend, written atomically and after every task.
+
+A doit DB backend plugin (pyproject.toml, [tool.doit.plugins.backend]: `hexbundle`), chosen by
+DOIT_CONFIG's `backend` (graph.session.doit_config): doit makes its Dependency manager with this
+class, on the variant's `dep_file`. What it adds to doit's JsonDB (doit 0.37 opens the file with
+'w' and writes it in place, once, when the run ends):
+
+- every save is temp + fsync + rename (support.atomic): a kill never leaves half a DB;
+- a save after each task that succeeds (save_progress, from graph.reporter), so a killed run
+  keeps the work it finished;
+- a variant's DB writes the model's steps' records back to the model's DB when they changed
+  (graph.variants; runguard.seed_variant_db pairs the two before doit opens the variant's);
+- a full disk (or quota, or file-size limit) is one message, not a traceback: the run goes on
+  after a failed save_progress, and the final save (doit's Dependency.close, which calls dump)
+  ends the run with exit code 3.
+
+Imported by doit for every command that reads the DB (`doit list` too, when it gathers its
+backends): only light modules here.
+"""
+from __future__ import annotations
+
+import copy
+import errno
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional
+
+from doit.dependency import JsonDB
+
+from hexbundle.graph.variants import split_records
+from hexbundle.support.atomic import atomic_output
+from hexbundle.support.errors import HexbundleError
+
+# The name DOIT_CONFIG's `backend` selects it by, as pyproject.toml registers it.
+BACKEND = "hexbundle"
+
+
+class DbSaveError(HexbundleError):
+    """The dependency DB could not be saved (full disk, quota, file-size limit)."""
+
+
+# the variant's DB -> (the model's DB, the model's records as last saved there); set by
+# runguard.seed_variant_db, so a save writes the model's DB only when they change
+_model_dbs: dict = {}
+# the DB this run's doit opened (the last made): what save_progress saves
+_current: Optional["DurableJsonDB"] = None
+
+
+def pair_with_model(variant_db: Path, model_db: Path, model_records: dict) -> None:
+    """The variant's DB keeps the model's steps' records in `model_db` (graph.variants);
+    `model_records`: theirs as that file holds them now."""
+    _model_dbs[os.path.abspath(variant_db)] = (Path(model_db), copy.deepcopy(model_records))
+
+
+class DurableJsonDB(JsonDB):
+    """doit's JsonDB (same file format, same reads), saved atomically: see the module."""
+
+    desc = "hexbundle's JSON DB: atomic saves, one after every task (hexbundle.graph.db)"
+
+    def __init__(self, name, codec, *, module_name=None):
+        global _current
+        super().__init__(name, codec, module_name=module_name)
+        _current = self
+
+    def save(self) -> None:
+        """Write the DB (temp + fsync + rename); DbSaveError on a full disk. A variant's DB
+        saves the model's steps' records to the model's DB first, when they changed."""
+        key = os.path.abspath(self.name)
+        if key in _model_dbs:
+            model_db, saved = _model_dbs[key]
+            model, _ = split_records(self._db)
+            if model != saved:
+                save_file(model_db, lambda: self.codec.encode(model))
+                _model_dbs[key] = (model_db, copy.deepcopy(model))
+        save_file(Path(self.name), lambda: self.codec.encode(self._db))
+
+    def dump(self) -> None:
+        """doit's last save (Dependency.close, when the run or command ends): a failure ends the
+        run with the message and exit code 3, not a traceback from doit."""
+        try:
+            self.save()
+        except DbSaveError as exc:
+            report_db_failure(exc)
+            sys.stdout.flush()
+            raise SystemExit(3) from None
+
+
+def save_progress() -> None:
+    """Persist the run's DB now (after each successful task): a killed run keeps its finished
+    work. A failure is reported (once); the run goes on (steps fail cleanly on their own writes)
+    and the final save, failing too, ends it with exit code 3."""
+    if _current is None:
+        return
+    try:
+        _current.save()
+    except DbSaveError as exc:
+        report_db_failure(exc)
+
+
+def save_file(path: Path, encode) -> None:
+    """Write encode()'s text to `path` atomically; a full disk is a DbSaveError."""
+    try:
+        with atomic_output(path, "w", user_errors=False) as fh:
+            fh.write(encode())
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        raise DbSaveError(_db_save_message(path, exc)) from None
+
+
+def _db_save_message(path: Path, exc: OSError) -> str:
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 1024:.0f} KiB free"
+    except OSError:
+        free = "free space unknown"
+    return (f"cannot save the dependency DB {path} ({exc.strerror or exc}; {free} on its file "
+            "system): free some disk space (or raise the quota / ulimit -f) and run the build "
+            "again; the steps that finished before the last save are kept, the others run again")
+
+
+_reported_db_failure = False
+
+
+def report_db_failure(exc: DbSaveError) -> None:
+    global _reported_db_failure
+    if not _reported_db_failure:
+        _reported_db_failure = True
+        print(f"hexbundle: {exc}", file=sys.stderr, flush=True)
