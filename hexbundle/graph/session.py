@@ -63,7 +63,9 @@ def outside_project_problem(root: Path, argv: list, started_in: Path):
 
 def load(root: Path):
     """Resolve the build for this doit run, or exit with a clean message (no traceback)."""
-    problem = outside_project_problem(root, sys.argv, Path(doit.get_initial_workdir()))
+    # dodo.py imported outside doit (a script, a REPL): where this process started
+    started_in = Path(doit.get_initial_workdir() or os.getcwd())
+    problem = outside_project_problem(root, sys.argv, started_in)
     if problem:
         print(f"hexbundle: {problem}", file=sys.stderr)
         sys.exit(3)
