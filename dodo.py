@@ -198,7 +198,8 @@ def task_check_sizes():
 def task_bundle():
     """Check sizes, then assemble the Genie bundle: configs, tokenizer, bins, manifest."""
     options = bundle_options(CFG)
-    return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", LAYOUT,
+    return {"actions": [action("hexbundle.graph.targets:remove_dead_outputs", LAYOUT),
+                        action("hexbundle.checks.sizes:check_built_sizes", LAYOUT,
                                options.convert, options.compile),
                         step("bundle", "bundle")],
             "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS] + [rel(LAYOUT.tokenizer)]

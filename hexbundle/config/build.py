@@ -87,7 +87,8 @@ CONTAINER_SCHEMA = {
 # changes what a step writes, so none is part of any up-to-date key.
 REMOTE_SCHEMA = {
     "remote_cache": Field(str, "", pattern=r"(grpcs?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5})?",
-                          doc="a REAPI cache, grpc://HOST:PORT (grpcs:// for TLS); empty: none"),
+                          doc="a REAPI cache, grpc://HOST:PORT (grpcs:// for TLS); empty: none",
+                          example="grpc://127.0.0.1:9"),
     "remote_instance": Field(str, "", pattern=r"[A-Za-z0-9._/-]*",
                              doc="the server's instance name (empty: its default instance)"),
     "remote_cache_mode": Field(str, "read-write", choices=("read", "read-write"),
@@ -98,7 +99,8 @@ REMOTE_SCHEMA = {
     "remote_tls_key": Field(str, "", doc="grpcs://: PEM key of remote_tls_cert"),
     "remote_header": Field(str, "", pattern=r"([A-Za-z0-9-]+=.*)?",
                            doc="NAME=VALUE sent with every call (auth); VALUE $VAR reads the "
-                               "environment variable VAR, keeping the secret out of files"),
+                               "environment variable VAR, keeping the secret out of files",
+                           example="x-hexbundle-test=1"),
     "remote_timeout": Field(int, 60, min=1, max=3600, doc="seconds per call to the server"),
 }
 REMOTE_ENV_PREFIX = "HEXBUNDLE_"   # remote_cache -> HEXBUNDLE_REMOTE_CACHE, and so on

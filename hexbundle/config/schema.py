@@ -29,6 +29,9 @@ class Field:
     item: Any = None               # element type for lists
     pattern: str = ""              # regex a str must fully match
     doc: str = ""
+    # another valid value, where none can be derived from the type, choices, range or pattern
+    # (tests/test_every_setting.py changes every setting to another valid value)
+    example: Any = None
 
     @property
     def required(self) -> bool:

@@ -28,7 +28,8 @@ SCHEMA = {
         "version": Field(str, pattern=r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+",
                          doc="the QAIRT version the qairt backend requires"),
         "archive": Field(str, doc="where the SDK archive is staged, relative to the project"),
-        "sha256": Field(str, "", pattern=SHA256, doc="the archive's sha256 (64 hex digits)"),
+        "sha256": Field(str, "", pattern=SHA256, doc="the archive's sha256 (64 hex digits)",
+                        example="0" * 64),
         "install_dir": Field(str, pattern=r"/[A-Za-z0-9._/-]+", doc="the SDK root in the image"),
     }),
     "image": Field({

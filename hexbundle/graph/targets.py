@@ -109,3 +109,29 @@ class bundle_in_place:
 
     def __repr__(self) -> str:
         return "bundle_in_place()"
+
+
+# ---------------------------------------------------------------------------------------------
+# outputs no task makes any more (ninja's `-t cleandead`)
+
+def dead_outputs(layout: Layout) -> list:
+    """The DLCs and bins in the variant's dlc/ and bin/ that no convert or compile of the
+    current configuration makes: left by a setting that renamed them (the model's slug, its
+    graphs' AR or context length). A clean build has none, so an incremental one must not."""
+    live = {layout.bin(part) for part in layout.cfg.plan.parts()}
+    live |= {layout.dlc(g) for part in layout.cfg.plan.parts()
+             for g in layout.cfg.model.graphs(part)}
+    dead = []
+    for directory, suffix in ((layout.dlc_dir, ".dlc"), (layout.bin_dir, ".bin")):
+        if directory.is_dir():
+            dead += [p for p in sorted(directory.iterdir())
+                     if p.suffix == suffix and p.is_file() and p not in live]
+    return dead
+
+
+def remove_dead_outputs(layout: Layout) -> None:
+    """Remove dead_outputs, each named: the bundle step runs after every convert and compile."""
+    for path in dead_outputs(layout):
+        console.say(f"hexbundle: {layout.rel(path)} is made by no step of this configuration "
+                    "any more: removing it")
+        path.unlink()
