@@ -320,12 +320,35 @@ def base(tmp_path_factory) -> Project:
     return project
 
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A BuildGrid server holding the base build's steps (uploaded by a machine of its own), or
+    None where there is no `bgd` and CI is not set (under CI it must run: .ci/run provides it)."""
+    from hexbundle.remote.buildgrid import BuildGrid, find_bgd
+    if not find_bgd():
+        if os.environ.get("CI"):
+            pytest.fail("CI is set, so the remote cache property must run, but no `bgd` "
+                        "($HEXBUNDLE_BGD) was found")
+        yield None
+        return
+    tmp = tmp_path_factory.mktemp("every-remote")
+    server = BuildGrid.start(tmp / "bgd")
+    try:
+        copy_project(tmp / "seed").doit("bundle", f"remote_cache={server.url}")
+        yield server
+    finally:
+        server.stop()
+
+
+CACHED = ("inputs", "convert", "compile")   # the steps a remote cache serves
+
+
 def build(project: Project, overrides: list, env: dict):
     return project.doit("bundle", *overrides, env=env, check=False)
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.id)
-def test_an_incremental_build_equals_a_clean_one_after_a_change(setting, base, tmp_path):
+def test_an_incremental_build_equals_a_clean_one_after_a_change(setting, base, cache, tmp_path):
     inc = Project(tmp_path / "inc")
     # cp -a, not shutil.copytree: the bundle's bins are hard links to bin/'s, which a copy
     # that breaks them would make bundle re-link (and re-run) for no change of ours
@@ -375,6 +398,21 @@ def test_an_incremental_build_equals_a_clean_one_after_a_change(setting, base, t
     record(setting, chosen, incremental.code, ran, same)
     assert not differ, (f"{setting.id} = {chosen!r}: incremental != clean in "
                         f"{sorted(differ)} (steps re-run: {ran}): {differ}")
+
+    # Through the remote cache: another build root with the change, its steps fetched where the
+    # cache has them, must make what the clean build made (a stale hit would hand it the base's
+    # outputs). Run where the change reaches a cached step's outputs (elsewhere the base's
+    # cached results are the right ones anyway); not for the remote_* settings themselves.
+    reaches_cached = any(before.get(k) != want.get(k) for k in CACHED)
+    if cache is None or fresh.code != 0 or not reaches_cached \
+            or (setting.source == "build" and setting.path[0].startswith("remote_")):
+        return
+    shared = copy_project(tmp_path / "shared")
+    _, shared_env = apply(shared.root, setting, chosen)
+    via = build(shared, overrides + [f"remote_cache={cache.url}"], shared_env)
+    assert via.code == 0, f"{setting.id} = {chosen!r} with the remote cache:\n{via.out[-3000:]}"
+    assert outputs(shared, overrides, shared_env) == want, (
+        f"{setting.id} = {chosen!r}: a build through the remote cache != a clean one")
 
 
 def record(setting: Setting, value, code: int, ran: list, same: list) -> None:
