@@ -20,6 +20,7 @@ checkout, one JSON object per setting.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -265,23 +266,25 @@ def command_line_value(value) -> str:
     return str(value)
 
 
+@contextlib.contextmanager
+def environment(env: dict):
+    """os.environ with `env` set, for an in-process load_build; put back afterwards."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        yield
+
+
 def loads(root: Path, overrides: list, env: dict) -> bool:
     """True if the config loader accepts the project at `root` with the change."""
     from hexbundle.config.build import load_build
     from hexbundle.support.errors import HexbundleError
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        load_build(root, dict(o.split("=", 1) for o in overrides))
-        return True
-    except HexbundleError:
-        return False
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environment(env):
+        try:
+            load_build(root, dict(o.split("=", 1) for o in overrides))
+            return True
+        except HexbundleError:
+            return False
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -292,13 +295,8 @@ def outputs(project: Project, overrides: list, env: dict) -> dict:
     from hexbundle.config.build import load_build
     from hexbundle.config.layout import Layout
     from hexbundle.support.hashing import file_digest
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environment(env):
         layout = Layout(load_build(project.root, dict(o.split("=", 1) for o in overrides)))
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     dirs = {"convert": layout.dlc_dir, "compile": layout.bin_dir, "bundle": layout.bundle_dir}
     found = {kind: tree_digests(d) for kind, d in dirs.items() if d.is_dir()}
     # The model's inputs directory is shared by its variants (each plan's parts, each one's
