@@ -223,7 +223,7 @@ def test_a_corrupted_blob_is_refused_and_the_step_built_locally(server, tmp_path
 def test_a_refused_download_lands_nothing_and_leaves_the_targets_as_they_were(server, project):
     """Two outputs of one Action, the second corrupted on the server: neither is renamed into
     place (not even the first, which arrived whole), and no temp file is left."""
-    from hexbundle.config.build import load_build
+    from hexbundle.config.build import load_build, remote_settings
     from hexbundle.config.layout import Layout
     from hexbundle.remote.action import step_action
     from hexbundle.remote.cache import RemoteSession, fetch, upload
