@@ -76,7 +76,7 @@ CONSTRAINED = {
     "configs/models/qwen2-tiny.toml:graphs.context_lengths":
         "excludes graphs.context_length (tests/test_context_lengths.py builds both)",
     "configs/models/qwen2-tiny.toml:inputs.source":
-        "another source needs an export's files (tests/test_qaihm_import.py, test_context_lengths)",
+        "another source needs an export's files (tests/test_qaihm_export.py, test_context_lengths.py)",
     "configs/devices.toml:chipset.qcs9075.soc_model":
         "must agree with qualcomm_soc_models, Qualcomm's table (build:device covers a chipset change)",
     "configs/devices.toml:chipset.qcs9075.dsp_arch": "must agree with qualcomm_soc_models",
