@@ -76,11 +76,14 @@ CONSTRAINED = {
     "configs/models/qwen2-tiny.toml:graphs.context_lengths":
         "excludes graphs.context_length (tests/test_context_lengths.py builds both)",
     "configs/models/qwen2-tiny.toml:inputs.source":
-        "another source needs an export's files (tests/test_qaihm_export.py, test_context_lengths.py)",
+        "another source needs an export's files "
+        "(tests/test_qaihm_export.py, test_context_lengths.py)",
     "configs/devices.toml:chipset.qcs9075.soc_model":
-        "must agree with qualcomm_soc_models, Qualcomm's table (build:device covers a chipset change)",
+        "must agree with qualcomm_soc_models, Qualcomm's table "
+        "(build:device covers a chipset change)",
     "configs/devices.toml:chipset.qcs9075.dsp_arch": "must agree with qualcomm_soc_models",
-    "configs/devices.toml:qualcomm_soc_models.77.dsp_arch": "must agree with the chipsets naming it",
+    "configs/devices.toml:qualcomm_soc_models.77.dsp_arch":
+        "must agree with the chipsets naming it",
 }
 # '*' tables that are data, not settings: what `doit import_export` records about an export.
 DATA_TABLES = {"inputs.graphs", "inputs.unsplit", "inputs.pins"}
@@ -135,7 +138,8 @@ def all_settings() -> list:
     model = validate(toml(model_file), MODEL_SCHEMA, model_file)
     out += [Setting(model_file, p, f, _get(model, p)) for p, f in leaves(MODEL_SCHEMA)]
     plan = ("plans", model["model"]["default_plan"])
-    out += [Setting(model_file, plan + p, f, _get(model, plan + p)) for p, f in leaves(PLAN_SCHEMA)]
+    out += [Setting(model_file, plan + p, f, _get(model, plan + p))
+            for p, f in leaves(PLAN_SCHEMA)]
     for key, field in MODEL_SCHEMA["inputs"].type.items():
         if isinstance(field.type, dict):
             assert f"inputs.{key}" in DATA_TABLES, f"inputs.{key}: a '*' table this test skips"
@@ -153,7 +157,8 @@ def all_settings() -> list:
             for p, f in leaves(TABLE_SCHEMA["qualcomm_soc_models"].type["*"].type)]
 
     tc = validate(toml("configs/toolchain.toml"), toolchain.SCHEMA, "toolchain.toml")
-    out += [Setting("configs/toolchain.toml", p, f, _get(tc, p)) for p, f in leaves(toolchain.SCHEMA)]
+    out += [Setting("configs/toolchain.toml", p, f, _get(tc, p))
+            for p, f in leaves(toolchain.SCHEMA)]
     out += [Setting("env", (name,), None, None) for name in sorted(env_variables())
             if name not in NOT_BUILD_INPUTS]
     return out
@@ -205,7 +210,8 @@ def candidates(field, current) -> list:
         if field.pattern and isinstance(v, str) and not re.fullmatch(field.pattern, v):
             continue
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            if (field.min is not None and v < field.min) or (field.max is not None and v > field.max):
+            below = field.min is not None and v < field.min
+            if below or (field.max is not None and v > field.max):
                 continue
             if isinstance(v, float) and not math.isfinite(v):
                 continue
