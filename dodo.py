@@ -69,8 +69,7 @@ NO_CAPTURE = {"capture": False}
 def step(task, name, **extra):
     """The action that runs build step `name` (steps/<name>.py) through the configured executor
     (and the remote cache, when configured: graph/remote_steps.py)."""
-    return step_action("hexbundle.steps.executor:run_step", LAYOUT, OVERRIDES, task, name,
-                       **extra)
+    return step_action("hexbundle.steps.executor:run_step", LAYOUT, task, name, **extra)
 
 
 def task_inputs():

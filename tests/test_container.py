@@ -365,7 +365,7 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
     subprocess.run(["chown", "-R", "4321:4321", str(proj.root / "build")], check=True)
     layout = Layout(load_build(proj.root))
     log = tmp_path / "bundle.log"
-    code = container.run_in_container(layout, step_spec(layout, {}, "bundle"), log,
+    code = container.run_in_container(layout, step_spec(layout, "bundle"), log,
                                       user="4321:4321")
     assert code == 0, log.read_text()
     manifest = proj.bundle() / "manifest.json"

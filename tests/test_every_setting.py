@@ -406,10 +406,11 @@ def test_an_incremental_build_equals_a_clean_one_after_a_change(setting, base, c
     # Through the remote cache: another build root with the change, its steps fetched where the
     # cache has them, must make what the clean build made (a stale hit would hand it the base's
     # outputs). Run where the change reaches a cached step's outputs (elsewhere the base's
-    # cached results are the right ones anyway); not for the remote_* settings themselves.
+    # cached results are the right ones anyway); not for the run settings (Field.run_setting:
+    # the remote_* settings themselves, the step containers).
     reaches_cached = any(before.get(k) != want.get(k) for k in CACHED)
     if cache is None or fresh.code != 0 or not reaches_cached \
-            or (setting.source == "build" and setting.path[0].startswith("remote_")):
+            or (setting.field is not None and setting.field.run_setting):
         return
     shared = copy_project(tmp_path / "shared")
     _, shared_env = apply(shared.root, setting, chosen)

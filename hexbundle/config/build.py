@@ -22,8 +22,8 @@ from hexbundle.config.layout import ProjectLayout
 from hexbundle.config.model import (FAMILIES, Architecture, Graph, Model, Part, Plan,
                                     Quantization, pipeline_order_problem)
 from hexbundle.config.remote import check_remote_settings
-from hexbundle.config.schema import (Field, check_value, read_toml, section_type, to_section,
-                                     validate)
+from hexbundle.config.schema import (Field, check_value, read_toml, run_settings, section_type,
+                                     to_section, validate)
 from hexbundle.support.errors import ConfigError
 
 BACKENDS = ("reference", "qairt")
@@ -65,7 +65,7 @@ UID_GID = r"[0-9]+:[0-9]+"
 MIN_STEP_MEMORY = 64 << 20   # a step is a Python process with numpy and onnx loaded
 # The step containers of executor = "docker" (hexbundle/steps/docker_executor.py). They bound
 # where and how a step runs, never what it writes, so they are in no up-to-date key.
-CONTAINER_SCHEMA = {
+CONTAINER_SCHEMA = run_settings({
     "pids_limit": Field(int, 4096, min=64, max=1 << 22,
                         doc="processes and threads a step may have at once (threads count: "
                             "thread pools of numpy and the SDK); stops a runaway fork"),
@@ -80,12 +80,12 @@ CONTAINER_SCHEMA = {
     "user": Field(str, "65534:65534", pattern=UID_GID,
                   doc="uid:gid the steps run as when hexbundle runs as root (never 0); as any "
                       "other user, steps run as that user"),
-}
+})
 
 # A REAPI remote cache (hexbundle.remote): top-level keys of build.toml, each overridable by the
 # environment (HEXBUNDLE_REMOTE_CACHE, ...) and, above that, the command line. None of them
 # changes what a step writes, so none is part of any up-to-date key.
-REMOTE_SCHEMA = {
+REMOTE_SCHEMA = run_settings({
     "remote_cache": Field(str, "", pattern=r"(grpcs?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5})?",
                           doc="a REAPI cache, grpc://HOST:PORT (grpcs:// for TLS); empty: none",
                           example="grpc://127.0.0.1:9"),
@@ -102,7 +102,7 @@ REMOTE_SCHEMA = {
                                "environment variable VAR, keeping the secret out of files",
                            example="x-hexbundle-test=1"),
     "remote_timeout": Field(int, 60, min=1, max=3600, doc="seconds per call to the server"),
-}
+})
 REMOTE_ENV_PREFIX = "HEXBUNDLE_"   # remote_cache -> HEXBUNDLE_REMOTE_CACHE, and so on
 
 BUILD_SCHEMA = {
@@ -630,6 +630,12 @@ def setting_field(key: str) -> Field:
     if key in COMPILE_SCHEMA:
         return COMPILE_SCHEMA[key]
     return SECTIONS[section][sub] if sub else BUILD_SCHEMA[key]
+
+
+def run_settings_given(overrides: dict) -> dict:
+    """The command line's run settings (Field.run_setting: the step containers' limits and user,
+    the remote cache), as given."""
+    return {k: v for k, v in overrides.items() if setting_field(k).run_setting}
 
 
 def command_line_settings(root: Path) -> list:

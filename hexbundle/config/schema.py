@@ -10,7 +10,7 @@ import difflib
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, make_dataclass
+from dataclasses import dataclass, make_dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,6 +32,9 @@ class Field:
     # another valid value, where none can be derived from the type, choices, range or pattern
     # (tests/test_every_setting.py changes every setting to another valid value)
     example: Any = None
+    # How the steps run (where, their limits, the cache they consult), never what they write:
+    # in no step's key; a nested build (`doit release`) is given it as the command line gave it.
+    run_setting: bool = False
 
     @property
     def required(self) -> bool:
@@ -177,10 +180,18 @@ class FrozenMap(Mapping):
 
 
 _PYTHON_TYPES = {bool: bool, int: int, float: float, str: str, list: tuple}
+# Every section type made, by (module, name): config.resolved rebuilds a nested section (whose
+# class is no module attribute) by its name.
+SECTION_TYPES: dict = {}
 
 
 def _title(key: str) -> str:
     return key.title().replace("_", "")
+
+
+def run_settings(schema: dict) -> dict:
+    """`schema` with every field marked a run setting (Field.run_setting)."""
+    return {key: replace(f, run_setting=True) for key, f in schema.items()}
 
 
 def section_type(name: str, schema: dict, module: str = __name__) -> type:
@@ -203,6 +214,7 @@ def section_type(name: str, schema: dict, module: str = __name__) -> type:
     cls = make_dataclass(name, fields, frozen=True)
     cls.__module__ = module
     cls.schema, cls.entries = schema, entries
+    SECTION_TYPES[(module, name)] = cls
     return cls
 
 

@@ -22,16 +22,16 @@ from hexbundle.graph.keys import image_id, options_key
 CACHED_STEPS = ("inputs", "convert", "compile")
 
 
-def run_step_recorded(run, layout: Layout, overrides: dict, task_name: str, step: str,
+def run_step_recorded(run, layout: Layout, task_name: str, step: str,
                       extra: dict, task) -> None:
     """Run the step (through the remote cache when one is configured); for the cacheable steps,
     record where its outputs came from (formats.origins), cache or not."""
     if step not in CACHED_STEPS:
-        run(layout, overrides, task_name, step, **extra)
+        run(layout, task_name, step, **extra)
     elif layout.cfg.remote.cache:
-        run_through_cache(run, layout, overrides, task_name, step, extra, task)
+        run_through_cache(run, layout, task_name, step, extra, task)
     else:   # (hexbundle.remote, and gRPC with it, is not even imported)
-        run(layout, overrides, task_name, step, **extra)
+        run(layout, task_name, step, **extra)
         record_origin(layout, task_name, {"origin": "local"},
                       [layout.root / t for t in task.targets])
 
@@ -45,7 +45,7 @@ def task_options(task) -> dict:
     return out
 
 
-def run_through_cache(run, layout: Layout, overrides: dict, task_name: str, step: str,
+def run_through_cache(run, layout: Layout, task_name: str, step: str,
                       extra: dict, task) -> None:
     from hexbundle.remote.action import step_action
     from hexbundle.remote.cache import run_cached
@@ -56,4 +56,4 @@ def run_through_cache(run, layout: Layout, overrides: dict, task_name: str, step
                            list(task.targets), image)
 
     run_cached(layout, task_name, [layout.root / t for t in task.targets], make_action,
-               lambda: run(layout, overrides, task_name, step, **extra))
+               lambda: run(layout, task_name, step, **extra))

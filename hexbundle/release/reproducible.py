@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from hexbundle.config.build import REMOTE_ENV_PREFIX, BuildConfig
+from hexbundle.config.build import REMOTE_ENV_PREFIX, BuildConfig, run_settings_given
 from hexbundle.config.layout import BUILD_ROOT_ENV, RELEASE_PROVENANCE, Layout
 from hexbundle.config.schema import table_of
 from hexbundle.release.provenance import provenance
@@ -171,17 +171,12 @@ def _overrides_of(cfg: BuildConfig) -> dict:
     return out
 
 
-# Settings that change how the steps run, not what they make: the clean build takes them from the
-# command line as the release did (build.toml's and the environment's reach it by themselves).
-RUN_SETTING_PREFIXES = ("remote_", "container.")
-
-
 def clean_build_overrides(cfg: BuildConfig, overrides: dict) -> dict:
     """The clean build's command line: what the release builds (model, device, plan, backend,
-    executor, [compile]) and how its steps run as the command line said (the remote cache, the
-    step containers' limits and user)."""
-    run = {k: v for k, v in overrides.items() if k.startswith(RUN_SETTING_PREFIXES)}
-    return {**_overrides_of(cfg), **run}
+    executor, [compile]) and how its steps run as the command line said (its run settings: the
+    remote cache, the step containers' limits and user; build.toml's and the environment's reach
+    the clean build by themselves)."""
+    return {**_overrides_of(cfg), **run_settings_given(overrides)}
 
 
 def make_release(layout: Layout, overrides: dict, log=print) -> Path:

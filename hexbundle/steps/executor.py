@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from hexbundle.config import resolved
 from hexbundle.config.layout import Layout
 from hexbundle.support.console import say
 from hexbundle.support.errors import StepFailed
@@ -22,10 +23,10 @@ from hexbundle.support.monitor import monitored
 TAIL_LINES = 40
 
 
-def step_spec(layout: Layout, overrides: dict, step: str, **extra) -> dict:
-    """What the step runner needs: which step, the project, the command line's overrides (the
-    runner reloads the configs from them) and the step's own arguments (part, graph, ...)."""
-    return {"step": step, "root": str(layout.root), "overrides": overrides, **extra}
+def step_spec(layout: Layout, step: str, **extra) -> dict:
+    """What the step runner needs: which step, the resolved config (config.resolved: the runner
+    rebuilds it, it resolves nothing again) and the step's own arguments (part, graph, ...)."""
+    return {"step": step, "config": resolved.dump(layout.cfg), **extra}
 
 
 def _tail(path: Path, n: int = TAIL_LINES) -> str:
@@ -45,12 +46,12 @@ def run_local(spec: dict, log_path: Path) -> int:
         return run(spec, log)
 
 
-def run_step(layout: Layout, overrides: dict, task: str, step: str, **extra) -> None:
+def run_step(layout: Layout, task: str, step: str, **extra) -> None:
     """Run the step, report it; StepFailed (with the log's last lines) on failure."""
     cfg = layout.cfg
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
     log_path = layout.log(task)
-    spec = step_spec(layout, overrides, step, **extra)
+    spec = step_spec(layout, step, **extra)
     label = f"{task} [{cfg.backend}/{cfg.executor}]"
     started = time.monotonic()
     with monitored(task, label) as monitor:

@@ -1,8 +1,9 @@
 """The step runner: one build step from its JSON spec, in this Python or in the toolchain container.
 
-A spec is {"step": ..., "root": ..., "overrides": {...}, ...}. The step reloads and re-validates
-the configs itself from the spec, so the container sees exactly what the host saw. Output goes to
-`log` (stdout in the container), which the executor sends to the step's log file.
+A spec is {"step": ..., "config": ..., ...}: the config the doit run resolved (config.resolved),
+rebuilt here as the same frozen values, so the step (in the container too) uses exactly what the
+host resolved and resolves nothing again. Output goes to `log` (stdout in the container), which
+the executor sends to the step's log file.
 """
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import json
 import sys
 import time
 import traceback
-from pathlib import Path
 
-from hexbundle.config.build import load_build
+from hexbundle.config import resolved
 from hexbundle.config.layout import Layout
 from hexbundle.steps.bundle import assemble_bundle
 from hexbundle.steps.compile import compile_part
@@ -33,10 +33,9 @@ def print_log(msg: str) -> None:
 
 def run(spec: dict, log=print_log) -> int:
     """Run one step; 0 on success, 1 on a user-facing error, 2 on a bug (with traceback)."""
-    root = Path(spec["root"])
     started = time.monotonic()
     try:
-        layout = Layout(load_build(root, spec.get("overrides") or {}))
+        layout = Layout(resolved.load(spec["config"]))
         hashing.use_cache(layout.digest_cache)
         testhooks.set_step(spec["step"])
         STEPS[spec["step"]](layout, spec, log)
