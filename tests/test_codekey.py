@@ -5,6 +5,7 @@ finds every import an ast.walk of the whole file finds."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import copy_project
-from hexbundle.graph.codekey import PACKAGE, code_digest, code_files, imported_names
+from hexbundle.graph.codekey import (PACKAGE, ImportCache, PackageIndex, code_digest, code_files,
+                                    imported_names)
 from hexbundle.graph.keys import STEP_CODE
 
 STEPS = sorted(STEP_CODE)
@@ -138,6 +140,47 @@ def test_a_new_import_is_followed(package_copy):
     path = package_copy / "checks" / "verify.py"
     path.write_text(path.read_text() + "\n\ndef _lazy():\n    from ..bench import benchmark\n")
     assert "bench/benchmark.py" in covered("verify", package_copy)
+
+
+# ------------------------------------------------------------------------------ the import cache
+
+def closures(package: Path, cache_file: Path) -> tuple:
+    """Each step's code files, through a PackageIndex whose imports are kept in `cache_file`;
+    and how many sources that index read."""
+    index = PackageIndex(package, ImportCache(cache_file))
+    found = {s: sorted(index.closure(STEP_CODE[s])) for s in STEPS}
+    return found, index.cache.parsed
+
+
+def test_a_warm_import_cache_reads_no_source_and_finds_the_same(package_copy, tmp_path):
+    cold, parsed = closures(package_copy, tmp_path / "imports.json")
+    assert parsed > 20   # every module the steps reach, read once
+    warm, parsed_again = closures(package_copy, tmp_path / "imports.json")
+    assert (warm, parsed_again) == (cold, 0)
+    assert cold == {s: sorted(code_files(STEP_CODE[s], package_copy, cached=False))
+                    for s in STEPS}
+
+
+def test_an_edited_module_is_read_again_through_a_warm_cache(package_copy, tmp_path):
+    """The cache is keyed on a file's bytes: a new import in an edited file is followed."""
+    before, _ = closures(package_copy, tmp_path / "imports.json")
+    path = package_copy / "checks" / "verify.py"
+    path.write_text(path.read_text() + "\n\ndef _lazy():\n    from ..bench import benchmark\n")
+    found, parsed = closures(package_copy, tmp_path / "imports.json")
+    assert "hexbundle.bench.benchmark" in found["verify"]
+    reached = {m for ms in found.values() for m in ms} - {m for ms in before.values() for m in ms}
+    assert parsed == 1 + len(reached)   # verify.py again, and each module newly reached
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "{not json", '{"a b": "c"}', "[" * 100000])
+def test_an_import_cache_of_the_wrong_shape_is_read_past_and_rewritten(package_copy, tmp_path,
+                                                                         text):
+    cache_file = tmp_path / "imports.json"
+    cache_file.write_text(text)
+    found, parsed = closures(package_copy, cache_file)
+    assert parsed > 20 and found["verify"]
+    assert isinstance(json.loads(cache_file.read_text()), dict)
+    assert closures(package_copy, cache_file)[1] == 0
 
 
 # ------------------------------------------------------------------------------ the scanner

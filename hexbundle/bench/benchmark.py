@@ -723,8 +723,8 @@ def row_noop(noop) -> dict:
             "ours": f"list {noop['list_seconds']:.2f} s; no-op {noop['noop_seconds']:.2f} s",
             "baseline": f"--version {noop['version_seconds']:.2f} s; list "
                         f"{noop['list_seconds']:.2f} s",
-            "ratio": f"{noop['list_ratio']}x; {noop['ratio']}x", "target": "<= 1.5x each",
-            "met": noop["list_ratio"] <= 1.5 and noop["ratio"] <= 1.5, "detail": noop}
+            "ratio": f"{noop['list_ratio']}x; {noop['ratio']}x", "target": "<= 1.5x; <= 1.1x",
+            "met": noop["list_ratio"] <= 1.5 and noop["ratio"] <= 1.1, "detail": noop}
 
 
 def row_touch(touch) -> dict:

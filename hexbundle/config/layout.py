@@ -188,6 +188,11 @@ class ProjectLayout:
         return self.state_dir / "digests.json"
 
     @property
+    def code_imports_cache(self) -> Path:
+        """What each hexbundle module imports, by its bytes (graph.codekey.ImportCache)."""
+        return self.state_dir / "code-imports.json"
+
+    @property
     def db_dir(self) -> Path:
         """doit's dependency DBs: one per model (its inputs steps), one per variant."""
         return self.state_dir / DB_DIR

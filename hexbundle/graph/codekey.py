@@ -3,8 +3,9 @@
 `code_digest("hexbundle.steps.convert")` is the XXH3 of the sorted (path, XXH3) of every
 hexbundle module the entry module reaches, found by reading the sources (ast), never by
 importing them: dodo.py computes it when doit checks a task, and a no-op `doit bundle` must not
-pay for onnx or numpy (tests/test_startup.py). About 25 ms for all five steps, once per
-process, when the digest cache knows the files.
+pay for onnx or numpy (tests/test_startup.py). A module's imports are read once per change of
+its bytes (ImportCache, kept under the build root by doit runs): a no-op run stats the package's
+files and reads none (~3 ms for all five steps; reading them all is ~30 ms).
 
 What the analysis follows, from each entry module, transitively:
   - `import a.b.c` (a, a.b and a.b.c) and `from a.b import c` (a.b, and a.b.c when it is a module
@@ -38,12 +39,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import os
 import re
 from pathlib import Path
 from typing import Optional
 
 from hexbundle.support import hashing
+from hexbundle.support.atomic import atomic_output
 
 PACKAGE_NAME = "hexbundle"
 PACKAGE = Path(__file__).resolve().parents[1]   # .../hexbundle
@@ -104,11 +107,72 @@ def imported_names(source: bytes, name: str, is_package: bool) -> set:
     return names
 
 
-class PackageIndex:
-    """hexbundle's modules under a package directory, and their imports (each file read once)."""
+class ImportCache:
+    """(module name, file digest) -> the names its source imports (imported_names), persisted as
+    JSON: keyed on the bytes (the digest cache's, by stat), so an entry is never stale; a file of
+    the wrong shape is ignored and rewritten (it only costs reading the sources again)."""
 
-    def __init__(self, package: Path):
+    def __init__(self, path: Optional[Path] = None):
+        self.path = Path(path) if path else None
+        self.entries = self._load()
+        self.parsed = 0   # sources read and parsed by this process (tests)
+        self._dirty = False
+
+    def _load(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text()) if self.path else {}
+        except (OSError, ValueError, RecursionError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, list)
+                and all(isinstance(n, str) for n in v)}
+
+    def names(self, path: Path, name: str, is_package: bool) -> set:
+        key = f"{name} {hashing.digest(path)}"
+        found = self.entries.get(key)
+        if found is None:
+            found = sorted(imported_names(path.read_bytes(), name, is_package))
+            self.entries[key], self._dirty = found, True
+            self.parsed += 1
+        return set(found)
+
+    def save(self, current) -> None:
+        """Written when something was parsed, keeping the entries `current()` names (the files as
+        they are now: an edited file's old entry goes)."""
+        if not (self.path and self._dirty):
+            return
+        keep = current()
+        self.entries = {k: v for k, v in self.entries.items() if k in keep}
+        try:
+            with atomic_output(self.path, "w", user_errors=False, sync=False, perms=0o600) as fh:
+                json.dump(self.entries, fh, sort_keys=True)
+            self._dirty = False
+        except OSError:
+            pass   # a full disk: the sources are read again next run
+
+
+_import_cache = ImportCache()
+
+
+def use_cache(path: Path) -> ImportCache:
+    """Keep modules' imports in a file (graph.session, for a doit run: the layout's
+    code_imports_cache); else they stay in memory."""
+    global _import_cache
+    if _import_cache.path != Path(path):
+        _import_cache = ImportCache(path)
+        package_index.cache_clear()
+        _cached_digest.cache_clear()
+    return _import_cache
+
+
+class PackageIndex:
+    """hexbundle's modules under a package directory, and their imports (each file read once per
+    change of its bytes, through the ImportCache)."""
+
+    def __init__(self, package: Path, cache: Optional[ImportCache] = None):
         self.package = package
+        self.cache = cache or ImportCache()
         self.files = {}   # module name -> file
         for dirpath, dirnames, filenames in os.walk(package):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
@@ -123,7 +187,7 @@ class PackageIndex:
         """The hexbundle modules (with their packages) that module `name` imports."""
         if name not in self._imports:
             path = self.files[name]
-            found = imported_names(path.read_bytes(), name, path.name == "__init__.py")
+            found = self.cache.names(path, name, path.name == "__init__.py")
             self._imports[name] = {m for n in found for m in _with_parents(n)
                                    if m in self.files and m != name}
         return self._imports[name]
@@ -142,13 +206,18 @@ class PackageIndex:
                 continue
             seen.add(name)
             todo += self.imports(name) - seen
+        self.cache.save(self.current_keys)
         return {name: self.files[name] for name in sorted(seen)}
+
+    def current_keys(self) -> set:
+        """The ImportCache keys of the package's modules as their files are now."""
+        return {f"{name} {hashing.digest(path)}" for name, path in self.files.items()}
 
 
 @functools.lru_cache(maxsize=None)
 def package_index(package: Path = PACKAGE) -> PackageIndex:
     """The index of a package directory, once per process (dodo.py asks per task)."""
-    return PackageIndex(package)
+    return PackageIndex(package, _import_cache)
 
 
 def code_files(entries, package: Optional[Path] = None, cached: bool = True) -> dict:

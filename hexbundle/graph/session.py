@@ -12,7 +12,7 @@ import doit
 
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import DOIT_DB, Layout, ProjectLayout
-from hexbundle.graph import runguard
+from hexbundle.graph import codekey, runguard
 from hexbundle.graph.checker import XXH3Checker, comparison_checker
 from hexbundle.graph.db import BACKEND
 from hexbundle.graph.reporter import Reporter, set_banner
@@ -84,6 +84,7 @@ def load(root: Path):
             print(f"hexbundle: {exc}", file=sys.stderr)
             sys.exit(3)
         hashing.use_cache(layout.digest_cache)   # else digests stay in memory
+        codekey.use_cache(layout.code_imports_cache)   # else every run reads the sources
         # A remote cache names files by SHA-256: take it in the same read as the XXH3.
         hashing.cache().with_sha256 = bool(cfg.remote.cache)
     set_banner(layout)
