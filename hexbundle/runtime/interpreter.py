@@ -19,11 +19,13 @@ The graph runner (`GraphRunner`)
   Every value (weight or activation) is dropped after its last consumer, so memory is bounded by
   one part and in practice by the largest tensor, never by the model.
 * Dequantization is the file format's: real = (q + offset[c]) * scale[c] (docs/formats.md).
-* Device I/O (on by default, `quantize_io`): every float graph input and output that has an
-  activation encoding in the bin is rounded to it (q = clip(round(x / scale) - offset, 0,
-  2^bw - 1), x' = (q + offset) * scale), as the HTP sees uint16 tensors at graph boundaries:
-  hidden states between parts, KV cache entries, mask, cos/sin and logits. Inside a graph the
-  runner computes in float32.
+* Device numerics (on by default, `quantize_io`): every float tensor that has an activation
+  encoding in the bin -- graph inputs, every node's output, graph outputs -- is rounded to it as
+  the HTP holds it (AIMET's formula: q = clip(round(x / scale) - offset, 0, 2^bw - 1),
+  x' = (q + offset) * scale; 16-bit hidden states, the 8-bit KV path where the encodings say so,
+  signed 2.0.0 zero points already in this unsigned form; a float encoding rounds to float16).
+  Between encoded tensors the runner computes in float32, as the HTP accumulates wider than it
+  stores. Off: float32 throughout (tests compare the weights alone with onnxruntime).
 
 A part session (`hexbundle.runtime.sessions`) drives the runner with the inputs the runtime
 conventions (`hexbundle.runtime.conventions`) define.
@@ -46,10 +48,19 @@ BLOCK_ELEMENTS = 1 << 22     # floats dequantized at a time for MatMul by a weig
 # ============================================================================ device I/O
 
 
-def fake_quantize(x: np.ndarray, encoding: dict) -> np.ndarray:
-    """x rounded to a per-tensor activation encoding {bitwidth, scale: [s], offset: [o]}."""
-    scale = np.float32(encoding["scale"][0])
-    offset = np.float32(encoding["offset"][0])
+def fake_quantize(x: np.ndarray, encoding: dict, name: str = "") -> np.ndarray:
+    """x rounded to an activation encoding {bitwidth, dtype, scale: [...], offset: [...]}: one
+    (scale, offset) per tensor, or one per channel of the last axis."""
+    if encoding.get("dtype", "int") != "int":   # a float encoding: the device keeps float16
+        return x.astype(np.float16).astype(np.float32)
+    scale = np.asarray(encoding["scale"], np.float32)
+    offset = np.asarray(encoding["offset"], np.float32)
+    if scale.size != 1 and (x.ndim == 0 or x.shape[-1] != scale.size):
+        raise VerifyError(f"activation encoding of '{name}' has {scale.size} channels but the "
+                          f"tensor is {list(x.shape)}: per-channel activations are read along "
+                          "the last axis")
+    if scale.size == 1:
+        scale, offset = scale[0], offset[0]
     q = np.clip(np.round(x / scale) - offset, 0, 2 ** encoding["bitwidth"] - 1)
     return ((q + offset) * scale).astype(np.float32)
 
@@ -441,16 +452,16 @@ class GraphRunner:
         for spec in self.inputs:
             if spec.name not in feeds:
                 raise VerifyError(f"{self.where}: input '{spec.name}' was not given")
-            values[spec.name] = self._boundary(spec.name, np.asarray(feeds[spec.name]))
+            values[spec.name] = self._encoded(spec.name, np.asarray(feeds[spec.name]))
         for index, node in enumerate(self.nodes):
             args = [self._fetch(values, name) if name else None for name in node.input]
             while args and args[-1] is None:   # trailing optional inputs left empty
                 args.pop()
-            values[node.output[0]] = self._apply(node, args)
+            values[node.output[0]] = self._encoded(node.output[0], self._apply(node, args))
             for name in node.input:
                 if self._last_use.get(name) == index:
                     values.pop(name, None)     # drop as soon as no later node needs it
-        return {o.name: self._boundary(o.name, _dense(values[o.name])) for o in self.outputs}
+        return {o.name: self._encoded(o.name, _dense(values[o.name])) for o in self.outputs}
 
     def _apply(self, node, args: list):
         """One node; a failure names the bin, graph, node, op and its input tensors."""
@@ -470,11 +481,14 @@ class GraphRunner:
             return self.constants[name]
         return _Weight(self.reader, self.name, name)
 
-    def _boundary(self, name: str, x: np.ndarray) -> np.ndarray:
-        """A tensor crossing the graph boundary: rounded to its activation encoding if any."""
+    def _encoded(self, name: str, x):
+        """A float tensor with an activation encoding, rounded to it (device numerics); a weight
+        passed through (Identity) keeps its own, stored encoding."""
         encoding = (self.info.activations or {}).get(name)
-        if not self.quantize_io or encoding is None or not np.issubdtype(x.dtype, np.floating):
+        if not self.quantize_io or encoding is None or isinstance(x, _Weight) \
+                or not np.issubdtype(np.asarray(x).dtype, np.floating):
             return x
-        if encoding.get("dtype", "int") != "int" or len(encoding["scale"]) != 1:
-            return x.astype(np.float32)
-        return fake_quantize(x.astype(np.float32), encoding)
+        try:
+            return fake_quantize(np.asarray(x, np.float32), encoding, name)
+        except VerifyError as exc:
+            raise VerifyError(f"{self.where}: {exc}") from None

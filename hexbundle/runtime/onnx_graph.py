@@ -18,8 +18,9 @@ from hexbundle.support.errors import VerifyError
 class OnnxGraph:
     """A float ONNX graph run by onnxruntime; the session is created on first use, dropped by close()."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, optimize: bool = True):
         import onnx
+        self.optimize = optimize   # off: no fusion may change what a node computes (runtime.qdq)
         if not Path(path).is_file():
             raise VerifyError(f"{path}: the float ONNX is missing; run `doit inputs` or put the "
                               f"export there")
@@ -50,6 +51,9 @@ class OnnxGraph:
             # prepacking copies every MatMul weight while the session is created: 5.2 GB peak
             # instead of 3.4 GB for a 7B-shaped part of 3.1 GB float weights
             options.add_session_config_entry("session.disable_prepacking", "1")
+            if not self.optimize:
+                options.graph_optimization_level = \
+                    onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
             self._session = self._open(onnxruntime, options)
         names = [o.name for o in self.outputs]
         return dict(zip(names, self._session.run(names, feeds)))

@@ -1,0 +1,215 @@
+"""The export's quantized model, independent of the build: its float ONNX with every encoding of
+its AIMET encodings file applied, run by onnxruntime (`doit verify`'s reference).
+
+From a graph's ONNX and encodings file, `write_qdq_model` writes a QDQ model:
+  - every weight with an encoding replaced by its quantize-dequantize under AIMET's formula
+    (q = clip(round(w / scale) - offset, 0, 2^bw - 1), w' = (q + offset) * scale), per tensor,
+    per channel or per block, computed here with numpy from the float weights (not from the
+    bin: the bin is what is judged); a float16 encoding rounds the weight to float16;
+  - after every tensor with an activation encoding (graph inputs, node outputs), a
+    com.microsoft QuantizeLinear -> DequantizeLinear pair (uint8/uint16, zero point = -offset:
+    onnxruntime's own rounding and saturation), or for an encoding those cannot express (a
+    fractional offset, another bit width) the same formula in ONNX float ops; a float16
+    activation encoding as a Cast to float16 and back.
+onnxruntime runs it with graph optimizations off, so no fusion changes what a node computes.
+
+The channel axis of a per-channel weight is the file's (2.0.0) or, for the older schemas, the
+consumer's: the output channels of a MatMul's second input (last axis), a Gemm's (by transB),
+a Conv's weight (axis 0) and a Gather's table (axis 0) -- read here from the graph, not taken
+from the backend's weight plan, so the reference does not share the build's decisions.
+
+Weights without an encoding stay float32 (the build's unencoded_weights policy is not the
+export's specification; verify's float-drift row shows its effect).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hexbundle.formats.encodings import load_encodings
+from hexbundle.formats.onnxfile import initializer_values, load_structure
+from hexbundle.runtime.onnx_graph import OnnxGraph
+from hexbundle.support.errors import VerifyError
+
+MS_DOMAIN = "com.microsoft"
+DATA_FILE = "weights.data"
+QDQ_TYPES = {8: np.uint8, 16: np.uint16}
+INLINE_BYTES = 1024   # smaller tensors are kept in the model file
+
+
+# ============================================================================ weights
+
+
+def weight_axis(graph, name: str, shape: tuple, channels: int, axis) -> int:
+    """The channel axis of a per-channel weight encoding (see the module docstring)."""
+    if axis is not None:
+        return int(axis)
+    for node in graph.node:
+        for index, used in enumerate(node.input):
+            if used != name:
+                continue
+            if node.op_type == "MatMul" and index == 1:
+                return len(shape) - 1
+            if node.op_type == "Gemm" and index == 1:
+                trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+                return 0 if trans_b else len(shape) - 1
+            if (node.op_type == "Conv" and index == 1) or (node.op_type == "Gather" and index == 0):
+                return 0
+    matching = [d for d, size in enumerate(shape) if size == channels]
+    if len(matching) == 1:
+        return matching[0]
+    raise VerifyError(f"weight '{name}' {list(shape)}: {channels} channel encodings and no "
+                      "consumer that says which axis is the channel axis")
+
+
+def _broadcast(groups: np.ndarray, shape: tuple, axis: int, block_axis, block_size: int):
+    """Per-channel (C,) or per-block (C*B,) values, [channel][block], shaped to broadcast
+    against a tensor of `shape`."""
+    if not block_size:
+        out = [1] * len(shape)
+        out[axis] = groups.size
+        return groups.reshape(out)
+    blocks = shape[block_axis] // block_size
+    table = np.repeat(groups.reshape(shape[axis], blocks), block_size, axis=1)
+    if axis > block_axis:
+        table = table.T
+    out = [1] * len(shape)
+    out[axis], out[block_axis] = shape[axis], shape[block_axis]
+    return table.reshape(out)
+
+
+def quantize_dequantize_weight(values: np.ndarray, enc, graph, name: str) -> np.ndarray:
+    """The weight as its encoding specifies it (AIMET's formula), float32."""
+    w = np.asarray(values, np.float32)
+    if not enc.is_int:
+        return w.astype(np.float16).astype(np.float32) if enc.bitwidth == 16 else w
+    scale, offset = enc.scale.astype(np.float32), enc.offset.astype(np.float32)
+    if enc.is_blockwise:
+        axis = weight_axis(graph, name, w.shape, -1, enc.axis)
+        block_axis = enc.block_axis if enc.block_axis is not None else (1 if axis == 0 else 0)
+        scale = _broadcast(scale, w.shape, axis, block_axis, enc.block_size)
+        offset = _broadcast(offset, w.shape, axis, block_axis, enc.block_size)
+    elif enc.channels > 1:
+        axis = weight_axis(graph, name, w.shape, enc.channels, enc.axis)
+        scale = _broadcast(scale, w.shape, axis, None, 0)
+        offset = _broadcast(offset, w.shape, axis, None, 0)
+    q = np.clip(np.round(w / scale) - offset, 0, 2 ** enc.bitwidth - 1)
+    return ((q + offset) * scale).astype(np.float32)
+
+
+# ============================================================================ activations
+
+
+def _qdq_nodes(source: str, target: str, enc, graph) -> list:
+    """Nodes taking `source` to `target` through the activation encoding `enc`."""
+    from onnx import TensorProto, helper, numpy_helper
+    if not enc.is_int:
+        return [helper.make_node("Cast", [source], [target + "__f16"], to=TensorProto.FLOAT16),
+                helper.make_node("Cast", [target + "__f16"], [target], to=TensorProto.FLOAT)]
+    scale = np.asarray(enc.scale, np.float32)
+    offset = np.asarray(enc.offset, np.float32)
+    if scale.size != 1:
+        raise VerifyError(f"activation encoding of '{source}' has {scale.size} channels; the "
+                          "reference reads per-tensor activation encodings")
+    s_name, z_name = target + "__scale", target + "__zero_point"
+    kind = QDQ_TYPES.get(enc.bitwidth)
+    if kind is not None and float(offset[0]).is_integer() \
+            and 0 <= -offset[0] <= np.iinfo(kind).max:
+        graph.initializer.extend([numpy_helper.from_array(scale[0], s_name),
+                                  numpy_helper.from_array(np.array(-offset[0], kind), z_name)])
+        return [helper.make_node("QuantizeLinear", [source, s_name, z_name], [target + "__q"],
+                                 domain=MS_DOMAIN),
+                helper.make_node("DequantizeLinear", [target + "__q", s_name, z_name], [target],
+                                 domain=MS_DOMAIN)]
+    # AIMET's formula in float ops: ((clip(round(x / s) - o, 0, qmax)) + o) * s
+    o_name, lo, hi = target + "__offset", target + "__lo", target + "__hi"
+    graph.initializer.extend([numpy_helper.from_array(scale[0], s_name),
+                              numpy_helper.from_array(offset[0], o_name),
+                              numpy_helper.from_array(np.float32(0), lo),
+                              numpy_helper.from_array(np.float32(2 ** enc.bitwidth - 1), hi)])
+    t = target
+    return [helper.make_node("Div", [source, s_name], [t + "__d"]),
+            helper.make_node("Round", [t + "__d"], [t + "__r"]),
+            helper.make_node("Sub", [t + "__r", o_name], [t + "__u"]),
+            helper.make_node("Clip", [t + "__u", lo, hi], [t + "__c"]),
+            helper.make_node("Add", [t + "__c", o_name], [t + "__a"]),
+            helper.make_node("Mul", [t + "__a", s_name], [t])]
+
+
+def insert_activation_qdq(graph, activations: dict) -> int:
+    """A QDQ after every tensor of `activations` the graph has; returns how many. Consumers read
+    the quantized tensor; a graph output keeps its name (its producer's output is renamed)."""
+    outputs = {o.name for o in graph.output}
+    renamed, nodes, count = {}, [], 0
+    for name in sorted({i.name for i in graph.input} & set(activations)):
+        renamed[name] = name + "__qdq"
+        nodes += _qdq_nodes(name, renamed[name], activations[name], graph)
+        count += 1
+    for node in list(graph.node):
+        node.input[:] = [renamed.get(i, i) for i in node.input]
+        nodes.append(node)
+        for index, out in enumerate(node.output):
+            if out not in activations:
+                continue
+            if out in outputs:
+                node.output[index] = out + "__float"
+                nodes += _qdq_nodes(out + "__float", out, activations[out], graph)
+            else:
+                renamed[out] = out + "__qdq"
+                nodes += _qdq_nodes(out, renamed[out], activations[out], graph)
+            count += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return count
+
+
+# ============================================================================ the model
+
+
+def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path) -> Path:
+    """The QDQ model of one graph (module docstring), written to out_dir/model.onnx with its
+    weights in out_dir/weights.data, one tensor at a time."""
+    import onnx
+    from onnx import TensorProto
+    model = load_structure(onnx_path)
+    graph = model.graph
+    enc = load_encodings(encodings_path).for_graph({i.name for i in graph.initializer})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / DATA_FILE, "wb") as fh:
+        for init in graph.initializer:
+            values = initializer_values(init, onnx_path).whole()
+            e = enc.params.get(init.name)
+            if e is not None and np.issubdtype(values.dtype, np.floating):
+                values = quantize_dequantize_weight(values, e, graph, init.name)
+            elif np.issubdtype(values.dtype, np.floating):
+                values = values.astype(np.float32)
+            data = np.ascontiguousarray(values).tobytes()
+            for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
+                          "uint64_data", "string_data"):
+                init.ClearField(field)
+            del init.external_data[:]
+            init.data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
+            if len(data) <= INLINE_BYTES:   # shape constants: onnxruntime infers shapes from them
+                init.data_location = TensorProto.DEFAULT
+                init.raw_data = data
+                continue
+            offset = fh.tell()
+            fh.write(data)
+            fh.write(b"\0" * (-len(data) % 64))
+            init.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", DATA_FILE), ("offset", str(offset)),
+                               ("length", str(len(data)))):
+                entry = init.external_data.add()
+                entry.key, entry.value = key, value
+    insert_activation_qdq(graph, enc.activations)
+    if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
+    path = out_dir / "model.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def qdq_graph(onnx_path: Path, encodings_path: Path, out_dir: Path) -> OnnxGraph:
+    """The reference of one graph, as a part session's graph executor."""
+    return OnnxGraph(write_qdq_model(onnx_path, encodings_path, out_dir), optimize=False)
