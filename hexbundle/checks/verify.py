@@ -37,6 +37,8 @@ module and a no-op `doit` must stay fast.
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,7 +49,8 @@ import numpy as np
 from hexbundle.config.build import VerifySettings
 from hexbundle.config.layout import Layout
 from hexbundle.formats.genie import GenieSettings, read_genie_config
-from hexbundle.runtime.parts import bundle_session, onnx_session, open_bundle_parts, rope_settings
+from hexbundle.runtime.parts import (bundle_session, onnx_session, open_bundle_parts,
+                                     reference_graphs, reference_session, rope_settings)
 from hexbundle.support import table as tables
 from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import VerifyError
@@ -132,9 +135,10 @@ class ComparisonRow:
     cos_mean: float
     max_abs: float
     top1: Optional[float]         # logits only
-    min_cos: float
+    min_cos: Optional[float]      # None: reported, not gated
     min_top1: Optional[float]
     part_index: int = 0
+    lsb: Optional[float] = None   # max_abs in units of the output encoding's scale
     problems: list = field(default_factory=list)
 
     @property
@@ -154,44 +158,86 @@ def compare(got: np.ndarray, want: np.ndarray, logits: bool) -> dict:
 
 
 def judge_row(row: ComparisonRow) -> ComparisonRow:
-    if not (row.cos_min >= row.min_cos):      # also catches NaN
+    if row.min_cos is not None and not (row.cos_min >= row.min_cos):      # also catches NaN
         row.problems.append(f"{row.what} cosine {row.cos_min:.6f} < {row.min_cos}")
-    if row.top1 is not None and row.min_top1 is not None and not (row.top1 >= row.min_top1):
+    if row.top1 is not None and row.min_top1 and not (row.top1 >= row.min_top1):
         row.problems.append(f"top-1 agreement {row.top1:.3f} < {row.min_top1}")
     return row
 
 
-def make_row(label: str, index: int, check: str, got, want, logits: bool, min_cos: float,
-             min_top1: Optional[float], what: str = "") -> ComparisonRow:
+def make_row(label: str, index: int, check: str, got, want, logits: bool,
+             min_cos: Optional[float], min_top1: Optional[float] = None, what: str = "",
+             scale: Optional[float] = None) -> ComparisonRow:
     m = compare(got, want, logits)
     row = ComparisonRow(label, check, what or ("logits" if logits else "hidden"),
                         int(got.shape[0]), m["cos_min"], m["cos_mean"], m["max_abs"], m["top1"],
-                        min_cos, min_top1 if logits else None, part_index=index)
+                        min_cos, min_top1 if logits else None, part_index=index,
+                        lsb=m["max_abs"] / scale if scale else None)
     return judge_row(row)
 
 
+def output_scale(session) -> Optional[float]:
+    """The scale of the main output's activation encoding in the bin (an int encoding's step)."""
+    graph = next(iter(session.graphs.values()))
+    enc = (getattr(graph, "info", None) and graph.info.activations or {}).get(session.main_output)
+    if not enc or enc.get("dtype", "int") != "int" or len(enc["scale"]) != 1:
+        return None
+    return float(enc["scale"][0])
+
+
 def part_rows(label: str, index: int, logits: bool, n_prompt: int, bundle: SequenceRun,
-              ref: SequenceRun, v: VerifySettings) -> list:
-    min_cos = v.min_cosine_logits if logits else v.min_cosine_hidden
-    top1, paths = v.min_top1_agreement, v.min_cosine_prompt_vs_token
-    rows = [make_row(label, index, "prefill vs onnx", bundle.outputs[:n_prompt],
-                     ref.outputs[:n_prompt], logits, min_cos, top1)]
+              same: SequenceRun, floats: SequenceRun, v: VerifySettings,
+              scale: Optional[float]) -> list:
+    """A part's rows: the bundle vs the reference fed the same input (gated), each side's token
+    vs prompt graphs (gated), the bundle's drift from float, chained (reported)."""
+    rows = [make_row(label, index, "prefill vs reference", bundle.outputs[:n_prompt],
+                     same.outputs[:n_prompt], logits, v.min_cosine_reference, scale=scale)]
     if bundle.outputs.shape[0] > n_prompt:
-        rows.append(make_row(label, index, "decode vs onnx", bundle.outputs[n_prompt:],
-                             ref.outputs[n_prompt:], logits, min_cos, top1))
-    for check, run in (("token vs prompt", bundle), ("onnx token vs prompt", ref)):
+        rows.append(make_row(label, index, "decode vs reference", bundle.outputs[n_prompt:],
+                             same.outputs[n_prompt:], logits, v.min_cosine_reference,
+                             scale=scale))
+    for check, run in (("token vs prompt", bundle), ("reference token vs prompt", same)):
         positions = sorted(run.prompt_rows)
         token = [run.token_rows[p] for p in positions]
         prompt = [run.prompt_rows[p] for p in positions]
         rows.append(make_row(label, index, check, np.stack([t[0] for t in token]),
-                             np.stack([p[0] for p in prompt]), logits, paths, top1))
+                             np.stack([p[0] for p in prompt]), logits,
+                             v.min_cosine_prompt_vs_token))
         if token[0][1].size:   # a part with layers: the new KV entries must agree too
             rows.append(make_row(label, index, check + " kv", np.stack([t[1] for t in token]),
-                                 np.stack([p[1] for p in prompt]), False, paths, None, what="kv"))
+                                 np.stack([p[1] for p in prompt]), False,
+                                 v.min_cosine_prompt_vs_token, what="kv"))
+    rows.append(make_row(label, index, "drift from float (chained)", bundle.outputs,
+                         floats.outputs, logits, None))
     return rows
 
 
+def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray, floats: np.ndarray,
+                    v: VerifySettings, scale: Optional[float]) -> list:
+    """Chained through every part: the bundle's logits vs the reference's (gated); the float
+    drift of each, the bundle's gated relative to the reference's (max_drift_margin); top-1 vs
+    float gated only when min_top1_agreement > 0."""
+    rows = [make_row(label, 0, "chained vs reference", bundle, reference, True,
+                     v.min_cosine_reference, scale=scale)]
+    ours = make_row(label, 0, "bundle drift from float", bundle, floats, True, None,
+                    v.min_top1_agreement)
+    theirs = make_row(label, 0, "reference drift from float", reference, floats, True, None)
+    allowed = (1 - theirs.cos_min) + v.max_drift_margin
+    if not (1 - ours.cos_min <= allowed):
+        ours.problems.append(f"drift {1 - ours.cos_min:.6f} > the reference's "
+                             f"{1 - theirs.cos_min:.6f} + max_drift_margin {v.max_drift_margin}")
+    return rows + [ours, theirs]
+
+
 # ============================================================================ verify
+
+
+def _verdict(row: ComparisonRow) -> str:
+    if not row.ok:
+        return "FAIL: " + "; ".join(row.problems)
+    gated = row.min_cos is not None or (row.top1 is not None and row.min_top1) \
+        or "drift" in row.check and row.check.startswith("bundle")
+    return "ok" if gated else "(reported)"
 
 
 @dataclass
@@ -221,12 +267,13 @@ class Report:
 
     def table(self) -> str:
         lines = [f"verify {self.model}: {self.bundle}, {self.prompt_tokens} prompt tokens + "
-                 f"{self.decode_steps} decode steps vs the float ONNX (onnxruntime)"]
+                 f"{self.decode_steps} decode steps vs the export's quantized reference (its "
+                 "encodings applied, onnxruntime) and the float ONNX"]
         body = [(r.part, r.check, r.what, r.positions, f"{r.cos_min:.6f}", f"{r.cos_mean:.6f}",
-                 f"{r.max_abs:.4f}", "" if r.top1 is None else f"{r.top1:.3f}",
-                 "ok" if r.ok else "FAIL: " + "; ".join(r.problems)) for r in self.rows]
+                 f"{r.max_abs:.4f}", "" if r.lsb is None else f"{r.lsb:.1f}",
+                 "" if r.top1 is None else f"{r.top1:.3f}", _verdict(r)) for r in self.rows]
         lines += tables.table(("part", "check", "out", "pos", "cos min", "cos mean", "max|err|",
-                               "top-1", "verdict"), body, right={3, 4, 5, 6, 7})
+                               "LSB", "top-1", "verdict"), body, right={3, 4, 5, 6, 7, 8})
         lines.append(f"{'ok' if self.ok else 'FAILED'} in {self.seconds:.1f}s")
         return "\n".join(lines)
 
@@ -245,7 +292,8 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                              log: Callable[[str], None] = print) -> Report:
     """Run the checks with the verify step's options (steps/options.py verify_options: its
     thresholds, token counts and the context lengths); return the report (callers decide what a
-    failure means)."""
+    failure means). Per part: the bundle, the reference fed the bundle's input, the reference
+    chained on its own outputs, the float ONNX chained on its own (one part open at a time)."""
     cfg = layout.cfg
     started = time.monotonic()
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
@@ -257,26 +305,37 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     n_prompt, total = v.prompt_tokens, v.prompt_tokens + v.decode_steps
     ids = np.random.default_rng(v.seed).integers(0, genie.n_vocab, total).astype(np.int32)
     lengths = options.context_lengths
-    chains = {cl: (ids, ids) for cl in lengths}   # per context length: (bundle, float ONNX)
-    rows = []
+    chains = {cl: (ids, ids, ids) for cl in lengths}   # per length: bundle, reference, float
+    rows, scales = [], {}
+    layout.verify_report.parent.mkdir(parents=True, exist_ok=True)
     try:
-        for bp in opened:
-            for cl in lengths:   # every length's graphs of the part, the same tokens through each
-                label = bp.label + (f" cl {cl}" if len(lengths) > 1 else "")
-                log(f"verify: {label}")
-                x_bundle, x_ref = chains[cl]
-                b = run_sequence(bundle_session(bp, cfg, rope, cl), x_bundle, n_prompt)
-                r = run_sequence(onnx_session(bp.part, layout, cl), x_ref, n_prompt)
-                rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt, b, r, v)
-                chains[cl] = (b.outputs, r.outputs)
-            bp.reader.close()
+        with tempfile.TemporaryDirectory(prefix="reference-", dir=layout.verify_report.parent) \
+                as scratch:
+            for bp in opened:
+                for cl in lengths:   # every length's graphs of the part, the same tokens
+                    label = bp.label + (f" cl {cl}" if len(lengths) > 1 else "")
+                    log(f"verify: {label}")
+                    x_bundle, x_ref, x_float = chains[cl]
+                    session = bundle_session(bp, cfg, rope, cl)
+                    scales[cl] = output_scale(session)
+                    b = run_sequence(session, x_bundle, n_prompt)
+                    reference = reference_graphs(bp.part, layout, cl, Path(scratch))
+                    same = run_sequence(reference_session(bp.part, cfg, reference), x_bundle,
+                                        n_prompt)
+                    chained = same if x_ref is x_bundle else run_sequence(
+                        reference_session(bp.part, cfg, reference), x_ref, n_prompt)
+                    f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt)
+                    rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt, b, same,
+                                      f, v, scales[cl])
+                    chains[cl] = (b.outputs, chained.outputs, f.outputs)
+                    shutil.rmtree(Path(scratch) / f"cl{cl}", ignore_errors=True)
+                bp.reader.close()
     finally:
         for bp in opened:
             bp.reader.close()
     for cl in lengths:
         label = "end to end" + (f" cl {cl}" if len(lengths) > 1 else "")
-        rows.append(make_row(label, 0, "all positions vs onnx", *chains[cl], True,
-                             v.min_cosine_logits, v.min_top1_agreement))
+        rows += end_to_end_rows(label, *chains[cl], v, scales.get(cl))
     return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v.decode_steps, rows,
                   time.monotonic() - started)
 

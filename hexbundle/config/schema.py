@@ -96,10 +96,22 @@ def check_value(value: Any, f: Field, where: str, key: str) -> Any:
     return value
 
 
+# Keys a config may still hold from an older hexbundle, by dotted path: refused with what replaced
+# them, rather than as unknown keys (config.build retires them).
+RETIRED_KEYS: dict = {}
+
+
+def retire(path: str, replaced_by: str) -> None:
+    RETIRED_KEYS[path] = replaced_by
+
+
 def validate(data: dict, schema: dict, where: str, prefix: str = "") -> dict:
     """Check `data` against `schema`; return a copy with defaults filled in."""
     out = {}
     for key in data:
+        if prefix + key in RETIRED_KEYS and key not in schema:
+            raise ConfigError(f"{where}: key '{prefix}{key}' is no longer read: "
+                              f"{RETIRED_KEYS[prefix + key]}")
         if key not in schema and "*" not in schema:
             hint = difflib.get_close_matches(key, list(schema), n=1)
             allowed = ", ".join(k for k in schema)

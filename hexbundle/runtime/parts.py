@@ -110,3 +110,19 @@ def onnx_session(part, layout: Layout, context_length: Optional[int] = None) -> 
     graphs = {g.kind: OnnxGraph(layout.onnx(g)) for g in cfg.model.graphs(part, cl)}
     return PartSession(f"{part_label(part)} (float ONNX)", graphs,
                        RopeSettings(a.rope_theta, a.pos_id_dim))
+
+
+def reference_graphs(part, layout: Layout, context_length: int, scratch: Path) -> dict:
+    """The export's quantized reference of a part's graphs at one context length (runtime.qdq:
+    its ONNX with its encodings applied), written under scratch/cl<C>/<graph>."""
+    from hexbundle.runtime.qdq import qdq_graph
+    return {g.kind: qdq_graph(layout.onnx(g), layout.encodings(g),
+                              scratch / f"cl{context_length}" / g.name)
+            for g in layout.cfg.model.graphs(part, context_length)}
+
+
+def reference_session(part, cfg: BuildConfig, graphs: dict) -> PartSession:
+    """A part session over the reference graphs (RoPE from the model config, as the float's)."""
+    a = cfg.model.architecture
+    return PartSession(f"{part_label(part)} (reference)", graphs,
+                       RopeSettings(a.rope_theta, a.pos_id_dim))
