@@ -212,6 +212,65 @@ def part_rows(label: str, index: int, logits: bool, n_prompt: int, bundle: Seque
     return rows
 
 
+def encoding_problems(reader, graph_name: str, onnx_path: Path, encodings_path: Path) -> tuple:
+    """(problems, how many encodings compared): the bin's graph against the export's encodings
+    file -- every activation encoding present with the file's bit width, type, scale and offset
+    (the device runs at those), every encoded weight stored at its bit width with its scales.
+    Numbers alone cannot show an ignored 16-bit encoding (it moves the output by < 1 LSB); this
+    names it."""
+    from hexbundle.formats.encodings import load_encodings
+    from hexbundle.formats.onnxfile import load_structure
+    info = reader.graph(graph_name)
+    initializers = {i.name for i in load_structure(onnx_path).graph.initializer}
+    spec = load_encodings(encodings_path).for_graph(initializers)
+    stored, problems = info.activations or {}, []
+    for name, enc in sorted(spec.activations.items()):
+        got = stored.get(name)
+        want = f"{enc.bitwidth}-bit {enc.dtype}"
+        if got is None:
+            problems.append(f"activation '{name}': no encoding in the bin (the export's {want})")
+        elif (got["bitwidth"], got.get("dtype", "int")) != (enc.bitwidth, enc.dtype):
+            problems.append(f"activation '{name}': {got['bitwidth']}-bit "
+                            f"{got.get('dtype', 'int')} in the bin, {want} in {encodings_path.name}")
+        elif enc.is_int and not (np.allclose(got["scale"], enc.scale, rtol=1e-6, atol=0)
+                                 and np.allclose(got["offset"], enc.offset, rtol=0, atol=1e-6)):
+            problems.append(f"activation '{name}': scale/offset {got['scale'][:1]}/"
+                            f"{got['offset'][:1]} in the bin, {list(enc.scale[:1])}/"
+                            f"{list(enc.offset[:1])} in {encodings_path.name}")
+    weights = set(info.weights)
+    for name, enc in sorted(spec.params.items()):
+        if name not in weights or not enc.is_int:
+            continue
+        q = reader.quant_params(graph_name, name)
+        if q is None:
+            problems.append(f"weight '{name}': stored float, {enc.bitwidth}-bit in "
+                            f"{encodings_path.name}")
+        elif enc.is_blockwise or enc.lpbq:
+            continue   # stored per block as the backend expands them: present is what is checked
+        elif q.bitwidth != enc.bitwidth:
+            problems.append(f"weight '{name}': stored at {q.bitwidth} bits, {enc.bitwidth} in "
+                            f"{encodings_path.name}")
+        elif q.scale.size == enc.scale.size and not np.allclose(q.scale, enc.scale, rtol=1e-6,
+                                                                atol=0):
+            problems.append(f"weight '{name}': its scales differ from {encodings_path.name}")
+    return problems, len(spec.activations) + len(spec.params)
+
+
+def encodings_row(label: str, index: int, bp, graphs, layout: Layout) -> ComparisonRow:
+    """One row per part: its graphs' encodings in the bin vs the export's files."""
+    problems, count = [], 0
+    for g in graphs:
+        found, n = encoding_problems(bp.reader, g.name, layout.onnx(g), layout.encodings(g))
+        problems += [f"{g.name}: {p}" for p in found]
+        count += n
+    row = ComparisonRow(label, "encodings vs the export's", "enc", count, math.nan, math.nan,
+                        math.nan, None, None, None, part_index=index)
+    if problems:
+        row.problems.append(f"{len(problems)} encoding(s) not as the export specifies: "
+                            + "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else ""))
+    return row
+
+
 def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray, floats: np.ndarray,
                     v: VerifySettings, scale: Optional[float]) -> list:
     """Chained through every part: the bundle's logits vs the reference's (gated); the float
@@ -232,11 +291,15 @@ def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray, float
 # ============================================================================ verify
 
 
+def _num(value: float, digits: int) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
 def _verdict(row: ComparisonRow) -> str:
     if not row.ok:
         return "FAIL: " + "; ".join(row.problems)
     gated = row.min_cos is not None or (row.top1 is not None and row.min_top1) \
-        or "drift" in row.check and row.check.startswith("bundle")
+        or row.check.startswith("bundle drift") or row.what == "enc"
     return "ok" if gated else "(reported)"
 
 
@@ -269,8 +332,8 @@ class Report:
         lines = [f"verify {self.model}: {self.bundle}, {self.prompt_tokens} prompt tokens + "
                  f"{self.decode_steps} decode steps vs the export's quantized reference (its "
                  "encodings applied, onnxruntime) and the float ONNX"]
-        body = [(r.part, r.check, r.what, r.positions, f"{r.cos_min:.6f}", f"{r.cos_mean:.6f}",
-                 f"{r.max_abs:.4f}", "" if r.lsb is None else f"{r.lsb:.1f}",
+        body = [(r.part, r.check, r.what, r.positions, _num(r.cos_min, 6), _num(r.cos_mean, 6),
+                 _num(r.max_abs, 4), "" if r.lsb is None else f"{r.lsb:.1f}",
                  "" if r.top1 is None else f"{r.top1:.3f}", _verdict(r)) for r in self.rows]
         lines += tables.table(("part", "check", "out", "pos", "cos min", "cos mean", "max|err|",
                                "LSB", "top-1", "verdict"), body, right={3, 4, 5, 6, 7, 8})
@@ -316,6 +379,8 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                     label = bp.label + (f" cl {cl}" if len(lengths) > 1 else "")
                     log(f"verify: {label}")
                     x_bundle, x_ref, x_float = chains[cl]
+                    rows.append(encodings_row(label, bp.part.index, bp,
+                                              cfg.model.graphs(bp.part, cl), layout))
                     session = bundle_session(bp, cfg, rope, cl)
                     scales[cl] = output_scale(session)
                     b = run_sequence(session, x_bundle, n_prompt)
