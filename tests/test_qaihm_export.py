@@ -230,8 +230,9 @@ def test_verify_passes_on_the_qualcomm_made_export(imported):
     assert run.code == 0, run.out + run.err
     report = json.loads((project.build_dir("qaihm") / "verify" / "report.json").read_text())
     assert report["ok"] is True and report["decode_steps"] == 32
-    end = [r for r in report["rows"] if r["part"] == "end to end"]
-    assert end and end[0]["cos_min"] >= 0.95 and end[0]["top1"] >= 0.5, end
+    end = [r for r in report["rows"] if r["part"] == "end to end"
+           and r["check"] == "chained vs reference"]
+    assert end and end[0]["cos_min"] >= 0.9999, end
 
 
 @pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)

@@ -1,0 +1,144 @@
+"""`doit verify` judges the build, not the export's quantization (issue 24): a bundle of a real
+export (tests/data/qaihm/export, made by qai-hub-models' own code) against its quantized
+reference (runtime/qdq.py: its ONNX with its encodings applied, in onnxruntime); three
+sabotaged builds refused naming the part and the tensor, where the old float gate passes them."""
+import dataclasses
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import copy_project
+from hexbundle.checks.verify import compare_bundle_with_onnx
+from hexbundle.config.build import load_build
+from hexbundle.config.layout import Layout
+from hexbundle.formats.container import QuantParams, Tensor, dequantize
+from hexbundle.formats.ctxbin import read_ctxbin
+from hexbundle.steps.options import verify_options
+from test_qaihm_export import DATA
+from test_verify import rewrite_bin
+
+pytestmark = pytest.mark.heavy   # an export imported and built: the full suite
+
+PART = 3
+BIN = f"qwen2_5_7b_instruct_part_{PART}_of_6.bin"
+WEIGHT = "model.model.layers.2.self_attn.o_proj_conv.weight"
+
+
+@pytest.fixture(scope="module")
+def export_build(tmp_path_factory):
+    project = copy_project(tmp_path_factory.mktemp("verify-ref") / "proj")
+    project.doit("import_export", "--dir", str(DATA), "--name", "qaihm")
+    project.doit("bundle", "model=qaihm")
+    cfg = load_build(project.root, {"model": "qaihm"})
+    return project, cfg, Layout(cfg)
+
+
+@pytest.fixture
+def bundle_copy(export_build, tmp_path):
+    project, _, _ = export_build
+    return shutil.copytree(project.bundle("qaihm", plan="export"), tmp_path / "bundle")
+
+
+def verify(export_build, bundle_dir):
+    _, cfg, layout = export_build
+    return compare_bundle_with_onnx(layout, verify_options(cfg), bundle_dir=bundle_dir,
+                                    log=lambda line: None)
+
+
+def old_gate_passes(report) -> bool:
+    """The gate before issue 24: the bundle against float, chained, hidden and logits cosine
+    >= 0.95 (what the shipped configs set) and top-1 >= 0.5 at the end."""
+    drift = [r for r in report.rows if r.check in ("drift from float (chained)",
+                                                   "bundle drift from float")]
+    end = [r for r in drift if r.check == "bundle drift from float"]
+    return all(r.cos_min >= 0.95 for r in drift) and end[0].top1 >= 0.5
+
+
+def failure(report) -> str:
+    assert not report.ok, report.table()
+    message = report.failure_message()
+    assert f"part {PART} of 6 ({BIN}) diverged first" in message, message
+    assert all(r.ok for r in report.rows if 0 < r.part_index < PART), report.table()
+    return message
+
+
+def test_a_faithful_bundle_of_the_export_passes_with_the_defaults(export_build, bundle_copy):
+    report = verify(export_build, bundle_copy)
+    assert report.ok, report.table()
+    end = {r.check: r for r in report.rows if r.part == "end to end"}
+    assert end["chained vs reference"].cos_min >= 0.9999
+    per_part = [r for r in report.rows if r.check == "prefill vs reference"]
+    assert len(per_part) == 6 and all(r.cos_min >= 0.99999 for r in per_part)
+    # the bundle's float drift is the export's own, not the build's
+    assert abs(end["bundle drift from float"].cos_min
+               - end["reference drift from float"].cos_min) < 0.001
+
+
+def internal_activation(info) -> str:
+    boundary = {s.name for s in (*info.inputs, *info.outputs)}
+    return sorted(n for n, e in info.activations.items()
+                  if n not in boundary and e["bitwidth"] == 16 and "Add" in n)[0]
+
+
+def test_an_ignored_activation_encoding_fails_naming_it(export_build, bundle_copy):
+    with read_ctxbin(bundle_copy / BIN) as reader:
+        name = internal_activation(reader.graph(reader.graph_names[0]))
+
+    def without(info):
+        return dataclasses.replace(info, activations={k: v for k, v in info.activations.items()
+                                                      if k != name})
+
+    rewrite_bin(bundle_copy / BIN, alter_info=without)
+    report = verify(export_build, bundle_copy)
+    message = failure(report)
+    assert f"activation '{name}': no encoding in the bin" in message, message
+    assert old_gate_passes(report), "the float gate passes this bundle"
+
+
+def requantized_8bit(tensor: Tensor) -> Tensor:
+    """The 4-bit weight's values on an 8-bit grid of their own (per channel)."""
+    q = tensor.quant
+    real = dequantize(np.asarray(tensor.values), q)
+    axes = tuple(d for d in range(real.ndim) if d != q.axis)
+    lo, hi = real.min(axis=axes), real.max(axis=axes)
+    scale = np.maximum(hi - lo, 1e-8).astype(np.float32) / 255
+    offset = np.round(lo / scale).astype(np.float32)
+    shape = [1] * real.ndim
+    shape[q.axis] = -1
+    values = np.clip(np.round(real / scale.reshape(shape)) - offset.reshape(shape), 0, 255)
+    return Tensor(tensor.name, "uint8", values.astype(np.uint8),
+                  QuantParams(8, q.axis, scale, offset, False))
+
+
+def test_a_weight_stored_at_8_bits_where_the_encodings_say_4_fails_naming_it(export_build,
+                                                                               bundle_copy):
+    def eight_bits(graph, tensor):
+        return requantized_8bit(tensor) if tensor.name == WEIGHT else tensor
+
+    rewrite_bin(bundle_copy / BIN, eight_bits)
+    with read_ctxbin(bundle_copy / BIN) as reader:
+        assert reader.quant_params(reader.graph_names[0], WEIGHT).bitwidth == 8
+    report = verify(export_build, bundle_copy)
+    message = failure(report)
+    assert f"weight '{WEIGHT}': stored at 8 bits, 4 in" in message, message
+    assert old_gate_passes(report), "the float gate passes this bundle"
+
+
+def test_the_kv_path_at_16_bits_where_the_encodings_say_8_fails_naming_it(export_build,
+                                                                           bundle_copy):
+    def sixteen_bit_kv(info):
+        acts = dict(info.activations)
+        for name, enc in acts.items():
+            if name.startswith("past_") and enc["bitwidth"] == 8:
+                step = 255 / 65535
+                acts[name] = {**enc, "bitwidth": 16,
+                              "scale": [s * step for s in enc["scale"]],
+                              "offset": [round(o / step) for o in enc["offset"]]}
+        return dataclasses.replace(info, activations=acts)
+
+    rewrite_bin(bundle_copy / BIN, alter_info=sixteen_bit_kv)
+    report = verify(export_build, bundle_copy)
+    message = failure(report)
+    assert "activation 'past_key_2_in': 16-bit int in the bin, 8-bit int in" in message, message
+    assert old_gate_passes(report), "the float gate passes this bundle"
