@@ -1,29 +1,31 @@
-"""`doit verify`: prove on the host that a built bundle computes what its float ONNX computes.
+"""`doit verify`: prove on the host that a built bundle computes what the export's encodings
+specify (docs/verify.md).
 
-The bundle's context binaries run on the CPU (hexbundle.runtime) chained as Genie chains them:
-the bins in genie_config.json's `ctx-bins` order, part i's main output feeding part i+1, the
-prompt prefilled through the prompt (AR 128) graphs in chunks, then tokens decoded one at a time
-through the token (AR 1) graphs with each part's KV cache carried between steps, the mask and
-RoPE cos/sin built from genie_config.json as the runtime builds them. The float ONNX sources run
-through onnxruntime on the same token sequence, and the two are compared per part and end to end.
+The bundle's context binaries run on the CPU (hexbundle.runtime, every activation encoding
+applied) chained as Genie chains them: the bins in genie_config.json's `ctx-bins` order, part i's
+main output feeding part i+1, the prompt prefilled through the prompt (AR 128) graphs in chunks,
+then tokens decoded one at a time through the token (AR 1) graphs with each part's KV cache
+carried between steps, the mask and RoPE cos/sin built from genie_config.json as the runtime
+builds them. The reference is the export's quantized model (runtime.qdq: its ONNX with its
+encodings applied, run by onnxruntime); the float ONNX runs too, for the drift.
 
 Checks, per part (a table row each):
-  prefill vs onnx       the prompt graph's outputs over the prompt positions
-  decode vs onnx        the token graph's outputs over the decode steps
-  token vs prompt       the bundle's token graph, fed the prefill's KV cache of the positions
-                        before p, against the bundle's prompt graph at position p (p = the last
-                        position of each prefill chunk): the two graphs of a part must agree,
-                        on the main output and ("... kv") on the KV entry each computes for p
-  onnx token vs prompt  the same for the float ONNX (checks the export and these conventions)
-and end to end: the logits over every position. A model with several context lengths is checked
-at each of them: every part's graphs of that length, the same tokens (rows labelled "cl C").
-Hidden states and logits are compared by
-cosine similarity per position (the minimum is judged) and max absolute error; the last part
-also by top-1 agreement of the next token. Thresholds: the model config's [verify] table.
+  encodings vs the export's   the bin's activation and weight encodings against the file's
+  prefill/decode vs reference the bundle and the reference fed the same input (gated:
+                              min_cosine_reference; max error also in output-encoding LSBs)
+  token vs prompt             the bundle's token graph, fed the prefill's KV cache of the
+                              positions before p, against its prompt graph at position p (p =
+                              the last position of each chunk), output and ("... kv") the KV
+                              entry; "reference token vs prompt" the same for the reference
+  drift from float (chained)  the bundle against the float ONNX, each chained (reported)
+and end to end: the bundle's logits against the reference's, each chained on its own (gated);
+the float drift of both, the bundle's allowed max_drift_margin more than the reference's; top-1
+against float (gated only if min_top1_agreement > 0). A model with several context lengths is
+checked at each of them (rows labelled "cl C").
 
 The sequence: `prompt_tokens` + `decode_steps` token ids drawn from a fixed seed, fed to both
 sides (teacher forcing), so the comparison does not depend on earlier argmax choices. It runs
-part by part -- the whole sequence through part 1 for both sides, then part 2, ... -- which gives
+part by part -- the whole sequence through part 1 for every side, then part 2, ... -- which gives
 exactly the numbers of a step-by-step run (part i at step t depends only on part i-1 up to t)
 while only one part (its mmap'd bin and its float ONNX) is open at a time.
 
