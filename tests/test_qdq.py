@@ -1,0 +1,77 @@
+"""runtime/qdq.py, the export's quantized reference: AIMET's formula on weights (the channel axis
+from the consumer op), onnxruntime's own QuantizeLinear/DequantizeLinear on activations, and the
+float-op form where Q/DQ cannot express the encoding -- each against the formula written out."""
+import json
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from hexbundle.formats.encodings import load_encodings
+from hexbundle.runtime.qdq import quantize_dequantize_weight, write_qdq_model
+
+
+def aimet(x, scale, offset, bw):
+    """AIMET's quantize-dequantize, element by element (scale/offset broadcast by the caller)."""
+    q = np.clip(np.round(x / scale) - offset, 0, 2 ** bw - 1)
+    return (q + offset) * scale
+
+
+def write_model(tmp_path, act_offset=-32768.0, weight_shape=(8, 6)):
+    """x [2, 8] -> MatMul(W [8, 6]) -> h -> Relu -> y; encodings for W (4-bit per channel),
+    h (16-bit) and y (16-bit); external data for W."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(weight_shape).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])],
+        [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "src" / "g.onnx"
+    path.parent.mkdir()
+    onnx.save(model, str(path), save_as_external_data=True, location="g.data",
+              size_threshold=0)
+    w_scale = (np.abs(w).max(axis=0) / 7).astype(np.float32)
+    encodings = {"version": "1.0.0",
+                 "param_encodings": [{"name": "W", "bw": 4, "dtype": "INT", "enc_type":
+                                      "PER_CHANNEL", "is_sym": True,
+                                      "scale": w_scale.tolist(), "offset": [-8] * 6}],
+                 "activation_encodings": [
+                     {"name": n, "bw": 16, "dtype": "INT", "enc_type": "PER_TENSOR",
+                      "is_sym": False, "scale": [s], "offset": [act_offset]}
+                     for n, s in (("h", 1e-3), ("y", 7e-4))]}
+    enc_path = tmp_path / "src" / "g.encodings"
+    enc_path.write_text(json.dumps(encodings))
+    return path, enc_path, w, w_scale
+
+
+def test_a_matmul_weight_is_quantized_per_output_channel(tmp_path):
+    path, enc_path, w, w_scale = write_model(tmp_path)
+    model = onnx.load(str(path), load_external_data=False)
+    enc = load_encodings(enc_path).params["W"]
+    got = quantize_dequantize_weight(w, enc, model.graph, "W")
+    want = np.stack([aimet(w[:, c], w_scale[c], -8, 4) for c in range(6)], axis=1)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+    assert len(np.unique(got[:, 0])) <= 16
+
+
+@pytest.mark.parametrize("offset", [-32768.0, -32767.5])   # Q/DQ; a shifted zero point: float ops
+def test_the_reference_equals_the_formula_on_every_encoded_tensor(tmp_path, offset):
+    path, enc_path, w, w_scale = write_model(tmp_path, act_offset=offset)
+    qdq = write_qdq_model(path, enc_path, tmp_path / "qdq")
+    ops = [n.op_type for n in onnx.load(str(qdq), load_external_data=False).graph.node]
+    assert ops.count("QuantizeLinear") == (2 if offset.is_integer() else 0)
+    assert ops.count("Round") == (0 if offset.is_integer() else 2)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(str(qdq), options, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    got = session.run(None, {"x": x})[0]
+    w_q = np.stack([aimet(w[:, c], w_scale[c], -8, 4) for c in range(6)], axis=1)
+    h = aimet((x @ w_q).astype(np.float32), np.float32(1e-3), offset, 16)
+    want = aimet(np.maximum(h, 0), np.float32(7e-4), offset, 16)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert np.abs(got - x @ w).max() > 1e-3   # the quantization is really there
