@@ -168,7 +168,7 @@ def test_a_full_disk_under_the_db_is_a_message_and_the_next_run_resumes(built_co
     state = built_copy.root / STATE
     saved = tmp_path / "state"
     shutil.copytree(state, saved)
-    if not _mount_tmpfs(state, "64k"):
+    if not _mount_tmpfs(state, "256k"):
         pytest.skip("needs root and tmpfs mounts (a small file system under build/.hexbundle)")
     try:
         shutil.copytree(saved, state, dirs_exist_ok=True)

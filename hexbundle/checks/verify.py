@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,7 +53,7 @@ from hexbundle.formats.genie import GenieSettings, read_genie_config
 from hexbundle.runtime.parts import (bundle_session, onnx_session, open_bundle_parts,
                                      reference_graphs, reference_session, rope_settings)
 from hexbundle.support import table as tables
-from hexbundle.support.atomic import write_json
+from hexbundle.support.atomic import temp_dir, write_json
 from hexbundle.support.errors import VerifyError
 
 
@@ -374,8 +373,7 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     rows, scales = [], {}
     layout.verify_report.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with tempfile.TemporaryDirectory(prefix="reference-", dir=layout.verify_report.parent) \
-                as scratch:
+        with temp_dir(layout.verify_report.parent, "reference") as scratch:
             for bp in opened:
                 for cl in lengths:   # every length's graphs of the part, the same tokens
                     label = bp.label + (f" cl {cl}" if len(lengths) > 1 else "")

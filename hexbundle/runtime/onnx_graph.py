@@ -18,9 +18,12 @@ from hexbundle.support.errors import VerifyError
 class OnnxGraph:
     """A float ONNX graph run by onnxruntime; the session is created on first use, dropped by close()."""
 
-    def __init__(self, path: Path, optimize: bool = True):
+    def __init__(self, path: Path, optimize: bool = True, source: Path = None):
         import onnx
         self.optimize = optimize   # off: no fusion may change what a node computes (runtime.qdq)
+        # messages name the export's ONNX; `path` may be its quantized reference (runtime.qdq)
+        self.source = Path(source or path)
+        self.what = "the float ONNX's quantized reference" if source else "the float ONNX"
         if not Path(path).is_file():
             raise VerifyError(f"{path}: the float ONNX is missing; run `doit inputs` or put the "
                               f"export there")
@@ -69,16 +72,16 @@ class OnnxGraph:
                 found = re.search(r"Unsupported model IR version[^\n]*", text)
                 detail = found.group(0) if found else text
                 raise VerifyError(
-                    f"{self.path}: onnxruntime {onnxruntime.__version__} cannot load IR version "
+                    f"{self.source}: onnxruntime {onnxruntime.__version__} cannot load IR version "
                     f"{self.ir_version} ({detail}); upgrade it (python3 -m pip install -U "
                     f"onnxruntime) or re-export the model with a lower IR version") from None
             detail = text.splitlines()[0] if text else type(exc).__name__
             if len(detail) > 500:
                 detail = detail[:500] + "..."
             raise VerifyError(
-                f"{self.path}: onnxruntime {onnxruntime.__version__} refused the float ONNX "
+                f"{self.source}: onnxruntime {onnxruntime.__version__} refused {self.what} "
                 f"({type(exc).__name__}: {detail}); check the export (python3 -c \"import onnx; "
-                f"onnx.checker.check_model('{self.path}', full_check=True)\") and rebuild its "
+                f"onnx.checker.check_model('{self.source}', full_check=True)\") and rebuild its "
                 "inputs") from None
 
     def close(self) -> None:

@@ -212,4 +212,5 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path) -> Pat
 
 def qdq_graph(onnx_path: Path, encodings_path: Path, out_dir: Path) -> OnnxGraph:
     """The reference of one graph, as a part session's graph executor."""
-    return OnnxGraph(write_qdq_model(onnx_path, encodings_path, out_dir), optimize=False)
+    return OnnxGraph(write_qdq_model(onnx_path, encodings_path, out_dir), optimize=False,
+                     source=onnx_path)
