@@ -11,13 +11,15 @@ Each task and the module that does its work, under hexbundle/:
   import_export   inputs/import_export.py  a qai-hub-models export -> configs/models/NAME.toml
   inspect         checks/inspect.py        what an export, ONNX or encodings file holds; every
                                            problem the build would refuse, before building
+  check_bundle    checks/genie_bundle.py   lint any Genie bundle directory (ours or not)
   convert         steps/convert.py         ONNX + AIMET encodings -> DLC (backends/), the
                                            inputs validated first (inputs/validate.py)
   compile         steps/compile.py         a part's DLCs -> one context binary (backends/);
                                            both steps' options: steps/options.py, their keys
   check_sizes     checks/sizes.py          bins vs the size model; checks/integrity.py re-hashes
   bundle          steps/bundle.py          Genie configs (formats/genie.py), manifest, bins
-  verify          checks/verify.py         the bundle on the CPU (runtime/) vs the float ONNX
+  verify          checks/verify.py         the bundle on the CPU (runtime/) vs the export's
+                                           quantized reference (runtime/qdq.py) and float
   release         release/reproducible.py  clean rebuild, deterministic archive, provenance
   verify_release  release/reproducible.py  rebuild from a release's provenance and compare
   wheelhouse      toolchain/wheelhouse.py  the image's locked Python wheels
@@ -145,6 +147,23 @@ def task_inspect():
             "params": [{"name": "path", "long": "path", "default": "",
                         "help": "an export directory, an .onnx or an .encodings file"}],
             "uptodate": [False], "verbosity": 2}
+
+
+def task_check_bundle():
+    """Lint any Genie bundle directory: ours, one from AI Hub, or one assembled by hand.
+
+    `doit check_bundle --path DIR [--model-config config.json]`: the ctx-bins (present, once, in
+    pipeline order, none stray), genie_config.json's structure and context size, the tokenizer's
+    ids, soc_model/dsp_arch against Qualcomm's chipset table, each bin <= 4 GiB, and with the
+    model's config.json its vocab, RoPE and special ids. Every problem listed; exits non-zero if
+    there is any."""
+    return {"actions": [action("hexbundle.checks.genie_bundle:check_bundle_command",
+                               str(LAYOUT.root))],
+            "params": [{"name": "path", "long": "path", "default": "",
+                        "help": "the bundle directory"},
+                       {"name": "model_config", "long": "model-config", "default": "",
+                        "help": "the model's Hugging Face config.json (optional)"}],
+            "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
 
 def task_convert():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hexbundle.backends import get_backend
 from hexbundle.checks import sizes
+from hexbundle.checks.genie_bundle import check_bundle
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER, Layout
 from hexbundle.formats.genie import genie_config, htp_backend_ext_config
 from hexbundle.formats.manifest import bundle_manifest, write_build_info
@@ -23,7 +24,7 @@ from hexbundle.inputs.export import check_pins
 from hexbundle.steps.options import BundleOptions, bundle_options
 from hexbundle.support import hashing, testhooks
 from hexbundle.support.atomic import staged_dir, write_json
-from hexbundle.support.errors import InputError, output_error
+from hexbundle.support.errors import InputError, OutputError, output_error
 
 
 def assemble_bundle(layout: Layout, spec: dict, log) -> None:
@@ -54,6 +55,18 @@ def link_or_copy(src: Path, dst: Path) -> str:
         return "copied"
 
 
+def lint(staging: Path, options: BundleOptions, log) -> None:
+    """The bundle as `doit check_bundle` judges any bundle, before it is swapped in: a bundle
+    this step makes must pass it (the device pair: the one the config resolved, which its load
+    checked against Qualcomm's table)."""
+    device = options.genie.device
+    report = check_bundle(staging, {device.soc_model: device.dsp_arch})
+    if report.problems:
+        raise OutputError("the assembled bundle fails check_bundle (the previous bundle is "
+                          "kept): " + "; ".join(report.problems))
+    log(f"check_bundle: no problem ({len(report.checked)} checks)")
+
+
 def assemble(layout: Layout, options: BundleOptions, backend_version: str,
              sizes_expected: dict, log, unencoded: dict = None) -> Path:
     cfg = layout.cfg
@@ -81,6 +94,7 @@ def assemble(layout: Layout, options: BundleOptions, backend_version: str,
         carry.adopt(bins + [staging / b.name for b in bins])
         write_json(staging / MANIFEST, bundle_manifest(layout, staging, backend_version,
                                                        sizes_expected, unencoded or {}))
+        lint(staging, options, log)
         os.chmod(staging, 0o755)
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in
     carry.adopt(bins + [final / b.name for b in bins])
