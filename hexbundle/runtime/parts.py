@@ -114,11 +114,15 @@ def onnx_session(part, layout: Layout, context_length: Optional[int] = None) -> 
 
 def reference_graphs(part, layout: Layout, context_length: int, scratch: Path) -> dict:
     """The export's quantized reference of a part's graphs at one context length (runtime.qdq:
-    its ONNX with its encodings applied), written under scratch/cl<C>/<graph>."""
-    from hexbundle.runtime.qdq import qdq_graph
-    return {g.kind: qdq_graph(layout.onnx(g), layout.encodings(g),
-                              scratch / f"cl{context_length}" / g.name)
-            for g in layout.cfg.model.graphs(part, context_length)}
+    its ONNX with its encodings applied), written under scratch/cl<C>/ (one weights file)."""
+    from hexbundle.runtime.qdq import WeightStore, qdq_graph
+    directory = scratch / f"cl{context_length}"
+    store = WeightStore(directory)   # the part's graphs share their weights: written once
+    try:
+        return {g.kind: qdq_graph(layout.onnx(g), layout.encodings(g), directory, store, g.kind)
+                for g in layout.cfg.model.graphs(part, context_length)}
+    finally:
+        store.close()
 
 
 def reference_session(part, cfg: BuildConfig, graphs: dict) -> PartSession:

@@ -24,6 +24,7 @@ export's specification; verify's float-drift row shows its effect).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -79,23 +80,36 @@ def _broadcast(groups: np.ndarray, shape: tuple, axis: int, block_axis, block_si
     return table.reshape(out)
 
 
+def weight_grid(enc, graph, name: str, shape: tuple):
+    """(scale, offset) of an int weight encoding, shaped to broadcast against the weight."""
+    scale, offset = enc.scale.astype(np.float32), enc.offset.astype(np.float32)
+    if enc.is_blockwise:
+        axis = weight_axis(graph, name, shape, -1, enc.axis)
+        block_axis = enc.block_axis if enc.block_axis is not None else (1 if axis == 0 else 0)
+        return (_broadcast(scale, shape, axis, block_axis, enc.block_size),
+                _broadcast(offset, shape, axis, block_axis, enc.block_size))
+    if enc.channels > 1:
+        axis = weight_axis(graph, name, shape, enc.channels, enc.axis)
+        return _broadcast(scale, shape, axis, None, 0), _broadcast(offset, shape, axis, None, 0)
+    return scale.reshape(()), offset.reshape(())
+
+
+def _encoded(block: np.ndarray, enc, grid, rows: slice) -> np.ndarray:
+    """A block of rows (axis 0) of a weight as its encoding specifies it, float32."""
+    if enc is None or not enc.is_int:
+        if enc is not None and enc.bitwidth == 16:   # a float16 encoding
+            return block.astype(np.float16).astype(np.float32)
+        return block
+    scale, offset = (g[rows] if g.ndim and g.shape[0] > 1 else g for g in grid)
+    q = np.clip(np.round(block / scale) - offset, 0, 2 ** enc.bitwidth - 1)
+    return ((q + offset) * scale).astype(np.float32)
+
+
 def quantize_dequantize_weight(values: np.ndarray, enc, graph, name: str) -> np.ndarray:
     """The weight as its encoding specifies it (AIMET's formula), float32."""
     w = np.asarray(values, np.float32)
-    if not enc.is_int:
-        return w.astype(np.float16).astype(np.float32) if enc.bitwidth == 16 else w
-    scale, offset = enc.scale.astype(np.float32), enc.offset.astype(np.float32)
-    if enc.is_blockwise:
-        axis = weight_axis(graph, name, w.shape, -1, enc.axis)
-        block_axis = enc.block_axis if enc.block_axis is not None else (1 if axis == 0 else 0)
-        scale = _broadcast(scale, w.shape, axis, block_axis, enc.block_size)
-        offset = _broadcast(offset, w.shape, axis, block_axis, enc.block_size)
-    elif enc.channels > 1:
-        axis = weight_axis(graph, name, w.shape, enc.channels, enc.axis)
-        scale = _broadcast(scale, w.shape, axis, None, 0)
-        offset = _broadcast(offset, w.shape, axis, None, 0)
-    q = np.clip(np.round(w / scale) - offset, 0, 2 ** enc.bitwidth - 1)
-    return ((q + offset) * scale).astype(np.float32)
+    grid = weight_grid(enc, graph, name, w.shape) if enc.is_int else None
+    return _encoded(w, enc, grid, slice(None))
 
 
 # ============================================================================ activations
@@ -167,50 +181,93 @@ def insert_activation_qdq(graph, activations: dict) -> int:
 # ============================================================================ the model
 
 
-def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path) -> Path:
-    """The QDQ model of one graph (module docstring), written to out_dir/model.onnx with its
-    weights in out_dir/weights.data, one tensor at a time."""
+class WeightStore:
+    """The weights file of one or more reference graphs in a directory: a tensor is written once
+    (a part's prompt and token graphs share their weights), a block of rows at a time."""
+
+    def __init__(self, directory: Path):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / DATA_FILE
+        self._file = open(self.path, "wb")
+        self._written = {}   # (name, source, encoding) -> (offset, length)
+
+    def put(self, key, blocks) -> tuple:
+        if key not in self._written:
+            offset = self._file.tell()
+            for block in blocks:
+                self._file.write(np.ascontiguousarray(block).tobytes())
+            length = self._file.tell() - offset
+            self._file.write(b"\0" * (-length % 64))
+            self._written[key] = (offset, length)
+        return self._written[key]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _source_key(init, values, enc) -> tuple:
+    where = (str(values.data_path), values.offset) if values.inline is None else \
+        values.inline.tobytes()
+    encoding = None if enc is None else (enc.bitwidth, enc.dtype, enc.scale.tobytes(),
+                                         enc.offset.tobytes(), enc.block_size, enc.axis)
+    return init.name, where, encoding
+
+
+def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
+                    store: Optional[WeightStore] = None, name: str = "model") -> Path:
+    """The QDQ model of one graph (module docstring), written to out_dir/<name>.onnx with its
+    weights in out_dir/weights.data (`store`: shared with other graphs in out_dir), streamed a
+    block of rows at a time: memory stays near one block, not the largest weight."""
     import onnx
     from onnx import TensorProto
     model = load_structure(onnx_path)
     graph = model.graph
     enc = load_encodings(encodings_path).for_graph({i.name for i in graph.initializer})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / DATA_FILE, "wb") as fh:
+    own = store is None
+    store = store or WeightStore(out_dir)
+    try:
         for init in graph.initializer:
-            values = initializer_values(init, onnx_path).whole()
+            values = initializer_values(init, onnx_path)
             e = enc.params.get(init.name)
-            if e is not None and np.issubdtype(values.dtype, np.floating):
-                values = quantize_dequantize_weight(values, e, graph, init.name)
-            elif np.issubdtype(values.dtype, np.floating):
-                values = values.astype(np.float32)
-            data = np.ascontiguousarray(values).tobytes()
+            floating = np.issubdtype(values.dtype, np.floating)
             for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
                           "uint64_data", "string_data"):
                 init.ClearField(field)
             del init.external_data[:]
-            init.data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
-            if len(data) <= INLINE_BYTES:   # shape constants: onnxruntime infers shapes from them
+            if values.nbytes <= INLINE_BYTES:   # shape constants: onnxruntime infers from them
+                whole = values.whole()
+                data = _encoded(whole.astype(np.float32), e, e.is_int and weight_grid(
+                    e, graph, init.name, whole.shape), slice(None)).astype(whole.dtype) \
+                    if floating and e is not None else whole
                 init.data_location = TensorProto.DEFAULT
-                init.raw_data = data
+                init.raw_data = np.ascontiguousarray(data).tobytes()
                 continue
-            offset = fh.tell()
-            fh.write(data)
-            fh.write(b"\0" * (-len(data) % 64))
+            if floating:
+                grid = weight_grid(e, graph, init.name, values.shape) \
+                    if e is not None and e.is_int else None
+                blocks = (_encoded(block, e, grid, rows).astype(values.dtype)
+                          for rows, block in values.rows())
+            else:
+                blocks = iter([values.whole()])
+            offset, length = store.put(_source_key(init, values, e), blocks)
             init.data_location = TensorProto.EXTERNAL
             for key, value in (("location", DATA_FILE), ("offset", str(offset)),
-                               ("length", str(len(data)))):
+                               ("length", str(length))):
                 entry = init.external_data.add()
                 entry.key, entry.value = key, value
+    finally:
+        if own:
+            store.close()
     insert_activation_qdq(graph, enc.activations)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
-    path = out_dir / "model.onnx"
+    path = out_dir / f"{name}.onnx"
     onnx.save(model, str(path))
     return path
 
 
-def qdq_graph(onnx_path: Path, encodings_path: Path, out_dir: Path) -> OnnxGraph:
+def qdq_graph(onnx_path: Path, encodings_path: Path, out_dir: Path,
+              store: Optional[WeightStore] = None, name: str = "model") -> OnnxGraph:
     """The reference of one graph, as a part session's graph executor."""
-    return OnnxGraph(write_qdq_model(onnx_path, encodings_path, out_dir), optimize=False,
-                     source=onnx_path)
+    return OnnxGraph(write_qdq_model(onnx_path, encodings_path, out_dir, store, name),
+                     optimize=False, source=onnx_path)
