@@ -11,10 +11,12 @@ Rows (the issue's list; targets are reported, never asserted):
 5. the reference backend on the part with the most layers: GB/s and peak RSS (subprocesses);
 6. a full build with `doit -n 2` vs `-n 1`;
 7, 8. the local split of an unsplit graph vs `cp`; `import_export` vs `doit list`;
-9. a cache-hit build through a REAPI remote cache (a local BuildGrid) vs the full build.
+9. a cache-hit build through a REAPI remote cache (a local BuildGrid) vs the full build;
+10. `doit verify` of the built bundle (against the quantized reference and float): time and
+    peak RSS, beside the full build.
 
 `--rows 9` (or `--rows 1,5`) measures only those rows (and what they need: the inputs, and the
-full build for rows 2, 3, 4, 6 and 9).
+full build for rows 2, 3, 4, 6, 9 and 10).
 
 Full scale uses qwen2.5-7b-shape (Qwen2.5-7B's tensors, 4 layers, ~8 GB of inputs); --small
 uses qwen2-tiny (seconds; the tests run it). The tree lives in build/bench/<tree>/ (its own
@@ -106,7 +108,9 @@ def run_measured(cmd: list, cwd: Path, env: dict) -> tuple:
         return seconds, proc.returncode, out.read(), err.read(), usage.ru_maxrss * 1024
 
 
-ALL_ROWS = tuple(range(1, 10))
+ALL_ROWS = tuple(range(1, 11))
+# Row 10 at full scale: what `doit verify` took before the quantized reference (docs/verify.md)
+VERIFY_SECONDS_BEFORE, VERIFY_RSS_BEFORE = 240.0, 4.4 * (1 << 30)
 
 
 def parse_rows(text: str) -> tuple:
@@ -267,6 +271,13 @@ class Bench:
             raise BenchError(f"backend step {step} failed (exit {code}):\n{out}{err}")
         result = json.loads(out.strip().splitlines()[-1])
         return {**result, "wall_seconds": round(wall, 2), "maxrss": maxrss}
+
+    def verify_row(self) -> dict:
+        """`doit verify` of the full build's bundle, in its own doit process (peak RSS from
+        wait4)."""
+        self.log("doit verify on the built bundle ...")
+        run = self.doit("verify")
+        return {"seconds": round(run.seconds, 2), "peak_rss_bytes": run.maxrss}
 
     def digest_row(self) -> dict:
         """Both checkers on the same files, warm page cache (a warm-up pass first). Small
@@ -486,10 +497,10 @@ class Bench:
         want = self.rows.__contains__
         full_1 = full_2 = None
         sizes_row = bundle = backend = digests = noop = md5_db = touch = change = split = None
-        cache = None
+        cache = verify = None
         try:
             inputs = self.generate_inputs()
-            if self.rows & {2, 3, 4, 6, 9}:
+            if self.rows & {2, 3, 4, 6, 9, 10}:
                 full_1 = self.full_build(1)
                 sizes_row = self.check_sizes()
                 bundle = self.bundle_facts()
@@ -497,6 +508,8 @@ class Bench:
                 full_2 = self.full_build(2)
             if want(9):   # before the rows that change inputs: the tree is the full build's
                 cache = self.cache_row(full_1)
+            if want(10):
+                verify = self.verify_row()
             if want(5):
                 backend = self.backend_row()
             if want(1):
@@ -533,6 +546,7 @@ class Bench:
             "md5_baseline": md5_db,
             "rows": [r for r in rows(digests, noop, touch, change, backend, full_1, full_2)
                      + (split_rows(split) if split else []) + cache_rows(cache)
+                     + ([row_verify(verify, full_1, self.small)] if verify else [])
                      if r["id"] in self.rows],
             "bench_seconds": round(time.monotonic() - started, 1),
         }
@@ -758,6 +772,18 @@ def row_backend(backend) -> dict:
                      "largest tensor",
             "target": "peak RSS < 3 GiB", "met": backend["peak_rss_bytes"] < 3 * GIB,
             "detail": backend}
+
+
+def row_verify(verify: dict, full: Run, small: bool) -> dict:
+    seconds, rss = verify["seconds"], verify["peak_rss_bytes"]
+    met = None if small else (seconds <= VERIFY_SECONDS_BEFORE and rss <= VERIFY_RSS_BEFORE)
+    return {"id": 10, "what": "`doit verify` (every part vs the quantized reference and float) "
+                              "vs the full build",
+            "ours": f"{seconds:.1f} s, peak RSS {rss / GIB:.2f} GiB",
+            "baseline": f"{full.seconds:.1f} s", "ratio": f"{seconds / full.seconds:.2f}x",
+            "target": "(reported)" if small else
+            f"<= {VERIFY_SECONDS_BEFORE:.0f} s, <= {VERIFY_RSS_BEFORE / GIB:.1f} GiB (before)",
+            "met": met, "detail": verify}
 
 
 def row_parallel(full_1, full_2) -> dict:
