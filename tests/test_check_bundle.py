@@ -134,9 +134,15 @@ BROKEN = {
     "n-vocab below the tokenizer's ids": (lambda b: genie(b, lambda d: d["context"].update(
         {"n-vocab": 100})), "but 'dialog.context.n-vocab' is 100"),
     "a required key missing": (lambda b: genie(b, lambda d: d["engine"]["backend"]["QnnHtp"].pop(
-        "kv-dim")), "'dialog.engine.backend.QnnHtp.kv-dim' is missing"),
+        "poll")), "'dialog.engine.backend.QnnHtp.poll' is missing (required by Qualcomm's"),
+    "kv-dim missing": (lambda b: genie(b, lambda d: d["engine"]["backend"]["QnnHtp"].pop(
+        "kv-dim")), "QnnHtp.kv-dim' is missing: Genie's HTP engine needs it"),
     "rope-theta of the wrong type": (lambda b: genie(b, lambda d: d["engine"]["backend"][
-        "QnnHtp"].update({"rope-theta": "1e6"})), "rope-theta' is '1e6', expected int"),
+        "QnnHtp"].update({"rope-theta": "1e6"})), "rope-theta' is '1e6', expected an integer"),
+    "a misspelt key": (lambda b: genie(b, lambda d: d.update({"max-num-token": 5})),
+                       "'dialog.max-num-token' is not a key of Qualcomm's schema"),
+    "the CPU backend": (lambda b: genie(b, lambda d: d["engine"]["backend"].update(
+        type="QnnGenAiTransformer")), "context binaries need 'QnnHtp'"),
     "soc_model of another arch": (lambda b: edit_json(b / "htp_backend_ext_config.json",
                                                       lambda d: d["devices"][0].update(
                                                           dsp_arch="v75")),
@@ -185,3 +191,43 @@ def test_doit_check_bundle_lists_every_problem_and_exits_non_zero(built, bundle)
     listed = [line for line in run.out.splitlines() if "PROBLEM" in line]
     assert len(listed) >= 2, run.out
     assert "Traceback" not in run.out + run.err
+
+
+# ------------------------------------------------------------------------------ Qualcomm's schema
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    import real_qairt
+    api = real_qairt.load_locked(tmp_path_factory.mktemp("qairt-dev"))
+    yield api
+    real_qairt.unload(api)
+
+
+@pytest.mark.real_qairt
+def test_the_committed_schema_is_qualcomms(real):
+    """formats/genie_schema.py is what scripts/make_genie_schema.py makes of the pinned wheel."""
+    import importlib.util
+    from conftest import ROOT
+    from hexbundle.formats import genie_schema
+    spec = importlib.util.spec_from_file_location("make_genie_schema",
+                                                  ROOT / "scripts" / "make_genie_schema.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    assert make.basic_dialog_schema(real.GenieConfig) == genie_schema.DIALOG
+
+
+SCHEMA_CASES = ["a required key missing", "rope-theta of the wrong type", "a misspelt key"]
+
+
+@pytest.mark.real_qairt
+@pytest.mark.parametrize("case", SCHEMA_CASES)
+def test_check_bundle_and_qualcomms_genieconfig_agree(real, bundle, case):
+    """What the lint refuses by the schema, Qualcomm's class refuses; what it accepts (the
+    built bundle, the hand-laid-out one), the class accepts."""
+    from pydantic import ValidationError
+    real.GenieConfig.model_validate(json.loads((bundle / "genie_config.json").read_text()))
+    breaking, _ = BROKEN[case]
+    breaking(bundle)
+    assert problems(bundle)
+    with pytest.raises(ValidationError):
+        real.GenieConfig.model_validate(json.loads((bundle / "genie_config.json").read_text()))
