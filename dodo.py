@@ -243,11 +243,13 @@ def task_verify_release():
 
 
 def task_verify():
-    """Run the bundle on the CPU as Genie chains it; compare with the float ONNX.
+    """Run the bundle on the CPU as Genie chains it; compare with the export's quantized model.
 
-    The bins in ctx-bins order, prefill in AR-128 chunks, then AR-1 decode with the KV cache, vs
-    the float ONNX on the same tokens: a table per part and end to end (cosine, max error, top-1);
-    fails naming the first part that diverges. Thresholds: the model config's [verify] table."""
+    The bins in ctx-bins order, prefill in AR-128 chunks, then AR-1 decode with the KV cache,
+    every activation encoding applied, vs the export's ONNX with its encodings applied (in
+    onnxruntime) on the same tokens, and the float ONNX for the drift: a table per part and end
+    to end (encodings, cosine, max error in LSBs, top-1); fails naming the first part that
+    diverges. Thresholds: the model config's [verify] table (docs/verify.md)."""
     options = verify_options(CFG)
     return {"actions": [action("hexbundle.checks.verify:run_verify", LAYOUT, options)],
             "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
