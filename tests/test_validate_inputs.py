@@ -258,6 +258,83 @@ def test_a_float16_weight_beyond_65504_is_an_error_and_builds_as_float32(exporte
 
 
 @pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def constant_node(value=None, value_float=None):
+    """Edit P2's ONNX: its scalar initializer '/const/two' becomes a Constant node's output."""
+    def edit(project):
+        path = ex(project, f"{P2}.onnx")
+        model = onnx.load(str(path), load_external_data=False)
+        init = next(i for i in model.graph.initializer if i.name == "/const/two")
+        model.graph.initializer.remove(init)
+        attrs = {"value": onnx.numpy_helper.from_array(np.array(value, np.float32))} \
+            if value is not None else {"value_float": value_float}
+        model.graph.node.insert(0, helper.make_node("Constant", [], ["/const/two"],
+                                                    name="two", **attrs))
+        onnx.save(model, str(path))
+    return edit
+
+
+def inline_initializer(name, value, field):
+    """Edit P2's ONNX: a scalar inline initializer set to `value`, in raw_data or float_data."""
+    def edit(project):
+        path = ex(project, f"{P2}.onnx")
+        model = onnx.load(str(path), load_external_data=False)
+        init = next(i for i in model.graph.initializer if i.name == name)
+        init.ClearField("raw_data")
+        init.ClearField("float_data")
+        if field == "raw_data":
+            init.raw_data = np.float32(value).tobytes()
+        else:
+            init.float_data.append(value)
+        onnx.save(model, str(path))
+    return edit
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+@pytest.mark.parametrize("mutate, says", [
+    (constant_node(value=np.nan), "node 'two' (Constant) attribute 'value' holds NaN"),
+    (constant_node(value_float=np.nan), "node 'two' (Constant) attribute 'value_float' holds NaN"),
+    (inline_initializer("/const/rms_eps", -np.inf, "raw_data"),
+     "initializer '/const/rms_eps' holds infinity"),
+    (inline_initializer("/const/attn_scale", np.inf, "float_data"),
+     "initializer '/const/attn_scale' holds infinity"),
+], ids=["constant-tensor-nan", "constant-value_float-nan", "norm-eps-minus-inf",
+        "float_data-plus-inf"])
+def test_a_non_finite_constant_anywhere_is_refused(exported, mutate, says):
+    """Issue 26, item 1: these four built and shipped (exit 0) before."""
+    text = refused(exported, mutate)
+    assert f"{P2}.onnx: {says}" in text, text
+    assert "re-export the model" in text
+
+
+def test_non_finite_constants_in_subgraphs_and_functions_are_found(tmp_path):
+    from hexbundle.inputs.validate import finite_constants
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    c = helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])
+    bad = helper.make_node("Constant", [], ["k"], name="deep",
+                           value=onnx.numpy_helper.from_array(np.array([np.inf], np.float32)))
+    branch = helper.make_graph([bad], "then", [], [helper.make_tensor_value_info(
+        "k", onnx.TensorProto.FLOAT, [1])])
+    good = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                             [helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, [1])])
+    node = helper.make_node("If", ["c"], ["y"], name="branch", then_branch=branch,
+                            else_branch=good)
+    model = helper.make_model(helper.make_graph([node], "g", [x, c], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InputError, match=r"node 'branch' \(If\) attribute 'then_branch' "
+                                         r"\(subgraph\): node 'deep' \(Constant\) attribute "
+                                         r"'value' holds infinity \(element 0\)"):
+        finite_constants(tmp_path / "m.onnx", model)
+    fn = helper.make_function("local", "f", ["a"], ["b"], [helper.make_node(
+        "Constant", [], ["b"], name="fc", value_floats=[1.0, float("nan")])],
+        [helper.make_opsetid("", 17)])
+    model = helper.make_model(helper.make_graph([], "g", [], []), functions=[fn],
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InputError, match=r"function 'f': node 'fc' \(Constant\) attribute "
+                                         r"'value_floats' holds NaN \(element 1\)"):
+        finite_constants(tmp_path / "m.onnx", model)
+
+
 def test_the_qairt_backend_never_gets_a_graph_with_a_nan_weight(tmp_path):
     project = copy_project(tmp_path / "proj")
     project.doit("inputs")

@@ -10,7 +10,9 @@ regular files (a FIFO would hang the reader) by support/files.py, which every re
   defined once; every external-data record a file name next to the ONNX, a regular file, its
   window inside it (formats/onnxfile.py); every node reads a tensor a graph input, an
   initializer or an earlier node produces, and each tensor is produced once; every op one ONNX
-  defines at an opset ONNX knows; then onnx.checker's full check BY PATH (strict shape
+  defines at an opset ONNX knows; every float constant outside the weights' external data
+  finite (inline initializers in any field, Constant/ConstantOfShape values and float
+  attributes, in subgraphs and functions too); then onnx.checker's full check BY PATH (strict shape
   inference included): the checker parses the .onnx itself and never opens the external data,
   so a 7B part's weights are not loaded for it.
 * The graph's inputs and outputs against the model config (`expected_io`, `io_problems`): names,
@@ -67,8 +69,8 @@ def structure_problems(onnx_path: Path, model: onnx.ModelProto,
     caller found a broken external-data record and reported it; neither the record check nor
     the checker (which stats the same files) says it again."""
     problems = []
-    checks = (unique_initializers, dataflow, known_ops) if records_broken else \
-        (unique_initializers, external_data_records, dataflow, known_ops)
+    checks = (unique_initializers, dataflow, known_ops, finite_constants) if records_broken \
+        else (unique_initializers, external_data_records, dataflow, known_ops, finite_constants)
     for check in checks:
         try:
             check(onnx_path, model)
@@ -104,6 +106,77 @@ def external_data_records(onnx_path: Path, model: onnx.ModelProto) -> None:
             if (attribute.type == onnx.AttributeProto.TENSOR
                     and attribute.t.data_location == onnx.TensorProto.EXTERNAL):
                 initializer_values(attribute.t, onnx_path)
+
+
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+               onnx.TensorProto.BFLOAT16)
+
+
+def _constants(graph: onnx.GraphProto, where: str):
+    """(where, tensor or float list) of every constant a graph holds outside its weights'
+    external data: inline initializers, Constant / ConstantOfShape (any node's) tensor and float
+    attributes, and the same inside every subgraph (If, Loop, Scan bodies)."""
+    for init in graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL:
+            yield f"{where}initializer '{init.name}'", init
+    for node in graph.node:
+        label = f"{where}node '{node.name or node.output[0]}' ({node.op_type}) attribute"
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield f"{label} '{a.name}'", a.t
+            elif a.type == onnx.AttributeProto.TENSORS:
+                yield from ((f"{label} '{a.name}'[{i}]", t) for i, t in enumerate(a.tensors))
+            elif a.type == onnx.AttributeProto.FLOAT:
+                yield f"{label} '{a.name}'", [a.f]
+            elif a.type == onnx.AttributeProto.FLOATS:
+                yield f"{label} '{a.name}'", list(a.floats)
+            elif a.type == onnx.AttributeProto.GRAPH:
+                yield from _constants(a.g, f"{label} '{a.name}' (subgraph): ")
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _constants(g, f"{label} '{a.name}' (subgraph): ")
+
+
+def _non_finite(values: np.ndarray) -> Optional[tuple]:
+    """(what, flat index) of the first NaN or infinity, or None."""
+    bad = ~np.isfinite(values.astype(np.float32).reshape(-1))
+    if not bad.any():
+        return None
+    index = int(np.argmax(bad))
+    return ("NaN" if np.isnan(values.reshape(-1)[index]) else "infinity"), index
+
+
+def finite_constants(onnx_path: Path, model: onnx.ModelProto) -> None:
+    """Every float constant outside the weights' external data is finite (those are streamed
+    by check_weight_values): inline initializers in any field (raw_data, float_data, ...),
+    Constant / ConstantOfShape values, float attributes, in subgraphs and functions too. One
+    NaN poisons every output it reaches, and the reference backend would carry it into the bin."""
+    sources = [("", model.graph)] + [(f"function '{f.name}': ", onnx.helper.make_graph(
+        f.node, f.name, [], [])) for f in model.functions]
+    for where, graph in sources:
+        for label, constant in _constants(graph, where):
+            if isinstance(constant, list):
+                values = np.asarray(constant, np.float32)
+            elif constant.data_type not in FLOAT_TYPES:
+                continue
+            elif constant.data_location == onnx.TensorProto.EXTERNAL:
+                tensor = initializer_values(constant, onnx_path)
+                found = next(((what, rows.start * tensor.row_elements + index)
+                              for rows, block in tensor.rows()
+                              for what, index in filter(None, [_non_finite(block)])), None)
+                values = None
+            else:
+                try:
+                    values = onnx.numpy_helper.to_array(constant)
+                except Exception:   # a malformed inline tensor: onnx.checker names it
+                    continue
+            if values is not None:
+                found = _non_finite(values)
+            if found:
+                what, index = found
+                raise InputError(f"{onnx_path}: {label} holds {what} (element {index}): a "
+                                 "non-finite constant poisons every output it reaches; "
+                                 "re-export the model")
 
 
 def dataflow(onnx_path: Path, model: onnx.ModelProto) -> None:
