@@ -319,7 +319,7 @@ def _check_tokenizer(report: BundleReport, dialog: dict) -> None:
                                             f"of {path.name}")
 
 
-# ============================================================================ the model's config.json
+# ======================================================================= the model's config.json
 
 
 def _check_model_config(report: BundleReport, dialog: dict, path: Path) -> None:

@@ -232,7 +232,8 @@ def encoding_problems(reader, graph_name: str, onnx_path: Path, encodings_path: 
             problems.append(f"activation '{name}': no encoding in the bin (the export's {want})")
         elif (got["bitwidth"], got.get("dtype", "int")) != (enc.bitwidth, enc.dtype):
             problems.append(f"activation '{name}': {got['bitwidth']}-bit "
-                            f"{got.get('dtype', 'int')} in the bin, {want} in {encodings_path.name}")
+                            f"{got.get('dtype', 'int')} in the bin, {want} in "
+                            f"{encodings_path.name}")
         elif enc.is_int and not (np.allclose(got["scale"], enc.scale, rtol=1e-6, atol=0)
                                  and np.allclose(got["offset"], enc.offset, rtol=0, atol=1e-6)):
             problems.append(f"activation '{name}': scale/offset {got['scale'][:1]}/"
