@@ -65,6 +65,25 @@ def test_a_shared_scratch_directory_is_never_swept(tmp_path):
     assert not (shared / ".hexbundle" / "build-root.json").exists()
 
 
+def test_a_copied_build_root_marker_vouches_for_nothing(tmp_path):
+    """Issue 26, item 3: a build-root.json copied into a shared directory made the sweep delete
+    the user's files named like temp files. The marker names the root it was written for."""
+    proj = copy_project(tmp_path / "proj")
+    proj.doit("bundle")
+    shared = tmp_path / "shared"
+    (shared / ".hexbundle").mkdir(parents=True)
+    shutil.copy2(proj.root / "build" / ".hexbundle" / "build-root.json",
+                 shared / ".hexbundle" / "build-root.json")
+    theirs = [shared / ".notes.txt.123.0123456789ab.tmp", shared / ".a.4242.0123456789ab.tmp",
+              shared / "data" / ".b.77.0123456789ab.tmp"]
+    for path in theirs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("theirs")
+    run = proj.doit("bundle", env={"HEXBUNDLE_BUILD_ROOT": str(shared)})
+    assert all(p.read_text() == "theirs" for p in theirs), run.err
+    assert "is not a build root hexbundle made" in run.err, run.err
+
+
 def test_a_new_build_root_is_marked_and_cleaned_up(tmp_path):
     proj = copy_project(tmp_path / "proj")
     scratch = tmp_path / "new-root"

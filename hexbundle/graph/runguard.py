@@ -100,7 +100,7 @@ def guard_run(layout, argv: list, db_name: str = DOIT_DB) -> None:
         sweep_temp_files(build, root)
     else:
         _notice(f"{build} is not a build root hexbundle made (it held other files when first "
-                f"used, and has no {_rel(layout.root_marker, root)}): nothing in it is cleaned "
+                f"used, and no {_rel(layout.root_marker, root)} written for it): nothing in it is cleaned "
                 "up after an interrupted run; use a new or empty directory as the build root")
     set_aside_former_db(layout.former_doit_db, root)
     variant_db, model_db = layout.doit_db(db_name), layout.model_db(db_name)
@@ -115,14 +115,31 @@ def guard_run(layout, argv: list, db_name: str = DOIT_DB) -> None:
 # ---------------------------------------------------------------------------------------------
 # 0. whose build root
 
+def root_identity(build: Path) -> dict:
+    """What the marker records of the build root it marks: its path, device and inode."""
+    st = os.stat(build)
+    return {"path": str(build), "device": st.st_dev, "inode": st.st_ino}
+
+
+def marker_matches(marker: Path, build: Path) -> bool:
+    """The marker was written for this very directory: a copy of it (into a shared directory,
+    another disk) or a directory moved or recreated under the same name does not vouch."""
+    try:
+        doc = json.loads(marker.read_text())
+        return isinstance(doc, dict) and doc.get("root") == root_identity(build)
+    except (OSError, ValueError, RecursionError):
+        return False
+
+
 def claim_build_root(layout) -> bool:
     """True if the build root is hexbundle's own, so the clean-up may walk it: it carries the
-    marker (layout.root_marker), or it is the project's build/ (or inside it), or it is new or
-    empty now (then the marker is written). A directory that already held other files (a shared
-    scratch directory) is never claimed: nothing in it is removed."""
+    marker written for it (layout.root_marker, naming its path, device and inode), or it is the
+    project's build/ (or inside it), or it is new or empty now (then the marker is written). A
+    directory that already held other files (a shared scratch directory) is never claimed,
+    whatever marker was copied into it: nothing in it is removed."""
     from hexbundle.support.atomic import write_json
     build, marker = layout.build_root, layout.root_marker
-    if marker.is_file():
+    if build.is_dir() and marker_matches(marker, build):
         return True
     default = layout.root / "build"
     ours = build == default or default in build.parents
@@ -136,6 +153,7 @@ def claim_build_root(layout) -> bool:
     if ours:
         marker.parent.mkdir(parents=True, exist_ok=True)
         write_json(marker, {"hexbundle": "build root", "project": str(layout.root),
+                            "root": root_identity(build),
                             "claimed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return ours
 
