@@ -406,6 +406,33 @@ def test_a_fifo_where_a_file_belongs_is_refused_at_once(exported, name, what):
                      r"\(FIFO\), not a regular file", text), text
 
 
+def loop_in_place_of(path: Path) -> None:
+    path.unlink()
+    os.symlink(path.name, path)   # the link points at itself
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", f"{P2}.encodings", f"{D2}.data", f"{P2}.onnx"],
+                         ids=["tokenizer", "encodings", "data", "onnx"])
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def test_a_symlink_loop_where_a_file_belongs_is_a_message(exported, name):
+    """Issue 26, item 7: these four were tracebacks (Path.resolve's RuntimeError)."""
+    text = refused(exported, lambda p: loop_in_place_of(ex(p, name)))
+    assert (f"exports/qwen2-tiny/{name} (a symbolic link loop: it points at '{name}', which "
+            "leads back to it)") in text, text
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def test_a_dangling_symlink_input_is_named_by_the_export_file_not_its_target(exported):
+    """Issue 26, item 8: the message named the link's target, not the export's file."""
+    def dangling(project):
+        path = ex(project, f"{P2}.onnx")
+        path.unlink()
+        os.symlink("/nowhere/model.onnx", path)
+    text = refused(exported, dangling)
+    assert (f"exports/qwen2-tiny/{P2}.onnx (a symbolic link to '/nowhere/model.onnx', which "
+            "does not exist)") in text, text
+
+
 @pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_pinned_input_that_is_a_fifo_is_refused_before_it_is_hashed(exported):
     model = exported.root / "configs" / "models" / f"{EXPORT}.toml"

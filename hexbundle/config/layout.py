@@ -69,6 +69,13 @@ def part_data_name(part: Part) -> str:
     return f"{part.tag}.data"
 
 
+def _real(path: Path) -> Path:
+    """The path with its symbolic links resolved as far as they go: a symlink loop (where an
+    input belongs) stays a name, for the step that reads it to refuse with a message, instead of
+    Path.resolve's RuntimeError while the task graph is declared."""
+    return Path(os.path.realpath(path))
+
+
 @dataclass(frozen=True)
 class GraphInputs:
     """The files one graph is built from: its ONNX, the data files that ONNX records, and its
@@ -125,15 +132,16 @@ class ProjectLayout:
         path = Path(path)
         if not path.is_absolute():
             return str(path)
+        real = _real(path)
         try:
-            return str(path.resolve().relative_to(self.root))
+            return str(real.relative_to(self.root))
         except ValueError:
-            return str(path.resolve())
+            return str(real)
 
     def logical(self, path: Path) -> str:
         """A path as recorded in manifests: relative to the project, with the build root spelled
         "build/" wherever it really is, so the record does not depend on where the build ran."""
-        path = Path(path).resolve()
+        path = _real(Path(path))
         try:
             return "build/" + str(path.relative_to(self.build_root))
         except ValueError:

@@ -1,6 +1,10 @@
 """The user's exported inputs (real models): where they are expected and what to do if not."""
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
+
 from hexbundle.config.layout import Layout
 from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.formats.tokenizer import special_token_ids
@@ -15,13 +19,36 @@ def missing_exports(layout: Layout) -> list:
     return [p for p in layout.source_inputs() if not p.is_file()]
 
 
+def _shown(layout: Layout, path: Path) -> str:
+    """The path as the config names it (project-relative, links not followed): the export's
+    file, not where a symbolic link there points."""
+    try:
+        return str(Path(path).relative_to(layout.root))
+    except ValueError:
+        return str(path)
+
+
+def _why_missing(path: Path) -> str:
+    """Why a path is no file, when it is a symbolic link (a loop, or to nothing)."""
+    if not os.path.islink(path):
+        return ""
+    target = os.readlink(path)
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f" (a symbolic link loop: it points at {target!r}, which leads back to it)"
+        return f" (a symbolic link to {target!r}, which does not exist)"
+    return f" (a symbolic link to {target!r}, which is not a regular file)"
+
+
 def require_export(layout: Layout) -> None:
     """Every exported file is there and the tokenizer can serve the bundle; else an InputError
     naming every missing file and how the export is produced."""
     cfg = layout.cfg
     missing = missing_exports(layout)
     if missing:
-        listed = "\n".join(f"  {layout.rel(p)}" for p in missing[:12])
+        listed = "\n".join(f"  {_shown(layout, p)}{_why_missing(p)}" for p in missing[:12])
         more = f"\n  ... and {len(missing) - 12} more" if len(missing) > 12 else ""
         how = cfg.inputs.how_to_export or "export the model (ONNX + .data + AIMET .encodings)"
         raise InputError(f"{cfg.model.name}: {len(missing)} exported input file(s) missing:\n"
