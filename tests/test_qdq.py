@@ -15,7 +15,7 @@ from hexbundle.runtime.qdq import quantize_dequantize_weight, write_qdq_model
 
 def aimet(x, scale, offset, bw):
     """AIMET's quantize-dequantize, element by element (scale/offset broadcast by the caller)."""
-    q = np.clip(np.round(x / scale) - offset, 0, 2 ** bw - 1)
+    q = np.clip(np.round(x / scale - offset), 0, 2 ** bw - 1)
     return (q + offset) * scale
 
 

@@ -21,7 +21,7 @@ The graph runner (`GraphRunner`)
 * Dequantization is the file format's: real = (q + offset[c]) * scale[c] (docs/formats.md).
 * Device numerics (on by default, `quantize_io`): every float tensor that has an activation
   encoding in the bin -- graph inputs, every node's output, graph outputs -- is rounded to it as
-  the HTP holds it (AIMET's formula: q = clip(round(x / scale) - offset, 0, 2^bw - 1),
+  the HTP holds it (AIMET's formula: q = clip(round(x / scale - offset), 0, 2^bw - 1),
   x' = (q + offset) * scale; 16-bit hidden states, the 8-bit KV path where the encodings say so,
   signed 2.0.0 zero points already in this unsigned form; a float encoding rounds to float16).
   Between encoded tensors the runner computes in float32, as the HTP accumulates wider than it
@@ -61,7 +61,10 @@ def fake_quantize(x: np.ndarray, encoding: dict, name: str = "") -> np.ndarray:
                           "the last axis")
     if scale.size == 1:
         scale, offset = scale[0], offset[0]
-    q = np.clip(np.round(x / scale) - offset, 0, 2 ** encoding["bitwidth"] - 1)
+    # A quantized tensor holds no NaN: a 0/0 (an RMSNorm of a padded, all-zero row whose
+    # mean square + eps rounds to 0) is taken as 0, an infinity saturates (np.clip).
+    x = np.where(np.isnan(x), np.float32(0), x)
+    q = np.clip(np.round(x / scale - offset), 0, 2 ** encoding["bitwidth"] - 1)
     return ((q + offset) * scale).astype(np.float32)
 
 

@@ -3,7 +3,8 @@ its AIMET encodings file applied, run by onnxruntime (`doit verify`'s reference)
 
 From a graph's ONNX and encodings file, `write_qdq_model` writes a QDQ model:
   - every weight with an encoding replaced by its quantize-dequantize under AIMET's formula
-    (q = clip(round(w / scale) - offset, 0, 2^bw - 1), w' = (q + offset) * scale), per tensor,
+    (q = clip(round(w / scale - offset), 0, 2^bw - 1), w' = (q + offset) * scale: the
+    offset before rounding, so a shifted, fractional zero point stays on its integer grid), per tensor,
     per channel or per block, computed here with numpy from the float weights (not from the
     bin: the bin is what is judged); a float16 encoding rounds the weight to float16;
   - after every tensor with an activation encoding (graph inputs, node outputs), a
@@ -101,7 +102,7 @@ def _encoded(block: np.ndarray, enc, grid, rows: slice) -> np.ndarray:
             return block.astype(np.float16).astype(np.float32)
         return block
     scale, offset = (g[rows] if g.ndim and g.shape[0] > 1 else g for g in grid)
-    q = np.clip(np.round(block / scale) - offset, 0, 2 ** enc.bitwidth - 1)
+    q = np.clip(np.round(block / scale - offset), 0, 2 ** enc.bitwidth - 1)
     return ((q + offset) * scale).astype(np.float32)
 
 
@@ -136,7 +137,7 @@ def _qdq_nodes(source: str, target: str, enc, graph) -> list:
                                  domain=MS_DOMAIN),
                 helper.make_node("DequantizeLinear", [target + "__q", s_name, z_name], [target],
                                  domain=MS_DOMAIN)]
-    # AIMET's formula in float ops: ((clip(round(x / s) - o, 0, qmax)) + o) * s
+    # AIMET's formula in float ops: (clip(round(x / s - o), 0, qmax) + o) * s
     o_name, lo, hi = target + "__offset", target + "__lo", target + "__hi"
     graph.initializer.extend([numpy_helper.from_array(scale[0], s_name),
                               numpy_helper.from_array(offset[0], o_name),
@@ -144,9 +145,9 @@ def _qdq_nodes(source: str, target: str, enc, graph) -> list:
                               numpy_helper.from_array(np.float32(2 ** enc.bitwidth - 1), hi)])
     t = target
     return [helper.make_node("Div", [source, s_name], [t + "__d"]),
-            helper.make_node("Round", [t + "__d"], [t + "__r"]),
-            helper.make_node("Sub", [t + "__r", o_name], [t + "__u"]),
-            helper.make_node("Clip", [t + "__u", lo, hi], [t + "__c"]),
+            helper.make_node("Sub", [t + "__d", o_name], [t + "__u"]),
+            helper.make_node("Round", [t + "__u"], [t + "__r"]),
+            helper.make_node("Clip", [t + "__r", lo, hi], [t + "__c"]),
             helper.make_node("Add", [t + "__c", o_name], [t + "__a"]),
             helper.make_node("Mul", [t + "__a", s_name], [t])]
 
