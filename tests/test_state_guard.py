@@ -252,3 +252,85 @@ def test_doit_verify_when_onnxruntime_refuses_the_float_onnx(built_copy):
     text = run.out + run.err
     assert f"verify failed: {path}: onnxruntime " in text and "refused the float ONNX" in text, \
         text
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 26, item 7: state of the wrong shape is a message or set aside, never a traceback
+
+NESTED = "[" * 100000 + "]" * 100000   # past the JSON parser's recursion limit
+VARIANT_DB = STATE / "db" / "qwen2-tiny" / "iq9075" / "four" / "reference" / "doit-db.json"
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+@pytest.mark.parametrize("where, says", [
+    (STATE / "digests.json", "digests.json is not a JSON object: set aside"),
+    (VARIANT_DB, "reference/doit-db.json was unreadable (damaged outside hexbundle?); set aside"),
+    (STATE / "db" / "qwen2-tiny" / "doit-db.json",
+     "qwen2-tiny/doit-db.json was unreadable (damaged outside hexbundle?); set aside"),
+], ids=["digest-cache", "variant-db", "model-db"])
+def test_deeply_nested_json_state_is_set_aside_and_the_run_carries_on(built_copy, where, says):
+    (built_copy.root / where).write_text(NESTED)
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 0 and says in run.err, run.out + run.err
+    again = built_copy.doit("bundle")   # and every later run is as it should be
+    assert not again.executed, again.out
+
+
+def _replace(path: Path, make) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+    make(path)
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+@pytest.mark.parametrize("where, make, says", [
+    (STATE / "lock", lambda p: p.mkdir(), "lock: hexbundle keeps a file there (the build lock), "
+                                          "but it is a directory"),
+    (STATE / "containers", lambda p: p.write_text("x"),
+     "containers: hexbundle keeps a directory there (the records of the step containers), but "
+     "it is a file"),
+    (STATE / "db", lambda p: p.write_text("x"),
+     "db: hexbundle keeps a directory there (the dependency DBs), but it is a file"),
+], ids=["lock-a-directory", "containers-a-file", "db-a-file"])
+def test_state_of_the_wrong_kind_is_a_message(built_copy, where, make, says):
+    _replace(built_copy.root / where, make)
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 3 and says in run.err, run.out + run.err
+    assert "move it away or remove it" in run.err
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def test_a_symlinked_lock_is_never_written_through(built_copy, tmp_path):
+    """Issue 26, item 4: the lock as a symlink overwrote its target."""
+    victim = tmp_path / "precious.txt"
+    victim.write_text("precious")
+    _replace(built_copy.root / STATE / "lock", lambda p: p.symlink_to(victim))
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 3 and "(the build lock), but it is a symbolic link" in run.err, run.err
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def test_a_build_root_that_is_a_file_is_a_message(built_copy, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    run = built_copy.doit("bundle", env={"HEXBUNDLE_BUILD_ROOT": str(afile)}, check=False)
+    no_traceback(run)
+    assert run.code == 3 and "afile: hexbundle keeps a directory there (the build root), but it " \
+        "is a file" in run.err, run.err
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def test_a_file_where_the_bundle_directory_belongs_is_replaced_by_the_bundle(built_copy):
+    bundle = built_copy.bundle()
+    shutil.rmtree(bundle)
+    bundle.write_text("x")
+    (built_copy.build_dir() / "bin" / "qwen2_tiny_part_1_of_4.bin").unlink()   # bundle reruns
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 0 and (bundle / "genie_config.json").is_file(), run.out + run.err

@@ -92,6 +92,7 @@ def guard_run(layout, argv: list, db_name: str = DOIT_DB) -> None:
         return
     root, build = layout.root, layout.build_root
     report_interrupts_cleanly()   # first: Ctrl-C while waiting for the lock is clean too
+    check_state_shapes(layout)
     owned = claim_build_root(layout)   # before the lock creates .hexbundle/ in it
     hold_lock(layout.lock, root)
     remove_leftover_containers(layout)   # first: nothing of the killed run writes any more
@@ -113,7 +114,32 @@ def guard_run(layout, argv: list, db_name: str = DOIT_DB) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 0. whose build root
+# 0. whose build root, and hexbundle's state in it
+
+def check_state_shapes(layout) -> None:
+    """hexbundle's own state where something of another kind stands (the lock a directory, the
+    DB or container records a file): a message naming it and what to do, never a traceback.
+    Nothing is removed: it may be the user's."""
+    expected = [(layout.build_root, "a directory"), (layout.state_dir, "a directory"),
+                (layout.lock, "a file"), (layout.db_dir, "a directory"),
+                (layout.containers_dir, "a directory")]
+    for path, kind in expected:
+        if not os.path.lexists(path):
+            continue
+        is_dir = path.is_dir() and not path.is_symlink()
+        link = kind == "a file" and path.is_symlink()   # the lock is written: never through one
+        if link or (kind == "a directory") != is_dir or (kind == "a file" and not path.is_file()):
+            found = ("a symbolic link" if path.is_symlink() else "a directory" if is_dir
+                     else "a file" if path.is_file() else "not a regular file")
+            raise HexbundleError(f"{path}: hexbundle keeps {kind} there ({_purpose(layout, path)})"
+                                 f", but it is {found}: move it away or remove it, then run again")
+
+
+def _purpose(layout, path: Path) -> str:
+    return {layout.build_root: "the build root", layout.state_dir: "hexbundle's state",
+            layout.lock: "the build lock", layout.db_dir: "the dependency DBs",
+            layout.containers_dir: "the records of the step containers"}[path]
+
 
 def root_identity(build: Path) -> dict:
     """What the marker records of the build root it marks: its path, device and inode."""
@@ -333,7 +359,7 @@ def set_aside_damaged_db(db: Path, root: Path) -> Optional[Path]:
         return aside
     try:
         data = json.loads(db.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         data = None
     if isinstance(data, dict) and all(_record_ok(v) for v in data.values()):
         return None

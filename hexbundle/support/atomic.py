@@ -261,12 +261,12 @@ def swap_in(staging: Path, final: Path) -> None:
         os.rename(staging, final)
         return
     if exchange_dirs(staging, final):
-        shutil.rmtree(staging)   # it now holds the old directory
+        discard(staging)   # it now holds the old directory (or whatever was in its place)
         return
     old = final.with_name(temp_name(final.name, "old"))
     os.rename(final, old)
     os.rename(staging, final)
-    shutil.rmtree(old)
+    discard(old)
 
 
 def put_back(path: Path) -> Optional[Path]:

@@ -144,7 +144,7 @@ class DigestCache:
             data = json.loads(self.path.read_text())
         except OSError:
             return {}  # unreadable: a lost cache only costs re-hashing
-        except ValueError:
+        except (ValueError, RecursionError):   # not JSON, or nested past the parser's depth
             data = None
         aside = self.path.with_name(self.path.name + ".set-aside")
         if not isinstance(data, dict):
