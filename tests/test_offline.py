@@ -252,7 +252,7 @@ def test_an_archive_that_would_unpack_beyond_the_cap_is_refused_before_writing(t
     assert archive.stat().st_size < (1 << 20)
     proc = run_loader(archive, "--dest", tmp_path / "out", "--no-images")
     cap = 10 * archive.stat().st_size / (1 << 20)
-    refused(proc, rf"offline-kit.tar.gz: would unpack to 64.0 MiB, more than the cap of "
+    refused(proc, rf"offline-kit.tar.gz: unpacks to more than 64.0 MiB, more than the cap of "
                   rf"{cap:.1f} MiB \(10x the archive's size\): refused before writing anything")
     assert not (tmp_path / "out").exists()
     small = pack(small_kit(tmp_path / "small"))
@@ -546,3 +546,45 @@ def test_hexbundles_wheel_is_built_from_the_kits_source_and_its_bytes_depend_on_
         assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["source", "wheels"]
     assert wheels[0].name == wheels[1].name == f"hexbundle-{__version__}-py3-none-any.whl"
     assert wheels[0].read_bytes() == wheels[1].read_bytes()
+
+
+
+def test_a_gzip_bomb_is_refused_by_the_running_ratio_not_after_decompressing_it(tmp_path):
+    """Issue 26, item 5: the cap was checked only after the whole stream had been decompressed
+    (35 s for the attack's bomb). A member declaring 4 GiB is refused at its header: what the
+    loader decompressed before refusing is a few KiB, not the 4 GiB."""
+    import io
+    kit = small_kit(tmp_path)
+    buffer = io.BytesIO()
+    tar = tarfile.open(fileobj=buffer, mode="w")
+    tar.add(kit, arcname="offline-kit")
+    members = buffer.getvalue()[:tar.offset]   # the kit's members, no end-of-archive blocks
+    big = tarfile.TarInfo("offline-kit/bring/zeros.bin")
+    big.size = 4 << 30
+    with gzip.open(tmp_path / "offline-kit.tar.gz", "wb") as out:
+        out.write(members)
+        out.write(big.tobuf())
+        zeros = bytes(1 << 20)
+        for _ in range(8):                   # only 8 MiB of the declared 4 GiB follow
+            out.write(zeros)
+    proc = run_loader(tmp_path / "offline-kit.tar.gz", "--dest", tmp_path / "out", "--no-images")
+    refused(proc, r"unpacks to more than 4.00 GiB, more than the cap of .* refused before "
+                  r"writing anything")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["evil-1.0.tar.gz", "evil-1.0.zip"])
+def test_a_host_wheel_that_is_not_a_wheel_is_refused(tmp_path, name):
+    """Issue 26, item 5: pip builds a source archive given by path even with
+    --only-binary=:all:, running its setup.py: only .whl files are installed."""
+    kit = small_kit(tmp_path, doc=kit_doc(host_wheel=f"wheels/host/{name}"),
+                    files={f"wheels/host/{name}": b"import os  # setup.py would run"})
+    proc = run_loader(pack(kit), "--dest", tmp_path / "out", "--no-images")
+    refused(proc, rf"wheels/host/{re.escape(name)}: not a wheel \(\.whl\) among the host "
+                  "wheels: refused")
+
+
+def test_a_source_archive_beside_the_wheels_is_refused(tmp_path):
+    kit = small_kit(tmp_path, files={"wheels/host/other-1.0.tar.gz": b"an sdist"})
+    proc = run_loader(pack(kit), "--dest", tmp_path / "out", "--no-images")
+    refused(proc, r"wheels/host/other-1.0.tar.gz: not a wheel")

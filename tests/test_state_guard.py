@@ -334,3 +334,22 @@ def test_a_file_where_the_bundle_directory_belongs_is_replaced_by_the_bundle(bui
     run = built_copy.doit("bundle", check=False)
     no_traceback(run)
     assert run.code == 0 and (bundle / "genie_config.json").is_file(), run.out + run.err
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+@pytest.mark.parametrize("linked", ["bin", "dlc", "logs"])
+def test_an_output_directory_linked_outside_the_build_root_is_refused(built_copy, tmp_path,
+                                                                      linked):
+    """Issue 26, item 4: a symlinked bin/ sent the bins outside the build root."""
+    directory = built_copy.build_dir() / linked
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(directory), str(elsewhere))
+    directory.symlink_to(elsewhere)
+    before = sorted(p.name for p in elsewhere.iterdir())
+    (built_copy.root / "build" / "qwen2-tiny" / "inputs" / "tokenizer.json").touch()
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 3, run.out + run.err
+    assert f"{linked}: a symbolic link (to {elsewhere}) where hexbundle writes its outputs" \
+        in run.err, run.err
+    assert sorted(p.name for p in elsewhere.iterdir()) == before

@@ -111,6 +111,7 @@ def guard_run(layout, argv: list, db_name: str = DOIT_DB) -> None:
     bundle = getattr(layout, "bundle_dir", None)
     if bundle is not None:
         set_aside_bundle_link(bundle, root)
+        refuse_linked_output_dirs(layout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,6 +389,27 @@ def _record_ok(record) -> bool:
     deps = record.get("deps:", [])
     return (isinstance(record.get("_values_:", {}), dict) and isinstance(deps, list)
             and all(isinstance(d, str) for d in deps))
+
+
+def refuse_linked_output_dirs(layout) -> None:
+    """The directories steps write into are inside the build root, every component of them: a
+    symlink on the way (bin/ linked elsewhere, say) would send outputs outside it, where nothing
+    of hexbundle's clean-up or locking reaches. Named, with what to do; nothing is followed."""
+    build = layout.build_root
+    for directory in (layout.inputs_dir, layout.dlc_dir, layout.bin_dir, layout.logs_dir,
+                      layout.verify_report.parent):
+        try:
+            parts = directory.relative_to(build).parts
+        except ValueError:
+            continue   # not under the build root (an export's own directory): not ours
+        path = build
+        for part in parts:
+            path = path / part
+            if path.is_symlink():
+                raise HexbundleError(
+                    f"{path}: a symbolic link (to {os.readlink(path)}) where hexbundle writes "
+                    f"its outputs: they would land outside the build root {build}. Replace it "
+                    "by a directory (or set HEXBUNDLE_BUILD_ROOT to the disk it points to)")
 
 
 def set_aside_bundle_link(bundle: Path, root: Path) -> Optional[Path]:

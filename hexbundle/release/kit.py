@@ -251,9 +251,8 @@ def check_size(archive: Path, members: list, dest: Path, max_bytes) -> None:
     disk space at dest (tarfile writes exactly a member's declared size; sparse ones are
     refused)."""
     total = sum(m.size for m in members if m.isfile())
-    cap = max_bytes if max_bytes is not None else MAX_EXPANSION * archive.stat().st_size
+    cap, how = expansion_cap(archive, max_bytes)
     if total > cap:
-        how = "--max-gib" if max_bytes is not None else f"{MAX_EXPANSION}x the archive's size"
         raise KitError(f"{archive}: would unpack to {shown_size(total)}, more than the cap of "
                        f"{shown_size(cap)} ({how}): refused before writing anything; pass "
                        "--max-gib to allow more if this really is your kit")
@@ -288,12 +287,72 @@ def extract_members(tar: tarfile.TarFile, planned: list, staging: Path) -> None:
 ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile)
 
 
+def expansion_cap(archive: Path, max_bytes) -> tuple:
+    """(the most an archive may unpack to, how that was decided)."""
+    if max_bytes is not None:
+        return max_bytes, "--max-gib"
+    return MAX_EXPANSION * archive.stat().st_size, f"{MAX_EXPANSION}x the archive's size"
+
+
+class BoundedStream:
+    """An archive's decompressed tar stream that refuses to go past a limit: tarfile reads and
+    seeks through it, and the first read or seek beyond the limit (a member that declares more
+    than the cap, or a stream of zeros) stops it, not the end of the stream after minutes of
+    decompression."""
+
+    def __init__(self, inner, limit: int, archive: Path, cap: int, how: str):
+        self.inner, self.limit, self.archive, self.cap, self.how = inner, limit, archive, cap, how
+
+    def _refuse(self, reached: int):
+        raise KitError(f"{self.archive}: unpacks to more than {shown_size(reached)}, more than "
+                       f"the cap of {shown_size(self.cap)} ({self.how}): refused before writing "
+                       "anything; pass --max-gib to allow more if this really is your kit")
+
+    def read(self, size=-1):
+        data = self.inner.read(size if size is not None and size >= 0 else self.limit + 1)
+        if self.inner.tell() > self.limit:
+            self._refuse(self.inner.tell())
+        return data
+
+    def seek(self, offset, whence=0):
+        target = offset if whence == 0 else self.inner.tell() + offset if whence == 1 else None
+        if target is None:
+            raise KitError(f"{self.archive}: cannot seek from the end of a compressed stream")
+        if target > self.limit:
+            self._refuse(target)
+        return self.inner.seek(target)
+
+    def tell(self):
+        return self.inner.tell()
+
+    def close(self):
+        self.inner.close()
+
+
+COMPRESSED = ((b"\x1f\x8b", gzip.open), (b"BZh", None), (b"\xfd7zXZ\x00", lzma.open))
+
+
+def open_bounded(archive: Path, max_bytes):
+    """tarfile over the archive, its decompressed stream bounded by the cap (plus room for the
+    tar headers and padding of a legitimate kit)."""
+    import bz2
+    cap, how = expansion_cap(archive, max_bytes)
+    with open(archive, "rb") as fh:
+        magic = fh.read(6)
+    opener = next((o or bz2.open for m, o in COMPRESSED if magic.startswith(m)), None)
+    if opener is None:   # a plain tar: no decompression to bound
+        return tarfile.open(archive, "r:")
+    limit = cap + cap // 20 + (1 << 20)
+    return tarfile.open(fileobj=BoundedStream(opener(archive, "rb"), limit, archive, cap, how),
+                        mode="r:")
+
+
 def unpack(archive: Path, dest: Path, max_bytes=None) -> tuple:
     """Extract a kit archive into a temp directory beside dest/<its top directory>; returns
     (temp directory, final path). Nothing is written unless every member is safe and fits."""
     staging = None
     try:
-        with tarfile.open(archive, "r:*") as tar:
+        with open_bounded(archive, max_bytes) as tar:
             members = tar.getmembers()
             for member in members:
                 check_member(member, dest)
@@ -365,8 +424,14 @@ def read_kit_json(kit: Path, listed: set, shown: Path = None) -> dict:
         raise KitError(f"{shown / KIT_JSON}: kit format {doc.get('format')!r}, this loader reads "
                        f"{KIT_FORMAT}: make the kit again with `doit offline_kit` and use the "
                        "load_kit.py written beside it")
-    _kit_file("host_wheel", _field("", doc, "host_wheel", str, shown), listed, shown,
-              HOST_WHEELS + "/")
+    host_wheel = _kit_file("host_wheel", _field("", doc, "host_wheel", str, shown), listed,
+                           shown, HOST_WHEELS + "/")
+    not_wheels = sorted(rel for rel in listed | {host_wheel}
+                        if rel.startswith(HOST_WHEELS + "/") and not rel.endswith(".whl"))
+    if not_wheels:
+        raise KitError(f"{shown / KIT_JSON}: {', '.join(not_wheels)}: not a wheel (.whl) among "
+                       f"the host wheels: refused (pip would build a source archive, running "
+                       "code that came with the kit, possibly as root)")
     for i, entry in enumerate(_field("", doc, "images", list, shown)):
         _kit_file(f"images[{i}].file", _field(f"images[{i}].", entry, "file", str, shown),
                   listed, shown)
@@ -393,10 +458,15 @@ def install_host_wheels(kit: Path, doc: dict, venv: Path, log=print) -> Path:
                            "--venv, or install python3-venv")
     # --only-binary: wheels only. Building anything (the kit's source, an sdist) runs its build
     # backend, code that came with the kit, possibly as root.
-    cmd = [str(python), "-m", "pip", "install", "--quiet", "--no-index", "--only-binary=:all:",
-           "--find-links", str(kit / HOST_WHEELS), f"{kit / doc['host_wheel']}[test]"]
+    # --isolated and no PIP_* variables: the machine's pip configuration (an index, other
+    # find-links) has no say; the kit's wheels are all pip sees.
+    cmd = [str(python), "-m", "pip", "install", "--isolated", "--quiet", "--no-index",
+           "--only-binary=:all:", "--find-links", str(kit / HOST_WHEELS),
+           f"{kit / doc['host_wheel']}[test]"]
     log("load_kit: " + " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          env={**env, "PIP_CONFIG_FILE": os.devnull})
     if proc.returncode != 0:
         raise KitError(f"pip could not install from {kit / HOST_WHEELS} with no index:\n"
                        f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
