@@ -8,17 +8,21 @@ The server tests are skipped, with the reason, only when no `bgd` is found ($HEX
 PATH) AND the environment variable CI is not set; under CI they must run (.ci/run installs
 BuildGrid and sets HEXBUNDLE_BGD).
 """
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import copy_project
+from hostile_reapi import HostileProxy
 from test_robustness import Held, leftovers, snapshot
 
+from hexbundle.remote import reapi
 from hexbundle.remote.buildgrid import BuildGrid, find_bgd, free_port
 
 pytestmark = pytest.mark.heavy   # a BuildGrid server: the full suite (`pytest --full`)
@@ -79,8 +83,9 @@ def warnings(run) -> list:
     return [line for line in run.err.splitlines() if "warning" in line]
 
 
-def build_info(project) -> dict:
-    return json.loads((project.build_dir() / "build-info.json").read_text())
+def build_info(project, model: str = "qwen2-tiny") -> dict:
+    plan = None if model == "qwen2-tiny" else "export"
+    return json.loads((project.build_dir(model, plan=plan) / "build-info.json").read_text())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,6 +173,24 @@ def negate_a_weight(project, part_index: int) -> Path:
         values = np.frombuffer(fh.read(1024), dtype="<f4")
         fh.seek(offset)
         fh.write((-values).astype("<f4").tobytes())
+    return data
+
+
+def negate_a_weight_to_nan(project, part_index: int) -> Path:
+    """negate_a_weight's weight, its first value made NaN (the file's size is the same)."""
+    import numpy as np
+    data = negate_a_weight(project, part_index)
+    negate_a_weight(project, part_index)          # twice: the bytes as they were
+    from hexbundle.config.build import load_build
+    from hexbundle.config.model import part_weights
+    from hexbundle.inputs.synthetic import data_layout
+    cfg = load_build(project.root)
+    weights = part_weights(cfg.model.architecture, cfg.model.quantization, cfg.part(part_index))
+    offsets = data_layout({w.name: w.shape for w in weights})
+    name = next(w.name for w in weights if w.bitwidth == 4 and w.channels > 1)
+    with open(data, "r+b") as fh:
+        fh.seek(offsets[name][0])
+        fh.write(np.float32(np.nan).tobytes())
     return data
 
 
@@ -401,3 +424,101 @@ def test_our_messages_are_byte_for_byte_buildgrids_generated_reapi_classes(bgd):
     for name, msg in space["samples"].items():
         assert theirs[name][0] == ours[name], name
         assert theirs[name][1] == text_format.MessageToString(msg), name
+
+
+
+# ------------------------------------------------------------------------------ a lying cache
+# Issue 26, item 2: a cache hit gets the checks a local build gets.
+
+def action_of(project, task: str, model: str = "qwen2-tiny") -> str:
+    """The Action key ("hash/size") the step ran as, from the project's build-info.json."""
+    return build_info(project, model)["steps"][task]["action"]
+
+
+def _digest(key: str):
+    hash_, size = key.split("/")
+    return reapi.Digest(hash=hash_, size_bytes=int(size))
+
+
+def test_a_served_bin_with_a_flipped_byte_and_its_own_digest_is_refused(server, tmp_path):
+    """The server's result for part 2's compile names a blob of the bin with one byte flipped,
+    under the SHA-256 of those bytes: every transfer check passes. The bin's own blob digests
+    do not: the download is discarded with one warning and the step built here."""
+    a = copy_project(tmp_path / "a")
+    a.doit("bundle", f"remote_cache={server.url}")
+    key = action_of(a, "compile:part_2_of_4")
+    bin_2 = a.build_dir() / "bin" / "qwen2_tiny_part_2_of_4.bin"
+    bad = bytearray(bin_2.read_bytes())
+    bad[len(bad) // 2] ^= 0x01
+    bad_sha = hashlib.sha256(bad).hexdigest()
+    server.blob_path(bad_sha).parent.mkdir(parents=True, exist_ok=True)
+    server.blob_path(bad_sha).write_bytes(bytes(bad))
+
+    def lie(request, real):
+        if real is not None and reapi.digest_text(request.action_digest) == key:
+            for out in real.output_files:
+                out.digest.hash, out.digest.size_bytes = bad_sha, len(bad)
+        return real
+
+    proxy = HostileProxy(server.url, lie)
+    try:
+        b = copy_project(tmp_path / "b")
+        run = b.doit("bundle", f"remote_cache={proxy.url}")
+    finally:
+        proxy.stop()
+    refused = [w for w in warnings(run) if "fails the checks a local build gets" in w]
+    assert len(refused) == 1 and "compile:part_2_of_4" in refused[0], run.err
+    assert "digest mismatch" in refused[0], refused[0]
+    assert "compile:part_2_of_4" in ran_here(run) and "compile:part_1_of_4" in hits(run)
+    assert snapshot(b.bundle()) == snapshot(a.bundle())
+    assert leftovers(b.root / "build") == []
+
+
+def nan_in_first_weight(onnx_path: Path) -> str:
+    """Set the first element of the graph's first external float weight to NaN; its name."""
+    import numpy as np
+    import onnx
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    init = next(i for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL
+                and i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 4)
+    info = {e.key: e.value for e in init.external_data}
+    with open(onnx_path.parent / info["location"], "r+b") as fh:
+        fh.seek(int(info.get("offset", 0)))
+        fh.write(np.float32(np.nan).tobytes())
+    return init.name
+
+
+def test_inputs_are_validated_even_when_the_cache_answers_with_an_old_result(server, tmp_path):
+    """A server answering an action it should miss with an old result: part 2's prompt graph of
+    an export (which has its own .data) gets a NaN, and the server answers its convert with the
+    clean graph's result. Before, that hit was taken, everything after it hit too, and the old
+    bundle shipped (exit 0); now the inputs are validated first, whatever the cache says."""
+    from test_qaihm_export import DATA
+    export = tmp_path / "export"
+    shutil.copytree(DATA, export)
+    a = copy_project(tmp_path / "a")
+    a.doit("import_export", "--dir", str(export), "--name", "qaihm")
+    a.doit("bundle", "model=qaihm", f"remote_cache={server.url}")
+    stale_key = action_of(a, "convert:part_2_of_6_prompt", "qaihm")
+    old = {}
+
+    def stale_answer(request, real):
+        if real is not None and reapi.digest_text(request.action_digest) == stale_key:
+            old["result"] = real
+        return real if real is not None else old.get("result")
+
+    proxy = HostileProxy(server.url, stale_answer)
+    try:
+        b = copy_project(tmp_path / "b")
+        b.doit("import_export", "--dir", str(export), "--name", "qaihm")
+        b.doit("bundle", "model=qaihm", f"remote_cache={proxy.url}")   # all hits; old recorded
+        before = snapshot(b.bundle("qaihm", plan="export"))
+        graph = next((export / "ar128_cl256").glob("*_2_of_6.aimet"))
+        name = nan_in_first_weight(next(graph.glob("*.onnx")))
+        run = b.doit("bundle", "model=qaihm", f"remote_cache={proxy.url}", check=False)
+    finally:
+        proxy.stop()
+    assert "result" in old
+    assert run.code != 0, run.out + run.err
+    assert f"weight '{name}' holds NaN" in run.out + run.err, run.out + run.err
+    assert snapshot(b.bundle("qaihm", plan="export")) == before   # nothing new shipped

@@ -31,6 +31,13 @@ class Backend(Protocol):
     def compile(self, dlc_paths: list, bin_path: Path, options: CompileOptions,
                 log: Callable[[str], None]) -> None: ...
 
+    # What the backend checks of an output it made, for one it did not make here (a remote
+    # cache's): a BackendError/FormatError if the file is not what it must be.
+    def check_dlc(self, dlc_path: Path, graph_name: str, log: Callable[[str], None]) -> None: ...
+
+    def check_bin(self, bin_path: Path, options: CompileOptions,
+                  log: Callable[[str], None]) -> None: ...
+
 
 # name -> (module, class); modules are imported only when that backend is asked for.
 _BACKENDS = {

@@ -105,6 +105,22 @@ class QairtBackend:
             check_bin_facts(bin_path, facts, tuple(options.graph_names), options.device.soc_model,
                             options.device.dsp_arch, options.weight_sharing, log)
 
+    def check_dlc(self, dlc_path: Path, graph_name: str, log: Callable[[str], None]) -> None:
+        """The SDK loads it, and it holds the graph of that name (the compile's configs are
+        matched to graphs by name)."""
+        with sdk_output(log, f"qairt load of {dlc_path.name}"):
+            model = self.api.qairt.load(str(dlc_path))
+        check_graph_names([model], [dlc_path], (graph_name,))
+        log(f"{dlc_path.name}: loaded by the SDK; graph {graph_name}")
+
+    def check_bin(self, bin_path: Path, options: CompileOptions,
+                  log: Callable[[str], None]) -> None:
+        """What the SDK's utility says of it, checked as after a compile here."""
+        with scratch_dir(bin_path.parent) as scratch:
+            facts = self.bin_facts(bin_path, scratch.path, log)
+        check_bin_facts(bin_path, facts, tuple(options.graph_names), options.device.soc_model,
+                        options.device.dsp_arch, options.weight_sharing, log)
+
     def bin_facts(self, bin_path: Path, scratch: Path, log: Callable[[str], None]) -> BinFacts:
         """`qnn-context-binary-utility --context_binary BIN --json_file OUT`, read."""
         tool = self.sdk.root / "bin" / "x86_64-linux-clang" / "qnn-context-binary-utility"

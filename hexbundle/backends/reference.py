@@ -50,6 +50,13 @@ class ReferenceBackend:
     def _producer(self) -> dict:
         return {"name": self.name, "version": self.toolchain_version()}
 
+    def check_dlc(self, dlc_path: Path, graph_name: str, log: Callable[[str], None]) -> None:
+        check_dlc(dlc_path, graph_name, log)
+
+    def check_bin(self, bin_path: Path, options: CompileOptions,
+                  log: Callable[[str], None]) -> None:
+        check_bin(bin_path, options, log)
+
     # ---------------------------------------------------------------------------------- convert
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
                 options: ConvertOptions, log: Callable[[str], None]) -> None:
@@ -114,6 +121,28 @@ class ReferenceBackend:
             f"weights_packing={options.weights_packing}, weight_sharing={options.weight_sharing}, "
             f"{size} bytes ({size / 2**20:.1f} MiB)")
         check_compiled(bin_path, options, log)
+
+
+def check_dlc(dlc_path: Path, graph_name: str, log: Callable[[str], None]) -> None:
+    """A DLC as this backend writes it: every blob's digest, the graph it holds."""
+    with read_dlc(dlc_path) as reader:
+        reader.verify_digests()
+        if reader.graph_name != graph_name:
+            raise BackendError(f"{dlc_path}: holds graph '{reader.graph_name}', not "
+                               f"'{graph_name}'")
+    log(f"{dlc_path.name}: every blob's digest checked; graph {graph_name}")
+
+
+def check_bin(bin_path: Path, options: CompileOptions, log: Callable[[str], None]) -> None:
+    """A context binary as this backend writes it: every blob's digest, then the checks a
+    compile ends with (graphs, weight sharing, device)."""
+    with read_ctxbin(bin_path) as reader:
+        reader.verify_digests()
+        facts = facts_from_ctxbin(reader)
+    check_bin_facts(bin_path, facts, tuple(options.graph_names), options.device.soc_model,
+                    options.device.dsp_arch, options.weight_sharing, log)
+    log(f"{bin_path.name}: every blob's digest checked; graphs, weight sharing and device as "
+        "a compile here checks them")
 
 
 def check_compiled(bin_path: Path, options: CompileOptions, log: Callable[[str], None]) -> None:

@@ -18,8 +18,12 @@ from __future__ import annotations
 from hexbundle.config.layout import Layout
 from hexbundle.formats.origins import record_origin
 from hexbundle.graph.keys import image_id, options_key
+from hexbundle.support.errors import HexbundleError
 
 CACHED_STEPS = ("inputs", "convert", "compile")
+# Steps whose fetched outputs get the checks their own outputs get (steps/check.py) before they
+# are renamed into place; the inputs step's are judged by the convert that reads them.
+FETCH_CHECKED = ("convert", "compile")
 
 
 def run_step_recorded(run, layout: Layout, task_name: str, step: str,
@@ -55,5 +59,27 @@ def run_through_cache(run, layout: Layout, task_name: str, step: str,
         return step_action(layout, step, extra, task_options(task), sorted(task.file_dep),
                            list(task.targets), image)
 
+    if step == "convert":   # its inputs are validated whether or not the cache has the step
+        from hexbundle.steps.convert import validate_before_cache
+        validate_before_cache(layout, extra, lambda line: None)
     run_cached(layout, task_name, [layout.root / t for t in task.targets], make_action,
-               lambda: run(layout, task_name, step, **extra))
+               lambda: run(layout, task_name, step, **extra),
+               fetch_check(run, layout, task_name, step, extra))
+
+
+def fetch_check(run, layout: Layout, task_name: str, step: str, extra: dict):
+    """The check a hit's downloads get before they are renamed into place: the `check` step
+    (steps/check.py) through the configured executor; None for steps whose outputs another
+    step judges."""
+    if step not in FETCH_CHECKED:
+        return None
+
+    def check(files: dict) -> None:
+        try:
+            run(layout, f"{task_name}:cache-check", "check", of=step,
+                files={str(t): str(p) for t, p in files.items()}, **extra)
+        except HexbundleError as exc:   # the step's own error line, not the log's tail
+            errors = [ln for ln in str(exc).splitlines() if ln.startswith("error: ")]
+            raise HexbundleError(errors[-1][len("error: "):] if errors
+                                 else str(exc).splitlines()[0]) from None
+    return check

@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from hexbundle import __version__
 from hexbundle.config.build import RemoteSettings
@@ -89,9 +89,12 @@ def session(layout: Layout):
 
 
 def run_cached(layout: Layout, task: str, outputs: list, make_action: Callable[[], StepAction],
-               run_locally: Callable[[], None]) -> None:
+               run_locally: Callable[[], None],
+               check: Optional[Callable[[dict], None]] = None) -> None:
     """Run one step (its targets: `outputs`) through the remote cache, if one is configured;
-    then record where its outputs came from."""
+    then record where its outputs came from. `check({target: temp file})`: the checks the step
+    gives its own outputs, run on a hit's downloads before they are renamed into place (a
+    HexbundleError: discarded, one warning, built locally)."""
     remote = session(layout)
     if remote is None or remote.down:
         run_locally()
@@ -104,7 +107,7 @@ def run_cached(layout: Layout, task: str, outputs: list, make_action: Callable[[
         run_locally()
         record_origin(layout, task, {"origin": "local"}, outputs)
         return
-    if fetch(layout, remote, task, step):
+    if fetch(layout, remote, task, step, check):
         return
     run_locally()
     uploaded = remote.read_write and not remote.down and upload(layout, remote, task, step)
@@ -116,7 +119,8 @@ def run_cached(layout: Layout, task: str, outputs: list, make_action: Callable[[
 # ---------------------------------------------------------------------------------- hit
 
 
-def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction) -> bool:
+def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction,
+          check: Optional[Callable[[dict], None]] = None) -> bool:
     """True if the step's outputs came from the cache and are in place."""
     started = time.monotonic()
     try:
@@ -134,7 +138,12 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction) ->
              f"{remote.where} {problem}; building locally")
         return False
     try:
-        fetched = _download(remote, result, step)
+        fetched = _download(remote, result, step, check)
+    except OutputsRefused as exc:
+        warn(f"hexbundle: warning: {task}: the cached result of action {step.key} on "
+             f"{remote.where} fails the checks a local build gets ({exc}); discarded, building "
+             "locally")
+        return False
     except RemoteUnavailable as exc:
         remote.give_up(exc)
         return False
@@ -166,9 +175,15 @@ def _unusable(result, step: StepAction) -> str:
     return ""
 
 
-def _download(remote: RemoteSession, result, step: StepAction) -> list:
+class OutputsRefused(HexbundleError):
+    """Downloaded outputs that matched their digests but fail the step's own checks."""
+
+
+def _download(remote: RemoteSession, result, step: StepAction,
+              check: Optional[Callable[[dict], None]] = None) -> list:
     """Every output into a temp file beside its target, checked; then all renamed into place.
-    Nothing is renamed unless every output arrived whole and matched its digest."""
+    Nothing is renamed unless every output arrived whole, matched its digest and passed
+    `check` (the checks the step gives its own outputs)."""
     temps, target = [], None
     try:
         for out in result.output_files:
@@ -198,6 +213,13 @@ def _download(remote: RemoteSession, result, step: StepAction) -> list:
         for entry in temps:
             discard(entry[0])
         raise
+    if check is not None:
+        try:
+            check({entry[1]: entry[0] for entry in temps})
+        except HexbundleError as exc:
+            for entry in temps:
+                discard(entry[0])
+            raise OutputsRefused(str(exc).splitlines()[0]) from None
     for tmp, target, out, digest in temps:
         commit(tmp, target)
     for tmp, target, out, digest in temps:

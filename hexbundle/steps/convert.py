@@ -24,19 +24,35 @@ def convert_graph(layout: Layout, spec: dict, log) -> None:
     graph = cfg.graph(spec["part"], spec["graph"])
     backend = get_backend(cfg.backend)
     log(f"convert {graph.name}: backend {cfg.backend} ({backend.toolchain_version()})")
+    options = convert_options(cfg)   # the same value the task's key is made of (dodo.py)
+    validate_graph_inputs(layout, graph, options, log,
+                          scan_values=not backend.checks_weight_values)
+    layout.dlc_dir.mkdir(parents=True, exist_ok=True)
+    log(f"convert options: float_precision {options.float_bitwidth}, truncate_64bit_io "
+        f"{options.truncate_64bit_io}, quantize_io {options.quantize_io}, quantize_full_type "
+        f"{options.quantize_full_type or '(not passed)'}")
+    backend.convert(layout.onnx(graph), layout.encodings(graph), layout.dlc(graph), graph.name,
+                    options, log)
+
+
+def validate_graph_inputs(layout: Layout, graph, options: ConvertOptions, log,
+                          scan_values: bool = True) -> None:
+    """Everything convert refuses of its inputs before a backend reads them: the pins, the
+    ONNX's structure and I/O, and (scan_values) every weight's values, streamed. Run before a
+    remote cache is asked too (graph/remote_steps.py): a cache that has the step must not let
+    a broken input through."""
     check_pins(layout, layout.graph_inputs(graph))
     proto = validate.check_graph(layout, graph)
     log(f"{layout.onnx(graph).name}: ONNX checked (structure, onnx.checker full check, "
         f"inputs and outputs of {graph.name} as {layout.model_config_path.name} says)")
-    layout.dlc_dir.mkdir(parents=True, exist_ok=True)
-    options = convert_options(cfg)   # the same value the task's key is made of (dodo.py)
-    log(f"convert options: float_precision {options.float_bitwidth}, truncate_64bit_io "
-        f"{options.truncate_64bit_io}, quantize_io {options.quantize_io}, quantize_full_type "
-        f"{options.quantize_full_type or '(not passed)'}")
-    if not backend.checks_weight_values:
+    if scan_values:
         scan_weight_values(layout, graph, proto, options, log)
-    backend.convert(layout.onnx(graph), layout.encodings(graph), layout.dlc(graph), graph.name,
-                    options, log)
+
+
+def validate_before_cache(layout: Layout, spec: dict, log) -> None:
+    """validate_graph_inputs of the step's graph, values included (graph/remote_steps.py)."""
+    graph = layout.cfg.graph(spec["part"], spec["graph"])
+    validate_graph_inputs(layout, graph, convert_options(layout.cfg), log)
 
 
 def scan_weight_values(layout: Layout, graph, proto, options: ConvertOptions, log) -> None:

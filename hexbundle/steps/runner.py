@@ -15,6 +15,7 @@ import traceback
 from hexbundle.config import resolved
 from hexbundle.config.layout import Layout
 from hexbundle.steps.bundle import assemble_bundle
+from hexbundle.steps.check import check_fetched
 from hexbundle.steps.compile import compile_part
 from hexbundle.steps.convert import convert_graph
 from hexbundle.steps.inputs import generate_inputs
@@ -24,7 +25,7 @@ from hexbundle.support.run import end_with_the_run
 
 # The step names are the doit tasks' names: task `compile` runs steps/compile.py, and so on.
 STEPS = {"inputs": generate_inputs, "convert": convert_graph, "compile": compile_part,
-          "bundle": assemble_bundle}
+          "bundle": assemble_bundle, "check": check_fetched}
 
 
 def print_log(msg: str) -> None:

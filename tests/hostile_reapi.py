@@ -1,0 +1,66 @@
+"""A hostile REAPI server on 127.0.0.1 for the tests: it forwards every call to a real one
+(BuildGrid) byte for byte, except GetActionResult, which it may answer itself -- with a stale
+result for an action the real server does not have, say. grpc's generic handlers, no stubs."""
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+
+from hexbundle.remote import reapi
+
+STREAM_OUT = {reapi.BYTESTREAM_READ}
+STREAM_IN = {reapi.BYTESTREAM_WRITE}
+
+
+class HostileProxy:
+    """`answer(request: GetActionResultRequest, real: ActionResult or None)` -> the ActionResult
+    to send (None: NOT_FOUND)."""
+
+    def __init__(self, upstream: str, answer):
+        self.upstream = grpc.insecure_channel(upstream.removeprefix("grpc://"))
+        self.answer = answer
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        self.server.add_generic_rpc_handlers([_Handler(self)])
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    @property
+    def url(self) -> str:
+        return f"grpc://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.stop(0)
+        self.upstream.close()
+
+    def get_action_result(self, request_bytes: bytes, context):
+        request = reapi.GetActionResultRequest.FromString(request_bytes)
+        call = self.upstream.unary_unary(reapi.GET_ACTION_RESULT)
+        try:
+            real = reapi.ActionResult.FromString(call(request_bytes))
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                context.abort(exc.code(), exc.details())
+            real = None
+        result = self.answer(request, real)
+        if result is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "no such action")
+        return result.SerializeToString()
+
+
+class _Handler(grpc.GenericRpcHandler):
+    def __init__(self, proxy: HostileProxy):
+        self.proxy = proxy
+
+    def service(self, details):
+        method, channel = details.method, self.proxy.upstream
+        if method == reapi.GET_ACTION_RESULT:
+            return grpc.unary_unary_rpc_method_handler(self.proxy.get_action_result)
+        if method in STREAM_OUT:
+            call = channel.unary_stream(method)
+            return grpc.unary_stream_rpc_method_handler(lambda req, ctx: iter(call(req)))
+        if method in STREAM_IN:
+            call = channel.stream_unary(method)
+            return grpc.stream_unary_rpc_method_handler(lambda reqs, ctx: call(reqs))
+        call = channel.unary_unary(method)
+        return grpc.unary_unary_rpc_method_handler(lambda req, ctx: call(req))
