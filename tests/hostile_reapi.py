@@ -15,9 +15,11 @@ STREAM_IN = {reapi.BYTESTREAM_WRITE}
 
 class HostileProxy:
     """`answer(request: GetActionResultRequest, real: ActionResult or None)` -> the ActionResult
-    to send (None: NOT_FOUND)."""
+    to send (None: NOT_FOUND). `read(request: ReadRequest)` -> an iterator of ReadResponse to
+    stream instead of the real server's (None: the real one's)."""
 
-    def __init__(self, upstream: str, answer):
+    def __init__(self, upstream: str, answer, read=None):
+        self.read = read
         self.upstream = grpc.insecure_channel(upstream.removeprefix("grpc://"))
         self.answer = answer
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
@@ -58,7 +60,14 @@ class _Handler(grpc.GenericRpcHandler):
             return grpc.unary_unary_rpc_method_handler(self.proxy.get_action_result)
         if method in STREAM_OUT:
             call = channel.unary_stream(method)
-            return grpc.unary_stream_rpc_method_handler(lambda req, ctx: iter(call(req)))
+
+            def read(req, ctx):
+                own = self.proxy.read(reapi.ReadRequest.FromString(req)) if self.proxy.read \
+                    else None
+                if own is None:
+                    return iter(call(req))
+                return (r.SerializeToString() for r in own)
+            return grpc.unary_stream_rpc_method_handler(read)
         if method in STREAM_IN:
             call = channel.stream_unary(method)
             return grpc.stream_unary_rpc_method_handler(lambda reqs, ctx: call(reqs))

@@ -71,8 +71,16 @@ def hits(run) -> set:
 
 
 def ran_here(run) -> set:
-    """Tasks whose step ran in this process ("  ok <task> [backend/executor]")."""
-    return set(re.findall(r"^  ok (\S+) \[", run.out, re.M))
+    """Tasks whose step ran in this process ("  ok <task> [backend/executor]"); not the checks
+    of a hit's downloads ("  ok <task>:cache-check [...]")."""
+    return {t for t in re.findall(r"^  ok (\S+) \[", run.out, re.M)
+            if not t.endswith(":cache-check")}
+
+
+def checked_hits(run) -> set:
+    """Hits whose downloads were checked as the step's own outputs (steps/check.py)."""
+    return {t.removesuffix(":cache-check")
+            for t in re.findall(r"^  ok (\S+:cache-check) \[", run.out, re.M)}
 
 
 def cached_tasks(run) -> set:
@@ -149,6 +157,7 @@ def test_a_changed_option_misses_exactly_the_steps_that_use_it(shared, tmp_path)
     d = copy_project(tmp_path / "d")
     run = d.doit("bundle", f"remote_cache={server.url}", "optimization_type=2")
     assert hits(run) == cached_tasks(run) and ran_here(run) == {"bundle"}, run.out
+    assert checked_hits(run) == {t for t in hits(run) if t.startswith(("convert", "compile"))}
     assert snapshot(d.bundle()) == snapshot(c.bundle())
 
 
@@ -522,3 +531,66 @@ def test_inputs_are_validated_even_when_the_cache_answers_with_an_old_result(ser
     assert run.code != 0, run.out + run.err
     assert f"weight '{name}' holds NaN" in run.out + run.err, run.out + run.err
     assert snapshot(b.bundle("qaihm", plan="export")) == before   # nothing new shipped
+
+
+
+# ------------------------------------------------------------------------------ item 6: no hang
+
+def test_a_result_declaring_a_tebibyte_is_refused_before_any_byte_is_fetched(server, tmp_path):
+    a = copy_project(tmp_path / "a")
+    a.doit("bundle", f"remote_cache={server.url}")
+    key = action_of(a, "compile:part_2_of_4")
+
+    def huge(request, real):
+        if real is not None and reapi.digest_text(request.action_digest) == key:
+            for out in real.output_files:
+                out.digest.size_bytes = 1 << 40
+        return real
+
+    proxy = HostileProxy(server.url, huge)
+    try:
+        b = copy_project(tmp_path / "b")
+        run = b.doit("bundle", f"remote_cache={proxy.url}", "remote_timeout=5")
+    finally:
+        proxy.stop()
+    said = [w for w in warnings(run) if "compile:part_2_of_4" in w]
+    assert said and "declares 1024.00 GiB of outputs" in said[0], run.err
+    assert "compile:part_2_of_4" in ran_here(run)
+    assert snapshot(b.bundle()) == snapshot(a.bundle())
+
+
+def test_a_stream_that_stalls_is_cut_after_the_remote_timeout(server, tmp_path):
+    """The server declares part 2's .data as 40 GiB (the stream's deadline would be ~85 min)
+    and stops sending after 1 MiB: with remote_timeout=5 the read is cut after 5 s of silence,
+    and the build goes on locally."""
+    import time
+    a = copy_project(tmp_path / "a")
+    a.doit("bundle", f"remote_cache={server.url}")
+    key = action_of(a, "inputs:part_2_of_4")
+    declared = 40 << 30
+
+    def big(request, real):
+        if real is not None and reapi.digest_text(request.action_digest) == key:
+            for out in real.output_files:
+                if out.path.endswith(".data"):
+                    out.digest.size_bytes = declared
+        return real
+
+    def stall(request):
+        if f"/{declared}" not in request.resource_name:
+            return None
+
+        def pieces():
+            yield reapi.ReadResponse(data=bytes(1 << 20))
+            time.sleep(120)
+        return pieces()
+
+    proxy = HostileProxy(server.url, big, read=stall)
+    try:
+        b = copy_project(tmp_path / "b")
+        run = b.doit("bundle", f"remote_cache={proxy.url}", "remote_timeout=5")
+    finally:
+        proxy.stop()
+    assert any("no data for 5s after 1048576 of" in w for w in warnings(run)), run.err
+    assert "inputs:part_2_of_4" in ran_here(run)
+    assert snapshot(b.bundle()) == snapshot(a.bundle())

@@ -25,6 +25,7 @@ bundle's build-info.json and a release's provenance gather them.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -165,6 +166,13 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction,
     return True
 
 
+# A convert's or compile's outputs are at most this many times its inputs, plus a floor: a bin
+# is its DLCs' weights once (shared), a DLC its graph's weights packed. (Generated inputs come
+# from a few config files: the free disk space is their bound.)
+OUTPUTS_PER_INPUT_BYTE, OUTPUTS_FLOOR = 4, 64 << 20
+DERIVED_STEPS = ("convert", "compile")
+
+
 def _unusable(result, step: StepAction) -> str:
     """Why a cached result cannot stand for the step ("" when it can)."""
     if result.exit_code != 0:
@@ -172,6 +180,25 @@ def _unusable(result, step: StepAction) -> str:
     listed = sorted(f.path for f in result.output_files)
     if listed != sorted(step.outputs):
         return f"lists {listed}, not the step's outputs {sorted(step.outputs)}"
+    return _oversized(result, step)
+
+
+def _oversized(result, step: StepAction) -> str:
+    """A result declaring more bytes than the step can make, or than the disk holds: refused
+    before a byte is fetched (a 1 TiB declaration once held a build for its whole deadline)."""
+    declared = sum(f.digest.size_bytes for f in result.output_files)
+    inputs = sum(p.stat().st_size for p in step.inputs.values() if p.is_file())
+    most = max(OUTPUTS_PER_INPUT_BYTE * inputs, OUTPUTS_FLOOR)
+    derived = len(step.command.arguments) > 1 and step.command.arguments[1] in DERIVED_STEPS
+    if derived and declared > most:
+        return (f"declares {declared / (1 << 30):.2f} GiB of outputs, more than the step can "
+                f"make ({OUTPUTS_PER_INPUT_BYTE}x its {inputs / (1 << 20):.1f} MiB of inputs)")
+    target = next(iter(step.outputs.values()))
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if declared > free:
+        return (f"declares {declared / (1 << 30):.2f} GiB of outputs, more than the "
+                f"{free / (1 << 30):.2f} GiB free at {existing}")
     return ""
 
 

@@ -14,6 +14,7 @@ Errors, all RemoteError (the cache degrades to a local build, it never fails one
 from __future__ import annotations
 
 import hashlib
+import threading
 import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -245,13 +246,48 @@ class CasClient:
         else:
             request = reapi.ReadRequest(resource_name=self._resource("blobs", reapi.digest_key(
                 digest)))
+            call = self._read(request, timeout=self._stream_timeout(digest.size_bytes),
+                              metadata=self.metadata)
+            idle = IdleWatch(call, self.timeout)   # a stream that stalls is cut after `timeout`
             try:
-                for response in self._read(request, timeout=self._stream_timeout(
-                        digest.size_bytes), metadata=self.metadata):
+                for response in call:
+                    idle.touch()
                     check.feed(response.data, sink)
             except grpc.RpcError as exc:
+                if idle.fired:
+                    raise RemoteUnavailable(
+                        f"remote cache {self.where}: ByteStream.Read "
+                        f"{reapi.digest_text(digest)}: no data for {self.timeout:.0f}s after "
+                        f"{check.size} of {digest.size_bytes} bytes (remote_timeout); "
+                        "refused") from None
                 raise self._error(f"ByteStream.Read {reapi.digest_text(digest)}", exc) from None
+            finally:
+                idle.stop()
         check.finish()
+
+
+class IdleWatch:
+    """Cancels a streaming call when no piece arrived for `seconds` (the stream's own deadline
+    grows with the declared size: a stall would otherwise hold the build for hours)."""
+
+    def __init__(self, call, seconds: float):
+        self.call, self.seconds, self.fired = call, seconds, False
+        self._timer = None
+        self.touch()
+
+    def touch(self) -> None:
+        self.stop()
+        self._timer = threading.Timer(self.seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        self.fired = True
+        self.call.cancel()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 class BlobCheck:
