@@ -294,7 +294,10 @@ def _replace(path: Path, make) -> None:
      "it is a file"),
     (STATE / "db", lambda p: p.write_text("x"),
      "db: hexbundle keeps a directory there (the dependency DBs), but it is a file"),
-], ids=["lock-a-directory", "containers-a-file", "db-a-file"])
+    (STATE / "build-root.json", lambda p: p.mkdir(),
+     "build-root.json: hexbundle keeps a file there (the mark of a build root hexbundle made), "
+     "but it is a directory"),
+], ids=["lock-a-directory", "containers-a-file", "db-a-file", "marker-a-directory"])
 def test_state_of_the_wrong_kind_is_a_message(built_copy, where, make, says):
     _replace(built_copy.root / where, make)
     run = built_copy.doit("bundle", check=False)

@@ -218,6 +218,19 @@ def test_a_location_that_is_no_file_name_is_a_clean_error(exported):
 
 
 @pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+@pytest.mark.parametrize("location", [".", "./"])
+def test_a_location_naming_a_directory_names_the_onnx_and_the_tensor(exported, location):
+    """Issue 26, item 8: location="." was refused naming the directory, not the ONNX."""
+    def dot(model):
+        for entry in next(i for i in model.graph.initializer if i.name == V_PROJ).external_data:
+            if entry.key == "location":
+                entry.value = location
+    text = refused(exported, lambda p: edit_onnx(ex(p, f"{P2}.onnx"), dot))
+    assert f"{P2}.onnx: tensor '{V_PROJ}' (external data '{location}'): the location names a " \
+           "directory, not a data file; re-export the model" in text, text
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_a_non_utf8_location_is_a_clean_error(exported):
     def non_utf8(p):   # same length: the only fault is the byte that is no UTF-8
         path = ex(p, f"{P2}.onnx")
@@ -478,6 +491,13 @@ BAD_TOKENIZERS = {
                             "tokens from the vocabulary's end"),
     "library-refuses": (tokenizer_json(lambda d: d["model"].update(type="NoSuchModel")),
                         "the tokenizers library does not load it"),
+    # issue 26, item 8: both were taken before
+    "vocab-ids-shared": (tokenizer_json(lambda d: d["model"]["vocab"].update(
+        {"shared": d["model"]["vocab"][next(iter(d["model"]["vocab"]))]})),
+        "model.vocab gives id"),
+    "empty-added-token": (tokenizer_json(lambda d: d["added_tokens"].append(
+        {"id": 1023, "content": "", "special": True})),
+        "has empty content: an added token must be text"),
 }
 
 

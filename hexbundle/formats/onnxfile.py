@@ -197,6 +197,9 @@ def initializer_values(init: onnx.TensorProto, onnx_path: Path) -> TensorValues:
         raise InputError(f"{where}: offset/length are not integers; re-export the model") from None
     if not location or Path(location).is_absolute() or ".." in Path(location).parts:
         raise InputError(f"{where}: the data file must be a relative path next to the ONNX")
+    if Path(location).name in ("", ".", "..") or data_path.is_dir():
+        raise InputError(f"{where}: the location names a directory, not a data file; "
+                         "re-export the model")
     if not _is_file_name(location):
         raise InputError(f"{where}: the location is not a valid file name (a NUL or an "
                          "undecodable byte in it); re-export the model")

@@ -36,6 +36,7 @@ def special_token_ids(tokenizer: Path, specials: dict, vocab_size: int) -> dict:
     text = _read_text(tokenizer)
     data = _parse(tokenizer, text)
     added = _added_tokens(tokenizer, data)
+    _model_vocab_ids_distinct(tokenizer, data)
     loaded = _load_with_library(tokenizer, text)
     out = {}
     for role, content in specials.items():
@@ -114,6 +115,9 @@ def _added_tokens(tokenizer: Path, data: dict) -> dict:
         if not isinstance(token, dict) or not isinstance(token.get("content"), str):
             raise InputError(f"{tokenizer}: {key} is not an object with a 'content' string; "
                              f"{REPLACE}")
+        if not token["content"]:
+            raise InputError(f"{tokenizer}: {key} has empty content: an added token must be "
+                             f"text (it could never be matched, nor decoded); {REPLACE}")
         tid = token.get("id")
         if type(tid) is not int:   # bool is an int subclass: `true` must not pass as 1
             raise InputError(f"{tokenizer}: {key}.id ({token['content']!r}) is "
@@ -136,6 +140,21 @@ def _load_with_library(tokenizer: Path, text: str):
     except Exception as exc:   # the library raises a bare Exception with serde's message
         raise InputError(f"{tokenizer}: the tokenizers library does not load it ({exc}); "
                          f"{REPLACE}") from None
+
+
+def _model_vocab_ids_distinct(tokenizer: Path, data: dict) -> None:
+    """Two tokens of the model's vocabulary (model.vocab, token -> id) with one id: decoding
+    that id would give either; the library takes such a file silently."""
+    vocab = (data.get("model") or {}).get("vocab") if isinstance(data.get("model"), dict) \
+        else None
+    if not isinstance(vocab, dict):
+        return   # a list (Unigram) numbers its entries itself
+    seen = {}
+    for token, tid in vocab.items():
+        if tid in seen:
+            raise InputError(f"{tokenizer}: model.vocab gives id {tid} to both {seen[tid]!r} "
+                             f"and {token!r}; ids must be distinct: {REPLACE}")
+        seen[tid] = token
 
 
 def _check_vocab_width(tokenizer: Path, loaded, vocab_size: int) -> None:

@@ -122,8 +122,8 @@ def check_state_shapes(layout) -> None:
     DB or container records a file): a message naming it and what to do, never a traceback.
     Nothing is removed: it may be the user's."""
     expected = [(layout.build_root, "a directory"), (layout.state_dir, "a directory"),
-                (layout.lock, "a file"), (layout.db_dir, "a directory"),
-                (layout.containers_dir, "a directory")]
+                (layout.lock, "a file"), (layout.root_marker, "a file"),
+                (layout.db_dir, "a directory"), (layout.containers_dir, "a directory")]
     for path, kind in expected:
         if not os.path.lexists(path):
             continue
@@ -139,6 +139,7 @@ def check_state_shapes(layout) -> None:
 def _purpose(layout, path: Path) -> str:
     return {layout.build_root: "the build root", layout.state_dir: "hexbundle's state",
             layout.lock: "the build lock", layout.db_dir: "the dependency DBs",
+            layout.root_marker: "the mark of a build root hexbundle made",
             layout.containers_dir: "the records of the step containers"}[path]
 
 
