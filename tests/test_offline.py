@@ -588,3 +588,18 @@ def test_a_source_archive_beside_the_wheels_is_refused(tmp_path):
     kit = small_kit(tmp_path, files={"wheels/host/other-1.0.tar.gz": b"an sdist"})
     proc = run_loader(pack(kit), "--dest", tmp_path / "out", "--no-images")
     refused(proc, r"wheels/host/other-1.0.tar.gz: not a wheel")
+
+
+def test_the_staging_directory_of_a_killed_unpack_is_removed_by_the_next(tmp_path):
+    """Issue 26, item 8: a load_kit killed while unpacking left a kit-sized .tmp in --dest that
+    no rerun removed. One of a process that is gone is removed; a live loader's is left."""
+    dest = tmp_path / "out"
+    dead = dest / ".offline-kit.4194000.0123456789ab.tmp"     # above any pid_max in use here
+    live = dest / f".offline-kit.{os.getpid()}.0123456789ab.tmp"
+    for stale in (dead, live):
+        (stale / "images").mkdir(parents=True)
+        (stale / "images" / "toolchain.tar").write_bytes(bytes(1 << 16))
+    proc = run_loader(pack(small_kit(tmp_path)), "--dest", dest, "--no-images")
+    assert proc.returncode == 0, proc.stderr
+    assert not dead.exists() and f"removed {dead}, left by an unpack that was killed" in proc.stdout
+    assert live.exists() and (dest / "offline-kit" / "kit.json").is_file()

@@ -264,6 +264,30 @@ def check_size(archive: Path, members: list, dest: Path, max_bytes) -> None:
                        "anything; free disk space or choose another --dest")
 
 
+def remove_stale_staging(final: Path, log=print) -> None:
+    """An unpack killed before its rename leaves `.<top>.<pid>.<token>.tmp` beside the target,
+    as big as the kit: remove those whose process is gone (a live one is another loader's)."""
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.(\d+)\.[0-9a-f]{{12}}\.tmp")
+    if not final.parent.is_dir():
+        return
+    for path in final.parent.iterdir():
+        match = pattern.fullmatch(path.name)
+        if not match or path.is_symlink() or not path.is_dir() or _alive(int(match[1])):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        log(f"load_kit: removed {path}, left by an unpack that was killed")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def temp_sibling(final: Path) -> Path:
     # hexbundle.support.atomic's temp name, spelled out (this file cannot import it): under a build
     # root, the clean-up after a killed run (graph.runguard) removes it.
@@ -361,6 +385,7 @@ def unpack(archive: Path, dest: Path, max_bytes=None) -> tuple:
             if final.exists() or final.is_symlink():
                 raise KitError(f"{final}: already there (an earlier unpack?): remove it, or pass "
                                "another --dest, to unpack this archive again")
+            remove_stale_staging(final)
             check_size(archive, members, dest, max_bytes)
             dest.mkdir(parents=True, exist_ok=True)
             staging = temp_sibling(final)
