@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import ROOT, copy_project
 
-LOCAL = {"hexbundle", "conftest", "real_qairt"}
+LOCAL = {"hexbundle", "conftest", "real_qairt", "hostile_reapi"}
 
 
 def _normal(name: str) -> str:
