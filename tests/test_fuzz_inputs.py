@@ -55,6 +55,23 @@ TOKENIZER = "tokenizer.json"
 
 # ---- the cases ---------------------------------------------------------------------------------
 
+def _float_constants(source) -> list:
+    """The float Constant nodes of a graph (a path or a model)."""
+    g = (onnx.load(str(source), load_external_data=False) if isinstance(source, Path)
+         else source).graph
+    return [n for n in g.node if n.op_type == "Constant" and n.attribute
+            and n.attribute[0].type == onnx.AttributeProto.TENSOR
+            and n.attribute[0].t.data_type == onnx.TensorProto.FLOAT]
+
+
+def _inline_floats(source) -> list:
+    """The float initializers a graph keeps inline (not in its .data)."""
+    g = (onnx.load(str(source), load_external_data=False) if isinstance(source, Path)
+         else source).graph
+    return [t for t in g.initializer if t.data_location != onnx.TensorProto.EXTERNAL
+            and t.data_type == onnx.TensorProto.FLOAT]
+
+
 def _cases() -> list:
     rng = random.Random(SEED)
     cases = []
@@ -158,6 +175,20 @@ def _cases() -> list:
         add(f"special-dir-{what}", "directory", rel)
     add("special-dev-zero-data", "device", GRAPHS[1] + ".data", device="/dev/zero")
     add("special-dev-null-onnx", "device", GRAPHS[1] + ".onnx", device="/dev/null")
+    # Non-finite constants outside the .data (issue 26, item 1); drawn last, so the cases
+    # above keep the draws they had: a float Constant node's value,
+    # an inline float initializer (raw_data or float_data).
+    with_constants = [g for g in GRAPHS if _float_constants(DATA / (g + ".onnx"))]
+    with_inline = [g for g in GRAPHS if _inline_floats(DATA / (g + ".onnx"))]
+    for i in range(6):
+        add(f"onnx-constant-nonfinite-{i:02d}", "constant-nonfinite",
+            rng.choice(with_constants) + ".onnx", pick=rng.randrange(1 << 30),
+            value=rng.choice(["nan", "inf", "-inf"]))
+    for i in range(4):
+        add(f"onnx-inline-nonfinite-{i:02d}", "inline-nonfinite", rng.choice(with_inline) + ".onnx",
+            pick=rng.randrange(1 << 30), value=rng.choice(["nan", "inf", "-inf"]),
+            field=rng.choice(["raw_data", "float_data"]))
+
     return cases
 
 
@@ -232,6 +263,29 @@ def _mutate_graph(path: Path, kind: str, pick: int) -> None:
             n.attribute.append(onnx.helper.make_attribute("not_an_attribute", 1))
     else:
         raise AssertionError(kind)
+    _save(path, model)
+
+
+def _set_nonfinite(path: Path, kind: str, pick: int, value: str, field: str = "") -> None:
+    """A float Constant's value, or an inline float initializer, made NaN or infinite."""
+    model = _model(path)
+    if kind == "constant-nonfinite":
+        nodes = _float_constants(model)
+        tensor = nodes[pick % len(nodes)].attribute[0].t
+        values = numpy_helper.to_array(tensor).copy()
+        values.reshape(-1)[(pick >> 8) % max(values.size, 1)] = float(value)
+        tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+    else:
+        inline = _inline_floats(model)
+        tensor = inline[pick % len(inline)]
+        values = numpy_helper.to_array(tensor).copy()
+        values.reshape(-1)[(pick >> 8) % max(values.size, 1)] = float(value)
+        tensor.ClearField("raw_data")
+        tensor.ClearField("float_data")
+        if field == "raw_data":
+            tensor.raw_data = values.astype("<f4").tobytes()
+        else:
+            tensor.float_data.extend(values.reshape(-1).tolist())
     _save(path, model)
 
 
@@ -390,6 +444,8 @@ def mutate(export: Path, kind: str, rel: str, params: dict) -> None:
         _save(path, model)
     elif kind == "token-over-prompt":
         _token_over_prompt(export, params["part"])
+    elif kind in ("constant-nonfinite", "inline-nonfinite"):
+        _set_nonfinite(path, kind, params["pick"], params["value"], params.get("field", ""))
     elif kind == "float":
         _write_float(path, params["pick"], params["value"])
     elif kind == "encodings":
@@ -429,6 +485,15 @@ def _judge_graph(onnx_path: Path) -> None:
         a = numpy_helper.to_array(t)
         if a.dtype.kind == "f":
             assert np.isfinite(a).all(), f"{t.name} has a non-finite weight"
+    for node in model.graph.node:         # constants outside the initializers too
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                a = numpy_helper.to_array(attr.t)
+                if a.dtype.kind == "f":
+                    assert np.isfinite(a).all(), f"{node.name} has a non-finite {attr.name}"
+            elif attr.type in (onnx.AttributeProto.FLOAT, onnx.AttributeProto.FLOATS):
+                values = [attr.f] if attr.type == onnx.AttributeProto.FLOAT else attr.floats
+                assert all(math.isfinite(v) for v in values), f"{node.name}: {attr.name}"
 
 
 def _numbers(value):
