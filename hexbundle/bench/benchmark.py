@@ -89,7 +89,10 @@ class Run:
     @property
     def step_seconds(self) -> dict:
         """task -> seconds, from the executor's "ok <task> [...] 1.2s" lines."""
-        return {t: float(s) for t, s in re.findall(r"^\s+ok (\S+) \[[^\]]*\] ([\d.]+)s", self.out, re.M)}
+        # not the checks of a hit's downloads (`<task>:cache-check`): no step of the build ran
+        return {t: float(s) for t, s in re.findall(r"^\s+ok (\S+) \[[^\]]*\] ([\d.]+)s",
+                                                   self.out, re.M)
+                if not t.endswith(":cache-check")}
 
     def hashed_bytes(self) -> int:
         return sum(os.path.getsize(p) for p in self.hashed if os.path.exists(p))
