@@ -72,6 +72,13 @@ class Project:
         return self.root / "build" / ".hexbundle" / "db" / model / "doit-db.json"
 
 
+def steps_run(text: str) -> set:
+    """Tasks whose step ran in a doit run ("  ok <task> [backend/executor]" lines), not the
+    checks of a remote cache hit's downloads ("  ok <task>:cache-check [...]")."""
+    return {t for t in re.findall(r"^  ok (\S+) \[", text, re.M)
+            if not t.endswith(":cache-check")}
+
+
 def default_plan(root: Path, model: str) -> str:
     with open(root / "configs" / "models" / f"{model}.toml", "rb") as fh:
         return tomllib.load(fh)["model"]["default_plan"]

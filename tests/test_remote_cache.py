@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_project
+from conftest import copy_project, steps_run
 from hostile_reapi import HostileProxy
 from test_robustness import Held, leftovers, snapshot
 
@@ -73,8 +73,7 @@ def hits(run) -> set:
 def ran_here(run) -> set:
     """Tasks whose step ran in this process ("  ok <task> [backend/executor]"); not the checks
     of a hit's downloads ("  ok <task>:cache-check [...]")."""
-    return {t for t in re.findall(r"^  ok (\S+) \[", run.out, re.M)
-            if not t.endswith(":cache-check")}
+    return steps_run(run.out)
 
 
 def checked_hits(run) -> set:

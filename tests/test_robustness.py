@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DoitRun, Held, snapshot, tiny_as_export
+from conftest import DoitRun, Held, snapshot, steps_run, tiny_as_export
 from hexbundle.config.build import BUILD_SCHEMA, load_build
 from hexbundle.config.schema import read_toml
 from hexbundle.formats.encodings import EncodingsError, load_encodings
@@ -92,8 +92,7 @@ def no_traceback(run: DoitRun) -> None:
 
 def finished_tasks(text: str) -> set:
     """Tasks whose step reported success ("  ok <task> [...]") before the run was stopped."""
-    return {t for t in re.findall(r"^  ok (\S+) \[", text, re.M)
-            if not t.endswith(":cache-check")}
+    return steps_run(text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -567,7 +566,7 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
     from hexbundle.backends import qairt
     from hexbundle.bench import benchmark
     from hexbundle.formats.container import ContainerWriter
-    from hexbundle.inputs import generate, synthetic
+    from hexbundle.inputs import synthetic
     from hexbundle.release import offline_kit
     from hexbundle.support import atomic, hashing
     from hexbundle.toolchain import wheelhouse
