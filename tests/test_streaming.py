@@ -127,3 +127,36 @@ def test_memory_stays_below_the_tensor_size(tmp_path):
     assert max(grown) < tensor_bytes, [f"{p / 2**20:.0f} MiB over {baseline / 2**20:.0f} MiB"
                                        for p in peaks]
     assert (tmp_path / "p.bin").stat().st_size > tensor_bytes // 2   # 16-bit codes, stored once
+
+
+def _rss_file_bytes() -> int:
+    """This process's resident file-backed pages (Linux /proc): what an mmap'd bin adds."""
+    with open("/proc/self/status") as fh:
+        line = next(line for line in fh if line.startswith("RssFile:"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux /proc")
+def test_a_reader_done_with_a_file_for_now_gives_back_its_pages(tmp_path):
+    """`doit verify` reads a part's bin, then runs the reference and the float ONNX: the bin's
+    pages must not stay resident under their weights (the 7B-shaped peak RSS). The reader keeps
+    working afterwards: the pages fault back in."""
+    path, size = tmp_path / "c.bin", 64 << 20
+    data = np.arange(size // 4, dtype=np.uint32)
+    with container.ContainerWriter(path, b"TESTCONT") as writer:
+        writer.add_blob("w", [data])
+        writer.finish({})
+    reader = container.FormatReader()
+    reader._container = container.ContainerReader(path, b"TESTCONT", "test container")
+    try:
+        before = _rss_file_bytes()
+        assert int(reader._container.blob("w").view(np.uint32).sum(dtype=np.uint64)) == \
+            int(data.sum(dtype=np.uint64))
+        touched = _rss_file_bytes()
+        reader.release_pages()
+        released = _rss_file_bytes()
+        assert touched - before > size // 2, "reading the blob made its pages resident"
+        assert touched - released > size // 2, (before, touched, released)
+        assert np.array_equal(reader._container.blob("w").view(np.uint32), data)
+    finally:
+        reader.close()

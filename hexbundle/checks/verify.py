@@ -385,6 +385,9 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                     session = bundle_session(bp, cfg, rope, cl)
                     scales[cl] = output_scale(session)
                     b = run_sequence(session, x_bundle, n_prompt)
+                    # the bin's pages, left resident by the run, would sit under the reference's
+                    # and the float's weights (the peak RSS): drop them, keeping the mmap
+                    bp.reader.release_pages()
                     reference = reference_graphs(bp.part, layout, cl, Path(scratch))
                     same = run_sequence(reference_session(bp.part, cfg, reference), x_bundle,
                                         n_prompt)

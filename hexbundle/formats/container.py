@@ -752,6 +752,11 @@ class FormatReader:
     def verify_digests(self) -> None:
         self._container.verify_digests()
 
+    def release_pages(self) -> None:
+        """Drop the file's pages from this process's memory (they fault back in if touched):
+        a caller done with the bin for now keeps its mmap, not its RSS."""
+        self._container.release(0, self._container.size)
+
     def close(self) -> None:
         self._container.close()
 

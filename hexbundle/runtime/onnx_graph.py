@@ -85,4 +85,19 @@ class OnnxGraph:
                 "inputs") from None
 
     def close(self) -> None:
-        self._session = None
+        if self._session is not None:
+            self._session = None
+            return_freed_memory()
+
+
+def return_freed_memory() -> None:
+    """Give the heap glibc keeps after a session is dropped back to the system (malloc_trim).
+    Without it ~0.6 GB of a 7B-shaped part's freed session stays resident into the next part,
+    under the next session's weights (verify's peak RSS). A no-op where there is no glibc."""
+    import ctypes
+    import ctypes.util
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
