@@ -136,7 +136,13 @@ BROKEN = {
     "a required key missing": (lambda b: genie(b, lambda d: d["engine"]["backend"]["QnnHtp"].pop(
         "poll")), "'dialog.engine.backend.QnnHtp.poll' is missing (required by Qualcomm's"),
     "kv-dim missing": (lambda b: genie(b, lambda d: d["engine"]["backend"]["QnnHtp"].pop(
-        "kv-dim")), "QnnHtp.kv-dim' is missing: Genie's HTP engine needs it"),
+        "kv-dim")), "QnnHtp.kv-dim' is missing: the KV cache's head dimension"),
+    "RoPE settings missing": (lambda b: genie(b, lambda d: d["engine"]["backend"]["QnnHtp"].pop(
+        "pos-id-dim")), "QnnHtp.pos-id-dim' is missing, and the runtime builds the RoPE tables"),
+    "a positional-encoding block without rope-dim": (lambda b: genie(
+        b, lambda d: d["engine"]["model"].update({"positional-encoding": {
+            "type": "rope", "rope-theta": 1000000}})),
+        "positional-encoding.rope-dim' is missing: the block gives RoPE's settings"),
     "rope-theta of the wrong type": (lambda b: genie(b, lambda d: d["engine"]["backend"][
         "QnnHtp"].update({"rope-theta": "1e6"})), "rope-theta' is '1e6', expected an integer"),
     "a misspelt key": (lambda b: genie(b, lambda d: d.update({"max-num-token": 5})),

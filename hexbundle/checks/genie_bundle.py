@@ -173,12 +173,23 @@ def _check_htp_dialog(report: BundleReport, dialog: dict) -> None:
     if isinstance(backend, dict) and not isinstance(backend.get("QnnHtp"), dict):
         report.problem("genie", f"{GENIE_CONFIG}: 'dialog.engine.backend.QnnHtp' is missing")
     htp = _dig(dialog, "engine", "backend", "QnnHtp")
-    for key in ("kv-dim", "pos-id-dim", "rope-theta"):
-        if isinstance(htp, dict) and key not in htp:
-            report.problem("genie", f"{GENIE_CONFIG}: 'dialog.engine.backend.QnnHtp.{key}' is "
-                                    "missing: Genie's HTP engine needs it (\"Missing QnnHtp "
-                                    f"field: {key}\")")
+    if isinstance(htp, dict) and "kv-dim" not in htp:
+        report.problem("genie", f"{GENIE_CONFIG}: 'dialog.engine.backend.QnnHtp.kv-dim' is "
+                                "missing: the KV cache's head dimension")
     model = _dig(dialog, "engine", "model")
+    # RoPE: a positional-encoding block in the model section (what Qualcomm's generator writes
+    # for scaled RoPE; Genie reads it first) or QnnHtp's pos-id-dim and rope-theta
+    block = model.get("positional-encoding") if isinstance(model, dict) else None
+    rope, where, keys = (block, "dialog.engine.model.positional-encoding",
+                         ("rope-dim", "rope-theta")) if isinstance(block, dict) else \
+        (htp, "dialog.engine.backend.QnnHtp", ("pos-id-dim", "rope-theta"))
+    for key in keys:
+        if isinstance(rope, dict) and key not in rope:
+            report.problem("genie", f"{GENIE_CONFIG}: '{where}.{key}' is missing, and the "
+                                    "runtime builds the RoPE tables from it (no positional-"
+                                    "encoding block says otherwise)" if block is None else
+                           f"{GENIE_CONFIG}: '{where}.{key}' is missing: the block gives RoPE's "
+                           "settings")
     if isinstance(model, dict) and model.get("type") != "binary":
         report.problem("genie", f"{GENIE_CONFIG}: 'dialog.engine.model.type' is "
                                 f"{model.get('type')!r}: context binaries need 'binary'")
@@ -322,6 +333,37 @@ def _check_tokenizer(report: BundleReport, dialog: dict) -> None:
 # ======================================================================= the model's config.json
 
 
+# config.json's rope_scaling keys -> genie_config.json's rope-scaling keys (llama3)
+ROPE_SCALING_KEYS = {"factor": "factor", "low_freq_factor": "low-freq-factor",
+                     "high_freq_factor": "high-freq-factor",
+                     "original_max_position_embeddings": "original-max-position-embeddings"}
+
+
+def rope_scaling_problems(bundle, model, name: str) -> list:
+    """The bundle's positional-encoding rope-scaling against config.json's rope_scaling: a
+    scaled model's bundle without the scaling, or with other numbers (Qualcomm's generator
+    writes factor 8.0 whatever the model says), computes other RoPE tables on the device."""
+    kind = (model or {}).get("rope_type", (model or {}).get("type", "default"))
+    if kind in (None, "default"):
+        if isinstance(bundle, dict) and bundle.get("rope-type", "default") != "default":
+            return [f"'dialog.engine.model.positional-encoding.rope-scaling' is "
+                    f"{bundle.get('rope-type')!r}; {name} has no rope_scaling"]
+        return []
+    if not isinstance(bundle, dict) or bundle.get("rope-type") != kind:
+        got = "absent" if not isinstance(bundle, dict) else \
+            f"of rope-type {bundle.get('rope-type')!r}"
+        return [f"{name} has rope_scaling of type {kind!r} (factor {model.get('factor')}), but "
+                f"{GENIE_CONFIG}'s 'dialog.engine.model.positional-encoding.rope-scaling' is "
+                f"{got}: the device would compute other RoPE tables"]
+    problems = []
+    for source, key in ROPE_SCALING_KEYS.items():
+        want, got = model.get(source), bundle.get(key)
+        if want is not None and got != want:
+            problems.append(f"'dialog.engine.model.positional-encoding.rope-scaling.{key}' is "
+                            f"{got}, {name} rope_scaling.{source} is {want}")
+    return problems
+
+
 def _check_model_config(report: BundleReport, dialog: dict, path: Path) -> None:
     report.checked.append("model")
     try:
@@ -333,35 +375,30 @@ def _check_model_config(report: BundleReport, dialog: dict, path: Path) -> None:
     heads = model.get("num_attention_heads")
     head_dim = model.get("head_dim") or (model["hidden_size"] // heads
                                          if heads and model.get("hidden_size") else None)
+    # Genie reads a positional-encoding block first; without one, QnnHtp's keys
+    block = _dig(dialog, "engine", "model", "positional-encoding")
+    rope, rope_key, dim_key = (block, "engine.model.positional-encoding", "rope-dim") \
+        if isinstance(block, dict) else (htp, "engine.backend.QnnHtp", "pos-id-dim")
+    params = model.get("rope_parameters") if isinstance(model.get("rope_parameters"), dict) \
+        else {}   # newer transformers keep theta and scaling here
     pairs = [("context.n-vocab", _dig(dialog, "context", "n-vocab"), "vocab_size",
               model.get("vocab_size")),
-             ("engine.backend.QnnHtp.rope-theta", htp.get("rope-theta"), "rope_theta",
-              model.get("rope_theta")),
+             (f"{rope_key}.rope-theta", rope.get("rope-theta"), "rope_theta",
+              model.get("rope_theta", params.get("rope_theta"))),
              ("engine.backend.QnnHtp.kv-dim", htp.get("kv-dim"), "head_dim", head_dim),
-             ("engine.backend.QnnHtp.pos-id-dim", htp.get("pos-id-dim"), "head_dim / 2",
+             (f"{rope_key}.{dim_key}", rope.get(dim_key), "head_dim / 2",
               head_dim // 2 if head_dim else None)]
     for key, got, source, want in pairs:
         if want is not None and got is not None and got != want:
             report.problem("model", f"'dialog.{key}' is {got}, {path.name} {source} is {want}")
+    for problem in rope_scaling_problems(rope.get("rope-scaling"),
+                                         model.get("rope_scaling") or params or None, path.name):
+        report.problem("model", problem)
     for role, source in (("bos-token", "bos_token_id"), ("eos-token", "eos_token_id")):
         want, got = _ids(model.get(source)), _ids(_dig(dialog, "context", role))
         if want and got and not set(got) & set(want):
             report.problem("model", f"'dialog.context.{role}' {got} is not {path.name} "
                                     f"{source} {want}")
-    scaling = model.get("rope_scaling")
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) not in (
-            None, "default"):
-        block = _dig(dialog, "engine", "backend", "QnnHtp", "positional-encoding") or \
-            _dig(dialog, "positional-encoding")
-        given = _dig(block, "rope-scaling") if isinstance(block, dict) else None
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if not isinstance(given, dict):
-            report.problem("model", f"{path.name} has rope_scaling of type {kind!r} (factor "
-                                    f"{scaling.get('factor')}), but {GENIE_CONFIG} gives no "
-                                    "'rope-scaling': the device would use plain RoPE tables")
-        elif given.get("factor") != scaling.get("factor"):
-            report.problem("model", f"'rope-scaling.factor' is {given.get('factor')}, "
-                                    f"{path.name} says {scaling.get('factor')}")
 
 
 # ============================================================================ device and sizes

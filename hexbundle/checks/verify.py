@@ -70,16 +70,29 @@ def check_runtime_settings(layout: Layout, genie: GenieSettings) -> None:
     htp = "dialog.engine.backend.QnnHtp"
     largest = "graphs.context_length" if len(cfg.model.context_lengths) == 1 else \
         "the largest of graphs.context_lengths"
+    rope = "dialog.engine.model.positional-encoding" if genie.rope_scaling else htp
     pairs = [("dialog.context.size", genie.context_size, largest, cfg.model.context_length),
              ("dialog.context.n-vocab", genie.n_vocab, "architecture.vocab_size", a.vocab_size),
-             (f"{htp}.rope-theta", genie.rope_theta, "architecture.rope_theta", a.rope_theta),
-             (f"{htp}.pos-id-dim", genie.pos_id_dim, "architecture.head_dim / 2", a.pos_id_dim),
-             (f"{htp}.kv-dim", genie.head_dim, "architecture.head_dim", a.head_dim)]
+             (f"{rope}.rope-theta", genie.rope_theta, "architecture.rope_theta", a.rope_theta),
+             (f"{rope}.{'rope-dim' if genie.rope_scaling else 'pos-id-dim'}", genie.pos_id_dim,
+              "architecture.head_dim / 2", a.pos_id_dim),
+             (f"{htp}.kv-dim", genie.head_dim, "architecture.head_dim", a.head_dim),
+             ("dialog.engine.model.positional-encoding.rope-scaling",
+              describe_scaling(genie.rope_scaling), "architecture.rope_scaling",
+              describe_scaling(a.rope_scaling))]
     wrong = [f"'{key}' is {got} but {layout.model_config_path.name} {source} is {want}"
              for key, got, source, want in pairs if got != want]
     if wrong:
         raise VerifyError(f"{genie.path}: {'; '.join(wrong)}: the runtime would build its "
                           f"inputs from the wrong values; rebuild the bundle with `doit bundle`")
+
+
+def describe_scaling(scaling) -> str:
+    if scaling is None:
+        return "none (plain RoPE)"
+    return (f"{scaling.rope_type} (factor {scaling.factor:g}, low/high-freq-factor "
+            f"{scaling.low_freq_factor:g}/{scaling.high_freq_factor:g}, original max positions "
+            f"{scaling.original_max_position_embeddings})")
 
 
 # ============================================================================ running a sequence

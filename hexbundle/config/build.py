@@ -19,8 +19,9 @@ from typing import Any, Optional
 
 from hexbundle.config.devices import DEVICE_NAME, Device, Devices
 from hexbundle.config.layout import ProjectLayout
-from hexbundle.config.model import (FAMILIES, Architecture, Graph, Model, Part, Plan,
-                                    Quantization, pipeline_order_problem)
+from hexbundle.config.model import (FAMILIES, ROPE_SCALING_TYPES, Architecture, Graph, Model,
+                                    Part, Plan, Quantization, RopeScaling,
+                                    pipeline_order_problem)
 from hexbundle.config.remote import check_remote_settings
 from hexbundle.config.schema import (Field, check_value, read_toml, retire, run_settings,
                                      section_type, to_section, validate)
@@ -174,7 +175,8 @@ MODEL_SCHEMA = {
     }),
     "architecture": Field({
         "family": Field(str, "qwen2", choices=FAMILIES,
-                        doc="qwen2: q/k/v biases; qwen3: q/k RMSNorm per head, no q/k/v biases"),
+                        doc="qwen2: q/k/v biases; qwen3: q/k RMSNorm per head, no q/k/v "
+                            "biases; llama (Llama 3.x, Mistral, Falcon 3): neither"),
         "tie_word_embeddings": Field(bool, False, doc="the LM head is the embedding matrix "
                                      "(Hugging Face config.json's key of that name)"),
         "num_layers": Field(int, min=1, max=512),
@@ -186,6 +188,15 @@ MODEL_SCHEMA = {
         "vocab_size": Field(int, min=16, max=1 << 22),
         "rope_theta": Field(float, min=1.0),
         "rms_norm_eps": Field(float, min=0, max=1),
+        # config.json's rope_scaling, as Hugging Face names it; left out: plain RoPE
+        "rope_scaling": Field({
+            "rope_type": Field(str, "none", choices=("none",) + ROPE_SCALING_TYPES,
+                               doc="llama3: Llama 3.1/3.2's scaled frequencies"),
+            "factor": Field(float, 8.0, min=1.0, max=1e6),
+            "low_freq_factor": Field(float, 1.0, min=1e-6, max=1e6),
+            "high_freq_factor": Field(float, 4.0, min=1e-6, max=1e6),
+            "original_max_position_embeddings": Field(int, 8192, min=1, max=1 << 24),
+        }, {}),
     }),
     "graphs": Field({
         "context_length": Field(int, None, min=2, max=1 << 20,
@@ -421,6 +432,7 @@ def load_model(root: Path, name: str) -> tuple:
         raise ConfigError(f"{where}: architecture.rope_theta is {a['rope_theta']!r}; Genie takes "
                           "a whole number (genie_config.json QnnHtp rope-theta is an integer in "
                           "Qualcomm's schema): use the model's integer theta")
+    scaling = rope_scaling(a["rope_scaling"], where)
     lengths = context_lengths(g, where)
     if g["prompt_ar"] >= lengths[0] or g["token_ar"] >= lengths[0]:
         raise ConfigError(f"{where}: graphs.prompt_ar and token_ar must be < every context "
@@ -428,7 +440,7 @@ def load_model(root: Path, name: str) -> tuple:
     arch = Architecture(a["num_layers"], a["hidden_size"], a["num_attention_heads"],
                         a["num_kv_heads"], a["head_dim"], a["intermediate_size"],
                         a["vocab_size"], a["rope_theta"], a["rms_norm_eps"],
-                        a["tie_word_embeddings"], a["family"])
+                        a["tie_word_embeddings"], a["family"], scaling)
     quant = Quantization(q["decoder_linear_bitwidth"], q["lm_head_bitwidth"],
                          q["embedding_bitwidth"], q["activation_bitwidth"],
                          unencoded_weights=q["unencoded_weights"])
@@ -448,6 +460,19 @@ def load_model(root: Path, name: str) -> tuple:
         raise ConfigError(f"{where}: inputs.source is {d['inputs']['source']!r} but inputs.dir is "
                           "empty")
     return model, d
+
+
+def rope_scaling(r: dict, where: str) -> Optional[RopeScaling]:
+    """[architecture.rope_scaling] as a RopeScaling, or None for plain RoPE."""
+    if r["rope_type"] == "none":
+        return None
+    if not r["high_freq_factor"] > r["low_freq_factor"]:
+        raise ConfigError(f"{where}: architecture.rope_scaling.high_freq_factor "
+                          f"({r['high_freq_factor']}) must be greater than low_freq_factor "
+                          f"({r['low_freq_factor']}): llama3 scaling blends between the two; "
+                          "copy both from the model's config.json")
+    return RopeScaling(r["rope_type"], r["factor"], r["low_freq_factor"], r["high_freq_factor"],
+                       r["original_max_position_embeddings"])
 
 
 def context_lengths(g: dict, where: str) -> tuple:

@@ -8,16 +8,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-# The decoder families hexbundle knows. Both: GQA attention, RoPE, RMSNorm, SwiGLU MLP.
+# The decoder families hexbundle knows. All: GQA attention, RoPE, RMSNorm, SwiGLU MLP.
 # qwen2: q/k/v projections with biases. qwen3: no q/k/v biases; each query and key head is
 # RMS-normalized over head_dim before RoPE (q_norm, k_norm: one head_dim weight shared by all
-# query heads, one by all key heads).
-FAMILIES = ("qwen2", "qwen3")
+# query heads, one by all key heads). llama: neither (Llama 3.x; Mistral and Falcon 3 have the
+# same decoder), its RoPE often scaled (RopeScaling).
+FAMILIES = ("qwen2", "qwen3", "llama")
+ROPE_SCALING_TYPES = ("llama3",)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Hugging Face config.json's `rope_scaling` of type "llama3" (Llama 3.1 / 3.2): the
+    frequencies of RoPE scaled per band (runtime.conventions.rope_inv_freq), written to
+    genie_config.json's positional-encoding block."""
+
+    rope_type: str                     # "llama3"
+    factor: float                      # 8.0 for Llama 3.1 8B, 32.0 for Llama 3.2 1B/3B
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)
 class Architecture:
-    """A Qwen2- or Qwen3-style decoder (`family`, see FAMILIES)."""
+    """A decoder of one of FAMILIES (`family`)."""
 
     num_layers: int
     hidden_size: int
@@ -32,6 +47,7 @@ class Architecture:
     # quantized copy in the last part (Qualcomm's export copies it into a 1x1 Conv).
     tie_word_embeddings: bool = False
     family: str = "qwen2"
+    rope_scaling: Optional[RopeScaling] = None   # None: plain RoPE, theta^(-2i/d)
 
     @property
     def qkv_bias(self) -> bool:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from hexbundle.config.build import DialogSettings
+from hexbundle.config.model import ROPE_SCALING_TYPES, RopeScaling
 from hexbundle.config.devices import DeviceOptions, RuntimeSettings
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER
 from hexbundle.support.errors import VerifyError
@@ -34,6 +36,7 @@ class GenieOptions:
     head_dim: int
     pos_id_dim: int
     rope_theta: float
+    rope_scaling: Optional[RopeScaling] = None
 
 
 def htp_backend_ext_config(o: GenieOptions) -> dict:
@@ -46,7 +49,33 @@ def htp_backend_ext_config(o: GenieOptions) -> dict:
             "context": {"weight_sharing_enabled": o.weight_sharing}}
 
 
+def positional_encoding(o: GenieOptions) -> dict:
+    """dialog.engine.model's positional-encoding block, in the shape Qualcomm's generator writes
+    for a model with rope scaling (qai-hub-models' create_genie_config), with this model's own
+    values: that generator writes factor 8.0 whatever the config says (Llama 3.1 8B's value;
+    Llama 3.2 1B/3B's is 32.0)."""
+    r = o.rope_scaling
+    return {"type": "rope", "rope-dim": o.pos_id_dim, "rope-theta": int(o.rope_theta),
+            "rope-scaling": {"rope-type": r.rope_type, "factor": float(r.factor),
+                             "low-freq-factor": float(r.low_freq_factor),
+                             "high-freq-factor": float(r.high_freq_factor),
+                             "original-max-position-embeddings":
+                                 int(r.original_max_position_embeddings)}}
+
+
 def genie_config(o: GenieOptions, token_ids: dict, bin_names: list) -> dict:
+    """genie_config.json. RoPE as Qualcomm's generator writes it: QnnHtp's `rope-theta` and
+    `pos-id-dim` for plain RoPE; for a scaled one, a positional-encoding block in the model
+    section instead (Genie reads that block first)."""
+    config = _dialog_config(o, token_ids, bin_names)
+    if o.rope_scaling is not None:
+        engine = config["dialog"]["engine"]
+        del engine["backend"]["QnnHtp"]["pos-id-dim"], engine["backend"]["QnnHtp"]["rope-theta"]
+        engine["model"]["positional-encoding"] = positional_encoding(o)
+    return config
+
+
+def _dialog_config(o: GenieOptions, token_ids: dict, bin_names: list) -> dict:
     rt, g = o.runtime, o.settings
     return {"dialog": {
         "version": 1,
@@ -93,6 +122,7 @@ class GenieSettings:
     sampler: dict                 # seed, temp, top-k, top-p
     max_num_tokens: int
     tokenizer: Path
+    rope_scaling: Optional[RopeScaling] = None
 
 
 def read_genie_config(bundle_dir: Path) -> GenieSettings:
@@ -118,12 +148,39 @@ def read_genie_config(bundle_dir: Path) -> GenieSettings:
         raise VerifyError(f"{path}: key 'dialog.engine.model.binary.ctx-bins' must be a list of "
                           f"file names")
     htp = ("engine", "backend", "QnnHtp")
+    theta_key, dim_key, scaling = (*htp, "rope-theta"), (*htp, "pos-id-dim"), None
+    if "positional-encoding" in get("engine", "model"):   # Genie reads this block first
+        block = ("engine", "model", "positional-encoding")
+        theta_key, dim_key = (*block, "rope-theta"), (*block, "rope-dim")
+        if get(*block, "type") != "rope":
+            raise VerifyError(f"{path}: 'dialog.{'.'.join(block)}.type' is "
+                              f"{get(*block, 'type')!r}; the runtime knows 'rope'")
+        if "rope-scaling" in get(*block):
+            scaling = _rope_scaling(path, get(*block, "rope-scaling"))
     return GenieSettings(
         path=path, ctx_bins=bins, context_size=int(get("context", "size")),
         n_vocab=int(get("context", "n-vocab")),
         stop_tokens=(int(get("context", "eos-token")), int(get("context", "eot-token"))),
-        rope_theta=float(get(*htp, "rope-theta")), pos_id_dim=int(get(*htp, "pos-id-dim")),
+        rope_theta=float(get(*theta_key)), pos_id_dim=int(get(*dim_key)),
         head_dim=int(get(*htp, "kv-dim")),
         sampler={k: get("sampler", k) for k in ("seed", "temp", "top-k", "top-p")},
         max_num_tokens=int(get("max-num-tokens")),
-        tokenizer=path.parent / str(get("tokenizer", "path")))
+        tokenizer=path.parent / str(get("tokenizer", "path")), rope_scaling=scaling)
+
+
+def _rope_scaling(path: Path, block) -> Optional[RopeScaling]:
+    """A positional-encoding block's rope-scaling as the runtime computes it (None: default)."""
+    where = f"{path}: 'dialog.engine.model.positional-encoding.rope-scaling'"
+    kind = block.get("rope-type", "default") if isinstance(block, dict) else None
+    if kind == "default":
+        return None
+    if kind not in ROPE_SCALING_TYPES:
+        raise VerifyError(f"{where}: rope-type {kind!r}; the runtime computes "
+                          f"{', '.join(ROPE_SCALING_TYPES)} (or 'default')")
+    keys = ("factor", "low-freq-factor", "high-freq-factor", "original-max-position-embeddings")
+    missing = [k for k in keys if not isinstance(block.get(k), (int, float))]
+    if missing:
+        raise VerifyError(f"{where}: {kind} needs the numbers {', '.join(missing)}; rebuild "
+                          f"the bundle with `doit bundle`")
+    return RopeScaling(kind, *(float(block[k]) for k in keys[:3]),
+                       int(block["original-max-position-embeddings"]))

@@ -18,7 +18,8 @@ same inputs in its graphs.
 * attention_mask (1, 1, S, CL) (`mask_shape`) is ADDITIVE: 0.0 where a query may attend,
   MASK_VALUE where it may not (`causal_mask`).
 * position_ids_cos / _sin (1, 1, S, d/2) (`rope_shape`): cos/sin of position * theta^(-2i/d)
-  (`rope_inputs`); theta and d/2 come from the bundle's genie_config.json (`rope-theta`,
+  (`rope_inputs`), Llama 3's scaled frequencies where the model has rope scaling
+  (`rope_inv_freq`); theta, d/2 and the scaling come from the bundle's genie_config.json (`rope-theta`,
   `pos-id-dim`), as on the device.
 * Prefill runs the prompt graph (AR 128) over the prompt in chunks of AR tokens; the last chunk
   is right-padded (padding rows are causal too, their outputs and KV entries are dropped).
@@ -88,14 +89,36 @@ def value_shape(num_kv_heads: int, head_dim: int, slots: int) -> tuple:
 # ============================================================================ the inputs
 
 
-def rope_inputs(positions: np.ndarray, head_dim: int, theta: float):
+def rope_inv_freq(head_dim: int, theta: float, scaling=None) -> np.ndarray:
+    """RoPE's frequencies, float64 (head_dim/2,): theta^(-2i/head_dim), and for a "llama3"
+    `scaling` (config.model.RopeScaling) Llama 3's bands, as Hugging Face computes them
+    (transformers' _compute_llama3_parameters; tests/data/rope holds its values): wavelengths
+    longer than original_max_position_embeddings / low_freq_factor are divided by `factor`,
+    those shorter than original / high_freq_factor are kept, and the ones between are blended
+    linearly in original / wavelength."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type != "llama3":
+        raise ValueError(f"rope scaling {scaling.rope_type!r}: only 'llama3' is known")
+    original = float(scaling.original_max_position_embeddings)
+    low, high, factor = scaling.low_freq_factor, scaling.high_freq_factor, scaling.factor
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return np.where(medium, blended, scaled)
+
+
+def rope_inputs(positions: np.ndarray, head_dim: int, theta: float, scaling=None):
     """(cos, sin), each float32 (1, 1, S, head_dim/2), for the given absolute positions (S,).
 
-    angle[s, i] = positions[s] * theta^(-2i/head_dim), i < head_dim/2 (computed in float64).
+    angle[s, i] = positions[s] * inv_freq[i] (`rope_inv_freq`: theta^(-2i/head_dim), scaled per
+    band for Llama 3), computed in float64.
     """
     positions = np.asarray(positions, dtype=np.float64).reshape(-1)
-    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    angles = positions[:, None] * inv_freq[None, :]
+    angles = positions[:, None] * rope_inv_freq(head_dim, theta, scaling)[None, :]
     shape = rope_shape(positions.size, head_dim // 2)
     return (np.cos(angles).astype(np.float32).reshape(shape),
             np.sin(angles).astype(np.float32).reshape(shape))

@@ -87,7 +87,7 @@ def open_bundle_parts(cfg: BuildConfig, genie: GenieSettings) -> list:
 
 
 def rope_settings(genie: GenieSettings) -> RopeSettings:
-    return RopeSettings(genie.rope_theta, genie.pos_id_dim)
+    return RopeSettings(genie.rope_theta, genie.pos_id_dim, genie.rope_scaling)
 
 
 def bundle_session(bp: BundlePart, cfg: BuildConfig, rope: RopeSettings,
@@ -109,7 +109,7 @@ def onnx_session(part, layout: Layout, context_length: Optional[int] = None) -> 
     cl = context_length or cfg.model.context_length
     graphs = {g.kind: OnnxGraph(layout.onnx(g)) for g in cfg.model.graphs(part, cl)}
     return PartSession(f"{part_label(part)} (float ONNX)", graphs,
-                       RopeSettings(a.rope_theta, a.pos_id_dim))
+                       RopeSettings(a.rope_theta, a.pos_id_dim, a.rope_scaling))
 
 
 def reference_graphs(part, layout: Layout, context_length: int, scratch: Path) -> dict:
@@ -129,4 +129,4 @@ def reference_session(part, cfg: BuildConfig, graphs: dict) -> PartSession:
     """A part session over the reference graphs (RoPE from the model config, as the float's)."""
     a = cfg.model.architecture
     return PartSession(f"{part_label(part)} (reference)", graphs,
-                       RopeSettings(a.rope_theta, a.pos_id_dim))
+                       RopeSettings(a.rope_theta, a.pos_id_dim, a.rope_scaling))

@@ -40,10 +40,13 @@ class GraphExecutor(Protocol):
 
 @dataclass(frozen=True)
 class RopeSettings:
-    """What the runtime needs to build cos/sin: from genie_config.json (`rope-theta`, `pos-id-dim`)."""
+    """What the runtime needs to build cos/sin: from genie_config.json (`rope-theta`,
+    `pos-id-dim`, a positional-encoding block's `rope-scaling`) for a bundle, from the model's
+    architecture for the float ONNX and the reference."""
 
     theta: float
     pos_id_dim: int
+    scaling: object = None        # config.model.RopeScaling, or None: plain RoPE
 
 
 class PartSession:
@@ -95,7 +98,8 @@ class PartSession:
         feeds = {self.main_input: padded.reshape(spec.shape)}
         if self.layers:
             positions = self.n_past + np.arange(ar)
-            cos, sin = rope_inputs(positions, 2 * self.rope.pos_id_dim, self.rope.theta)
+            cos, sin = rope_inputs(positions, 2 * self.rope.pos_id_dim, self.rope.theta,
+                                   self.rope.scaling)
             feeds.update({ATTENTION_MASK: causal_mask(ar, cl, self.n_past),
                           POSITION_COS: cos, POSITION_SIN: sin})
             for layer in self.layers:

@@ -122,7 +122,8 @@ def genie_options(cfg: BuildConfig) -> GenieOptions:
                         weight_sharing=cfg.compile.weight_sharing, runtime=cfg.device.runtime,
                         settings=cfg.genie,
                         context_size=cfg.model.context_length, n_vocab=a.vocab_size,
-                        head_dim=a.head_dim, pos_id_dim=a.pos_id_dim, rope_theta=a.rope_theta)
+                        head_dim=a.head_dim, pos_id_dim=a.pos_id_dim, rope_theta=a.rope_theta,
+                        rope_scaling=a.rope_scaling)
 
 
 def bundle_options(cfg: BuildConfig) -> BundleOptions:
