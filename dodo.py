@@ -37,7 +37,6 @@ doit's side -- checker, up-to-date keys, run guard, reporter, the action wrapper
 from pathlib import Path
 
 from hexbundle.config.toolchain import load_toolchain
-from hexbundle.formats.qaihm import QWEN2_ROPE_THETA
 from hexbundle.graph.actions import action, step_action
 from hexbundle.graph.keys import image_unchanged, options_key, pinned, step_code, toolchain_key
 from hexbundle.graph.session import doit_config, load
@@ -117,7 +116,8 @@ def task_inputs():
 def task_import_export():
     """Import a qai-hub-models export as it comes: writes configs/models/NAME.toml.
 
-    `doit import_export --dir PATH --name NAME [--plan 0,6,6,6,6,4] [--tokenizer FILE]`: reads an
+    `doit import_export --dir PATH --name NAME [--plan 0,6,6,6,6,4] [--tokenizer FILE]
+    [--model-config config.json]`: reads an
     export tree (0.52-0.55 or 0.46), Qualcomm's asset or unsplit graphs alone, in place; infers
     the model and the plan from the files; prints what it found and what is missing."""
     return {"actions": [action("hexbundle.inputs.import_export:import_export", ROOT)],
@@ -129,8 +129,12 @@ def task_import_export():
                         "help": "decoder layers per part, e.g. 0,6,6,6,6,4: split locally"},
                        {"name": "tokenizer", "long": "tokenizer", "default": "",
                         "help": "the model's tokenizer.json (default: DIR/tokenizer.json)"},
+                       {"name": "model_config", "long": "model-config", "default": "",
+                        "help": "the model's config.json: RoPE theta and scaling, RMSNorm "
+                                "epsilon, tied head, family (not in the files)"},
                        {"name": "rope_theta", "long": "rope-theta", "type": float,
-                        "default": QWEN2_ROPE_THETA, "help": "RoPE theta (not in the files)"}],
+                        "default": 0.0, "help": "RoPE theta, overriding config.json's or the "
+                                                "family's"}],
             "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
 

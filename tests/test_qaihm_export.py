@@ -203,7 +203,10 @@ def test_import_infers_the_model_from_the_files(imported):
                                    "unencoded_weights": "int8"}   # as Qualcomm compiles it
     assert cfg["plans"]["export"]["layers_per_part"] == PLAN
     assert cfg["inputs"]["split"] == "export" and cfg["inputs"]["source"] == "qai-hub-models"
-    assert "rope_theta and rms_norm_eps are not in the files" in run.out
+    # the family from the tensors; what they cannot say, the family's known values, named
+    assert cfg["architecture"]["family"] == "qwen2" and "family qwen2: q/k/v biases" in run.out
+    assert cfg["architecture"]["tie_word_embeddings"] is False   # its head differs from the table
+    assert "rope_theta = 1e+06: not in the files: the qwen2 family's value" in run.out
 
 
 def test_the_bundle_records_which_file_each_graph_came_from(imported):

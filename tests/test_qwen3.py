@@ -190,9 +190,10 @@ def test_family_qwen3_loads_and_an_unknown_family_is_refused(tmp_path):
     (tmp_path / "configs" / "models").mkdir(parents=True)
     text = (CONFIGS / "configs" / "models" / "qwen3-tiny.toml").read_text()
     path = tmp_path / "configs" / "models" / "qwen3-tiny.toml"
-    path.write_text(text.replace('family = "qwen3"', 'family = "llama"'))
+    path.write_text(text.replace('family = "qwen3"', 'family = "gemma2"'))
     with pytest.raises(ConfigError, match=re.escape(f"{path}: key 'architecture.family' is "
-                                                    "'llama'; allowed: 'qwen2', 'qwen3'")):
+                                                    "'gemma2'; allowed: 'qwen2', 'qwen3', "
+                                                    "'llama'")):
         load_model(tmp_path, "qwen3-tiny")
 
 

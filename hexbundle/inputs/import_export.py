@@ -21,11 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from hexbundle.config.build import QUALCOMM_MAX_NUM_TOKENS
 from hexbundle.config.layout import GraphInputs, ProjectLayout
 from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
                                     part_graphs)
 from hexbundle.formats.encodings import load_encodings
+from hexbundle.formats.hf_config import LLAMA3_KEYS, read_hf_config
+from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.formats.qaihm import (QWEN2_RMS_NORM_EPS, QWEN2_ROPE_THETA, QWEN2_SPECIALS,
                                      TOKENIZER, TOKENIZER_CONFIG, ExportTree, graph_io,
                                      load_structure, scan_export)
@@ -54,12 +58,18 @@ class Inferred:
     token_ar: int = 0
     layers_per_part: tuple = ()
     notes: list = field(default_factory=list)
+    # decided by decide_family: from the files, config.json or the family's known values
+    family: str = ""
+    evidence: str = ""             # what in the graphs says the family
+    stated: dict = field(default_factory=dict)   # key -> (value, where it comes from)
+    rope_scaling: Optional[dict] = None
+    specials: dict = field(default_factory=dict)
 
 
 # ============================================================================ the command
 
 def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: str = "",
-                  rope_theta: float = QWEN2_ROPE_THETA) -> None:
+                  rope_theta: float = 0.0, model_config: str = "") -> None:
     """Scan the export at `dir`, infer the model, write configs/models/<name>.toml."""
     project = ProjectLayout(root)
     if not dir or not name:
@@ -70,7 +80,9 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
         raise InputError(f"--name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
     tree = scan_export(Path(dir).expanduser())
     for line in tree.describe():
-        say(f"  {line}")
+        if not (tokenizer and line.startswith("tokenizer: missing")):
+            say(f"  {line}")
+    hf = read_hf_config(Path(model_config)) if model_config else None
     if tree.problems:
         raise InputError(f"{tree.root}: the export is incomplete or inconsistent:\n"
                          + "\n".join(f"  - {p}" for p in tree.problems)
@@ -78,6 +90,7 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
     wanted = parse_plan(plan) if plan else None
     split, prompt_ar, token_ar = choose_split(tree, wanted)
     inferred = infer(tree, split, prompt_ar, token_ar)
+    decide_family(inferred, hf, rope_theta, tree)
     plan_layers = wanted or (inferred.layers_per_part if split == "export"
                              else KNOWN_PLANS.get(tree.slug))
     if plan_layers is None or sum(plan_layers) != inferred.arch["num_layers"]:
@@ -90,11 +103,10 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
     check_plan(plan_layers, inferred.arch["num_layers"])
     tokenizer_path = find_tokenizer(tree, tokenizer)
     if tokenizer_path:
-        check_tokenizer(tokenizer_path, inferred.arch["vocab_size"])
+        check_tokenizer(tokenizer_path, inferred.arch["vocab_size"], inferred.specials)
     path = project.model_config(name)
     check_overwrite(path)
-    text = model_toml(name, tree, split, inferred, plan_layers, tokenizer_path, rope_theta,
-                      project)
+    text = model_toml(name, tree, split, inferred, plan_layers, tokenizer_path, project)
     with atomic_output(path) as f:
         f.write(text.encode())
     say(f"wrote {project.rel(path)}")
@@ -199,10 +211,138 @@ def infer(tree: ExportTree, split: str, prompt_ar: int, token_ar: int) -> Inferr
     out.layers_per_part = tuple(len(ls) for ls in per_graph_layers)
     out.arch = infer_architecture(protos, ios, graphs, len(layers))
     out.quant = infer_quantization(protos, graphs, out.arch, out.notes)
-    out.notes.append(f"rope_theta and rms_norm_eps are not in the files: the Qwen2 family's "
-                     f"values are written ({QWEN2_ROPE_THETA:g}, {QWEN2_RMS_NORM_EPS:g}); change "
-                     "them in the config if the model's config.json says otherwise")
+    out.family, out.evidence = family_from_graphs(protos, graphs)
+    out.arch["tied"] = tied_head(protos, graphs, out.arch)
     return out
+
+
+# ============================================================================ the family
+
+QK_NORM = re.compile(r"(^|[._/])[qk]_(norm|layernorm)([._/]|$)")
+QKV_BIAS = re.compile(r"[qkv]_proj[a-z_]*(\.\d+)?\.bias$")
+# The chat special tokens of each family, as its tokenizer names them (Genie's bos/eos/eot)
+FAMILY_SPECIALS = {"qwen2": QWEN2_SPECIALS, "qwen3": QWEN2_SPECIALS,
+                   "llama": {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>",
+                             "eot": "<|end_of_text|>"}}
+# What the files cannot say, for the families whose every model agrees on it (Qwen2, Qwen2.5 and
+# Qwen3 config.json files: rope_theta 1e6, rms_norm_eps 1e-6, no rope_scaling). A Llama's differ
+# between models (Llama 3.x 500000 and scaled, Mistral 1e6, Falcon 3 1000042): asked for.
+FAMILY_DEFAULTS = {"qwen2": {"rope_theta": QWEN2_ROPE_THETA, "rms_norm_eps": QWEN2_RMS_NORM_EPS},
+                   "qwen3": {"rope_theta": QWEN2_ROPE_THETA, "rms_norm_eps": QWEN2_RMS_NORM_EPS}}
+# config.json's names of the dimensions the graphs show
+HF_DIMENSIONS = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size",
+                 "num_attention_heads": "num_attention_heads",
+                 "num_kv_heads": "num_key_value_heads", "intermediate_size": "intermediate_size",
+                 "vocab_size": "vocab_size"}
+
+
+def family_from_graphs(protos: list, graphs: list) -> tuple:
+    """(family, evidence) from the decoder's tensors: q/k norms make a Qwen3, q/k/v biases a
+    Qwen2, neither a Llama-style decoder (Llama 3.x, Mistral, Falcon 3)."""
+    names = [i.name for p in protos for i in p.graph.initializer]
+    norms = sorted({n for n in names if QK_NORM.search(n)})
+    biases = sorted({n for n in names if QKV_BIAS.search(n)})
+    if norms and biases:
+        raise InputError(f"{graphs[0].onnx}: q/k norms ({norms[0]}) and q/k/v biases "
+                         f"({biases[0]}): no family hexbundle knows has both (qwen2: biases, "
+                         "qwen3: norms, llama: neither); this model cannot be built as any of "
+                         "them")
+    if norms:
+        return "qwen3", f"q/k norms ({norms[0]}, ...), no q/k/v biases"
+    if biases:
+        return "qwen2", f"q/k/v biases ({biases[0]}, ...), no q/k norms"
+    return "llama", "no q/k/v biases and no q/k norms"
+
+
+def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
+    """Whether the LM head holds the embedding's values (a tied model: the export keeps a copy),
+    compared on a few vocabulary rows; None where the head is not found or too big to compare
+    here (config.json's tie_word_embeddings then decides)."""
+    vocab, hidden = arch["vocab_size"], arch["hidden_size"]
+    found = {}
+    for proto, graph in zip(protos, graphs):
+        for init in proto.graph.initializer:
+            dims = tuple(init.dims)
+            if init.name == arch["embedding"]:
+                found["embedding"] = (init, graph.onnx)
+            elif dims in ((hidden, vocab), (vocab, hidden), (vocab, hidden, 1, 1)):
+                found.setdefault("head", (init, graph.onnx))
+    if len(found) < 2 or vocab * hidden * 4 > 256 << 20:
+        return None
+    rows = [np.asarray(initializer_values(*found[k]).whole(), np.float32)
+            for k in ("embedding", "head")]
+    embedding, head = rows[0], rows[1].reshape(rows[1].shape[0], -1)
+    head = head.T if head.shape == (hidden, vocab) else head
+    return bool(np.array_equal(embedding, head))
+
+
+def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> None:
+    """The family and what the files cannot say, each from the best source: config.json
+    (`--model-config`) where given and consistent with the graphs, else the family's known
+    values (Qwen), else refused asking for config.json. --rope-theta overrides the theta."""
+    a, where = out.arch, (hf.path.name if hf else "")
+    if hf is not None:
+        if hf.family is None:
+            raise InputError(f"{hf.path}: model_type {hf.model_type!r} is no family hexbundle "
+                             "knows (qwen2, qwen3, llama, mistral); the graphs show "
+                             f"{out.evidence}. Not built as another family")
+        if hf.family != out.family:
+            raise InputError(f"{hf.path}: model_type {hf.model_type!r} is the {hf.family} "
+                             f"family, but the graphs show {out.evidence} ({out.family}); is "
+                             "this the config.json of another model?")
+        wrong = [f"{source} {hf.get(source)} (the graphs: {a[key]})"
+                 for key, source in HF_DIMENSIONS.items()
+                 if isinstance(hf.get(source), int) and hf.get(source) != a[key]]
+        if hf.head_dim and hf.head_dim != a["head_dim"]:
+            wrong.append(f"head_dim {hf.head_dim} (the graphs: {a['head_dim']})")
+        if wrong:
+            raise InputError(f"{hf.path}: {'; '.join(wrong)}: the config.json of another "
+                             "model? Give the one the export was made from")
+    family = out.family
+    defaults = FAMILY_DEFAULTS.get(family, {})
+    stated = {}
+    for key in ("rope_theta", "rms_norm_eps"):
+        value = (hf.rope_theta if key == "rope_theta" else hf.get(key)) if hf else None
+        if isinstance(value, (int, float)):
+            stated[key] = (float(value), f"{where} {key}")
+        elif key in defaults:
+            stated[key] = (defaults[key], f"not in the files: the {family} family's value")
+        else:
+            raise InputError(
+                f"{tree.root}: the graphs show a {family}-family decoder ({out.evidence}): "
+                f"Llama 3.x, Mistral and Falcon 3 differ in {key} (and RoPE scaling), which the "
+                f"files do not hold; give the model's config.json: --model-config "
+                f"PATH/config.json")
+    if rope_theta:
+        stated["rope_theta"] = (float(rope_theta), "--rope-theta")
+    out.stated = stated
+    out.rope_scaling = hf.rope_scaling if hf else None
+    if out.rope_scaling and out.rope_scaling["rope_type"] != "llama3":
+        raise InputError(f"{hf.path}: rope_scaling of type {out.rope_scaling['rope_type']!r}; "
+                         "hexbundle's runtime and Genie config compute 'llama3' scaling only")
+    if out.rope_scaling:
+        missing = [k for k in LLAMA3_KEYS if not isinstance(out.rope_scaling.get(k), (int, float))]
+        if missing:
+            raise InputError(f"{hf.path}: rope_scaling 'llama3' lacks {', '.join(missing)}")
+    tied = hf.get("tie_word_embeddings") if hf else None
+    if isinstance(tied, bool):
+        if a["tied"] is not None and a["tied"] != tied:
+            out.notes.append(f"{where} says tie_word_embeddings = {str(tied).lower()}, but the "
+                             f"export's LM head {'equals' if a['tied'] else 'differs from'} the "
+                             "embedding; config.json's value is written")
+        a["tied"] = tied
+    if a["tied"] is None:
+        out.notes.append("tie_word_embeddings: the LM head is too big to compare with the "
+                         "embedding here and no config.json says; false written (it changes "
+                         "only the size estimate of an import)")
+        a["tied"] = False
+    out.specials = dict(FAMILY_SPECIALS[family])
+    say(f"  family {family}: {out.evidence}"
+        + (f"; {where} model_type {hf.model_type!r}" if hf else ""))
+    for key, (value, source) in stated.items():
+        if source.startswith("not in the files"):
+            out.notes.append(f"{key} = {value:g}: {source}; give --model-config config.json if "
+                             "the model's says otherwise")
 
 
 def infer_architecture(protos: list, ios: list, graphs: list, num_layers: int) -> dict:
@@ -321,7 +461,7 @@ def expected_graphs(tree: ExportTree) -> tuple:
 # ============================================================================ the config
 
 def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan: tuple,
-               tokenizer: Optional[Path], rope_theta: float, project: ProjectLayout) -> str:
+               tokenizer: Optional[Path], project: ProjectLayout) -> str:
     a, q = inferred.arch, inferred.quant
     lengths = inferred.context_lengths
     cl = max(lengths)
@@ -335,19 +475,19 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
         "[model]", f"name = {_s(name)}", f"slug = {_s(tree.slug)}",
         f"description = {_s(f'{tree.slug} from a qai-hub-models export ({tree.layout})')}",
         'default_plan = "export"', "",
-        "[architecture]", 'family = "qwen2"'] + [
+        "[architecture]", f"family = {_s(inferred.family)}   # the graphs: {inferred.evidence}",
+        f"tie_word_embeddings = {str(a['tied']).lower()}"] + [
         f"{k} = {a[k]}" for k in ("num_layers", "hidden_size", "num_attention_heads",
                                   "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
-    ] + [
-        f"rope_theta = {float(rope_theta)!r}   # not in the files: assumed (--rope-theta)",
-        f"rms_norm_eps = {QWEN2_RMS_NORM_EPS!r}   # not in the files: assumed", "",
+    ] + [f"{k} = {v!r}   # {source}" for k, (v, source) in inferred.stated.items()] + \
+        scaling_table(inferred.rope_scaling) + ["",
         "[graphs]", graphs, f"prompt_ar = {inferred.prompt_ar}",
         f"token_ar = {inferred.token_ar}", "",
         "[quantization]   # read from the encodings"] + [f"{k} = {v}" for k, v in q.items()] + [
         'unencoded_weights = "int8"   # as Qualcomm compiles it (--quantize_full_type w8a16)',
         "",
-        "[tokenizer]   # Qwen2 chat special tokens"] + [
-        f"{k} = {_s(v)}" for k, v in QWEN2_SPECIALS.items()] + [
+        f"[tokenizer]   # the {inferred.family} family's chat special tokens"] + [
+        f"{k} = {_s(v)}" for k, v in inferred.specials.items()] + [
         "",
         "[inputs]", 'source = "qai-hub-models"', f"dir = {_s(_dir_value(tree.root, project))}",
         f"layout = {_s(tree.layout)}", f"split = {_s(split)}",
@@ -373,6 +513,15 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
         "[plans.export]", f"layers_per_part = [{', '.join(map(str, plan))}]",
         "tolerance_pct = 5.0", ""]
     return "\n".join(lines)
+
+
+def scaling_table(scaling: Optional[dict]) -> list:
+    if not scaling:
+        return []
+    return ["", "[architecture.rope_scaling]   # config.json's",
+            f"rope_type = {_s(scaling['rope_type'])}"] + [
+        f"{k} = {int(scaling[k]) if k == 'original_max_position_embeddings' else float(scaling[k])!r}"
+        for k in LLAMA3_KEYS]
 
 
 def graph_tables(tree: ExportTree, split: str, inferred: Inferred, plan: tuple) -> list:
@@ -412,8 +561,8 @@ def _s(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def check_tokenizer(path: Path, vocab: int) -> None:
+def check_tokenizer(path: Path, vocab: int, specials: dict) -> None:
     try:
-        special_token_ids(path, QWEN2_SPECIALS, vocab)
+        special_token_ids(path, specials, vocab)
     except HexbundleError as exc:
         say(f"  problem: {exc}")

@@ -1,0 +1,106 @@
+"""A real Llama 3.2 export, as it comes: the tree qai-hub-models 0.55.0's own
+llama_v3_2_3b_instruct code wrote (tests/data/qaihm/make_export_llama32.py: a tiny random Llama
+3.2, 2 layers, hidden 64, 4 query heads x head_dim 16, 2 KV heads, tied embeddings, rope_theta
+500000 with llama3 rope_scaling factor 32; 3 parts 0, 1, 1; quantized w4a16 by its quantize entry
+point with AIMET-ONNX 2.26.0). Its float model's config.json lies beside the tree
+(config-llama32.json): the export writes none, the user gives the Hugging Face one.
+
+What the files cannot say (theta, scaling, epsilon) comes from config.json; without it a Llama is
+refused by name, never built as a Qwen. Qualcomm's own genie_config.json for it
+(qaihm_genie_config.json, written by its create_genie_config) has factor 8.0, which
+check_bundle refuses against config.json's 32.0.
+"""
+import json
+import shutil
+import tomllib
+
+import pytest
+
+from conftest import CONFIGS, ROOT, copy_project, tree_digests
+from hexbundle.checks.genie_bundle import check_bundle
+from hexbundle.config.devices import read_table
+from hexbundle.config.layout import ProjectLayout
+
+DATA = ROOT / "tests" / "data" / "qaihm" / "export-llama32"
+MODEL_CONFIG = ROOT / "tests" / "data" / "qaihm" / "config-llama32.json"
+TABLE = read_table(ProjectLayout(CONFIGS))
+CHIPSETS = {soc: row["dsp_arch"] for soc, row in TABLE["qualcomm_soc_models"].items()}
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    project = copy_project(tmp_path_factory.mktemp("llama32") / "proj")
+    before = tree_digests(DATA)
+    run = project.doit("import_export", "--dir", str(DATA), "--name", "llama32",
+                       "--model-config", str(MODEL_CONFIG))
+    return project, run, before
+
+
+def test_without_config_json_a_llama_is_refused_by_name(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    run = project.doit("import_export", "--dir", str(DATA), "--name", "llama32", check=False)
+    assert run.code != 0 and "Traceback" not in run.out + run.err
+    assert "the graphs show a llama-family decoder (no q/k/v biases and no q/k norms)" in run.out
+    assert "--model-config PATH/config.json" in run.out, run.out
+    assert not (project.root / "configs" / "models" / "llama32.toml").exists()
+
+
+@pytest.mark.parametrize("edit, says", [
+    ({"model_type": "qwen2"}, "model_type 'qwen2' is the qwen2 family, but the graphs show no "
+                              "q/k/v biases and no q/k norms (llama)"),
+    ({"model_type": "gemma2"}, "model_type 'gemma2' is no family hexbundle knows"),
+    ({"hidden_size": 128}, "hidden_size 128 (the graphs: 64)"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling of type 'yarn'"),
+])
+def test_a_config_json_that_does_not_fit_the_graphs_is_refused(tmp_path, edit, says):
+    project = copy_project(tmp_path / "proj")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**json.loads(MODEL_CONFIG.read_text()), **edit}))
+    run = project.doit("import_export", "--dir", str(DATA), "--name", "llama32",
+                       "--model-config", str(config), check=False)
+    assert run.code != 0 and says in run.out, run.out
+    assert "Traceback" not in run.out + run.err
+
+
+def test_the_import_names_the_family_and_architecture(imported):
+    project, run, _ = imported
+    cfg = tomllib.loads((project.root / "configs" / "models" / "llama32.toml").read_text())
+    arch = cfg["architecture"]
+    assert arch.pop("rope_scaling") == {"rope_type": "llama3", "factor": 32.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 8192}
+    assert arch == {"family": "llama", "tie_word_embeddings": True, "num_layers": 2,
+                    "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
+                    "head_dim": 16, "intermediate_size": 192, "vocab_size": 1024,
+                    "rope_theta": 500000.0, "rms_norm_eps": 1e-5}
+    assert cfg["tokenizer"] == {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>",
+                                "eot": "<|end_of_text|>"}
+    assert cfg["plans"]["export"]["layers_per_part"] == [0, 1, 1]   # Qualcomm's split
+    assert "family llama: no q/k/v biases and no q/k norms" in run.out
+
+
+@pytest.mark.heavy   # built and verified: the full suite (`pytest --full`)
+def test_the_llama_export_is_built_verified_and_its_bundle_linted(imported, tmp_path):
+    project, _, before = imported
+    project.doit("bundle", "model=llama32")
+    bundle = project.bundle("llama32", plan="export")
+    engine = json.loads((bundle / "genie_config.json").read_text())["dialog"]["engine"]
+    assert engine["model"]["positional-encoding"]["rope-scaling"]["factor"] == 32.0
+    run = project.doit("verify", "model=llama32", check=False)
+    assert run.code == 0, run.out + run.err
+    report = json.loads((project.build_dir("llama32", plan="export") / "verify" /
+                         "report.json").read_text())
+    end = {r["check"]: r for r in report["rows"] if r["part"] == "end to end"}
+    assert end["chained vs reference"]["cos_min"] >= 0.9999, end
+    assert check_bundle(bundle, CHIPSETS, MODEL_CONFIG).problems == []
+
+    # Qualcomm's own genie_config.json for this model: its factor 8.0 refused against 32.0
+    theirs = shutil.copytree(bundle, tmp_path / "theirs")
+    qualcomm = json.loads((DATA / "qaihm_genie_config.json").read_text())
+    qualcomm["dialog"]["engine"]["model"]["binary"]["ctx-bins"] = \
+        engine["model"]["binary"]["ctx-bins"]   # our bins' names, to judge only the RoPE
+    (theirs / "genie_config.json").write_text(json.dumps(qualcomm))
+    found = check_bundle(theirs, CHIPSETS, MODEL_CONFIG).problems
+    assert any("rope-scaling.factor' is 8.0, config-llama32.json rope_scaling.factor is 32.0"
+               in p for p in found), found
+    assert tree_digests(DATA) == before   # used in place, never written
