@@ -36,7 +36,8 @@ from typing import Optional
 
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER
 from hexbundle.formats.genie_schema import DIALOG, QAIRT_DEV_VERSION
-from hexbundle.support.errors import HexbundleError
+from hexbundle.formats.hf_config import read_hf_config
+from hexbundle.support.errors import HexbundleError, InputError
 
 CONTEXT_LIMIT_BYTES = 4 << 30
 PART_NAME = re.compile(r"(\d+)_of_(\d+)")
@@ -340,10 +341,11 @@ ROPE_SCALING_KEYS = {"factor": "factor", "low_freq_factor": "low-freq-factor",
 
 
 def rope_scaling_problems(bundle, model, name: str) -> list:
-    """The bundle's positional-encoding rope-scaling against config.json's rope_scaling: a
+    """The bundle's positional-encoding rope-scaling against config.json's rope_scaling (as
+    formats.hf_config reads it; None: plain RoPE): a
     scaled model's bundle without the scaling, or with other numbers (Qualcomm's generator
     writes factor 8.0 whatever the model says), computes other RoPE tables on the device."""
-    kind = (model or {}).get("rope_type", (model or {}).get("type", "default"))
+    kind = (model or {}).get("rope_type", "default")
     if kind in (None, "default"):
         if isinstance(bundle, dict) and bundle.get("rope-type", "default") != "default":
             return [f"'dialog.engine.model.positional-encoding.rope-scaling' is "
@@ -367,32 +369,27 @@ def rope_scaling_problems(bundle, model, name: str) -> list:
 def _check_model_config(report: BundleReport, dialog: dict, path: Path) -> None:
     report.checked.append("model")
     try:
-        model = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        report.problem("model", f"{path}: not readable JSON ({exc})")
+        model = read_hf_config(path)
+    except InputError as exc:
+        report.problem("model", str(exc))
         return
     htp = _dig(dialog, "engine", "backend", "QnnHtp") or {}
-    heads = model.get("num_attention_heads")
-    head_dim = model.get("head_dim") or (model["hidden_size"] // heads
-                                         if heads and model.get("hidden_size") else None)
     # Genie reads a positional-encoding block first; without one, QnnHtp's keys
     block = _dig(dialog, "engine", "model", "positional-encoding")
     rope, rope_key, dim_key = (block, "engine.model.positional-encoding", "rope-dim") \
         if isinstance(block, dict) else (htp, "engine.backend.QnnHtp", "pos-id-dim")
-    params = model.get("rope_parameters") if isinstance(model.get("rope_parameters"), dict) \
-        else {}   # newer transformers keep theta and scaling here
+    head_dim = model.head_dim
     pairs = [("context.n-vocab", _dig(dialog, "context", "n-vocab"), "vocab_size",
               model.get("vocab_size")),
-             (f"{rope_key}.rope-theta", rope.get("rope-theta"), "rope_theta",
-              model.get("rope_theta", params.get("rope_theta"))),
+             (f"{rope_key}.rope-theta", rope.get("rope-theta"), "rope_theta", model.rope_theta),
              ("engine.backend.QnnHtp.kv-dim", htp.get("kv-dim"), "head_dim", head_dim),
              (f"{rope_key}.{dim_key}", rope.get(dim_key), "head_dim / 2",
               head_dim // 2 if head_dim else None)]
     for key, got, source, want in pairs:
         if want is not None and got is not None and got != want:
             report.problem("model", f"'dialog.{key}' is {got}, {path.name} {source} is {want}")
-    for problem in rope_scaling_problems(rope.get("rope-scaling"),
-                                         model.get("rope_scaling") or params or None, path.name):
+    for problem in rope_scaling_problems(rope.get("rope-scaling"), model.rope_scaling,
+                                         path.name):
         report.problem("model", problem)
     for role, source in (("bos-token", "bos_token_id"), ("eos-token", "eos_token_id")):
         want, got = _ids(model.get(source)), _ids(_dig(dialog, "context", role))
