@@ -336,7 +336,7 @@ def test_qwen3_tiny_bins_are_the_tensor_expectation_and_the_formula_agrees(tmp_p
     for part in parts:
         graphs = [sizes.NamedGraph(g.name, graph_files(tmp_path, g)[0], graph_files(tmp_path, g)[2])
                   for g in model.graphs(part)]
-        e = sizes.part_expectation(part, graphs, architecture=sizes.part_bytes(model, part))
+        e = sizes.part_expectation(part, graphs, model=model)
         assert e.packed == bins[part.index].stat().st_size, part.tag
         assert sizes._cross_check(e, plan.tolerance_pct) == "", part.tag
 

@@ -48,6 +48,7 @@ def test_the_qwen3_export_is_imported_built_and_verified(tmp_path):
 
     bundle = project.doit("bundle", "model=qwen3x")
     assert "size check: qwen3x, plan export (4 parts)" in bundle.out, bundle.out
+    assert "architecture formula gives" not in bundle.out, bundle.out   # was -66.6% (issue 25)
     assert len(project.manifest("qwen3x")["graphs"]) == 8
     run = project.doit("verify", "model=qwen3x", check=False)
     assert run.code == 0, run.out + run.err

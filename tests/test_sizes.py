@@ -139,10 +139,23 @@ def tiny_built(tmp_path_factory):
 def test_generated_model_bins_are_the_tensor_expectation_to_the_byte(tiny_built):
     model, parts = tiny_built
     for part, graphs, built in parts:
-        e = sizes.part_expectation(part, graphs, 16, architecture=sizes.part_bytes(model, part))
+        e = sizes.part_expectation(part, graphs, 16, model=model)
         assert expected_by_build(e) == built, f"part {part.index}"
         # the architecture formula agrees within the plan's tolerance: no cross-check note
         assert sizes._cross_check(e, model.plans["four"].tolerance_pct) == ""
+
+
+@pytest.mark.parametrize("wrong", [{"intermediate_size": 384}, {"intermediate_size": 768}])
+def test_the_architecture_cross_check_sees_a_config_that_is_not_the_graphs(tiny_built, wrong):
+    """The other direction: with the graphs' own topology, header and padding measured, what is
+    left of the formula is the architecture's weights, and a config whose sizes are not the
+    graphs' (here the MLP width, 512 in the graphs) is noted beyond the tolerance."""
+    model, parts = tiny_built
+    other = replace(model, architecture=replace(model.architecture, **wrong))
+    notes = [sizes._cross_check(sizes.part_expectation(part, graphs, 16, model=other),
+                                model.plans["four"].tolerance_pct)
+             for part, graphs, _ in parts if part.layers]
+    assert notes and all("the architecture formula gives" in n for n in notes), notes
 
 
 # A part shaped like a qai-hub-models export: per-head 1x1 Conv q/v with float biases, o_proj and

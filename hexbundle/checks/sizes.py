@@ -11,6 +11,9 @@ token, per context length) share weights by name, and the container lays the blo
 The architecture formula (config/model.py part_weights: q/k/v/o, gate/up/down, norms, embedding,
 LM head) stays as a cross-check and for estimates before any input exists (disk space, bench):
 it reproduces the seeds' measured QAIRT figures for Qwen2.5-7B within 1% (tests/test_sizes.py).
+As a cross-check its weights are laid over what the graphs themselves measure (each graph's
+topology, the header, the weight blobs' alignment: `Overhead`), not over allowances measured on
+one family; the exports of three families (qwen2, qwen3, llama) then agree within 0.2%.
 Real exports hold other tensors (per-head 1x1 Conv q/k/v with biases, quantized norm weights,
 anonymous MatMul initializers), so a part is judged by its tensors and a disagreeing
 architecture figure is only noted in the table.
@@ -86,12 +89,27 @@ class PartExpectation:
 
 # ============================================================ the architecture formula (estimate)
 
+@dataclass(frozen=True)
+class Overhead:
+    """What a part's bin holds besides its weights, measured from its graphs (each graph's
+    topology blob; the header, which records every tensor and graph): the architecture formula
+    cannot know a family's graph (Qwen3-4B's ~310 nodes per layer in 4 graphs per part, Llama's
+    per-head convolutions), so where the graphs exist it takes these instead of its allowances."""
+
+    topology: tuple        # bytes per graph
+    header: int            # bytes
+    padding: int           # bytes aligning the part's weight blobs (per-head splits add blobs)
+
+
 def part_bytes(model: Model, part: Part, packed: bool = True, shared: bool = True,
-               float_bitwidth: int = 16) -> int:
+               float_bitwidth: int = 16, overhead: Optional[Overhead] = None) -> int:
     weights = part_weights(model.architecture, model.quantization, part)
     n_graphs = len(model.graphs(part))   # a prompt and a token graph per context length
     copies = 1 if shared else n_graphs
     blobs = [tensor_bytes(w, packed, float_bitwidth) for w in weights] * copies
+    if overhead is not None:   # the weights' bytes, laid out as the graphs split them
+        return container_size(list(overhead.topology), overhead.header) + sum(blobs) \
+            + overhead.padding
     topology = TOPOLOGY_BYTES_BASE + TOPOLOGY_BYTES_PER_LAYER * len(part.layers)
     blobs += [topology] * n_graphs
     header = HEADER_BYTES_PER_TENSOR * len(weights) * copies + HEADER_BYTES_PER_GRAPH * n_graphs
@@ -165,8 +183,16 @@ def header_fields(weights_packing: bool = True, weight_sharing: bool = True,
 
 def ctxbin_bytes(graphs: list, packed: bool, shared: bool, float_bitwidth: int,
                  fields: Optional[dict] = None) -> int:
-    """The size of the context binary write_ctxbin makes of these planned graphs: blobs in its
-    order (each graph's topology, then its weights not stored yet), the header as it composes it."""
+    """The size of the context binary write_ctxbin makes of these planned graphs."""
+    blobs, header = ctxbin_layout(graphs, packed, shared, float_bitwidth, fields)
+    return container_size([n for _, n in blobs], header)
+
+
+def ctxbin_layout(graphs: list, packed: bool, shared: bool, float_bitwidth: int,
+                  fields: Optional[dict] = None) -> tuple:
+    """([(blob, bytes)], header bytes) of the context binary write_ctxbin makes of these planned
+    graphs: blobs in its order (each graph's topology, then its weights not stored yet), the
+    header as it composes it."""
     blobs, stored, users, infos = [], {}, {}, []
     for graph in graphs:
         name = graph.info.name
@@ -186,16 +212,27 @@ def ctxbin_bytes(graphs: list, packed: bool, shared: bool, float_bitwidth: int,
     tensors = [{**record.to_json(), "graphs": users[blob]} for blob, record in stored.items()]
     fields = fields or header_fields()
     header = ctxbin_header(graphs=infos, tensors=tensors, **fields)
-    return container_size([n for _, n in blobs],
-                          len(canonical_json({**header, "blobs": table})))
+    return blobs, len(canonical_json({**header, "blobs": table}))
+
+
+def measured_overhead(graphs: list, float_bitwidth: int, fields: dict) -> Overhead:
+    """A part's topology blobs and header, as its bin (packed, shared) lays them out."""
+    blobs, header = ctxbin_layout(graphs, True, True, float_bitwidth, fields)
+    topologies = {topology_blob_name(g.info.name) for g in graphs}
+    padding = sum(align_up(n) - n for name, n in blobs if name not in topologies)
+    return Overhead(tuple(n for name, n in blobs if name in topologies), header, padding)
 
 
 def part_expectation(part: Part, graphs: list, float_bitwidth: int = 16,
-                     fields: Optional[dict] = None, architecture: Optional[int] = None):
+                     fields: Optional[dict] = None, model: Optional[Model] = None):
     """A part's expectation from its graphs' inputs (NamedGraph, in bin order). The packed,
-    unpacked and unshared figures come from the same tensor list."""
+    unpacked and unshared figures come from the same tensor list; with `model`, the
+    architecture formula's weights over the graphs' measured topology and header beside it."""
     planned = [plan_graph(g) for g in graphs]
     fields = fields or header_fields()
+    architecture = None if model is None else part_bytes(
+        model, part, float_bitwidth=float_bitwidth,
+        overhead=measured_overhead(planned, float_bitwidth, fields))
 
     def size(packed: bool, shared: bool) -> int:
         options = {**fields["options"], "weights_packing": packed, "weight_sharing": shared}
@@ -222,8 +259,7 @@ def expect_from_inputs(layout: Layout, convert, compiles: tuple) -> list:
                                {"soc_model": c.device.soc_model, "dsp_arch": c.device.dsp_arch})
         graphs = [NamedGraph(g.name, layout.onnx(g), layout.encodings(g), convert.unencoded_weights)
                   for g in cfg.model.graphs(part)]
-        out.append(part_expectation(part, graphs, float_bitwidth, fields,
-                                    part_bytes(cfg.model, part, float_bitwidth=float_bitwidth)))
+        out.append(part_expectation(part, graphs, float_bitwidth, fields, cfg.model))
     return out
 
 
