@@ -340,7 +340,7 @@ def test_a_file_where_the_bundle_directory_belongs_is_replaced_by_the_bundle(bui
 
 
 @pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
-@pytest.mark.parametrize("linked", ["bin", "dlc", "logs"])
+@pytest.mark.parametrize("linked", ["bin", "dlc", "logs", "origins"])
 def test_an_output_directory_linked_outside_the_build_root_is_refused(built_copy, tmp_path,
                                                                       linked):
     """Issue 26, item 4: a symlinked bin/ sent the bins outside the build root."""
@@ -441,6 +441,37 @@ def test_a_symlinked_build_root_marker_is_never_written_through(built_copy, tmp_
     assert run.code == 3 and ("(the mark of a build root hexbundle made), but it is a symbolic "
                               "link") in run.err, run.err
     assert outside.read_bytes() == OUTSIDE
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def test_a_step_log_linked_outside_the_build_root_is_replaced_not_written_through(built_copy,
+                                                                                  tmp_path):
+    log = built_copy.build_dir() / "logs" / "compile__part_2_of_4.log"
+    outside = _outside_file(tmp_path, log.name)
+    _replace(log, lambda p: p.symlink_to(outside))
+    (built_copy.build_dir() / "bin" / "qwen2_tiny_part_2_of_4.bin").unlink()   # the step reruns
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 0 and "compile:part_2_of_4" in run.executed, run.out + run.err
+    assert outside.read_bytes() == OUTSIDE
+    assert log.is_file() and not log.is_symlink() and log.stat().st_size > 0
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def test_a_step_record_linked_outside_the_build_root_is_not_read(built_copy, tmp_path):
+    """origins/<task>.json: where a step's outputs came from, read into build-info.json."""
+    record = built_copy.build_dir() / "origins" / "inputs__tokenizer.json"
+    outside = tmp_path / "outside" / record.name
+    outside.parent.mkdir()
+    outside.write_text(json.dumps({"task": "inputs:tokenizer", "outside": "read through a link",
+                                   "outputs": {}}))
+    _replace(record, lambda p: p.symlink_to(outside))
+    (built_copy.bundle() / "manifest.json").unlink()   # the bundle step reruns and reads them
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 0 and "bundle" in run.executed, run.out + run.err
+    info = (built_copy.build_dir() / "build-info.json").read_text()
+    assert "read through a link" not in info
 
 
 @pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)

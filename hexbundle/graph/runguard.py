@@ -416,7 +416,7 @@ def refuse_linked_output_dirs(layout) -> None:
     of hexbundle's clean-up or locking reaches. Named, with what to do; nothing is followed."""
     build = layout.build_root
     for directory in (layout.inputs_dir, layout.dlc_dir, layout.bin_dir, layout.logs_dir,
-                      layout.verify_report.parent):
+                      layout.origins_dir, layout.verify_report.parent):
         try:
             parts = directory.relative_to(build).parts
         except ValueError:
