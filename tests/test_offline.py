@@ -603,3 +603,115 @@ def test_the_staging_directory_of_a_killed_unpack_is_removed_by_the_next(tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert not dead.exists() and f"removed {dead}, left by an unpack that was killed" in proc.stdout
     assert live.exists() and (dest / "offline-kit" / "kit.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 26, item 5: the machine's pip configuration has no say in what the kit installs
+
+BOGUS_INDEX = "http://127.0.0.1:9/simple"   # nothing listens there: no network either way
+
+
+def test_the_pip_command_ignores_the_machines_pip_configuration(tmp_path):
+    """--isolated (no PIP_* variable, no user pip.conf), no PIP_* variable passed on, and
+    PIP_CONFIG_FILE=os.devnull (no pip.conf read at all): dropping any one fails here."""
+    from hexbundle.release.kit import pip_install_command
+    hostile = {"PIP_INDEX_URL": BOGUS_INDEX, "PIP_FIND_LINKS": str(tmp_path),
+               "PIP_CONFIG_FILE": str(tmp_path / "pip.conf"), "PIP_NO_INDEX": "0",
+               "PIP_ISOLATED": "0", "HOME": str(tmp_path), "PATH": os.environ.get("PATH", "")}
+    cmd, env = pip_install_command(tmp_path / "venv/bin/python", tmp_path / "kit",
+                                   kit_doc(), environ=hostile)
+    assert cmd[1:4] == ["-m", "pip", "install"] and "--isolated" in cmd
+    assert {"--no-index", "--only-binary=:all:"} <= set(cmd)
+    assert cmd[cmd.index("--find-links") + 1] == str(tmp_path / "kit" / "wheels" / "host")
+    assert {k: v for k, v in env.items() if k.startswith("PIP_")} == \
+        {"PIP_CONFIG_FILE": os.devnull}
+    assert env["HOME"] == str(tmp_path) and env["PATH"] == hostile["PATH"]   # the rest is kept
+
+
+def wheel(directory: Path, name: str, version: str, where: str, requires=()) -> Path:
+    """A pure-Python wheel of `name` whose module `<name>_where` says `where` it came from."""
+    import base64
+    import zipfile
+    dist = f"{name}-{version}.dist-info"
+    meta = "".join([f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+                    "Provides-Extra: test\n", *(f"Requires-Dist: {r}\n" for r in requires)])
+    files = {f"{name}_where.py": f"WHERE = {where!r}\n", f"{dist}/METADATA": meta,
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hexbundle-tests\n"
+                              "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = ""
+    for rel, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record += f"{rel},sha256={digest.decode()},{len(text.encode())}\n"
+    files[f"{dist}/RECORD"] = record + f"{dist}/RECORD,,\n"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for rel, text in files.items():
+            zf.writestr(rel, text)
+    return path
+
+
+def installed_where(python: Path, cwd: Path) -> dict:
+    code = ("import importlib.metadata as m, hexbundle_where, kitdep_where; "
+            "print(m.version('hexbundle'), hexbundle_where.WHERE, m.version('kitdep'), "
+            "kitdep_where.WHERE)")
+    proc = subprocess.run([str(python), "-I", "-c", code], cwd=cwd, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    return dict(zip(("hexbundle", "hexbundle from", "kitdep", "kitdep from"),
+                    proc.stdout.split()))
+
+
+def test_loading_a_kit_takes_its_wheels_whatever_pip_is_configured_to_find(tmp_path):
+    """A real `load_kit.py --venv` with every kind of pip configuration pointing at decoys: a
+    same-named hexbundle and dependency of higher versions, one pair per way of configuring pip
+    (PIP_FIND_LINKS, the PIP_CONFIG_FILE file, the user's and the global pip.conf, the venv's
+    own pip.conf). Each decoy is shown to win a plain pip run first; the kit's wheels win the
+    loader's."""
+    kit_wheels = {f"wheels/host/{w.name}": w.read_bytes() for w in (
+        wheel(tmp_path / "made", "hexbundle", "0.1.0", "kit", ["kitdep"]),
+        wheel(tmp_path / "made", "kitdep", "1.0", "kit"))}
+    kit = small_kit(tmp_path / "k", files=kit_wheels)
+    archive = pack(kit)
+    home, xdg = tmp_path / "home", tmp_path / "xdg"
+    venv = tmp_path / "venv"
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True,
+                          text=True)
+    assert made.returncode == 0, made.stderr
+    decoys = {}
+    for n, how in enumerate(("PIP_FIND_LINKS", "PIP_CONFIG_FILE", "user", "global", "venv")):
+        decoys[how] = tmp_path / "decoys" / how
+        wheel(decoys[how], "hexbundle", f"9.{n}", how, ["kitdep"])
+        wheel(decoys[how], "kitdep", f"9.{n}", how)
+    conf = "[global]\nfind-links = {}\nindex-url = " + BOGUS_INDEX + "\n"
+    (tmp_path / "env-pip.conf").write_text(conf.format(decoys["PIP_CONFIG_FILE"]))
+    for user_conf in (home / ".config" / "pip" / "pip.conf", home / ".pip" / "pip.conf"):
+        user_conf.parent.mkdir(parents=True)
+        user_conf.write_text(conf.format(decoys["user"]))
+    (xdg / "pip").mkdir(parents=True)
+    (xdg / "pip" / "pip.conf").write_text(conf.format(decoys["global"]))
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("PIP_", "XDG_CONFIG", "PYTHON", "VIRTUAL_ENV"))}
+    ways = {"PIP_FIND_LINKS": {"PIP_FIND_LINKS": str(decoys["PIP_FIND_LINKS"])},
+            "PIP_CONFIG_FILE": {"PIP_CONFIG_FILE": str(tmp_path / "env-pip.conf")},
+            "user": {"HOME": str(home)}, "global": {"XDG_CONFIG_DIRS": str(xdg)}, "venv": {}}
+    python = venv / "bin" / "python"
+    for how, env in ways.items():   # each decoy wins where pip's configuration has its say
+        if how == "venv":
+            (venv / "pip.conf").write_text(conf.format(decoys["venv"]))
+        plain = subprocess.run(
+            [str(python), "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-",
+             "--no-index", "--only-binary=:all:", "--find-links", str(kit / "wheels/host"),
+             "kitdep"], capture_output=True, text=True, cwd=tmp_path,
+            env={**base, "HOME": str(tmp_path), **env, "PIP_INDEX_URL": BOGUS_INDEX})
+        assert plain.returncode == 0, plain.stderr
+        chosen = [i["metadata"]["version"] for i in json.loads(plain.stdout)["install"]]
+        assert chosen == [f"9.{list(ways).index(how)}"], (how, chosen)
+    hostile = {**base, "PIP_INDEX_URL": BOGUS_INDEX, "PIP_EXTRA_INDEX_URL": BOGUS_INDEX,
+               **{k: v for env in ways.values() for k, v in env.items()}}
+    proc = subprocess.run([sys.executable, str(LOADER), str(archive), "--dest",
+                           str(tmp_path / "out"), "--venv", str(venv), "--no-images"],
+                          capture_output=True, text=True, cwd=tmp_path, env=hostile, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert installed_where(python, tmp_path) == {"hexbundle": "0.1.0", "hexbundle from": "kit",
+                                                 "kitdep": "1.0", "kitdep from": "kit"}

@@ -340,7 +340,7 @@ def test_a_file_where_the_bundle_directory_belongs_is_replaced_by_the_bundle(bui
 
 
 @pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
-@pytest.mark.parametrize("linked", ["bin", "dlc", "logs"])
+@pytest.mark.parametrize("linked", ["bin", "dlc", "logs", "origins"])
 def test_an_output_directory_linked_outside_the_build_root_is_refused(built_copy, tmp_path,
                                                                       linked):
     """Issue 26, item 4: a symlinked bin/ sent the bins outside the build root."""
@@ -356,3 +356,169 @@ def test_an_output_directory_linked_outside_the_build_root_is_refused(built_copy
     assert f"{linked}: a symbolic link (to {elsewhere}) where hexbundle writes its outputs" \
         in run.err, run.err
     assert sorted(p.name for p in elsewhere.iterdir()) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 26, item 4: no state file is read or written through a symbolic link
+
+MODEL_DB = STATE / "db" / "qwen2-tiny" / "doit-db.json"
+# Bytes that read as each state file's own kind (a DB with one record, a cache of one entry of
+# the wrong shape): a reader that follows the link takes them in; a writer replaces them.
+OUTSIDE = b'{"outside-task": {}}\n'
+
+
+def _outside_file(tmp_path: Path, name: str) -> Path:
+    outside = tmp_path / "outside" / name
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    outside.write_bytes(OUTSIDE)
+    return outside
+
+
+def _files(directory: Path) -> dict:
+    """Each file under `directory`: its bytes and inode (a write through a link, or a rename over
+    a file in a linked directory, changes one or the other)."""
+    return {p.relative_to(directory): (p.read_bytes(), p.stat().st_ino)
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+@pytest.mark.parametrize("where", [
+    STATE / "digests.json", STATE / "code-imports.json", VARIANT_DB, MODEL_DB,
+    STATE / "doit-db.json",
+], ids=["digest-cache", "code-imports", "variant-db", "model-db", "former-db"])
+def test_a_state_file_linked_outside_the_build_root_is_set_aside_unread(built_copy, tmp_path,
+                                                                        where):
+    outside = _outside_file(tmp_path, where.name)
+    link = built_copy.root / where
+    _replace(link, lambda p: p.symlink_to(outside))
+    (built_copy.build_dir() / "bin" / "qwen2_tiny_part_2_of_4.bin").unlink()   # work to save
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 0, run.out + run.err
+    assert outside.read_bytes() == OUTSIDE
+    said = [ln for ln in run.err.splitlines() if where.name in ln and "set aside" in ln]
+    assert len(said) == 1, run.err
+    # the link itself was moved aside (kept, pointing where it did), never followed
+    aside = [p for p in link.parent.iterdir() if p.is_symlink()]
+    assert [os.readlink(p) for p in aside] == [str(outside)], run.err
+    assert not link.is_symlink()
+    assert "outside-task" not in (link.read_text() if link.is_file() else "")
+    again = built_copy.doit("bundle")
+    no_traceback(again)
+    assert where.name not in again.err and not again.executed, again.out + again.err
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+@pytest.mark.parametrize("where", [
+    STATE / "db" / "qwen2-tiny", STATE / "db" / "qwen2-tiny" / "iq9075", VARIANT_DB.parent,
+], ids=["model-dir", "device-dir", "variant-dir"])
+def test_a_state_directory_linked_outside_the_build_root_is_refused(built_copy, tmp_path,
+                                                                    where):
+    directory = built_copy.root / where
+    outside = tmp_path / "outside"
+    shutil.move(str(directory), str(outside))
+    directory.symlink_to(outside)
+    before = _files(outside)
+    (built_copy.build_dir() / "bin" / "qwen2_tiny_part_2_of_4.bin").unlink()   # work to save
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 3, run.out + run.err
+    assert (f"{directory}: hexbundle keeps a directory there (the dependency DBs), but it is a "
+            "symbolic link: move it away or remove it") in run.err, run.err
+    assert _files(outside) == before
+    directory.unlink()   # as the message says
+    again = built_copy.doit("bundle")
+    no_traceback(again)
+    assert _files(outside) == before and built_copy.doit_db().is_file()
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def test_a_symlinked_build_root_marker_is_never_written_through(built_copy, tmp_path):
+    outside = _outside_file(tmp_path, "build-root.json")
+    _replace(built_copy.root / STATE / "build-root.json", lambda p: p.symlink_to(outside))
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 3 and ("(the mark of a build root hexbundle made), but it is a symbolic "
+                              "link") in run.err, run.err
+    assert outside.read_bytes() == OUTSIDE
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def test_a_step_log_linked_outside_the_build_root_is_replaced_not_written_through(built_copy,
+                                                                                  tmp_path):
+    log = built_copy.build_dir() / "logs" / "compile__part_2_of_4.log"
+    outside = _outside_file(tmp_path, log.name)
+    _replace(log, lambda p: p.symlink_to(outside))
+    (built_copy.build_dir() / "bin" / "qwen2_tiny_part_2_of_4.bin").unlink()   # the step reruns
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 0 and "compile:part_2_of_4" in run.executed, run.out + run.err
+    assert outside.read_bytes() == OUTSIDE
+    assert log.is_file() and not log.is_symlink() and log.stat().st_size > 0
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+def test_a_step_record_linked_outside_the_build_root_is_not_read(built_copy, tmp_path):
+    """origins/<task>.json: where a step's outputs came from, read into build-info.json."""
+    record = built_copy.build_dir() / "origins" / "inputs__tokenizer.json"
+    outside = tmp_path / "outside" / record.name
+    outside.parent.mkdir()
+    outside.write_text(json.dumps({"task": "inputs:tokenizer", "outside": "read through a link",
+                                   "outputs": {}}))
+    _replace(record, lambda p: p.symlink_to(outside))
+    (built_copy.bundle() / "manifest.json").unlink()   # the bundle step reruns and reads them
+    run = built_copy.doit("bundle", check=False)
+    no_traceback(run)
+    assert run.code == 0 and "bundle" in run.executed, run.out + run.err
+    info = (built_copy.build_dir() / "build-info.json").read_text()
+    assert "read through a link" not in info
+
+
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
+@pytest.mark.parametrize("command", [("dumpdb",), ("list", "--status")])
+def test_a_read_only_command_does_not_read_a_linked_db(built_copy, tmp_path, command):
+    shutil.copy2(ROOT / "pyproject.toml", built_copy.root)   # where dumpdb is registered
+    db = built_copy.doit_db()
+    outside = tmp_path / "outside" / db.name
+    outside.parent.mkdir()
+    records = json.loads(db.read_text())
+    records["outside-task"] = {}
+    outside.write_text(json.dumps(records))   # up to date: a reader of it would say so
+    before = outside.read_bytes()
+    _replace(db, lambda p: p.symlink_to(outside))
+    run = built_copy.doit(*command, check=False)
+    no_traceback(run)
+    assert "outside-task" not in run.out and "\nU bundle " not in "\n" + run.out, run.out
+    assert f"{db}: a symbolic link" in run.err, run.err
+    assert outside.read_bytes() == before and db.is_symlink()   # read-only: nothing moved
+
+
+def test_own_files_are_never_opened_through_a_link(tmp_path, monkeypatch):
+    """support.files: what every reader and in-place writer of hexbundle's own files uses."""
+    from hexbundle.graph import runguard
+    from hexbundle.support.errors import HexbundleError
+    from hexbundle.support.files import LinkedStateError, open_in_place, read_state
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(OUTSIDE)
+    link = tmp_path / "state" / "file"
+    link.parent.mkdir()
+    link.symlink_to(victim)
+    with pytest.raises(LinkedStateError):
+        read_state(link)
+    fifo = tmp_path / "state" / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):   # at once: no writer awaited
+        read_state(fifo)
+    with pytest.raises(FileNotFoundError):
+        read_state(tmp_path / "state" / "none")
+    with open_in_place(link) as fh:   # a log: the link is replaced, its target left alone
+        fh.write("log")
+    assert not link.is_symlink() and link.read_text() == "log"
+    assert victim.read_bytes() == OUTSIDE
+    lock = tmp_path / "state" / "lock"
+    lock.symlink_to(victim)   # put there after check_state_shapes looked, say
+    monkeypatch.setattr(runguard, "_held", None)
+    with pytest.raises(HexbundleError, match="the build lock.*symbolic link"):
+        runguard.hold_lock(lock, tmp_path)
+    assert victim.read_bytes() == OUTSIDE

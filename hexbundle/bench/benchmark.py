@@ -43,8 +43,9 @@ from hexbundle.config.layout import BUILD_ROOT_ENV, MD5_DOIT_DB, Layout, Project
 from hexbundle.config.model import Part
 from hexbundle.support import hashing
 from hexbundle.support import table as tables
-from hexbundle.support.atomic import atomic_output, output_path
+from hexbundle.support.atomic import atomic_output, write_atomic
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.files import read_state
 
 FULL_MODEL = "qwen2.5-7b-shape"
 SMALL_MODEL = "qwen2-tiny"
@@ -335,9 +336,11 @@ class Bench:
         self.log("MD5 baseline: recording its state (reset-dep) ...")
         for ours, md5 in ((self.layout.doit_db(), self.layout.doit_db(MD5_DOIT_DB)),
                           (self.layout.model_db(), self.layout.model_db(MD5_DOIT_DB))):
-            if ours.exists():   # a model whose inputs steps never ran has no DB of its own
-                with output_path(md5) as tmp:
-                    shutil.copyfile(ours, tmp)
+            try:   # never through a symbolic link (support.files.read_state)
+                records = read_state(ours)
+            except FileNotFoundError:   # a model whose inputs steps never ran has no DB of its own
+                continue
+            write_atomic(md5, records)
         reset = self.doit("reset-dep", *BUILD_TASKS, md5=True, trace=True)
         noop = self.doit("bundle", md5=True)
         self.expect_no_work(noop, "no-op doit bundle with the MD5 checker")

@@ -13,6 +13,7 @@ from hexbundle.formats.origins import read_origins, remote_summary
 from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.files import read_state
 from hexbundle.support.hashing import file_digest
 
 MANIFEST_FORMAT = 1
@@ -124,7 +125,7 @@ def read_build_info(layout: Layout) -> dict:
     """{"executor", "image", "steps", "remote_cache"} of the last bundle build; {} when there is none or it is unreadable
     (then the image now under the tag is what a caller can name)."""
     try:
-        doc = json.loads(layout.build_info.read_text())
+        doc = json.loads(read_state(layout.build_info))   # never through a link
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}

@@ -22,6 +22,7 @@ from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
 from hexbundle.support.console import warn
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.files import read_state
 
 
 def write_origin(layout: Layout, task: str, origin: dict, outputs: list) -> None:
@@ -47,7 +48,7 @@ def read_origins(layout: Layout) -> dict:
         return out
     for path in sorted(layout.origins_dir.glob("*.json")):
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(read_state(path))   # a link (never followed): no record
         except (OSError, ValueError):
             continue
         if not isinstance(doc, dict) or not isinstance(doc.get("outputs"), dict):

@@ -42,11 +42,13 @@ import functools
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Optional
 
 from hexbundle.support import hashing
-from hexbundle.support.atomic import atomic_output
+from hexbundle.support.atomic import atomic_output, set_aside
+from hexbundle.support.files import LinkedStateError, link_target, read_state
 
 PACKAGE_NAME = "hexbundle"
 PACKAGE = Path(__file__).resolve().parents[1]   # .../hexbundle
@@ -119,14 +121,31 @@ class ImportCache:
         self._dirty = False
 
     def _load(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text()) if self.path else {}
+        try:   # never through a symbolic link (support.files.read_state)
+            data = json.loads(read_state(self.path)) if self.path else {}
+        except LinkedStateError:
+            self._set_aside_link()
+            return {}
         except (OSError, ValueError, RecursionError):
             return {}
         if not isinstance(data, dict):
             return {}
         return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, list)
                 and all(isinstance(n, str) for n in v)}
+
+    def _set_aside_link(self) -> None:
+        """The file is a symbolic link (to a file outside the build root, maybe): not read, and
+        moved aside (the link alone), so the next save writes a file of its own there."""
+        target = link_target(self.path)
+        try:
+            where = f"set aside as {set_aside(self.path, 'link').name}"
+        except FileNotFoundError:
+            where = "gone meanwhile"
+        except OSError as exc:
+            where = f"left in place (cannot move it: {exc.strerror})"
+        print(f"hexbundle: warning: the import cache {self.path} is a symbolic link (to "
+              f"{target}), not hexbundle's file: not read, {where}; hexbundle's sources are "
+              "read again", file=sys.stderr, flush=True)
 
     def names(self, path: Path, name: str, is_package: bool) -> set:
         key = f"{name} {hashing.digest(path)}"

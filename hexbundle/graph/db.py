@@ -6,6 +6,9 @@ class, on the variant's `dep_file`. What it adds to doit's JsonDB (doit 0.37 ope
 'w' and writes it in place, once, when the run ends):
 
 - every save is temp + fsync + rename (support.atomic): a kill never leaves half a DB;
+- the DB is never read through a symbolic link (O_NOFOLLOW, support.files.read_state): a run has
+  set such a link aside before doit opens the DB (graph.runguard); a read-only command (`doit
+  list`, `doit info`, a dry run) takes it as empty, saying so;
 - a save after each task that succeeds (save_progress, from graph.reporter), so a killed run
   keeps the work it finished;
 - a variant's DB writes the model's steps' records back to the model's DB when they changed
@@ -27,11 +30,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from doit.dependency import JsonDB
+from doit.dependency import DatabaseException, JsonDB
 
 from hexbundle.graph.variants import split_records
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.files import LinkedStateError, link_target, read_state
 
 # The name DOIT_CONFIG's `backend` selects it by, as pyproject.toml registers it.
 BACKEND = "hexbundle"
@@ -63,6 +67,23 @@ class DurableJsonDB(JsonDB):
         global _current
         super().__init__(name, codec, module_name=module_name)
         _current = self
+
+    def _load(self) -> dict:
+        """doit's read of the DB file, never through a symbolic link."""
+        try:
+            data = read_state(self.name)
+        except LinkedStateError:
+            print(f"hexbundle: {self.name}: a symbolic link (to {link_target(self.name)}), not "
+                  "hexbundle's DB: not read (every task counts as not run); a build sets it "
+                  "aside", file=sys.stderr, flush=True)
+            return {}
+        try:
+            return self.codec.decode(data.decode("utf-8"))
+        except ValueError as error:   # as doit's JsonDB says it
+            raise DatabaseException(f"{error.args[0]}\nInvalid JSON data in "
+                                    f"{os.path.abspath(self.name)}\nTo fix this problem, you can "
+                                    "just remove the corrupted file, a new one will be "
+                                    "generated.\n") from None
 
     def save(self) -> None:
         """Write the DB (temp + fsync + rename); DbSaveError on a full disk. A variant's DB

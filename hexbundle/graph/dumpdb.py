@@ -17,6 +17,7 @@ from pathlib import Path
 from doit.cmd_base import Command
 
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.files import LinkedStateError, link_target, read_state
 
 opt_db = {
     "section": "DB",
@@ -80,7 +81,11 @@ def dump(path: Path, out=None) -> int:
               file=sys.stderr)
         return 0
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_state(path))   # never through a symbolic link
+    except LinkedStateError:
+        raise HexbundleError(f"{path}: a symbolic link (to {link_target(path)}), not "
+                             "hexbundle's DB: not read; the next build that uses it sets it "
+                             "aside and runs its tasks again") from None
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise HexbundleError(f"{path}: cannot read the dependency DB ({exc}); the next "
                              "build that uses it sets it aside and runs its tasks again") from None

@@ -21,6 +21,7 @@ from hexbundle.backends import describe
 from hexbundle.config.layout import Layout
 from hexbundle.graph import db
 from hexbundle.support import console
+from hexbundle.support.files import read_state
 
 # The tasks that build or check the variant the configs and the command line resolve to.
 VARIANT_TASKS = {"inputs", "convert", "compile", "check_sizes", "bundle", "verify", "release"}
@@ -61,7 +62,7 @@ def verify_verdict(layout: Layout) -> str:
     """`verify: PASSED (build/.../verify/report.json)`, read from the report on disk."""
     path = layout.verify_report
     try:
-        report = json.loads(path.read_text())
+        report = json.loads(read_state(path))   # never through a symbolic link
     except (OSError, ValueError):
         return f"verify: no report ({layout.rel(path)} is missing or unreadable)"
     verdict = "PASSED" if report.get("ok") else "FAILED"

@@ -44,8 +44,9 @@ from typing import Optional
 from hexbundle.config.layout import DB_DIR, DOIT_DB, STATE_DIR
 from hexbundle.graph.db import pair_with_model, save_file
 from hexbundle.graph.variants import seeded, split_records
-from hexbundle.support.atomic import atomic_output, discard, is_temp_name, put_back
+from hexbundle.support.atomic import aside_name, atomic_output, discard, is_temp_name, put_back
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.files import LinkedStateError, open_state, read_state
 from hexbundle.support.run import run_id
 
 LOCK_TIMEOUT_ENV = "HEXBUNDLE_LOCK_TIMEOUT"
@@ -120,10 +121,16 @@ def guard_run(layout, argv: list, db_name: str = DOIT_DB) -> None:
 def check_state_shapes(layout) -> None:
     """hexbundle's own state where something of another kind stands (the lock a directory, the
     DB or container records a file): a message naming it and what to do, never a traceback.
-    Nothing is removed: it may be the user's."""
+    Nothing is removed: it may be the user's. A symbolic link is refused wherever a directory of
+    the state or a file written in place stands (it would take hexbundle's writes outside the
+    build root): the state directory, the lock, the marker, and every directory on the way to
+    the variant's DB (db/<model>/<device>/<plan>/<backend>/); the files replaced whole (the DBs,
+    the caches) are set aside when they are links (set_aside_damaged_db, support.hashing,
+    graph.codekey)."""
     expected = [(layout.build_root, "a directory"), (layout.state_dir, "a directory"),
                 (layout.lock, "a file"), (layout.root_marker, "a file"),
                 (layout.db_dir, "a directory"), (layout.containers_dir, "a directory")]
+    expected += [(path, "a directory") for path in _db_dirs(layout)]
     for path, kind in expected:
         if not os.path.lexists(path):
             continue
@@ -136,7 +143,17 @@ def check_state_shapes(layout) -> None:
                                  f", but it is {found}: move it away or remove it, then run again")
 
 
+def _db_dirs(layout) -> list:
+    """The directories under db/ that hold the variant's DB and its model's: db/<model>/,
+    db/<model>/<device>/, ... (none for a layout of the project alone)."""
+    variant = getattr(layout, "variant", None) if getattr(layout, "cfg", None) else None
+    return [layout.db_dir.joinpath(*variant[:n]) for n in range(1, len(variant) + 1)] \
+        if variant else []
+
+
 def _purpose(layout, path: Path) -> str:
+    if path in _db_dirs(layout):
+        return "the dependency DBs"
     return {layout.build_root: "the build root", layout.state_dir: "hexbundle's state",
             layout.lock: "the build lock", layout.db_dir: "the dependency DBs",
             layout.root_marker: "the mark of a build root hexbundle made",
@@ -153,7 +170,7 @@ def marker_matches(marker: Path, build: Path) -> bool:
     """The marker was written for this very directory: a copy of it (into a shared directory,
     another disk) or a directory moved or recreated under the same name does not vouch."""
     try:
-        doc = json.loads(marker.read_text())
+        doc = json.loads(read_state(marker))   # never through a symbolic link
         return isinstance(doc, dict) and doc.get("root") == root_identity(build)
     except (OSError, ValueError, RecursionError):
         return False
@@ -210,9 +227,16 @@ def hold_lock(path: Path, root: Path) -> None:
     if _held is not None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Kept open for the life of the process (the lock lives with it); "a+" never truncates before
-    # we hold the lock, so the holder's pid stays readable.
-    fh = open(path, "a+")  # noqa: SIM115
+    # Kept open for the life of the process (the lock lives with it); not truncated before we
+    # hold the lock, so the holder's pid stays readable. O_NOFOLLOW: check_state_shapes refused
+    # a link already, and one put there since is refused too, never written through.
+    try:
+        fd = open_state(path, os.O_RDWR | os.O_CREAT)
+    except LinkedStateError:
+        raise HexbundleError(f"{path}: hexbundle keeps a file there (the build lock), but it is "
+                             "a symbolic link: move it away or remove it, then run again") \
+            from None
+    fh = os.fdopen(fd, "r+")
     timeout = lock_timeout()
     deadline = time.monotonic() + timeout
     announced = False
@@ -251,7 +275,7 @@ def _try_lock(fh) -> bool:
 def _holder(path: Path) -> str:
     """The pid the lock file records (before the run id)."""
     try:
-        return (path.read_text().split() or ["?"])[0]
+        return (read_state(path).decode(errors="replace").split() or ["?"])[0]
     except OSError:
         return "?"
 
@@ -334,13 +358,7 @@ def _notice(msg: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # 3. the dependency DB
 
-def _aside(path: Path, tag: str) -> Path:
-    """A free name beside `path` to move it to: <name>.<tag>, or <name>.<tag>.<n>."""
-    aside, n = path.with_name(f"{path.name}.{tag}"), 1
-    while aside.exists() or aside.is_symlink():
-        n += 1
-        aside = path.with_name(f"{path.name}.{tag}.{n}")
-    return aside
+_aside = aside_name   # a free name beside a file to move it to (support.atomic)
 
 
 def set_aside_damaged_db(db: Path, root: Path) -> Optional[Path]:
@@ -360,7 +378,7 @@ def set_aside_damaged_db(db: Path, root: Path) -> Optional[Path]:
                 "runs again this time")
         return aside
     try:
-        data = json.loads(db.read_text())
+        data = json.loads(read_state(db))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         data = None
     if isinstance(data, dict) and all(_record_ok(v) for v in data.values()):
@@ -398,7 +416,7 @@ def refuse_linked_output_dirs(layout) -> None:
     of hexbundle's clean-up or locking reaches. Named, with what to do; nothing is followed."""
     build = layout.build_root
     for directory in (layout.inputs_dir, layout.dlc_dir, layout.bin_dir, layout.logs_dir,
-                      layout.verify_report.parent):
+                      layout.origins_dir, layout.verify_report.parent):
         try:
             parts = directory.relative_to(build).parts
         except ValueError:
@@ -467,9 +485,11 @@ def seeded_view(backend, layout, db_name: str = DOIT_DB) -> None:
 
 
 def _read_db(db: Path) -> dict:
+    """A DB's records; {} if there is none, or if it is a symbolic link (never read: a run sets
+    it aside first; `doit --dry-run` takes it as empty)."""
     try:
-        return json.loads(db.read_text())
-    except FileNotFoundError:
+        return json.loads(read_state(db))
+    except (FileNotFoundError, LinkedStateError):
         return {}
 
 

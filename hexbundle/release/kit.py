@@ -471,6 +471,25 @@ def read_kit_json(kit: Path, listed: set, shown: Path = None) -> dict:
 # ---------------------------------------------------------------------------------------------
 # loading
 
+def pip_install_command(python: Path, kit: Path, doc: dict, environ=None) -> tuple:
+    """(command, environment) of the pip run that installs the kit's host wheels into the venv
+    of `python`. `environ`: the environment it is made from (default os.environ).
+
+    --only-binary: wheels only. Building anything (the kit's source, an sdist) runs its build
+    backend, code that came with the kit, possibly as root.
+    --no-index, --isolated, no PIP_* variables and PIP_CONFIG_FILE=os.devnull: the machine's
+    pip configuration (an index, other find-links: PIP_* variables, the global, user and venv
+    pip.conf files) has no say; the kit's wheels are all pip sees. (--isolated ignores the
+    variables and the user's pip.conf; os.devnull as PIP_CONFIG_FILE makes pip read no
+    configuration file at all: each covers the other's ground, on purpose.)"""
+    cmd = [str(python), "-m", "pip", "install", "--isolated", "--quiet", "--no-index",
+           "--only-binary=:all:", "--find-links", str(kit / HOST_WHEELS),
+           f"{kit / doc['host_wheel']}[test]"]
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items() if not k.startswith("PIP_")}
+    return cmd, {**env, "PIP_CONFIG_FILE": os.devnull}
+
+
 def install_host_wheels(kit: Path, doc: dict, venv: Path, log=print) -> Path:
     """A venv with hexbundle (from its wheel) and its tools, from the kit's wheels only."""
     python = venv / "bin" / "python"
@@ -481,17 +500,9 @@ def install_host_wheels(kit: Path, doc: dict, venv: Path, log=print) -> Path:
             raise KitError(f"{venv}: cannot create a venv there ({sys.executable} -m venv: "
                            f"{(proc.stderr or proc.stdout).strip()[-300:]}); choose another "
                            "--venv, or install python3-venv")
-    # --only-binary: wheels only. Building anything (the kit's source, an sdist) runs its build
-    # backend, code that came with the kit, possibly as root.
-    # --isolated and no PIP_* variables: the machine's pip configuration (an index, other
-    # find-links) has no say; the kit's wheels are all pip sees.
-    cmd = [str(python), "-m", "pip", "install", "--isolated", "--quiet", "--no-index",
-           "--only-binary=:all:", "--find-links", str(kit / HOST_WHEELS),
-           f"{kit / doc['host_wheel']}[test]"]
+    cmd, env = pip_install_command(python, kit, doc)
     log("load_kit: " + " ".join(cmd))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    proc = subprocess.run(cmd, capture_output=True, text=True,
-                          env={**env, "PIP_CONFIG_FILE": os.devnull})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise KitError(f"pip could not install from {kit / HOST_WHEELS} with no index:\n"
                        f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")

@@ -43,6 +43,7 @@ from hexbundle.support import hashing
 from hexbundle.support.atomic import commit, create_temp, discard
 from hexbundle.support.console import say, warn
 from hexbundle.support.errors import HexbundleError, output_error
+from hexbundle.support.files import open_in_place
 
 LOG_BYTES = 1 << 20   # a step's log goes to the cache with its outputs, up to this much
 
@@ -283,7 +284,7 @@ def _write_hit_log(layout: Layout, remote: RemoteSession, task: str, step: StepA
         lines.append("# the log of the run that built them:")
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with open(layout.log(task), "wb") as fh:
+        with open_in_place(layout.log(task), "wb") as fh:   # never through a link
             fh.write(("\n".join(lines) + "\n").encode() + built_log)
     except OSError:
         pass   # a log is a note

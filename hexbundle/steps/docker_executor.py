@@ -42,6 +42,7 @@ from hexbundle.config.toolchain import load_toolchain
 from hexbundle.support import progress
 from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import ContainerError, HexbundleError
+from hexbundle.support.files import open_in_place
 from hexbundle.support.run import LIFELINE_ENV, run_id
 from hexbundle.support.testhooks import PAUSE_AT_ENV, PAUSE_DIR_ENV
 from hexbundle.toolchain.docker import LONG_TIMEOUT_S, docker_client, find_image, require_sdk_image
@@ -221,7 +222,7 @@ def run_in_container(layout: Layout, spec: dict, log_path: Path, user: str = "",
     step_user's choice; `task` names the container. The step's progress lines
     (support.progress) are not logged: each goes to on_progress(snapshot, closed)."""
     user = step_user(layout, user)
-    with open(log_path, "w") as log:
+    with open_in_place(log_path) as log:   # never through a symbolic link
         try:
             tc = load_toolchain(layout.root)
             client = docker_client(LONG_TIMEOUT_S)

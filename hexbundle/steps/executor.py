@@ -18,6 +18,7 @@ from hexbundle.config import resolved
 from hexbundle.config.layout import Layout
 from hexbundle.support.console import say
 from hexbundle.support.errors import StepFailed
+from hexbundle.support.files import open_in_place
 from hexbundle.support.monitor import monitored
 
 TAIL_LINES = 40
@@ -39,7 +40,7 @@ def _tail(path: Path, n: int = TAIL_LINES) -> str:
 
 def run_local(spec: dict, log_path: Path) -> int:
     from hexbundle.steps.runner import run
-    with open(log_path, "w") as fh:
+    with open_in_place(log_path) as fh:   # never through a symbolic link
         def log(msg: str) -> None:
             fh.write(msg + "\n")
             fh.flush()

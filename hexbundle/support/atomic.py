@@ -269,6 +269,24 @@ def swap_in(staging: Path, final: Path) -> None:
     discard(old)
 
 
+def aside_name(path: Path, tag: str) -> Path:
+    """A free name beside `path` to move it to: <name>.<tag>, or <name>.<tag>.<n>."""
+    path = Path(path)
+    aside, n = path.with_name(f"{path.name}.{tag}"), 1
+    while aside.exists() or aside.is_symlink():
+        n += 1
+        aside = path.with_name(f"{path.name}.{tag}.{n}")
+    return aside
+
+
+def set_aside(path: Path, tag: str) -> Path:
+    """Move `path` itself to aside_name(path, tag) (a symbolic link is moved as a link, its
+    target left as it is); returns the new name. OSError if it cannot be moved."""
+    aside = aside_name(path, tag)
+    os.replace(path, aside)
+    return aside
+
+
 def put_back(path: Path) -> Optional[Path]:
     """If `path` is a directory swap_in moved aside and its target is missing (a kill between
     swap_in's two renames), rename it back and return the target; else None."""

@@ -1,12 +1,22 @@
-"""Input files that must be regular files before anything opens them.
+"""Files that must be regular files before anything opens them, and hexbundle's own files,
+which are never opened through a symbolic link.
 
 Opening a FIFO for reading blocks until a writer appears, and a device can stream forever: a
 named pipe where tokenizer.json, an encodings file, an ONNX or its .data belongs hung whole
 builds. Every reader of a model input asks `require_regular_file` first (a stat, which never
 blocks), so such a path is refused at once, naming it.
+
+hexbundle's own files (its state under <build root>/.hexbundle/, a step's log and records) are
+another matter: a symbolic link in their place would have hexbundle read, or write, a file
+outside the build root (issue 26, item 4). They are read with `read_state` and opened for
+writing in place with `open_in_place`, both O_NOFOLLOW; whole-file writes go through
+support.atomic, whose rename replaces a link itself, never its target. The directories on the
+way are checked before use (graph.runguard).
 """
 from __future__ import annotations
 
+import errno
+import os
 import stat
 from pathlib import Path
 
@@ -30,3 +40,70 @@ def require_regular_file(path: Path, what: str) -> None:
                 "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
         raise InputError(f"{path}: the {what} is {kind}, not a regular file; put the file "
                          "itself there")
+
+
+# ---------------------------------------------------------------------------------------------
+# hexbundle's own files: never through a symbolic link
+
+_NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+class LinkedStateError(OSError):
+    """One of hexbundle's own files is a symbolic link: it was not opened (errno ELOOP). An
+    OSError, so a reader that takes an unreadable file as none never follows it."""
+
+
+def _refuse_link(path, exc: OSError) -> None:
+    """Raise LinkedStateError for the ELOOP of O_NOFOLLOW on a link; else nothing."""
+    if exc.errno == errno.ELOOP and os.path.islink(path):
+        raise LinkedStateError(errno.ELOOP, "a symbolic link, not followed", str(path)) from None
+
+
+def link_target(path) -> str:
+    """Where a symbolic link points, for a message ("?" if it is gone meanwhile)."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+def read_state(path) -> bytes:
+    """The bytes of one of hexbundle's own files, never through a symbolic link nor from
+    anything but a regular file (opened O_NOFOLLOW | O_NONBLOCK: a FIFO does not block).
+
+    FileNotFoundError if there is none; LinkedStateError for a link (nothing is read); another
+    OSError if it cannot be read or is not a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    except OSError as exc:
+        _refuse_link(path, exc)
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return fh.read()
+
+
+def open_state(path, flags: int, mode: int = 0o666) -> int:
+    """os.open of one of hexbundle's own files with O_NOFOLLOW (the build lock): a descriptor,
+    or LinkedStateError for a link."""
+    try:
+        return os.open(path, flags | _NOFOLLOW, mode)
+    except OSError as exc:
+        _refuse_link(path, exc)
+        raise
+
+
+def open_in_place(path, mode: str = "w"):
+    """A file object writing `path` from its start (a step's log, written as the step runs),
+    never through a symbolic link: a link in its place is removed first (the link alone, its
+    target is left as it is), and the file is opened O_NOFOLLOW, so a link put there meanwhile
+    is refused, not followed. mode: "w" or "wb"."""
+    assert mode in ("w", "wb")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    try:
+        fd = open_state(path, flags)
+    except LinkedStateError:
+        os.unlink(path)
+        fd = open_state(path, flags)
+    return os.fdopen(fd, mode)

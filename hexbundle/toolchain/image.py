@@ -31,6 +31,7 @@ from hexbundle.config.layout import ProjectLayout
 from hexbundle.config.toolchain import Toolchain, load_toolchain, project_root, staged_sdk
 from hexbundle.support.atomic import write_atomic
 from hexbundle.support.errors import HexbundleError, ToolchainError
+from hexbundle.support.files import open_in_place, read_state
 from hexbundle.support.hashing import sha256_file
 
 CONTEXT_MTIME = 315532800          # 1980-01-01: fixed entry times in the context tar
@@ -41,7 +42,7 @@ TAIL_LINES = 30
 
 def read_record(root: Path) -> dict | None:
     try:
-        return json.loads(ProjectLayout(root).image_record.read_text())
+        return json.loads(read_state(ProjectLayout(root).image_record))
     except (OSError, ValueError):
         return None
 
@@ -217,7 +218,8 @@ def build(root: Path, base: str | None = None, network: str = "none") -> dict:
     project = ProjectLayout(root)
     project.image_dir.mkdir(parents=True, exist_ok=True)
     project.image_log.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile(dir=project.image_dir) as fh, open(project.image_log, "w") as log:
+    with (tempfile.TemporaryFile(dir=project.image_dir) as fh,
+          open_in_place(project.image_log) as log):   # never through a symbolic link
         context_sha256 = write_context(ctx, fh)
         fh.seek(0)
         say(f"context {fh.seek(0, os.SEEK_END) / (1 << 20):.1f} MiB, sha256 "
