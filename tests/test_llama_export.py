@@ -107,3 +107,32 @@ def test_the_llama_export_is_built_verified_and_its_bundle_linted(imported, tmp_
     assert any("rope-scaling.factor' is 8.0, config-llama32.json rope_scaling.factor is 32.0"
                in p for p in found), found
     assert tree_digests(DATA) == before   # used in place, never written
+
+
+def unsplit_only(export, dest):
+    """The tree as the generic path leaves it when its export stops before splitting: the
+    <ClassName>.aimet/model.* of each (AR, CL) and the tokenizer, no parts."""
+    for ar_dir in sorted(p for p in export.iterdir() if p.is_dir()):
+        for unsplit in ar_dir.glob("*AIMETOnnx.aimet"):
+            shutil.copytree(unsplit, dest / ar_dir.name / unsplit.name)
+    shutil.copyfile(export / "tokenizer.json", dest / "tokenizer.json")
+    return dest
+
+
+@pytest.mark.heavy   # split, built and verified: the full suite
+@pytest.mark.parametrize("export, slug, plan, extra", [
+    ("export-llama32", "llama_v3_2_3b_instruct", [0, 1, 1], ["--model-config", str(MODEL_CONFIG)]),
+    ("export-qwen3", "qwen3_4b", [0, 2, 2, 2], []),
+])
+def test_an_unsplit_only_tree_is_known_by_its_class_and_split_as_qualcomm_splits(
+        tmp_path, export, slug, plan, extra):
+    tree = unsplit_only(ROOT / "tests" / "data" / "qaihm" / export, tmp_path / "tree")
+    project = copy_project(tmp_path / "proj")
+    run = project.doit("import_export", "--dir", str(tree), "--name", "unsplit", *extra)
+    assert f"slug '{slug}'" in run.out, run.out
+    cfg = tomllib.loads((project.root / "configs" / "models" / "unsplit.toml").read_text())
+    assert cfg["inputs"]["split"] == "local"
+    assert cfg["plans"]["export"]["layers_per_part"] == plan   # the export's own partition
+    project.doit("bundle", "model=unsplit")
+    verified = project.doit("verify", "model=unsplit", check=False)
+    assert verified.code == 0 and "verify: PASSED" in verified.out, verified.out

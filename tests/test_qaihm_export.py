@@ -10,6 +10,7 @@ layouts record them (`_relocate`). Nothing under tests/data is ever written by a
 """
 import json
 import shutil
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -242,10 +243,11 @@ def test_verify_passes_on_the_qualcomm_made_export(imported):
 def test_the_asset_is_split_locally_and_built(tmp_path):
     project = copy_project(tmp_path / "proj")
     asset = make_asset(tmp_path / "asset")
-    run = project.doit("import_export", "--dir", str(asset), "--name", "asset", check=False)
-    assert run.code != 0 and "--plan" in run.out + run.err   # 28-layer split, 9 layers here
-    project.doit("import_export", "--dir", str(asset), "--name", "asset", "--plan",
-                 ",".join(map(str, PLAN)))
+    # the asset holds no parts: the 7B class's split rule applied to these 9 layers gives what
+    # Qualcomm's splitter made of them in export/ (PLAN)
+    project.doit("import_export", "--dir", str(asset), "--name", "asset")
+    cfg = tomllib.loads((project.root / "configs" / "models" / "asset.toml").read_text())
+    assert cfg["plans"]["export"]["layers_per_part"] == PLAN
     project.doit("bundle", "model=asset")
     assert len(list((project.bundle("asset")).glob("*.bin"))) == 6
     assert project.manifest("asset")["graphs"]["prompt_ar128_cl256_2_of_6"]["split_from"].endswith(
@@ -273,3 +275,21 @@ def test_import_command_errors_are_clean(tmp_path):
     assert run.code != 0 and "no such directory" in run.out + run.err
     assert "Traceback" not in run.out + run.err
 
+
+
+@pytest.mark.parametrize("slug, layers, parts", [
+    ("qwen2_5_7b_instruct", 28, (0, 6, 6, 6, 6, 4)),   # the seeds' 6 parts
+    ("qwen3_4b", 36, (0, 12, 12, 12)),
+    ("qwen3_4b", 6, (0, 2, 2, 2)),                     # tests/data/qaihm/export-qwen3
+    ("llama_v3_2_3b_instruct", 28, (0, 14, 14)),
+    ("llama_v3_2_3b_instruct", 2, (0, 1, 1)),          # tests/data/qaihm/export-llama32
+    ("llama_v3_1_8b_instruct", 32, (0, 9, 9, 9, 5)),
+    ("falcon_v3_7b_instruct", 28, (0, 8, 8, 8, 4)),
+    ("not_a_qaihm_model", 8, None),
+])
+def test_qualcomms_split_rule(slug, layers, parts):
+    """split_onnx_utils' rule (0.55): groups of NUM_LAYERS_PER_SPLIT, or ceil(layers /
+    (NUM_SPLITS - 1)) when that does not give NUM_SPLITS - 1 groups; the two exports in
+    tests/data were cut by Qualcomm's own code as the rule says."""
+    from hexbundle.formats.qaihm import qaihm_split
+    assert qaihm_split(slug, layers) == parts

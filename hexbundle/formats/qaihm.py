@@ -43,6 +43,37 @@ PRECISION = re.compile(r"_(?P<precision>w\d+a\d+)_ar\d+_cl\d+$")
 UNSPLIT_AIMET = "model.onnx"    # <ClassName>.aimet/model.onnx: the generic path's unsplit graph
 # Not in an export's files: the Qwen2 family's values (Qwen2.5's config.json), which an import
 # (inputs/import_export.py) prints as assumptions.
+# qai-hub-models 0.55's text LLMs: each model's file-name stem (slug), the class whose name the
+# generic path gives the unsplit graph's directory (<ClassName>.aimet/model.onnx), and its own
+# split (its model.py's NUM_SPLITS, NUM_LAYERS_PER_SPLIT; part 1 the embedding alone).
+QAIHM_LLMS = {
+    "qwen2_5_7b_instruct": ("Qwen2_5_7B_Instruct", 6, 6),
+    "qwen3_4b": ("Qwen3_4B_AIMETOnnx", 4, 12),
+    "qwen3_4b_instruct_2507": ("Qwen3_4B_Instruct_2507_AIMETOnnx", 4, 12),
+    "llama_v3_2_1b_instruct": ("Llama3_2_1B_AIMETOnnx", 3, 8),
+    "llama_v3_2_3b_instruct": ("Llama3_2_3B_AIMETOnnx", 3, 14),
+    "llama_v3_1_8b_instruct": ("Llama3_1_8B_AIMETOnnx", 5, 9),
+    "llama_v3_8b_instruct": ("Llama3_8B_AIMETOnnx", 5, 9),
+    "falcon_v3_7b_instruct": ("Falcon3_7B_AIMETOnnx", 5, 8),
+}
+SLUG_OF_CLASS = {cls: slug for slug, (cls, _, _) in QAIHM_LLMS.items()}
+
+
+def qaihm_split(slug: str, num_layers: int) -> Optional[tuple]:
+    """Decoder layers per part as qai-hub-models splits `slug` (None: not one of QAIHM_LLMS).
+    Its rule (split_onnx_utils.utils, 0.55): the layers in groups of NUM_LAYERS_PER_SPLIT after
+    the embedding's part, unless that does not give exactly NUM_SPLITS - 1 groups; then groups of
+    ceil(layers / (NUM_SPLITS - 1)) (its "Overwriting with" warning)."""
+    if slug not in QAIHM_LLMS:
+        return None
+    _, splits, per = QAIHM_LLMS[slug]
+    blocks = splits - 1
+    if blocks != -(-num_layers // per):
+        per = -(-num_layers // blocks)
+    groups = [min(per, num_layers - start) for start in range(0, num_layers, per)]
+    return (0, *groups)
+
+
 QWEN2_ROPE_THETA = 1000000.0
 QWEN2_RMS_NORM_EPS = 1e-6
 QWEN2_SPECIALS = {"bos": "<|im_start|>", "eos": "<|im_end|>", "eot": "<|endoftext|>"}
@@ -230,7 +261,8 @@ def _scan_ar_dirs(root: Path, ar_dirs: list) -> ExportTree:
         _scan_part_dirs(tree, ar_dir, key)
         if not tree.slug and unsplit:   # no parts: the 7B class's copy is named by the model;
             named = unsplit[0].stem if unsplit[0].parent == ar_dir else unsplit[0].parent.stem
-            tree.slug = re.sub(r"[^a-z0-9_]+", "_", named.lower())   # the generic one by class
+            tree.slug = SLUG_OF_CLASS.get(named) or \
+                re.sub(r"[^a-z0-9_]+", "_", named.lower())   # the generic one by class
     return tree
 
 

@@ -32,16 +32,13 @@ from hexbundle.formats.hf_config import LLAMA3_KEYS, read_hf_config
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.formats.qaihm import (QWEN2_RMS_NORM_EPS, QWEN2_ROPE_THETA, QWEN2_SPECIALS,
                                      TOKENIZER, TOKENIZER_CONFIG, ExportTree, graph_io,
-                                     load_structure, scan_export)
+                                     load_structure, qaihm_split, scan_export)
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.validate import whole_model_part
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError, InputError
 
-# qai-hub-models' own split of the models it ships (decoder layers per part; part 1 is the
-# embedding): qwen2_5_7b_instruct's 28 layers in 6 parts.
-KNOWN_PLANS = {"qwen2_5_7b_instruct": (0, 6, 6, 6, 6, 4)}
 PAST_KEY = re.compile(r"past_key_(\d+)_in")
 LAYER_IN_NAME = re.compile(r"layers\.(\d+)[./]")
 HEAD_WEIGHT = re.compile(r"layers\.(\d+)\..*q_proj[a-z_]*\.(\d+)\.weight$")
@@ -92,7 +89,7 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
     inferred = infer(tree, split, prompt_ar, token_ar)
     decide_family(inferred, hf, rope_theta, tree)
     plan_layers = wanted or (inferred.layers_per_part if split == "export"
-                             else KNOWN_PLANS.get(tree.slug))
+                             else qaihm_split(tree.slug, inferred.arch["num_layers"]))
     if plan_layers is None or sum(plan_layers) != inferred.arch["num_layers"]:
         known = (f"qai-hub-models splits {tree.slug!r} as {','.join(map(str, plan_layers))}, "
                  f"which does not fit this export's {inferred.arch['num_layers']} layers"
