@@ -798,7 +798,8 @@ BAD_INPUTS = {
         [(f"{BIN2}: weight sharing is on, but tensor 'model.layers.0.mlp.up_proj.weight' differs "
           f"between graphs '{P2}' and '{T2}'"), "exported with the same weights"]),
     "tokenizer-missing": (lambda p: _ex(p, "tokenizer.json").unlink(),
-                          ["exports/qwen2-tiny/tokenizer.json", "How to produce them"]),
+                          ["exports/qwen2-tiny/tokenizer.json", "no export writes it; it is the "
+                           "model's own tokenizer.json from its Hugging Face repository"]),
     "tokenizer-invalid": (lambda p: _ex(p, "tokenizer.json").write_text("{]"),
                           ["tokenizer.json: not a valid tokenizer.json",
                            "replace it with the model's Hugging Face tokenizer.json"]),

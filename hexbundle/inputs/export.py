@@ -51,8 +51,13 @@ def require_export(layout: Layout) -> None:
         listed = "\n".join(f"  {_shown(layout, p)}{_why_missing(p)}" for p in missing[:12])
         more = f"\n  ... and {len(missing) - 12} more" if len(missing) > 12 else ""
         how = cfg.inputs.how_to_export or "export the model (ONNX + .data + AIMET .encodings)"
+        graphs = [p for p in missing if p != layout.tokenizer]
+        hows = ([f"How to produce them: {how}"] if graphs else []) + (
+            [f"{_shown(layout, layout.tokenizer)}: no export writes it; it is the model's own "
+             "tokenizer.json from its Hugging Face repository: put it there, or import again "
+             "with --tokenizer FILE"] if layout.tokenizer in missing else [])
         raise InputError(f"{cfg.model.name}: {len(missing)} exported input file(s) missing:\n"
-                         f"{listed}{more}\nHow to produce them: {how}")
+                         f"{listed}{more}\n" + "\n".join(hows))
     if layout.is_tree:   # each ONNX must still record the data files the import found
         graphs = ([layout.unsplit_files(k) for k in layout.unsplit_slots()] if layout.splits_locally
                   else [layout.graph_files(g) for p in cfg.plan.parts() for g in cfg.model.graphs(p)])
