@@ -92,6 +92,19 @@ def test_a_mistyped_name_gets_the_nearest_in_one_line(fresh, args, needles):
     one_line_error(fresh.doit(*args, check=False), *needles)
 
 
+@pytest.mark.parametrize("args,needles", [
+    (("import_export", "--name", ""), ("an empty argument after --name", "--name VALUE")),
+    (("import_export", "--dir", "", "--name", "x"), ("an empty argument after --dir",)),
+    (("bundle", ""), ("an empty argument",)),
+])
+def test_an_empty_argument_is_named_not_a_traceback(fresh, args, needles):
+    """doit 0.37 indexes arg[0] of every argument (IndexError); hexbundle.graph.loader refuses
+    an empty one first (issue 26 item 7)."""
+    run = fresh.doit(*args, check=False)
+    assert run.code == 3, run.out + run.err
+    one_line_error(run, *needles)
+
+
 def test_dry_run_says_what_would_run_and_writes_nothing(tmp_path):
     fresh = with_commands(tmp_path / "proj")   # its own: a mistyped task takes the build lock
     for args in (("bundle", "--dry-run"), ("--dry-run",)):
