@@ -533,6 +533,42 @@ def test_inputs_are_validated_even_when_the_cache_answers_with_an_old_result(ser
 
 
 
+def test_an_exports_values_are_validated_before_the_cache_is_asked_for_its_split(server,
+                                                                                tmp_path):
+    """The same for a split made here (an export with only its unsplit graphs): a NaN in the
+    export's unsplit .data, a server answering the split of the part that reads it with the old
+    split. Before, the old (clean) split came back and convert found nothing wrong in it; now
+    the part's own weights in the export are checked before the cache is asked."""
+    from conftest import unsplit_only_tree
+    export = unsplit_only_tree(tmp_path / "export")
+    a = copy_project(tmp_path / "a")
+    a.doit("import_export", "--dir", str(export), "--name", "whole")
+    a.doit("bundle", "model=whole", f"remote_cache={server.url}")
+    stale_key = action_of(a, "inputs:part_2_of_6", "whole")
+    old = {}
+
+    def stale_answer(request, real):
+        if real is not None and reapi.digest_text(request.action_digest) == stale_key:
+            old["result"] = real
+        return real if real is not None else old.get("result")
+
+    proxy = HostileProxy(server.url, stale_answer)
+    try:
+        b = copy_project(tmp_path / "b")
+        b.doit("import_export", "--dir", str(export), "--name", "whole")
+        b.doit("bundle", "model=whole", f"remote_cache={proxy.url}")   # all hits; old recorded
+        before = snapshot(b.bundle("whole", plan="export"))
+        name = nan_in_first_weight(export / "ar128_cl256" / "qwen2_5_7b_instruct.onnx")
+        run = b.doit("bundle", "model=whole", f"remote_cache={proxy.url}", check=False)
+    finally:
+        proxy.stop()
+    assert "result" in old
+    assert "layers.0." in name   # a weight of part 2 (layers 0 and 1)
+    assert run.code != 0, run.out + run.err
+    assert f"weight '{name}' holds NaN" in run.out + run.err, run.out + run.err
+    assert snapshot(b.bundle("whole", plan="export")) == before   # nothing new shipped
+
+
 # ------------------------------------------------------------------------------ item 6: no hang
 
 def test_a_result_declaring_a_tebibyte_is_refused_before_any_byte_is_fetched(server, tmp_path):

@@ -59,9 +59,13 @@ def run_through_cache(run, layout: Layout, task_name: str, step: str,
         return step_action(layout, step, extra, task_options(task), sorted(task.file_dep),
                            list(task.targets), image)
 
-    if step == "convert":   # its inputs are validated whether or not the cache has the step
+    # a step's inputs are validated whether or not the cache has the step
+    if step == "convert":
         from hexbundle.steps.convert import validate_before_cache
         validate_before_cache(layout, extra, lambda line: None)
+    elif step == "inputs" and layout.splits_locally and "part" in extra:
+        from hexbundle.inputs.split import validate_part_sources
+        validate_part_sources(layout, layout.cfg.part(extra["part"]))
     run_cached(layout, task_name, [layout.root / t for t in task.targets], make_action,
                lambda: run(layout, task_name, step, **extra),
                fetch_check(run, layout, task_name, step, extra))

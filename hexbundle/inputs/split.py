@@ -294,15 +294,7 @@ def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
     started = time.monotonic()
     graphs = model.graphs(part)
     data_path = out[graphs[0].slot].data[0]
-    pieces = {}
-    whole = model.graphs(validate.whole_model_part(model))
-    for graph, whole_graph in zip(graphs, whole):
-        src = unsplit[graph.slot]
-        recorded_data_files(src.onnx)   # a broken .data record is named before any work
-        proto = validate.check_onnx(src.onnx)
-        validate.check_graph_io(src.onnx, proto, model, whole_graph, config)
-        cut = cut_graph(proto, model.architecture.num_layers, src.onnx)
-        pieces[graph.slot] = (src, proto, part_graph(cut, part, src.onnx))
+    pieces = cut_sources(model, part, unsplit, config)
     total = sum(initializer_values(init, pieces[g.slot][0].onnx).nbytes for g in graphs
                 for init in pieces[g.slot][2].initializers if init.data_location == init.EXTERNAL)
     with atomic_output(data_path) as f, progress.meter(f"{data_path.name}", total):
@@ -331,6 +323,39 @@ def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
     log(f"wrote {data_path.name}: {writer.copied / 2**20:.1f} MiB of weights copied "
         f"({size / 2**20:.1f} MiB file) in {time.monotonic() - started:.1f}s")
     return [p for g in graphs for p in out[g.slot].all]
+
+
+def cut_sources(model: Model, part: Part, unsplit: dict, config: Optional[Path] = None) -> dict:
+    """slot -> (its unsplit GraphInputs, proto, the part's PartGraph), each unsplit graph
+    validated first (its structure; its inputs and outputs as the whole model's graph)."""
+    pieces = {}
+    whole = model.graphs(validate.whole_model_part(model))
+    for graph, whole_graph in zip(model.graphs(part), whole):
+        src = unsplit[graph.slot]
+        recorded_data_files(src.onnx)   # a broken .data record is named before any work
+        proto = validate.check_onnx(src.onnx)
+        validate.check_graph_io(src.onnx, proto, model, whole_graph, config)
+        cut = cut_graph(proto, model.architecture.num_layers, src.onnx)
+        pieces[graph.slot] = (src, proto, part_graph(cut, part, src.onnx))
+    return pieces
+
+
+def validate_part_sources(layout: Layout, part: Part) -> int:
+    """What the split of `part` reads of the export, checked as convert will check the split:
+    the unsplit graphs' structure and the values of the part's own float weights (NaN,
+    infinity), streamed; a window of .data shared by the graphs read once. Run before a remote
+    cache is asked for the split (graph/remote_steps.py): a cache that answers with an older
+    split must not hide a broken export. Returns the bytes read."""
+    graphs = layout.cfg.model.graphs(part)
+    pieces = cut_sources(layout.cfg.model, part,
+                         {g.slot: layout.unsplit_files(g.slot) for g in graphs},
+                         layout.model_config_path)
+    read, seen = 0, set()
+    for src, proto, pg in pieces.values():
+        floats = {init.name: "float32" for init in pg.initializers
+                  if init.data_type in validate.FLOAT_TYPES}
+        read += validate.check_weight_values(src.onnx, proto, floats, seen=seen)
+    return read
 
 
 def _write_onnx(path: Path, proto) -> None:
