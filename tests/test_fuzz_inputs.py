@@ -188,6 +188,12 @@ def _cases() -> list:
         add(f"onnx-inline-nonfinite-{i:02d}", "inline-nonfinite", rng.choice(with_inline) + ".onnx",
             pick=rng.randrange(1 << 30), value=rng.choice(["nan", "inf", "-inf"]),
             field=rng.choice(["raw_data", "float_data"]))
+    # Links where a file belongs (issue 26, items 7 and 8): a loop, and a link to nothing; no
+    # draw, so every case above keeps its own.
+    for what, rel in (("onnx", GRAPHS[0] + ".onnx"), ("data", GRAPHS[0] + ".data"),
+                      ("encodings", GRAPHS[0] + ".encodings"), ("tokenizer", TOKENIZER)):
+        add(f"special-loop-{what}", "symlink-loop", rel)
+        add(f"special-dangling-{what}", "dangling", rel)
 
     return cases
 
@@ -461,12 +467,22 @@ def mutate(export: Path, kind: str, rel: str, params: dict) -> None:
     elif kind == "device":
         path.unlink()
         path.symlink_to(params["device"])
+    elif kind == "symlink-loop":   # path -> path.loop -> path
+        path.unlink()
+        path.symlink_to(path.name + ".loop")
+        path.with_name(path.name + ".loop").symlink_to(path.name)
+    elif kind == "dangling":
+        path.unlink()
+        path.symlink_to(path.name + ".gone")
     else:
         _mutate_graph(path, kind, params["pick"])
 
 
 def restore(export: Path, rel: str) -> None:
     path = export / rel
+    loop = path.with_name(path.name + ".loop")
+    if loop.is_symlink():
+        loop.unlink()
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
