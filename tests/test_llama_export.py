@@ -106,6 +106,23 @@ def test_the_llama_export_is_built_verified_and_its_bundle_linted(imported, tmp_
     found = check_bundle(theirs, CHIPSETS, MODEL_CONFIG).problems
     assert any("rope-scaling.factor' is 8.0, config-llama32.json rope_scaling.factor is 32.0"
                in p for p in found), found
+    # the bundle's RoPE without its scaling (what a build that lost it writes): verify refuses
+    plain = shutil.copytree(bundle, tmp_path / "plain")
+    doc = json.loads((plain / "genie_config.json").read_text())
+    block = doc["dialog"]["engine"]["model"].pop("positional-encoding")
+    doc["dialog"]["engine"]["backend"]["QnnHtp"].update(
+        {"pos-id-dim": block["rope-dim"], "rope-theta": block["rope-theta"]})
+    (plain / "genie_config.json").write_text(json.dumps(doc))
+    from hexbundle.checks.verify import compare_bundle_with_onnx
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps.options import verify_options
+    from hexbundle.support.errors import VerifyError
+    cfg = load_build(project.root, {"model": "llama32"})
+    with pytest.raises(VerifyError, match="rope-scaling' is none .* but llama32.toml "
+                                          "architecture.rope_scaling is llama3 \\(factor 32"):
+        compare_bundle_with_onnx(Layout(cfg), verify_options(cfg), bundle_dir=plain,
+                                 log=lambda line: None)
     assert tree_digests(DATA) == before   # used in place, never written
 
 
