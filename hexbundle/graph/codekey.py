@@ -42,13 +42,12 @@ import functools
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Optional
 
 from hexbundle.support import hashing
-from hexbundle.support.atomic import atomic_output, set_aside
-from hexbundle.support.files import LinkedStateError, link_target, read_state
+from hexbundle.support.atomic import atomic_output, set_aside_link
+from hexbundle.support.files import LinkedStateError, read_state
 
 PACKAGE_NAME = "hexbundle"
 PACKAGE = Path(__file__).resolve().parents[1]   # .../hexbundle
@@ -124,7 +123,7 @@ class ImportCache:
         try:   # never through a symbolic link (support.files.read_state)
             data = json.loads(read_state(self.path)) if self.path else {}
         except LinkedStateError:
-            self._set_aside_link()
+            set_aside_link(self.path, "the import cache", "hexbundle's sources are read again")
             return {}
         except (OSError, ValueError, RecursionError):
             return {}
@@ -132,20 +131,6 @@ class ImportCache:
             return {}
         return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, list)
                 and all(isinstance(n, str) for n in v)}
-
-    def _set_aside_link(self) -> None:
-        """The file is a symbolic link (to a file outside the build root, maybe): not read, and
-        moved aside (the link alone), so the next save writes a file of its own there."""
-        target = link_target(self.path)
-        try:
-            where = f"set aside as {set_aside(self.path, 'link').name}"
-        except FileNotFoundError:
-            where = "gone meanwhile"
-        except OSError as exc:
-            where = f"left in place (cannot move it: {exc.strerror})"
-        print(f"hexbundle: warning: the import cache {self.path} is a symbolic link (to "
-              f"{target}), not hexbundle's file: not read, {where}; hexbundle's sources are "
-              "read again", file=sys.stderr, flush=True)
 
     def names(self, path: Path, name: str, is_package: bool) -> set:
         key = f"{name} {hashing.digest(path)}"

@@ -38,10 +38,12 @@ import os
 import re
 import secrets
 import shutil
+import sys
 from pathlib import Path
 from typing import Optional
 
 from hexbundle.support.errors import output_error
+from hexbundle.support.files import link_target
 
 TEMP_NAME = re.compile(r"\.(?P<target>.+)\.(?P<pid>[0-9]+)\.(?P<token>[0-9a-f]{12})"
                        r"\.(?P<kind>tmp|old)", re.DOTALL)
@@ -285,6 +287,21 @@ def set_aside(path: Path, tag: str) -> Path:
     aside = aside_name(path, tag)
     os.replace(path, aside)
     return aside
+
+
+def set_aside_link(path: Path, what: str, then: str) -> None:
+    """A state file found to be a symbolic link (to a file outside the build root, maybe): not
+    read, the link alone moved aside so the next save writes a file of hexbundle's own there,
+    and one warning saying `what` it is and what happens `then`."""
+    target = link_target(path)
+    try:
+        where = f"set aside as {set_aside(path, 'link').name}"
+    except FileNotFoundError:
+        where = "gone meanwhile"
+    except OSError as exc:
+        where = f"left in place (cannot move it: {exc.strerror})"
+    print(f"hexbundle: warning: {what} {path} is a symbolic link (to {target}), not "
+          f"hexbundle's file: not read, {where}; {then}", file=sys.stderr, flush=True)
 
 
 def put_back(path: Path) -> Optional[Path]:

@@ -24,8 +24,8 @@ from typing import Optional
 
 import xxhash
 
-from hexbundle.support.atomic import atomic_output, set_aside
-from hexbundle.support.files import LinkedStateError, link_target, read_state
+from hexbundle.support.atomic import atomic_output, set_aside_link
+from hexbundle.support.files import LinkedStateError, read_state
 
 CHUNK = 1 << 20  # 1 MiB reads: xxh3 reaches ~15 GiB/s from page cache (8 KiB reads: ~4 GiB/s)
 
@@ -144,7 +144,7 @@ class DigestCache:
         try:   # never through a symbolic link (support.files.read_state)
             data = json.loads(read_state(self.path))
         except LinkedStateError:
-            self._set_aside_link()
+            set_aside_link(self.path, "the digest cache", "files will be hashed again")
             return {}
         except OSError:
             return {}  # none, or unreadable: a lost cache only costs re-hashing
@@ -174,20 +174,6 @@ class DigestCache:
                   file=sys.stderr, flush=True)
         # Entries of files that are gone (a bundle's staging directory) would pile up forever.
         return {k: v for k, v in data.items() if _valid_entry(v) and os.path.lexists(k)}
-
-    def _set_aside_link(self) -> None:
-        """The cache is a symbolic link (to a file outside the build root, maybe): not read, and
-        moved aside (the link alone), so the next save writes a file of its own there."""
-        target = link_target(self.path)
-        try:
-            where = f"set aside as {set_aside(self.path, 'link').name}"
-        except FileNotFoundError:
-            where = "gone meanwhile"
-        except OSError as exc:
-            where = f"left in place (cannot move it: {exc.strerror})"
-        print(f"hexbundle: warning: the digest cache {self.path} is a symbolic link (to "
-              f"{target}), not hexbundle's file: not read, {where}; files will be hashed again",
-              file=sys.stderr, flush=True)
 
     def digest(self, path, st: Optional[os.stat_result] = None) -> str:
         return self._entry(path, st, self.with_sha256)[1]
