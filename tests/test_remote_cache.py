@@ -496,6 +496,19 @@ def nan_in_first_weight(onnx_path: Path) -> str:
     return init.name
 
 
+def stale_answering(url: str, key: str) -> tuple:
+    """(a proxy in front of the server at `url`, what it recorded): it answers every action the
+    server misses with the result it last saw for the action `key` (an old result)."""
+    old = {}
+
+    def stale_answer(request, real):
+        if real is not None and reapi.digest_text(request.action_digest) == key:
+            old["result"] = real
+        return real if real is not None else old.get("result")
+
+    return HostileProxy(url, stale_answer), old
+
+
 def test_inputs_are_validated_even_when_the_cache_answers_with_an_old_result(server, tmp_path):
     """A server answering an action it should miss with an old result: part 2's prompt graph of
     an export (which has its own .data) gets a NaN, and the server answers its convert with the
@@ -508,14 +521,7 @@ def test_inputs_are_validated_even_when_the_cache_answers_with_an_old_result(ser
     a.doit("import_export", "--dir", str(export), "--name", "qaihm")
     a.doit("bundle", "model=qaihm", f"remote_cache={server.url}")
     stale_key = action_of(a, "convert:part_2_of_6_prompt", "qaihm")
-    old = {}
-
-    def stale_answer(request, real):
-        if real is not None and reapi.digest_text(request.action_digest) == stale_key:
-            old["result"] = real
-        return real if real is not None else old.get("result")
-
-    proxy = HostileProxy(server.url, stale_answer)
+    proxy, old = stale_answering(server.url, stale_key)
     try:
         b = copy_project(tmp_path / "b")
         b.doit("import_export", "--dir", str(export), "--name", "qaihm")
@@ -545,14 +551,7 @@ def test_an_exports_values_are_validated_before_the_cache_is_asked_for_its_split
     a.doit("import_export", "--dir", str(export), "--name", "whole")
     a.doit("bundle", "model=whole", f"remote_cache={server.url}")
     stale_key = action_of(a, "inputs:part_2_of_6", "whole")
-    old = {}
-
-    def stale_answer(request, real):
-        if real is not None and reapi.digest_text(request.action_digest) == stale_key:
-            old["result"] = real
-        return real if real is not None else old.get("result")
-
-    proxy = HostileProxy(server.url, stale_answer)
+    proxy, old = stale_answering(server.url, stale_key)
     try:
         b = copy_project(tmp_path / "b")
         b.doit("import_export", "--dir", str(export), "--name", "whole")
