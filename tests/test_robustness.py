@@ -859,7 +859,8 @@ def test_unknown_model_on_the_command_line(exported):
     run = exported.doit("bundle", "model=qwen4-tiny", check=False)
     assert run.code == 3
     assert "command line: model = 'qwen4-tiny': unknown model 'qwen4-tiny'" in run.err
-    assert "known: qwen2-tiny" in run.err
+    known = run.err.split("known: ", 1)[1].strip().split(", ")
+    assert "qwen2-tiny" in known and known == sorted(known), run.err
     no_traceback(run)
 
 
