@@ -293,3 +293,34 @@ def test_qualcomms_split_rule(slug, layers, parts):
     tests/data were cut by Qualcomm's own code as the rule says."""
     from hexbundle.formats.qaihm import qaihm_split
     assert qaihm_split(slug, layers) == parts
+
+
+def _graph_with(initializers=(), conv_bias=None):
+    from onnx import TensorProto, helper
+    inits = [helper.make_tensor(name, TensorProto.FLOAT, [1], [0.0]) for name in initializers]
+    nodes = []
+    if conv_bias:
+        inits.append(helper.make_tensor(conv_bias, TensorProto.FLOAT, [1], [0.0]))
+        nodes.append(helper.make_node("Conv", ["x", "w", conv_bias], ["y"],
+                                      name="/model/layers.0/self_attn/q_proj_sha.0/Conv"))
+    return helper.make_model(helper.make_graph(nodes, "g", [], [], inits))
+
+
+@pytest.mark.parametrize("initializers, conv_bias, family", [
+    (["model.model.layers.0.self_attn.q_proj_sha.0.bias"], None, "qwen2"),       # 0.55's names
+    (["model_layers_0_self_attn_q_proj_sha_0_Conv.bias"], None, "qwen2"),        # the asset's
+    ([], "onnx::Conv_1234", "qwen2"),                                            # anonymous bias
+    (["model.model.layers.0.self_attn.q_norm_sha.0.weight"], None, "qwen3"),
+    (["model.model.layers.0.input_layernorm.weight"], None, "llama"),
+])
+def test_the_family_is_read_from_the_tensors(initializers, conv_bias, family):
+    from hexbundle.inputs.import_export import family_from_graphs
+    assert family_from_graphs([_graph_with(initializers, conv_bias)], [None])[0] == family
+
+
+def test_biases_and_norms_together_are_no_known_family(tmp_path):
+    from types import SimpleNamespace
+    from hexbundle.inputs.import_export import family_from_graphs
+    proto = _graph_with(["a.q_proj.bias", "a.k_norm.weight"])
+    with pytest.raises(InputError, match="no family hexbundle knows has both"):
+        family_from_graphs([proto], [SimpleNamespace(onnx=tmp_path / "m.onnx")])

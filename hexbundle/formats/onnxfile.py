@@ -63,6 +63,14 @@ class TensorValues:
         return np.array(np.memmap(self.data_path, dtype=self.dtype, mode="r",
                                   offset=self.offset, shape=self.shape))
 
+    def mapped(self) -> np.ndarray:
+        """The values as a read-only view, not read until indexed (a memmap of the external
+        data; the inline array): a few elements of a large tensor without reading it all."""
+        if self.inline is not None or self.nbytes == 0:
+            return self.whole()
+        return np.memmap(self.data_path, dtype=self.dtype, mode="r", offset=self.offset,
+                         shape=self.shape)
+
     def rows(self, block_elements: Optional[int] = None) -> Iterator[tuple]:
         """(row slice, float32 block) over axis 0; a 0-d tensor is one block of one row.
         Blocks are read-only (float32 external data comes as the mapped window itself).

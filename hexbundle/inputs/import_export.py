@@ -215,8 +215,13 @@ def infer(tree: ExportTree, split: str, prompt_ar: int, token_ar: int) -> Inferr
 
 # ============================================================================ the family
 
-QK_NORM = re.compile(r"(^|[._/])[qk]_(norm|layernorm)([._/]|$)")
-QKV_BIAS = re.compile(r"[qkv]_proj[a-z_]*(\.\d+)?\.bias$")
+# By name, as qai-hub-models' exports keep them (q_proj_sha.0.bias, q_norm_sha.0.weight, and
+# the asset's flattened names such as ..._q_proj_sha_0_Conv.bias), and by structure (a q/k/v
+# projection Conv with a bias input)
+QK_NORM = re.compile(r"[qk]_(norm|layernorm)", re.I)
+QKV_BIAS = re.compile(r"[qkv]_proj.*bias$", re.I)
+QKV_PROJ = re.compile(r"[qkv]_proj", re.I)
+TIED_SAMPLES = 16
 # The chat special tokens of each family, as its tokenizer names them (Genie's bos/eos/eot)
 FAMILY_SPECIALS = {"qwen2": QWEN2_SPECIALS, "qwen3": QWEN2_SPECIALS,
                    "llama": {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>",
@@ -238,7 +243,10 @@ def family_from_graphs(protos: list, graphs: list) -> tuple:
     Qwen2, neither a Llama-style decoder (Llama 3.x, Mistral, Falcon 3)."""
     names = [i.name for p in protos for i in p.graph.initializer]
     norms = sorted({n for n in names if QK_NORM.search(n)})
-    biases = sorted({n for n in names if QKV_BIAS.search(n)})
+    biases = sorted({n for n in names if QKV_BIAS.search(n)} | {
+        node.input[2] for p in protos for node in p.graph.node
+        if node.op_type in ("Conv", "Gemm") and len(node.input) == 3 and node.input[2]
+        and QKV_PROJ.search(node.name or node.output[0])})
     if norms and biases:
         raise InputError(f"{graphs[0].onnx}: q/k norms ({norms[0]}) and q/k/v biases "
                          f"({biases[0]}): no family hexbundle knows has both (qwen2: biases, "
@@ -253,8 +261,8 @@ def family_from_graphs(protos: list, graphs: list) -> tuple:
 
 def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
     """Whether the LM head holds the embedding's values (a tied model: the export keeps a copy),
-    compared on a few vocabulary rows; None where the head is not found or too big to compare
-    here (config.json's tie_word_embeddings then decides)."""
+    compared on TIED_SAMPLES vocabulary entries spread over the vocabulary (a few pages of a
+    7B model's 2 GB tables, not their whole); None where no head weight is found."""
     vocab, hidden = arch["vocab_size"], arch["hidden_size"]
     found = {}
     for proto, graph in zip(protos, graphs):
@@ -264,13 +272,14 @@ def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
                 found["embedding"] = (init, graph.onnx)
             elif dims in ((hidden, vocab), (vocab, hidden), (vocab, hidden, 1, 1)):
                 found.setdefault("head", (init, graph.onnx))
-    if len(found) < 2 or vocab * hidden * 4 > 256 << 20:
+    if len(found) < 2:
         return None
-    rows = [np.asarray(initializer_values(*found[k]).whole(), np.float32)
-            for k in ("embedding", "head")]
-    embedding, head = rows[0], rows[1].reshape(rows[1].shape[0], -1)
-    head = head.T if head.shape == (hidden, vocab) else head
-    return bool(np.array_equal(embedding, head))
+    ids = np.unique(np.linspace(0, vocab - 1, TIED_SAMPLES).astype(np.int64))
+    embedding = initializer_values(*found["embedding"]).mapped()
+    head = initializer_values(*found["head"]).mapped()
+    rows = head[:, ids].T if head.shape == (hidden, vocab) else head[ids].reshape(len(ids), -1)
+    return bool(np.array_equal(np.asarray(embedding[ids], np.float32),
+                               np.asarray(rows, np.float32)))
 
 
 def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> None:
