@@ -338,9 +338,8 @@ def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> Non
                              "embedding; config.json's value is written")
         a["tied"] = tied
     if a["tied"] is None:
-        out.notes.append("tie_word_embeddings: the LM head is too big to compare with the "
-                         "embedding here and no config.json says; false written (it changes "
-                         "only the size estimate of an import)")
+        out.notes.append("tie_word_embeddings: no LM head weight of the vocabulary's shape to "
+                         "compare with the embedding and no config.json says; false written")
         a["tied"] = False
     out.specials = dict(FAMILY_SPECIALS[family])
     say(f"  family {family}: {out.evidence}"
