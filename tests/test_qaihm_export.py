@@ -324,3 +324,14 @@ def test_biases_and_norms_together_are_no_known_family(tmp_path):
     proto = _graph_with(["a.q_proj.bias", "a.k_norm.weight"])
     with pytest.raises(InputError, match="no family hexbundle knows has both"):
         family_from_graphs([proto], [SimpleNamespace(onnx=tmp_path / "m.onnx")])
+
+
+@pytest.mark.parametrize("stem, slug, precision", [
+    ("qwen3_4b_w4a16_ar128_cl256", "qwen3_4b", "w4a16"),
+    ("qwen3_4b_w4a16_my_ckpt_ar128_cl256", "qwen3_4b", "w4a16"),   # a custom --checkpoint
+    ("llama_v3_2_3b_instruct_w4a16_ar1_cl4096", "llama_v3_2_3b_instruct", "w4a16"),
+])
+def test_the_slug_and_precision_of_a_part_directory(stem, slug, precision):
+    """export_main names parts <model_id>_<precision>[_<checkpoint stem>]_ar<S>_cl<C>."""
+    from hexbundle.formats.qaihm import PRECISION, _slug_of
+    assert _slug_of(stem) == slug and PRECISION.search(stem)["precision"] == precision

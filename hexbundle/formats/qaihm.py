@@ -39,13 +39,17 @@ AR_DIR = re.compile(r"ar(?P<ar>\d+)_cl(?P<cl>\d+)")
 KIND_DIRS = ("prompt", "token")                     # tree-0.46
 PART_DIR = re.compile(r"(?P<stem>.+)_(?P<index>\d+)_of_(?P<count>\d+)\.aimet")
 ASSET_ONNX = re.compile(r"(?P<slug>.+)_ar(?P<ar>\d+)\.onnx")
-PRECISION = re.compile(r"_(?P<precision>w\d+a\d+)_ar\d+_cl\d+$")
+# <slug>_<precision>[_<checkpoint>]_ar<S>_cl<C>: export_main adds the stem of a --checkpoint
+# other than the default to the model name (qai-hub-models 0.55 utils/args.py)
+PRECISION = re.compile(r"_(?P<precision>w\d+a\d+)(?:_.+?)?_ar\d+_cl\d+$")
 UNSPLIT_AIMET = "model.onnx"    # <ClassName>.aimet/model.onnx: the generic path's unsplit graph
 # Not in an export's files: the Qwen2 family's values (Qwen2.5's config.json), which an import
 # (inputs/import_export.py) prints as assumptions.
-# qai-hub-models 0.55's text LLMs: each model's file-name stem (slug), the class whose name the
-# generic path gives the unsplit graph's directory (<ClassName>.aimet/model.onnx), and its own
-# split (its model.py's NUM_SPLITS, NUM_LAYERS_PER_SPLIT; part 1 the embedding alone).
+# qai-hub-models' text LLMs with an --onnx-export-dir tree (0.52-0.56; from 0.57 no release
+# writes one): each model's file-name stem (slug), the class whose name the generic path gives
+# the unsplit graph's directory (<ClassName>.aimet/model.onnx), and its own split (its model.py's
+# NUM_SPLITS, NUM_LAYERS_PER_SPLIT; part 1 the embedding alone). Llama3_2_1B_AIMETOnnx: 0.52 and
+# 0.54 (a precompiled collection from 0.55).
 QAIHM_LLMS = {
     "qwen2_5_7b_instruct": ("Qwen2_5_7B_Instruct", 6, 6),
     "qwen3_4b": ("Qwen3_4B_AIMETOnnx", 4, 12),
