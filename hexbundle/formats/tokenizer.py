@@ -59,6 +59,12 @@ def special_token_ids(tokenizer: Path, specials: dict, vocab_size: int) -> dict:
     return out
 
 
+def added_token_contents(tokenizer: Path) -> dict:
+    """id -> content of the added tokens (the special tokens a config.json names by id)."""
+    added = _added_tokens(tokenizer, _parse(tokenizer, _read_text(tokenizer)))
+    return {tid: content for content, tid in added.items()}
+
+
 def _why_renumbered(data: dict, content: str, mapped) -> str:
     """Why the library's id differs, when it is the usual cause: the library numbers an added
     token that model.vocab lacks from the vocabulary's end, ignoring the id written for it."""

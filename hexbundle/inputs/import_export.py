@@ -33,7 +33,7 @@ from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.formats.qaihm import (QWEN2_RMS_NORM_EPS, QWEN2_ROPE_THETA, QWEN2_SPECIALS,
                                      TOKENIZER, TOKENIZER_CONFIG, ExportTree, graph_io,
                                      load_structure, qaihm_split, scan_export)
-from hexbundle.formats.tokenizer import special_token_ids
+from hexbundle.formats.tokenizer import added_token_contents, special_token_ids
 from hexbundle.inputs.validate import whole_model_part
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.console import say
@@ -61,6 +61,7 @@ class Inferred:
     stated: dict = field(default_factory=dict)   # key -> (value, where it comes from)
     rope_scaling: Optional[dict] = None
     specials: dict = field(default_factory=dict)
+    specials_from: str = ""        # where the special tokens come from (default: the family)
 
 
 # ============================================================================ the command
@@ -99,6 +100,9 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
                          "embedding)")
     check_plan(plan_layers, inferred.arch["num_layers"])
     tokenizer_path = find_tokenizer(tree, tokenizer)
+    if tokenizer_path and hf is not None:
+        inferred.specials = specials_from_config(hf, tokenizer_path, inferred.specials)
+        inferred.specials_from = f"{hf.path.name}'s bos/eos ids in {tokenizer_path.name}"
     if tokenizer_path:
         check_tokenizer(tokenizer_path, inferred.arch["vocab_size"], inferred.specials)
     path = project.model_config(name)
@@ -280,6 +284,24 @@ def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
     rows = head[:, ids].T if head.shape == (hidden, vocab) else head[ids].reshape(len(ids), -1)
     return bool(np.array_equal(np.asarray(embedding[ids], np.float32),
                                np.asarray(rows, np.float32)))
+
+
+def specials_from_config(hf, tokenizer: Path, family_specials: dict) -> dict:
+    """bos / eos / eot as config.json names them by id (bos_token_id; eos_token_id, one id or a
+    list: eos the last, the chat turn's end in Llama 3's [end_of_text, eom, eot_id]; eot the
+    first), read in the tokenizer's added tokens; the family's where config.json says nothing."""
+    contents = added_token_contents(tokenizer)
+    eos = hf.get("eos_token_id")
+    eos = eos if isinstance(eos, list) else [eos]
+    ids = {"bos": hf.get("bos_token_id"), "eos": eos[-1], "eot": eos[0]}
+    out = dict(family_specials)
+    for role, tid in ids.items():
+        if type(tid) is int and tid in contents:
+            out[role] = contents[tid]
+        elif tid is not None:
+            say(f"  problem: {hf.path.name} {role} id {tid} is not among {tokenizer.name}'s "
+                f"added tokens; the family's {out[role]!r} is written")
+    return out
 
 
 def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> None:
@@ -472,6 +494,7 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
     cl = max(lengths)
     decode = 32
     prompt_tokens = max(1, min(160, min(lengths) - decode - 1))   # verify runs at every length
+    specials_from = inferred.specials_from or f"the {inferred.family} family's chat special tokens"
     graphs = (f"context_length = {cl}" if len(lengths) == 1 else
               f"context_lengths = [{', '.join(map(str, lengths))}]   # Genie's context: {cl}")
     lines = [
@@ -491,7 +514,7 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
         "[quantization]   # read from the encodings"] + [f"{k} = {v}" for k, v in q.items()] + [
         'unencoded_weights = "int8"   # as Qualcomm compiles it (--quantize_full_type w8a16)',
         "",
-        f"[tokenizer]   # the {inferred.family} family's chat special tokens"] + [
+        f"[tokenizer]   # {specials_from}"] + [
         f"{k} = {_s(v)}" for k, v in inferred.specials.items()] + [
         "",
         "[inputs]", 'source = "qai-hub-models"', f"dir = {_s(_dir_value(tree.root, project))}",
