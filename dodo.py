@@ -149,7 +149,9 @@ def task_inspect():
     return {"actions": [action("hexbundle.checks.inspect:inspect_command",
                                float_bitwidth=convert_options(CFG).float_bitwidth)],
             "params": [{"name": "path", "long": "path", "default": "",
-                        "help": "an export directory, an .onnx or an .encodings file"}],
+                        "help": "an export directory, an .onnx or an .encodings file"},
+                       {"name": "model_config", "long": "model-config", "default": "",
+                        "help": "the model's config.json (its special token ids)"}],
             "uptodate": [False], "verbosity": 2}
 
 

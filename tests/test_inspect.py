@@ -155,3 +155,25 @@ def test_doit_inspect_end_to_end(tmp_path):
     assert none.code != 0 and "--path" in none.out + none.err
     gone = proj.doit("inspect", "--path", str(tmp_path / "gone"), check=False)
     assert gone.code != 0 and str(tmp_path / "gone") in gone.out + gone.err
+
+
+QAIHM = ROOT / "tests" / "data" / "qaihm"
+
+
+@pytest.mark.parametrize("export, graphs", [("export-qwen3", 10), ("export-llama32", 8),
+                                            ("export-falcon3", 12)])
+def test_every_familys_export_is_inspected_with_no_problem(export, graphs):
+    """Each family's tokenizer judged by the tokens it has: a Qwen's by the family's, a Llama-
+    style decoder's only for validity without its config.json (Llama 3.x, Mistral and Falcon 3
+    differ), and by config.json's ids with it."""
+    found = inspect_path(QAIHM / export)
+    assert found.problems == [] and len(found.graphs) == graphs, found.problems
+
+
+def test_a_falcon3_tokenizer_is_judged_by_its_config_json():
+    from hexbundle.formats.hf_config import read_hf_config
+    own = inspect_path(QAIHM / "export-falcon3", hf=read_hf_config(QAIHM / "config-falcon3.json"))
+    assert own.problems == []
+    other = inspect_path(QAIHM / "export-falcon3",
+                         hf=read_hf_config(QAIHM / "config-llama32.json"))
+    assert any("'<|begin_of_text|>' (bos" in p for p in other.problems), other.problems

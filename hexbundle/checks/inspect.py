@@ -33,7 +33,8 @@ from hexbundle.formats.encodings import Encodings, load_encodings
 from hexbundle.formats.qaihm import (AR_DIR, ASSET_ONNX, KIND_DIRS, GraphIO, graph_io,
                                      load_structure, recorded_data_files, scan_export)
 from hexbundle.formats.tokenizer import special_token_ids
-from hexbundle.inputs.import_export import QWEN2_SPECIALS, expected_graphs
+from hexbundle.formats.hf_config import read_hf_config
+from hexbundle.inputs.import_export import expected_graphs, expected_specials
 from hexbundle.inputs.validate import check_weight_values, io_problem, structure_problems
 from hexbundle.support import table as tables
 from hexbundle.support.console import say
@@ -104,13 +105,15 @@ class Inspection:
 
 # ============================================================================ the command
 
-def inspect_command(path: str = "", float_bitwidth: int = 16) -> None:
+def inspect_command(path: str = "", float_bitwidth: int = 16, model_config: str = "") -> None:
     """The doit action: print the inspection; InputError (non-zero exit) if there are problems.
-    float_bitwidth: the build's ([compile]), which decides what float16 must hold."""
+    float_bitwidth: the build's ([compile]), which decides what float16 must hold; model_config:
+    the model's config.json, whose special token ids judge the export's tokenizer."""
     if not path:
         raise InputError("inspect needs --path FILE_OR_DIR: an AIMET .encodings file, an .onnx, "
                          "or an export directory, e.g. `doit inspect --path ~/qwen-export`")
-    found = inspect_path(Path(path).expanduser(), float_bitwidth)
+    hf = read_hf_config(Path(model_config)) if model_config else None
+    found = inspect_path(Path(path).expanduser(), float_bitwidth, hf)
     for line in render(found):
         say(line)
     if found.problems:
@@ -118,14 +121,14 @@ def inspect_command(path: str = "", float_bitwidth: int = 16) -> None:
                          "that the build would refuse; fix them before building")
 
 
-def inspect_path(path: Path, float_bitwidth: int = 16) -> Inspection:
+def inspect_path(path: Path, float_bitwidth: int = 16, hf=None) -> Inspection:
     """Inspect a file or directory; every problem found is collected, none raised."""
     if not path.exists():
         raise InputError(f"{path}: no such file or directory; give an AIMET .encodings file, an "
                          ".onnx, or the directory your qai-hub-models export wrote")
     path = path.resolve()
     if path.is_dir():
-        return _inspect_dir(path, float_bitwidth)
+        return _inspect_dir(path, float_bitwidth, hf)
     found = Inspection(path, path.parent, "ONNX model" if path.suffix == ONNX_SUFFIX
                        else "AIMET encodings")
     if path.suffix == ONNX_SUFFIX:
@@ -135,7 +138,7 @@ def inspect_path(path: Path, float_bitwidth: int = 16) -> Inspection:
     return found
 
 
-def _inspect_dir(root: Path, float_bitwidth: int) -> Inspection:
+def _inspect_dir(root: Path, float_bitwidth: int, hf=None) -> Inspection:
     onnx_files = sorted(root.rglob("*" + ONNX_SUFFIX))
     found = Inspection(root, root, "directory of ONNX models")
     expected = {}
@@ -146,7 +149,7 @@ def _inspect_dir(root: Path, float_bitwidth: int) -> Inspection:
             found.header = tree.describe()
             for message in tree.problems:
                 found.problem(message)
-            expected = _expected_graphs(found, tree)
+            expected = _expected_graphs(found, tree, hf)
         except InputError as exc:   # an export layout the scan refuses: still show each graph
             found.problem(str(exc))
     elif not onnx_files:
@@ -156,9 +159,10 @@ def _inspect_dir(root: Path, float_bitwidth: int) -> Inspection:
     return found
 
 
-def _expected_graphs(found: Inspection, tree) -> dict:
+def _expected_graphs(found: Inspection, tree, hf=None) -> dict:
     """{ONNX path: (model, graph)} as the import would configure the export, and its tokenizer
-    checked against that model; a problem (and nothing to compare) if it cannot be inferred."""
+    checked against that model (the special tokens import_export.expected_specials names); a
+    problem (and nothing to compare) if it cannot be inferred."""
     try:
         model, graphs = expected_graphs(tree)
     except HexbundleError as exc:
@@ -166,7 +170,8 @@ def _expected_graphs(found: Inspection, tree) -> dict:
         return {}
     if tree.tokenizer is not None:
         try:
-            special_token_ids(tree.tokenizer, QWEN2_SPECIALS, model.architecture.vocab_size)
+            specials = expected_specials(model.architecture.family, hf, tree.tokenizer)
+            special_token_ids(tree.tokenizer, specials, model.architecture.vocab_size)
         except HexbundleError as exc:
             found.problem(str(exc))
     return {path: (model, graph) for path, graph in graphs.items()}

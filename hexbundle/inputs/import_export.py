@@ -286,6 +286,15 @@ def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
                                np.asarray(rows, np.float32)))
 
 
+def expected_specials(family: str, hf, tokenizer: Path) -> dict:
+    """The special tokens a tokenizer is judged by before an import: config.json's ids where
+    given; else the family's, for the Qwen families, whose every model shares them; none for a
+    Llama-style decoder (Llama 3.x, Mistral and Falcon 3 each have their own)."""
+    if hf is not None:
+        return specials_from_config(hf, tokenizer, FAMILY_SPECIALS[family])
+    return dict(FAMILY_SPECIALS[family]) if family in FAMILY_DEFAULTS else {}
+
+
 def specials_from_config(hf, tokenizer: Path, family_specials: dict) -> dict:
     """bos / eos / eot as config.json names them by id (bos_token_id; eos_token_id, one id or a
     list: eos the last, the chat turn's end in Llama 3's [end_of_text, eom, eot_id]; eot the
@@ -467,7 +476,8 @@ def expected_graphs(tree: ExportTree) -> tuple:
                         num_attention_heads=a["num_attention_heads"],
                         num_kv_heads=a["num_kv_heads"], head_dim=a["head_dim"],
                         intermediate_size=a["intermediate_size"], vocab_size=a["vocab_size"],
-                        rope_theta=QWEN2_ROPE_THETA, rms_norm_eps=QWEN2_RMS_NORM_EPS)
+                        rope_theta=QWEN2_ROPE_THETA, rms_norm_eps=QWEN2_RMS_NORM_EPS,
+                        family=inferred.family)
     model = Model(tree.slug, tree.slug, arch, Quantization(), inferred.context_lengths,
                   prompt_ar, token_ar)
     parts = Plan("export", inferred.layers_per_part).parts() if split == "export" else []
