@@ -210,6 +210,13 @@ def test_import_infers_the_model_from_the_files(imported):
     assert "rope_theta = 1e+06: not in the files: the qwen2 family's value" in run.out
 
 
+def test_the_architecture_formula_agrees_with_the_tensors(imported):
+    """The cross-check over the graphs' own topology (issue 25): no note on this Qwen2 export,
+    as on the Qwen3, Llama 3.2 and Falcon 3 ones."""
+    _, _, bundle = imported
+    assert "size check: qaihm" in bundle.out and "architecture formula gives" not in bundle.out
+
+
 def test_the_bundle_records_which_file_each_graph_came_from(imported):
     project, _, bundle = imported
     manifest = project.manifest("qaihm")
