@@ -319,6 +319,7 @@ def _graph_with(initializers=(), conv_bias=None):
     ([], "onnx::Conv_1234", "qwen2"),                                            # anonymous bias
     (["model.model.layers.0.self_attn.q_norm_sha.0.weight"], None, "qwen3"),
     (["model.model.layers.0.input_layernorm.weight"], None, "llama"),
+    (["model.freq_norm.weight", "model.seq_proj.bias"], None, "llama"),   # no q/k/v's
 ])
 def test_the_family_is_read_from_the_tensors(initializers, conv_bias, family):
     from hexbundle.inputs.import_export import family_from_graphs

@@ -222,9 +222,9 @@ def infer(tree: ExportTree, split: str, prompt_ar: int, token_ar: int) -> Inferr
 # By name, as qai-hub-models' exports keep them (q_proj_sha.0.bias, q_norm_sha.0.weight, and
 # the asset's flattened names such as ..._q_proj_sha_0_Conv.bias), and by structure (a q/k/v
 # projection Conv with a bias input)
-QK_NORM = re.compile(r"[qk]_(norm|layernorm)", re.I)
-QKV_BIAS = re.compile(r"[qkv]_proj.*bias$", re.I)
-QKV_PROJ = re.compile(r"[qkv]_proj", re.I)
+QK_NORM = re.compile(r"(^|[^a-z])[qk]_(norm|layernorm)", re.I)   # not "seq_norm"
+QKV_BIAS = re.compile(r"(^|[^a-z])[qkv]_proj.*bias$", re.I)
+QKV_PROJ = re.compile(r"(^|[^a-z])[qkv]_proj", re.I)
 TIED_SAMPLES = 16
 # The chat special tokens of each family, as its tokenizer names them (Genie's bos/eos/eot)
 FAMILY_SPECIALS = {"qwen2": QWEN2_SPECIALS, "qwen3": QWEN2_SPECIALS,
