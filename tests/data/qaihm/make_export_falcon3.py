@@ -147,10 +147,8 @@ and ``rope-theta`` sit in the QnnHtp block, as in Qualcomm's test for the real m
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import runpy
 import shutil
 import sys
 from pathlib import Path
@@ -159,6 +157,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from make_export import (  # noqa: E402  (make_export.py's helpers; importing it runs nothing)
     TOKENIZER_VOCAB, patch_hub, random_text)
+from llm_entry_points import (  # noqa: E402  (the steps both tiny exports share)
+    patch_cpu_quantize, run_export, run_quantize, write_qaihm_genie_config, write_tokenizer)
 
 MODULE = "qai_hub_models.models.falcon_v3_7b_instruct"
 EXPORT_DIR = HERE / "export-falcon3"
@@ -332,100 +332,6 @@ def patch_asset_and_fp_default() -> None:
     fp.__defaults__ = tuple(str(CKPT_FP) if d == f3.HF_REPO_NAME else d for d in fp.__defaults__)
 
 
-def patch_cpu_quantize() -> None:
-    """Patch D: falcon_v3_7b_instruct/quantize.py calls llm_quantize without
-    allow_cpu_to_quantize=True, so quantize() refuses a machine without CUDA.  Pass it."""
-    import functools
-
-    import qai_hub_models.models._shared.llm.quantize as llm_q
-
-    orig = llm_q.llm_quantize
-
-    @functools.wraps(orig)
-    def llm_quantize(*a, **k):
-        k["allow_cpu_to_quantize"] = True
-        return orig(*a, **k)
-
-    llm_q.llm_quantize = llm_quantize
-
-
-def run_main(module: str, argv: list) -> None:
-    """Run a qai-hub-models entry point as `python -m module argv...` would (in this process,
-    so the patches apply)."""
-    print("+ python -m", module, " ".join(argv), flush=True)
-    saved = sys.argv
-    sys.argv = [module] + argv
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=False)
-    finally:
-        sys.argv = saved
-
-
-# --------------------------------------------------------------------------
-# Step 1: falcon_v3_7b_instruct's own quantize (AIMET-ONNX, w4a16)
-# --------------------------------------------------------------------------
-def run_quantize() -> None:
-    import numpy as np
-    import torch
-
-    np.random.seed(SEED)
-    torch.manual_seed(SEED)
-    run_main(f"{MODULE}.quantize", [
-        "--checkpoint", str(CKPT_FP),
-        "--context-length", str(CONTEXT_LENGTH),
-        "--calibration-sequence-length", str(CALIB_SEQ_LEN),
-        "--num-samples", str(NUM_CALIB_SAMPLES),
-        "--precision", "w4a16",
-        "-o", str(CKPT_Q),
-    ])
-
-
-# --------------------------------------------------------------------------
-# Step 2: falcon_v3_7b_instruct's own export, hub stubbed
-# --------------------------------------------------------------------------
-def run_export() -> None:
-    if EXPORT_DIR.exists():
-        shutil.rmtree(EXPORT_DIR)
-    run_main(f"{MODULE}.export", [
-        "--checkpoint", "DEFAULT",
-        "--context-length", str(CONTEXT_LENGTH),
-        "--sequence-length", ",".join(map(str, EXPORT_SEQ_LENS)),
-        "--device", DEVICE,
-        "--skip-profiling",
-        "--skip-downloading",
-        "--skip-summary",
-        "--output-dir", str(WORK / "build"),
-        "--onnx-export-dir", str(EXPORT_DIR),
-    ])
-
-
-def write_tokenizer(export_dir: Path) -> None:
-    # qai-hub-models writes no tokenizer into onnx_export_dir (only prepare_genie_assets does,
-    # after downloading compiled binaries), so ship our own tiny one.
-    shutil.copyfile(CKPT_FP / "tokenizer.json", export_dir / "tokenizer.json")
-
-
-def write_qaihm_genie_config(export_dir: Path) -> None:
-    """What qai-hub-models' prepare_genie_assets would write as genie_config.json for this export
-    (it runs only after downloading compiled binaries, skipped here): the stock
-    ``create_genie_config(max(context_lengths), llm_config, "rope", model_list)``, with the fp
-    model's config (export_main's fp_model for a DEFAULT checkpoint) and export_model's binary
-    names ``<model_name>_part_{i}_of_{n}.bin``, dumped as prepare_genie_assets dumps it.
-    Nothing here touches the network."""
-    from qai_hub_models.models._shared.llm.model import get_llm_config
-    from qai_hub_models.models.falcon_v3_7b_instruct.model import MODEL_ID, NUM_SPLITS
-    from qai_hub_models.utils.llm_helpers import create_genie_config
-
-    model_name = f"{MODEL_ID}_w4a16"
-    parts = sorted((export_dir / f"ar{EXPORT_SEQ_LENS[0]}_cl{CONTEXT_LENGTH}").glob(
-        f"{model_name}_ar*_of_{NUM_SPLITS}.aimet"))
-    assert len(parts) == NUM_SPLITS, parts
-    model_list = [f"{model_name}_part_{i + 1}_of_{NUM_SPLITS}.bin" for i in range(NUM_SPLITS)]
-    config = create_genie_config(CONTEXT_LENGTH, get_llm_config(str(CKPT_FP)), "rope", model_list)
-    with open(export_dir / "qaihm_genie_config.json", "w") as f:
-        json.dump(config, f, indent=4)
-
-
 def main() -> None:
     if WORK.exists():
         shutil.rmtree(WORK)
@@ -435,11 +341,11 @@ def main() -> None:
     patch_calibration_text()
     patch_hub()
     patch_cpu_quantize()
-    run_quantize()
+    run_quantize(MODULE, CKPT_FP, CKPT_Q, SEED, CONTEXT_LENGTH, CALIB_SEQ_LEN, NUM_CALIB_SAMPLES)
     patch_asset_and_fp_default()
-    run_export()
-    write_tokenizer(EXPORT_DIR)
-    write_qaihm_genie_config(EXPORT_DIR)
+    run_export(MODULE, EXPORT_DIR, WORK, CONTEXT_LENGTH, EXPORT_SEQ_LENS, DEVICE)
+    write_tokenizer(CKPT_FP, EXPORT_DIR)
+    write_qaihm_genie_config(MODULE, CKPT_FP, EXPORT_DIR, CONTEXT_LENGTH, EXPORT_SEQ_LENS)
     shutil.copyfile(CKPT_FP / "config.json", MODEL_CONFIG)
     print("done:", EXPORT_DIR)
 
