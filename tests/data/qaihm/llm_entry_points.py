@@ -105,3 +105,60 @@ def write_qaihm_genie_config(module: str, ckpt_fp: Path, export_dir: Path, conte
     config = create_genie_config(context_length, get_llm_config(str(ckpt_fp)), "rope", model_list)
     with open(export_dir / "qaihm_genie_config.json", "w") as f:
         json.dump(config, f, indent=4)
+
+
+def patch_class_constants(module: str, tiny_config: dict) -> None:
+    """Patch A: the model module's shape constants -> the tiny model's (its _verify_ckpt refuses
+    any other checkpoint; get_output_names lists NUM_LAYERS layers of KV outputs)."""
+    import importlib
+
+    model = importlib.import_module(f"{module}.model")
+    model.NUM_LAYERS = tiny_config["num_hidden_layers"]
+    model.HIDDEN_SIZE = tiny_config["hidden_size"]
+    model.NUM_ATTN_HEADS = tiny_config["num_attention_heads"]
+    model.NUM_KEY_VALUE_HEADS = tiny_config["num_key_value_heads"]
+
+
+def patch_calibration_text(ckpt_fp: Path, special_ids, seed: int, length: int,
+                           count: int) -> None:
+    """Patch 1: WikiText -> `count` random token sequences of `length` tokens (offline)."""
+    import random
+
+    from qai_hub_models.datasets.wikitext import WikiText
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(ckpt_fp))
+    special = set(tok.all_special_ids) | set(special_ids)
+    ids = [i for i in range(len(tok)) if i not in special]
+    rng = random.Random(seed)
+    texts = [tok.decode([rng.choice(ids) for _ in range(length)]) for _ in range(count)]
+
+    def load_raw_dataset(self):  # noqa: ARG001
+        return {"text": texts}
+
+    WikiText.load_raw_dataset = load_raw_dataset
+
+
+def patch_asset_and_fp_default(module: str, fp_class: str, ckpt_fp: Path, ckpt_q: Path,
+                               asset_dir: Path) -> None:
+    """Patch B: the asset download -> a copy of our quantized checkpoint; the float model's
+    (class `fp_class`) default checkpoint -> our tiny float checkpoint."""
+    import importlib
+
+    model = importlib.import_module(f"{module}.model")
+    if asset_dir.exists():
+        shutil.rmtree(asset_dir)
+    shutil.copytree(ckpt_q, asset_dir)
+
+    class _Asset:
+        @classmethod
+        def from_asset_store(cls_, *a, **k):
+            return cls_()
+
+        def fetch(self, extract=False):
+            return asset_dir
+
+    model.CachedWebModelAsset = _Asset
+    fp = getattr(model, fp_class).from_pretrained.__func__
+    fp.__defaults__ = tuple(str(ckpt_fp) if d == model.HF_REPO_NAME else d
+                            for d in fp.__defaults__)

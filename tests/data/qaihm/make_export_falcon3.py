@@ -158,6 +158,7 @@ sys.path.insert(0, str(HERE))
 from make_export import (  # noqa: E402  (make_export.py's helpers; importing it runs nothing)
     TOKENIZER_VOCAB, patch_hub, random_text)
 from llm_entry_points import (  # noqa: E402  (the steps both tiny exports share)
+    patch_asset_and_fp_default, patch_calibration_text, patch_class_constants,
     patch_cpu_quantize, run_export, run_quantize, write_qaihm_genie_config, write_tokenizer)
 
 MODULE = "qai_hub_models.models.falcon_v3_7b_instruct"
@@ -279,70 +280,18 @@ def make_fp_checkpoint() -> None:
     model.save_pretrained(CKPT_FP, safe_serialization=True)
 
 
-# --------------------------------------------------------------------------
-# Patches
-# --------------------------------------------------------------------------
-def patch_class_constants() -> None:
-    """Patch A: the falcon_v3_7b_instruct module's shape constants -> the tiny model's."""
-    import qai_hub_models.models.falcon_v3_7b_instruct.model as f3
-
-    f3.NUM_LAYERS = TINY_CONFIG["num_hidden_layers"]
-    f3.HIDDEN_SIZE = TINY_CONFIG["hidden_size"]
-    f3.NUM_ATTN_HEADS = TINY_CONFIG["num_attention_heads"]
-    f3.NUM_KEY_VALUE_HEADS = TINY_CONFIG["num_key_value_heads"]
-
-
-def patch_calibration_text() -> None:
-    """Patch 1: WikiText -> a few random token sequences (offline)."""
-    from qai_hub_models.datasets.wikitext import WikiText
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(CKPT_FP))
-    special = set(tok.all_special_ids) | set(SPECIAL_ID.values())
-    ids = [i for i in range(len(tok)) if i not in special]
-    rng = random.Random(SEED + 1)
-    texts = [tok.decode([rng.choice(ids) for _ in range(CONTEXT_LENGTH)])
-             for _ in range(NUM_CALIB_SAMPLES + 2)]
-
-    def load_raw_dataset(self):  # noqa: ARG001
-        return {"text": texts}
-
-    WikiText.load_raw_dataset = load_raw_dataset
-
-
-def patch_asset_and_fp_default() -> None:
-    """Patch B: the asset download -> a copy of our quantized checkpoint; the float model's
-    default checkpoint -> our tiny float checkpoint."""
-    import qai_hub_models.models.falcon_v3_7b_instruct.model as f3
-
-    if ASSET_DIR.exists():
-        shutil.rmtree(ASSET_DIR)
-    shutil.copytree(CKPT_Q, ASSET_DIR)
-
-    class _Asset:
-        @classmethod
-        def from_asset_store(cls_, *a, **k):
-            return cls_()
-
-        def fetch(self, extract=False):
-            return ASSET_DIR
-
-    f3.CachedWebModelAsset = _Asset
-    fp = f3.Falcon3_7B.from_pretrained.__func__
-    fp.__defaults__ = tuple(str(CKPT_FP) if d == f3.HF_REPO_NAME else d for d in fp.__defaults__)
-
-
 def main() -> None:
     if WORK.exists():
         shutil.rmtree(WORK)
     WORK.mkdir(parents=True)
     make_fp_checkpoint()
-    patch_class_constants()
-    patch_calibration_text()
+    patch_class_constants(MODULE, TINY_CONFIG)
+    patch_calibration_text(CKPT_FP, SPECIAL_ID.values(), SEED + 1, CONTEXT_LENGTH,
+                           NUM_CALIB_SAMPLES + 2)
     patch_hub()
     patch_cpu_quantize()
     run_quantize(MODULE, CKPT_FP, CKPT_Q, SEED, CONTEXT_LENGTH, CALIB_SEQ_LEN, NUM_CALIB_SAMPLES)
-    patch_asset_and_fp_default()
+    patch_asset_and_fp_default(MODULE, "Falcon3_7B", CKPT_FP, CKPT_Q, ASSET_DIR)
     run_export(MODULE, EXPORT_DIR, WORK, CONTEXT_LENGTH, EXPORT_SEQ_LENS, DEVICE)
     write_tokenizer(CKPT_FP, EXPORT_DIR)
     write_qaihm_genie_config(MODULE, CKPT_FP, EXPORT_DIR, CONTEXT_LENGTH, EXPORT_SEQ_LENS)
