@@ -91,11 +91,15 @@ def variant_dir(base: Path, root: Path, model="qwen2-tiny", device="iq9075", pla
     return base / model / device / (plan or default_plan(root, model)) / backend
 
 
-def default_sigint() -> None:
-    """Popen preexec_fn for runs a test interrupts: Ctrl-C as a terminal would deliver it. A shell
-    running the suite as a background job (`pytest &`) starts it with SIGINT ignored, and
-    children inherit that; the interrupted run would then never see the signal."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# Ctrl-C as a terminal delivers it, to every run a test starts: a shell running the suite as a
+# background job (`pytest &`) starts it with SIGINT ignored, children would inherit that, and an
+# interrupted run would never see the signal. Set here, in the test process, rather than in each
+# child through Popen's preexec_fn: that forces fork() instead of vfork(), and a worker where gRPC
+# is loaded (the remote-cache tests' servers and proxies) then loses about 3% of its children
+# between fork and exec (SIGSEGV/SIGABRT in gRPC's fork handlers: 2 of 60 children of a process
+# serving gRPC crashed with a preexec_fn, 0 of 60 without).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # Where a user's own files live in a checkout: `doit import_export` writes configs/models/NAME.toml
@@ -217,7 +221,6 @@ class Held:
         self.out_path, self.err_path = self.dir / "out.txt", self.dir / "err.txt"
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=project.root,
-                                         preexec_fn=default_sigint,
                                          stdout=out, stderr=err, env=env)
 
     def text(self) -> str:

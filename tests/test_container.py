@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_project, default_sigint, steps_run
+from conftest import copy_project, steps_run
 
 pytestmark = pytest.mark.heavy   # a Docker engine and the toolchain image: the full suite (`pytest --full`)
 
@@ -283,7 +283,6 @@ def test_a_docker_bundle_is_byte_identical_to_a_local_one(engine, toolchain_imag
 def test_ctrl_c_removes_the_running_step_container(engine, toolchain_image, tmp_path):
     proj = copy_project(tmp_path / "proj")
     doit = subprocess.Popen([sys.executable, "-m", "doit", "bundle", "executor=docker"],
-                            preexec_fn=default_sigint,
                             cwd=proj.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60

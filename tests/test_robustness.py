@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -398,12 +397,14 @@ def test_full_disk_during_compile_is_a_clean_error_with_nothing_partial(project)
     limit = victim.stat().st_size // 2   # room for the DB, logs and digests, not for this bin
     victim.unlink()
 
-    def small_disk():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # writes past the limit fail with EFBIG
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    proc = subprocess.run([sys.executable, "-m", "doit", "bundle"], cwd=project.root,
-                          capture_output=True, text=True, preexec_fn=small_disk, timeout=600)
+    # The limit set in a small Python that then execs doit (both survive exec): a preexec_fn
+    # would force fork(), which gRPC loaded in this worker can crash (conftest.py).
+    small_disk = ("import os, resource, signal, sys\n"
+                  "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: EFBIG\n"
+                  f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+                  "os.execv(sys.executable, [sys.executable, '-m', 'doit', 'bundle'])")
+    proc = subprocess.run([sys.executable, "-c", small_disk], cwd=project.root,
+                          capture_output=True, text=True, timeout=600)
     run = DoitRun(proc.returncode, proc.stdout, proc.stderr)
     assert run.code != 0
     assert f"bin/{BIN2}: cannot write it (File too large); free disk space" in run.out, run.out
