@@ -614,6 +614,21 @@ def tensor_values(record: TensorRecord, blob: np.ndarray) -> np.ndarray:
     return raw.view(STORAGE_DTYPES[record.dtype]).reshape(record.shape)
 
 
+def tensor_blocks(record: TensorRecord, blob: np.ndarray, block_elements: int) -> Iterator[np.ndarray]:
+    """Stored elements in flat order, `block_elements` at a time (packed 4-bit unpacked one block
+    at a time): a reader that compares a large tensor never holds it whole."""
+    raw = blob[record.data_offset:record.data_offset + record.data_nbytes]
+    if record.packed:
+        step = max(2, block_elements - block_elements % 2)   # whole bytes: an even count
+        for start in range(0, record.count, step):
+            n = min(step, record.count - start)
+            yield unpack_uint4(raw[start // 2:(start + n + 1) // 2], n)
+        return
+    values = raw.view(STORAGE_DTYPES[record.dtype])
+    for start in range(0, record.count, block_elements):
+        yield values[start:start + block_elements]
+
+
 def tensor_quant_params(record: TensorRecord, blob: np.ndarray) -> Optional[QuantParams]:
     if record.quant is None:
         return None

@@ -18,7 +18,7 @@ import xxhash
 
 from hexbundle.formats.container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo,
                                          QuantParams, TensorRecord, dequantize, encode_tensor,
-                                         parse_graph_record, parse_tensor_record,
+                                         parse_graph_record, parse_tensor_record, tensor_blocks,
                                          tensor_quant_params, tensor_values)
 from hexbundle.support.errors import BackendError, FormatError
 
@@ -206,6 +206,11 @@ class CtxBinReader(FormatReader):
         """Quantized (or float) elements in the logical shape; packed 4-bit comes back unpacked uint8."""
         record = self.record(graph_name, tensor_name)
         return tensor_values(record, self._container.blob(record.blob))
+
+    def weight_blocks(self, graph_name: str, tensor_name: str, block_elements: int):
+        """The stored elements of a weight in flat order, a block at a time (unpacked)."""
+        record = self.record(graph_name, tensor_name)
+        return tensor_blocks(record, self._container.blob(record.blob), block_elements)
 
     def quant_params(self, graph_name: str, tensor_name: str) -> "QuantParams | None":
         record = self.record(graph_name, tensor_name)

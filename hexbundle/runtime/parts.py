@@ -112,14 +112,17 @@ def onnx_session(part, layout: Layout, context_length: Optional[int] = None) -> 
                        RopeSettings(a.rope_theta, a.pos_id_dim, a.rope_scaling))
 
 
-def reference_graphs(part, layout: Layout, context_length: int, scratch: Path) -> dict:
+def reference_graphs(part, layout: Layout, context_length: int, scratch: Path,
+                     rounding: str = "half-even") -> dict:
     """The export's quantized reference of a part's graphs at one context length (runtime.qdq:
-    its ONNX with its encodings applied), written under scratch/cl<C>/ (one weights file)."""
+    its ONNX with its encodings applied, with `rounding`), written under scratch/cl<C>-<rounding>/
+    (one weights file)."""
     from hexbundle.runtime.qdq import WeightStore, qdq_graph
-    directory = scratch / f"cl{context_length}"
+    directory = scratch / f"cl{context_length}-{rounding}"
     store = WeightStore(directory)   # the part's graphs share their weights: written once
     try:
-        return {g.kind: qdq_graph(layout.onnx(g), layout.encodings(g), directory, store, g.kind)
+        return {g.kind: qdq_graph(layout.onnx(g), layout.encodings(g), directory, store, g.kind,
+                                  rounding)
                 for g in layout.cfg.model.graphs(part, context_length)}
     finally:
         store.close()

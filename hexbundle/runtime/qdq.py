@@ -21,6 +21,12 @@ from the backend's weight plan, so the reference does not share the build's deci
 
 Weights without an encoding stay float32 (the build's unencoded_weights policy is not the
 export's specification; verify's float-drift row shows its effect).
+
+Two roundings, two correct references: `HALF_EVEN` (numpy's and onnxruntime's QuantizeLinear,
+round half to even) and `AIMET` (AIMET's quantizer, floor(x / s - o + 0.5): half up), for
+weights and activations alike. Both are faithful to the encodings; what separates them is the
+noise floor of the comparison itself, which `doit verify` measures per run and gates the bundle
+against (checks/verify.py), instead of a constant tuned on one export.
 """
 from __future__ import annotations
 
@@ -37,6 +43,8 @@ from hexbundle.support.errors import VerifyError
 MS_DOMAIN = "com.microsoft"
 DATA_FILE = "weights.data"
 QDQ_TYPES = {8: np.uint8, 16: np.uint16}
+HALF_EVEN, AIMET = "half-even", "aimet"    # the two roundings (module docstring)
+ROUNDINGS = (HALF_EVEN, AIMET)
 INLINE_BYTES = 1024   # smaller tensors are kept in the model file
 
 
@@ -95,14 +103,19 @@ def weight_grid(enc, graph, name: str, shape: tuple):
     return scale.reshape(()), offset.reshape(())
 
 
-def _encoded(block: np.ndarray, enc, grid, rows: slice) -> np.ndarray:
+def round_to_grid(x: np.ndarray, rounding: str = HALF_EVEN) -> np.ndarray:
+    """x rounded to integers: half to even, or AIMET's half up (floor(x + 0.5))."""
+    return np.round(x) if rounding == HALF_EVEN else np.floor(x + np.float32(0.5))
+
+
+def _encoded(block: np.ndarray, enc, grid, rows: slice, rounding: str = HALF_EVEN) -> np.ndarray:
     """A block of rows (axis 0) of a weight as its encoding specifies it, float32."""
     if enc is None or not enc.is_int:
         if enc is not None and enc.bitwidth == 16:   # a float16 encoding
             return block.astype(np.float16).astype(np.float32)
         return block
     scale, offset = (g[rows] if g.ndim and g.shape[0] > 1 else g for g in grid)
-    q = np.clip(np.round(block / scale - offset), 0, 2 ** enc.bitwidth - 1)
+    q = np.clip(round_to_grid(block / scale - offset, rounding), 0, 2 ** enc.bitwidth - 1)
     return ((q + offset) * scale).astype(np.float32)
 
 
@@ -116,8 +129,9 @@ def quantize_dequantize_weight(values: np.ndarray, enc, graph, name: str) -> np.
 # ============================================================================ activations
 
 
-def _qdq_nodes(source: str, target: str, enc, graph) -> list:
-    """Nodes taking `source` to `target` through the activation encoding `enc`."""
+def _qdq_nodes(source: str, target: str, enc, graph, rounding: str = HALF_EVEN) -> list:
+    """Nodes taking `source` to `target` through the activation encoding `enc` (AIMET's
+    rounding: always the float-op form, QuantizeLinear rounds half to even)."""
     from onnx import TensorProto, helper, numpy_helper
     if not enc.is_int:
         return [helper.make_node("Cast", [source], [target + "__f16"], to=TensorProto.FLOAT16),
@@ -129,7 +143,7 @@ def _qdq_nodes(source: str, target: str, enc, graph) -> list:
                           "reference reads per-tensor activation encodings")
     s_name, z_name = target + "__scale", target + "__zero_point"
     kind = QDQ_TYPES.get(enc.bitwidth)
-    if kind is not None and float(offset[0]).is_integer() \
+    if rounding == HALF_EVEN and kind is not None and float(offset[0]).is_integer() \
             and 0 <= -offset[0] <= np.iinfo(kind).max:
         graph.initializer.extend([numpy_helper.from_array(scale[0], s_name),
                                   numpy_helper.from_array(np.array(-offset[0], kind), z_name)])
@@ -144,22 +158,29 @@ def _qdq_nodes(source: str, target: str, enc, graph) -> list:
                               numpy_helper.from_array(np.float32(0), lo),
                               numpy_helper.from_array(np.float32(2 ** enc.bitwidth - 1), hi)])
     t = target
+    if rounding == HALF_EVEN:
+        to_grid = [helper.make_node("Round", [t + "__u"], [t + "__r"])]
+    else:   # floor(u + 0.5)
+        half = t + "__half"
+        graph.initializer.append(numpy_helper.from_array(np.float32(0.5), half))
+        to_grid = [helper.make_node("Add", [t + "__u", half], [t + "__h"]),
+                   helper.make_node("Floor", [t + "__h"], [t + "__r"])]
     return [helper.make_node("Div", [source, s_name], [t + "__d"]),
             helper.make_node("Sub", [t + "__d", o_name], [t + "__u"]),
-            helper.make_node("Round", [t + "__u"], [t + "__r"]),
+            *to_grid,
             helper.make_node("Clip", [t + "__r", lo, hi], [t + "__c"]),
             helper.make_node("Add", [t + "__c", o_name], [t + "__a"]),
             helper.make_node("Mul", [t + "__a", s_name], [t])]
 
 
-def insert_activation_qdq(graph, activations: dict) -> int:
+def insert_activation_qdq(graph, activations: dict, rounding: str = HALF_EVEN) -> int:
     """A QDQ after every tensor of `activations` the graph has; returns how many. Consumers read
     the quantized tensor; a graph output keeps its name (its producer's output is renamed)."""
     outputs = {o.name for o in graph.output}
     renamed, nodes, count = {}, [], 0
     for name in sorted({i.name for i in graph.input} & set(activations)):
         renamed[name] = name + "__qdq"
-        nodes += _qdq_nodes(name, renamed[name], activations[name], graph)
+        nodes += _qdq_nodes(name, renamed[name], activations[name], graph, rounding)
         count += 1
     for node in list(graph.node):
         node.input[:] = [renamed.get(i, i) for i in node.input]
@@ -169,10 +190,10 @@ def insert_activation_qdq(graph, activations: dict) -> int:
                 continue
             if out in outputs:
                 node.output[index] = out + "__float"
-                nodes += _qdq_nodes(out + "__float", out, activations[out], graph)
+                nodes += _qdq_nodes(out + "__float", out, activations[out], graph, rounding)
             else:
                 renamed[out] = out + "__qdq"
-                nodes += _qdq_nodes(out, renamed[out], activations[out], graph)
+                nodes += _qdq_nodes(out, renamed[out], activations[out], graph, rounding)
             count += 1
     del graph.node[:]
     graph.node.extend(nodes)
@@ -206,16 +227,17 @@ class WeightStore:
         self._file.close()
 
 
-def _source_key(init, values, enc) -> tuple:
+def _source_key(init, values, enc, rounding: str) -> tuple:
     where = (str(values.data_path), values.offset) if values.inline is None else \
         values.inline.tobytes()
     encoding = None if enc is None else (enc.bitwidth, enc.dtype, enc.scale.tobytes(),
                                          enc.offset.tobytes(), enc.block_size, enc.axis)
-    return init.name, where, encoding
+    return init.name, where, encoding, rounding
 
 
 def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
-                    store: Optional[WeightStore] = None, name: str = "model") -> Path:
+                    store: Optional[WeightStore] = None, name: str = "model",
+                    rounding: str = HALF_EVEN) -> Path:
     """The QDQ model of one graph (module docstring), written to out_dir/<name>.onnx with its
     weights in out_dir/weights.data (`store`: shared with other graphs in out_dir), streamed a
     block of rows at a time: memory stays near one block, not the largest weight."""
@@ -238,7 +260,7 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
             if values.nbytes <= INLINE_BYTES:   # shape constants: onnxruntime infers from them
                 whole = values.whole()
                 data = _encoded(whole.astype(np.float32), e, e.is_int and weight_grid(
-                    e, graph, init.name, whole.shape), slice(None)).astype(whole.dtype) \
+                    e, graph, init.name, whole.shape), slice(None), rounding).astype(whole.dtype) \
                     if floating and e is not None else whole
                 init.data_location = TensorProto.DEFAULT
                 init.raw_data = np.ascontiguousarray(data).tobytes()
@@ -246,11 +268,11 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
             if floating:
                 grid = weight_grid(e, graph, init.name, values.shape) \
                     if e is not None and e.is_int else None
-                blocks = (_encoded(block, e, grid, rows).astype(values.dtype)
+                blocks = (_encoded(block, e, grid, rows, rounding).astype(values.dtype)
                           for rows, block in values.rows())
             else:
                 blocks = iter([values.whole()])
-            offset, length = store.put(_source_key(init, values, e), blocks)
+            offset, length = store.put(_source_key(init, values, e, rounding), blocks)
             init.data_location = TensorProto.EXTERNAL
             for key, value in (("location", DATA_FILE), ("offset", str(offset)),
                                ("length", str(length))):
@@ -259,7 +281,7 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
     finally:
         if own:
             store.close()
-    insert_activation_qdq(graph, enc.activations)
+    insert_activation_qdq(graph, enc.activations, rounding)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
     path = out_dir / f"{name}.onnx"
@@ -268,7 +290,8 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
 
 
 def qdq_graph(onnx_path: Path, encodings_path: Path, out_dir: Path,
-              store: Optional[WeightStore] = None, name: str = "model") -> OnnxGraph:
+              store: Optional[WeightStore] = None, name: str = "model",
+              rounding: str = HALF_EVEN) -> OnnxGraph:
     """The reference of one graph, as a part session's graph executor."""
-    return OnnxGraph(write_qdq_model(onnx_path, encodings_path, out_dir, store, name),
+    return OnnxGraph(write_qdq_model(onnx_path, encodings_path, out_dir, store, name, rounding),
                      optimize=False, source=onnx_path)
