@@ -136,28 +136,39 @@ def _close(executor) -> None:
         close()
 
 
-# ============================================================================ metrics and thresholds
+# ============================================================================ rows
 
 
 @dataclass
 class ComparisonRow:
+    """One row of the table. `value` is what the row measures (in `unit`); a gated row has a
+    `limit` it must stay within, with `floor` and `ratio` (value / floor) shown beside it, so a
+    thin margin is visible; a reported row has none."""
     part: str                     # "part 2 of 4 (x.bin)" or "end to end"
     check: str
-    what: str                     # "hidden" | "logits" | "kv"
+    what: str                     # "hidden" | "logits" | "kv" | "exact"
     positions: int
     cos_min: float
     cos_mean: float
     max_abs: float
     top1: Optional[float]         # logits only
-    min_cos: Optional[float]      # None: reported, not gated
-    min_top1: Optional[float]
     part_index: int = 0
     lsb: Optional[float] = None   # max_abs in units of the output encoding's scale
+    value: Optional[float] = None
+    unit: str = ""
+    floor: Optional[float] = None
+    ratio: Optional[float] = None
+    limit: str = ""               # "" : reported, not gated
     problems: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def gated(self) -> bool:
+        return bool(self.limit)
 
 
 def compare(got: np.ndarray, want: np.ndarray, logits: bool) -> dict:
@@ -171,23 +182,13 @@ def compare(got: np.ndarray, want: np.ndarray, logits: bool) -> dict:
             "top1": float((got.argmax(1) == want.argmax(1)).mean()) if logits else None}
 
 
-def judge_row(row: ComparisonRow) -> ComparisonRow:
-    if row.min_cos is not None and not (row.cos_min >= row.min_cos):      # also catches NaN
-        row.problems.append(f"{row.what} cosine {row.cos_min:.6f} < {row.min_cos}")
-    if row.top1 is not None and row.min_top1 and not (row.top1 >= row.min_top1):
-        row.problems.append(f"top-1 agreement {row.top1:.3f} < {row.min_top1}")
-    return row
-
-
-def make_row(label: str, index: int, check: str, got, want, logits: bool,
-             min_cos: Optional[float], min_top1: Optional[float] = None, what: str = "",
+def make_row(label: str, index: int, check: str, got, want, logits: bool, what: str = "",
              scale: Optional[float] = None) -> ComparisonRow:
     m = compare(got, want, logits)
-    row = ComparisonRow(label, check, what or ("logits" if logits else "hidden"),
-                        int(got.shape[0]), m["cos_min"], m["cos_mean"], m["max_abs"], m["top1"],
-                        min_cos, min_top1 if logits else None, part_index=index,
-                        lsb=m["max_abs"] / scale if scale else None)
-    return judge_row(row)
+    return ComparisonRow(label, check, what or ("logits" if logits else "hidden"),
+                         int(got.shape[0]), m["cos_min"], m["cos_mean"], m["max_abs"],
+                         m["top1"], part_index=index,
+                         lsb=m["max_abs"] / scale if scale else None)
 
 
 def output_scale(session) -> Optional[float]:
@@ -199,123 +200,186 @@ def output_scale(session) -> Optional[float]:
     return float(enc["scale"][0])
 
 
-def part_rows(label: str, index: int, logits: bool, n_prompt: int, bundle: SequenceRun,
-              same: SequenceRun, floats: SequenceRun, v: VerifySettings,
-              scale: Optional[float]) -> list:
-    """A part's rows: the bundle vs the reference fed the same input (gated), each side's token
-    vs prompt graphs (gated), the bundle's drift from float, chained (reported)."""
-    rows = [make_row(label, index, "prefill vs reference", bundle.outputs[:n_prompt],
-                     same.outputs[:n_prompt], logits, v.min_cosine_reference, scale=scale)]
-    if bundle.outputs.shape[0] > n_prompt:
-        rows.append(make_row(label, index, "decode vs reference", bundle.outputs[n_prompt:],
-                             same.outputs[n_prompt:], logits, v.min_cosine_reference,
-                             scale=scale))
-    for check, run in (("token vs prompt", bundle), ("reference token vs prompt", same)):
-        positions = sorted(run.prompt_rows)
-        token = [run.token_rows[p] for p in positions]
-        prompt = [run.prompt_rows[p] for p in positions]
-        rows.append(make_row(label, index, check, np.stack([t[0] for t in token]),
-                             np.stack([p[0] for p in prompt]), logits,
-                             v.min_cosine_prompt_vs_token))
-        if token[0][1].size:   # a part with layers: the new KV entries must agree too
-            rows.append(make_row(label, index, check + " kv", np.stack([t[1] for t in token]),
-                                 np.stack([p[1] for p in prompt]), False,
-                                 v.min_cosine_prompt_vs_token, what="kv"))
-    rows.append(make_row(label, index, "drift from float (chained)", bundle.outputs,
-                         floats.outputs, logits, None))
+def exact_rows(label: str, index: int, reader, graphs: list) -> list:
+    """The exact checks of a part (checks/exact.py) as rows: no threshold, any difference fails."""
+    from hexbundle.checks.exact import exact_checks
+    rows = []
+    for result in exact_checks(reader, graphs):
+        row = ComparisonRow(label, result.check, "exact", result.compared, math.nan, math.nan,
+                            math.nan, None, part_index=index, limit="identical",
+                            value=float(len(result.problems)), unit="differences")
+        row.notes.append(result.summary())
+        if result.problems:
+            row.problems.append(f"{len(result.problems)} difference(s): "
+                                + "; ".join(result.problems[:3])
+                                + (" ..." if len(result.problems) > 3 else ""))
+        rows.append(row)
     return rows
 
 
-def encoding_problems(reader, graph_name: str, onnx_path: Path, encodings_path: Path) -> tuple:
-    """(problems, how many encodings compared): the bin's graph against the export's encodings
-    file -- every activation encoding present with the file's bit width, type, scale and offset
-    (the device runs at those), every encoded weight stored at its bit width with its scales.
-    Numbers alone cannot show an ignored 16-bit encoding (it moves the output by < 1 LSB); this
-    names it."""
-    from hexbundle.formats.encodings import load_encodings
-    from hexbundle.formats.onnxfile import load_structure
-    info = reader.graph(graph_name)
-    initializers = {i.name for i in load_structure(onnx_path).graph.initializer}
-    spec = load_encodings(encodings_path).for_graph(initializers)
-    stored, problems = info.activations or {}, []
-    for name, enc in sorted(spec.activations.items()):
-        got = stored.get(name)
-        want = f"{enc.bitwidth}-bit {enc.dtype}"
-        if got is None:
-            problems.append(f"activation '{name}': no encoding in the bin (the export's {want})")
-        elif (got["bitwidth"], got.get("dtype", "int")) != (enc.bitwidth, enc.dtype):
-            problems.append(f"activation '{name}': {got['bitwidth']}-bit "
-                            f"{got.get('dtype', 'int')} in the bin, {want} in "
-                            f"{encodings_path.name}")
-        elif enc.is_int and not (np.allclose(got["scale"], enc.scale, rtol=1e-6, atol=0)
-                                 and np.allclose(got["offset"], enc.offset, rtol=0, atol=1e-6)):
-            problems.append(f"activation '{name}': scale/offset {got['scale'][:1]}/"
-                            f"{got['offset'][:1]} in the bin, {list(enc.scale[:1])}/"
-                            f"{list(enc.offset[:1])} in {encodings_path.name}")
-    weights = set(info.weights)
-    for name, enc in sorted(spec.params.items()):
-        if name not in weights or not enc.is_int:
-            continue
-        q = reader.quant_params(graph_name, name)
-        if q is None:
-            problems.append(f"weight '{name}': stored float, {enc.bitwidth}-bit in "
-                            f"{encodings_path.name}")
-        elif enc.is_blockwise or enc.lpbq:
-            continue   # stored per block as the backend expands them: present is what is checked
-        elif q.bitwidth != enc.bitwidth:
-            problems.append(f"weight '{name}': stored at {q.bitwidth} bits, {enc.bitwidth} in "
-                            f"{encodings_path.name}")
-        elif q.scale.size == enc.scale.size and not np.allclose(q.scale, enc.scale, rtol=1e-6,
-                                                                atol=0):
-            problems.append(f"weight '{name}': its scales differ from {encodings_path.name}")
-    return problems, len(spec.activations) + len(spec.params)
+@dataclass
+class PartRuns:
+    """A part's sequences at one context length: the bundle, the two references fed the
+    bundle's input, and the float chained on its own."""
+    bundle: SequenceRun
+    reference: SequenceRun        # half-to-even rounding (onnxruntime's QuantizeLinear)
+    reference2: SequenceRun       # AIMET's rounding: the second correct reference
+    floats: SequenceRun
 
 
-def encodings_row(label: str, index: int, bp, graphs, layout: Layout) -> ComparisonRow:
-    """One row per part: its graphs' encodings in the bin vs the export's files."""
-    problems, count = [], 0
-    for g in graphs:
-        found, n = encoding_problems(bp.reader, g.name, layout.onnx(g), layout.encodings(g))
-        problems += [f"{g.name}: {p}" for p in found]
-        count += n
-    row = ComparisonRow(label, "encodings vs the export's", "enc", count, math.nan, math.nan,
-                        math.nan, None, None, None, part_index=index)
-    if problems:
-        row.problems.append(f"{len(problems)} encoding(s) not as the export specifies: "
-                            + "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else ""))
-    return row
+def part_rows(label: str, index: int, logits: bool, n_prompt: int, runs: PartRuns,
+              v: VerifySettings, scale: Optional[float]) -> list:
+    """A part's numeric rows: the bundle vs the reference (gated against the noise floor once
+    every part has run: gate_against_floor), the two references against each other (the
+    floor), token vs prompt relative to the reference's own, and the drift from float."""
+    b, ref, ref2 = runs.bundle, runs.reference, runs.reference2
+    rows = []
+    spans = [("prefill", slice(0, n_prompt))]
+    if b.outputs.shape[0] > n_prompt:
+        spans.append(("decode", slice(n_prompt, None)))
+    for name, span in spans:
+        row = make_row(label, index, f"{name} vs reference", b.outputs[span],
+                       ref.outputs[span], logits, scale=scale)
+        if not (row.cos_min >= v.min_cosine_reference):      # the backstop; also catches NaN
+            row.problems.append(f"cosine {row.cos_min:.6f} < {v.min_cosine_reference} "
+                                "(min_cosine_reference, the backstop for gross errors)")
+        rows.append(row)
+    rows.append(make_row(label, index, "reference vs reference (AIMET rounding)", ref2.outputs,
+                         ref.outputs, logits, scale=scale))
+    rows += token_vs_prompt_rows(label, index, logits, b, ref, v)
+    rows.append(make_row(label, index, "drift from float (chained)", b.outputs,
+                         runs.floats.outputs, logits))
+    return rows
 
 
-def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray, floats: np.ndarray,
-                    v: VerifySettings, scale: Optional[float]) -> list:
-    """Chained through every part: the bundle's logits vs the reference's (gated); the float
-    drift of each, the bundle's gated relative to the reference's (max_drift_margin); top-1 vs
-    float gated only when min_top1_agreement > 0."""
-    rows = [make_row(label, 0, "chained vs reference", bundle, reference, True,
-                     v.min_cosine_reference, scale=scale)]
-    ours = make_row(label, 0, "bundle drift from float", bundle, floats, True, None,
-                    v.min_top1_agreement)
-    theirs = make_row(label, 0, "reference drift from float", reference, floats, True, None)
+def _token_vs_prompt(run: SequenceRun) -> tuple:
+    positions = sorted(run.prompt_rows)
+    token = [run.token_rows[p] for p in positions]
+    prompt = [run.prompt_rows[p] for p in positions]
+    return (np.stack([t[0] for t in token]), np.stack([p[0] for p in prompt]),
+            np.stack([t[1] for t in token]), np.stack([p[1] for p in prompt]))
+
+
+def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceRun,
+                         reference: SequenceRun, v: VerifySettings) -> list:
+    """The token graph fed the prefill's KV cache against the prompt graph at the same position:
+    the bundle's 1 - cosine may be at most token_vs_prompt_factor times the reference's own
+    (+1e-6): an 8-bit KV cache fed back makes the two graphs differ in the export itself."""
+    rows = []
+    b_out, b_prompt, b_kv, b_kv_prompt = _token_vs_prompt(bundle)
+    r_out, r_prompt, r_kv, r_kv_prompt = _token_vs_prompt(reference)
+    pairs = [("", logits, "", b_out, b_prompt, r_out, r_prompt)]
+    if b_kv.size:   # a part with layers: the new KV entries must agree too
+        pairs.append((" kv", False, "kv", b_kv, b_kv_prompt, r_kv, r_kv_prompt))
+    for suffix, is_logits, what, bg, bw, rg, rw in pairs:
+        ours = make_row(label, index, "token vs prompt" + suffix, bg, bw, is_logits, what)
+        theirs = make_row(label, index, "reference token vs prompt" + suffix, rg, rw,
+                          is_logits, what)
+        floor = 1 - theirs.cos_min
+        allowed = v.token_vs_prompt_factor * floor + 1e-6
+        ours.value, ours.unit, ours.floor = 1 - ours.cos_min, "1-cos", floor
+        ours.ratio = ours.value / floor if floor > 0 else None
+        ours.limit = f"<= {v.token_vs_prompt_factor:g} x floor + 1e-6 = {allowed:.3g}"
+        if not (ours.value <= allowed):
+            ours.problems.append(f"1 - cosine {ours.value:.3g} > {v.token_vs_prompt_factor:g} x "
+                                 f"the reference's own {floor:.3g} + 1e-6")
+        theirs.notes.append("the export's own property (the reference's value)")
+        rows += [ours, theirs]
+    return rows
+
+
+def noise_floor(rows: list, v: VerifySettings) -> tuple:
+    """(L, where): the largest error between the two correct references over every part, in
+    LSBs of the part's output encoding, and at least min_floor_lsb."""
+    measured = [(r.lsb, r.part) for r in rows
+                if r.check == "reference vs reference (AIMET rounding)" and r.lsb is not None]
+    worst = max(measured, default=(0.0, "no part"))
+    if worst[0] >= v.min_floor_lsb:
+        return worst[0], f"{worst[1]}, reference vs reference"
+    return float(v.min_floor_lsb), "min_floor_lsb"
+
+
+def gate_against_floor(rows: list, floor: float, v: VerifySettings) -> None:
+    """Each part's bundle-vs-reference error, in LSBs, at most floor_multiplier x the floor."""
+    limit = v.floor_multiplier * floor
+    for row in rows:
+        if row.part_index and row.check in ("prefill vs reference", "decode vs reference"):
+            row.floor, row.unit = floor, "LSB"
+            if row.lsb is None:    # a float output: only the cosine backstop judges it
+                row.limit = f"cos >= {v.min_cosine_reference}"
+                row.value = row.cos_min
+                row.notes.append("no int output encoding: gated by the cosine backstop only")
+                continue
+            row.value, row.ratio = row.lsb, row.lsb / floor
+            row.limit = f"<= {v.floor_multiplier:g} x floor = {limit:.1f} LSB"
+            if not (row.lsb <= limit):
+                row.problems.append(f"{row.lsb:.1f} LSB > {v.floor_multiplier:g} x the noise "
+                                    f"floor {floor:.1f} LSB (floor_multiplier)")
+        elif row.check == "reference vs reference (AIMET rounding)":
+            row.value, row.unit = row.lsb, "LSB"
+
+
+def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray,
+                    reference2: np.ndarray, floats: np.ndarray, v: VerifySettings,
+                    scale: Optional[float]) -> list:
+    """Chained through every part, each side on its own outputs: the bundle vs the reference,
+    judged by its ratio to the two references' own chained difference (fails only on gross
+    error: cosine < chained_min_cosine and ratio > chained_max_ratio); the float drift, the
+    bundle's at most max_drift_margin more than the reference's; top-1 against float at most
+    top1_tolerance below the reference's own."""
+    chained = make_row(label, 0, "chained vs reference", bundle, reference, True, scale=scale)
+    refs = make_row(label, 0, "chained reference vs reference (AIMET rounding)", reference2,
+                    reference, True, scale=scale)
+    if scale:
+        floor = max(refs.lsb, float(v.min_floor_lsb))
+        chained.value, chained.unit, chained.floor = chained.lsb, "LSB", floor
+    else:
+        floor = max(refs.max_abs, np.finfo(np.float32).tiny)
+        chained.value, chained.unit, chained.floor = chained.max_abs, "abs", floor
+    chained.ratio = chained.value / floor
+    chained.limit = (f"cos >= {v.chained_min_cosine} or ratio <= {v.chained_max_ratio:g}")
+    if not (chained.cos_min >= v.chained_min_cosine or chained.ratio <= v.chained_max_ratio):
+        chained.problems.append(f"cosine {chained.cos_min:.6f} < {v.chained_min_cosine} and "
+                                f"{chained.ratio:.1f} x the references' own chained difference "
+                                f"> {v.chained_max_ratio:g}")
+    refs.value, refs.unit = chained.floor, chained.unit
+    ours = make_row(label, 0, "bundle drift from float", bundle, floats, True)
+    theirs = make_row(label, 0, "reference drift from float", reference, floats, True)
     allowed = (1 - theirs.cos_min) + v.max_drift_margin
-    if not (1 - ours.cos_min <= allowed):
-        ours.problems.append(f"drift {1 - ours.cos_min:.6f} > the reference's "
-                             f"{1 - theirs.cos_min:.6f} + max_drift_margin {v.max_drift_margin}")
-    return rows + [ours, theirs]
+    ours.value, ours.unit, ours.floor = 1 - ours.cos_min, "1-cos", 1 - theirs.cos_min
+    ours.limit = f"<= floor + {v.max_drift_margin:g} = {allowed:.4g}"
+    if not (ours.value <= allowed):
+        ours.problems.append(f"drift {ours.value:.6f} > the reference's {1 - theirs.cos_min:.6f}"
+                             f" + max_drift_margin {v.max_drift_margin}")
+    tolerance = max(v.top1_tolerance, 0.02)
+    if not (ours.top1 >= theirs.top1 - tolerance):
+        ours.problems.append(f"top-1 agreement with float {ours.top1:.3f} < the reference's "
+                             f"{theirs.top1:.3f} - top1_tolerance {tolerance:g}")
+    ours.notes.append(f"top-1 vs float: the bundle's {ours.top1:.3f}, the reference's "
+                      f"{theirs.top1:.3f} (allowed {tolerance:g} below it)")
+    theirs.notes.append("the export's own quantization (reported)")
+    return [chained, refs, ours, theirs]
 
 
 # ============================================================================ verify
 
 
-def _num(value: float, digits: int) -> str:
-    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+def _num(value: Optional[float], digits: int) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
 def _verdict(row: ComparisonRow) -> str:
     if not row.ok:
         return "FAIL: " + "; ".join(row.problems)
-    gated = row.min_cos is not None or (row.top1 is not None and row.min_top1) \
-        or row.check.startswith("bundle drift") or row.what == "enc"
-    return "ok" if gated else "(reported)"
+    return "ok" if row.gated else "(reported)"
+
+
+def _value(row: ComparisonRow) -> str:
+    if row.value is None:
+        return ""
+    digits = 1 if row.unit in ("LSB", "differences") else 6 if row.unit == "cos" else 3
+    text = f"{row.value:.{digits}f}" if row.unit != "1-cos" else f"{row.value:.3g}"
+    return f"{text} {row.unit}"
 
 
 @dataclass
@@ -326,6 +390,8 @@ class Report:
     decode_steps: int
     rows: list
     seconds: float
+    noise_floor_lsb: float = 0.0
+    noise_floor_from: str = ""
 
     @property
     def failures(self) -> list:
@@ -345,13 +411,20 @@ class Report:
 
     def table(self) -> str:
         lines = [f"verify {self.model}: {self.bundle}, {self.prompt_tokens} prompt tokens + "
-                 f"{self.decode_steps} decode steps vs the export's quantized reference (its "
-                 "encodings applied, onnxruntime) and the float ONNX"]
-        body = [(r.part, r.check, r.what, r.positions, _num(r.cos_min, 6), _num(r.cos_mean, 6),
-                 _num(r.max_abs, 4), "" if r.lsb is None else f"{r.lsb:.1f}",
-                 "" if r.top1 is None else f"{r.top1:.3f}", _verdict(r)) for r in self.rows]
-        lines += tables.table(("part", "check", "out", "pos", "cos min", "cos mean", "max|err|",
-                               "LSB", "top-1", "verdict"), body, right={3, 4, 5, 6, 7, 8})
+                 f"{self.decode_steps} decode steps; exact checks against the export, numbers "
+                 "against its quantized reference (its encodings applied, onnxruntime)",
+                 f"noise floor: {self.noise_floor_lsb:.1f} LSB ({self.noise_floor_from}): the "
+                 "largest difference between two correct references (half-to-even and AIMET's "
+                 "rounding), measured in this run"]
+        body = [(r.part, r.check, r.what, r.positions, _num(r.cos_min, 6), _num(r.max_abs, 4),
+                 "" if r.lsb is None else f"{r.lsb:.1f}", _value(r),
+                 "" if r.floor is None else f"{r.floor:.3g}",
+                 "" if r.ratio is None else f"{r.ratio:.2f}", r.limit,
+                 _verdict(r) + ("" if not r.notes else f" [{'; '.join(r.notes)}]"))
+                for r in self.rows]
+        lines += tables.table(("part", "check", "out", "n", "cos min", "max|err|", "LSB",
+                               "value", "floor", "ratio", "limit", "verdict"), body,
+                              right={3, 4, 5, 6, 8, 9})
         lines.append(f"{'ok' if self.ok else 'FAILED'} in {self.seconds:.1f}s")
         return "\n".join(lines)
 
@@ -363,15 +436,36 @@ class Report:
 
     def to_json(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "rows"},
-                "ok": self.ok, "rows": [asdict(r) for r in self.rows]}
+                "ok": self.ok, "rows": [{**asdict(r), "ok": r.ok, "gated": r.gated}
+                                        for r in self.rows]}
+
+
+def _run_reference(bp, layout: Layout, cl: int, scratch: Path, rounding: str, x_same,
+                   x_chain, n_prompt: int) -> tuple:
+    """(fed the bundle's input, chained on its own) through the part's reference with
+    `rounding`; its scratch files removed after."""
+    cfg = layout.cfg
+    graphs = reference_graphs(bp.part, layout, cl, scratch, rounding)
+    try:
+        same = run_sequence(reference_session(bp.part, cfg, graphs), x_same, n_prompt)
+        chained = same if x_chain is x_same else run_sequence(
+            reference_session(bp.part, cfg, graphs), x_chain, n_prompt)
+    finally:
+        for graph in graphs.values():
+            _close(graph)
+        shutil.rmtree(scratch / f"cl{cl}-{rounding}", ignore_errors=True)
+    return same, chained
 
 
 def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path] = None,
                              log: Callable[[str], None] = print) -> Report:
     """Run the checks with the verify step's options (steps/options.py verify_options: its
-    thresholds, token counts and the context lengths); return the report (callers decide what a
-    failure means). Per part: the bundle, the reference fed the bundle's input, the reference
-    chained on its own outputs, the float ONNX chained on its own (one part open at a time)."""
+    settings, token counts and the context lengths); return the report (callers decide what a
+    failure means). Per part: the exact checks, then the bundle, the two references fed the
+    bundle's input and chained on their own, the float chained on its own (one part open at a
+    time); then every part's error is gated against the noise floor of all of them."""
+    from hexbundle.checks.exact import PartGraph
+    from hexbundle.runtime.qdq import AIMET, HALF_EVEN
     cfg = layout.cfg
     started = time.monotonic()
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
@@ -383,43 +477,47 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     n_prompt, total = v.prompt_tokens, v.prompt_tokens + v.decode_steps
     ids = np.random.default_rng(v.seed).integers(0, genie.n_vocab, total).astype(np.int32)
     lengths = options.context_lengths
-    chains = {cl: (ids, ids, ids) for cl in lengths}   # per length: bundle, reference, float
+    chains = {cl: (ids, ids, ids, ids) for cl in lengths}   # bundle, reference, ref 2, float
     rows, scales = [], {}
     layout.verify_report.parent.mkdir(parents=True, exist_ok=True)
     try:
         with temp_dir(layout.verify_report.parent, "reference") as scratch:
+            scratch = Path(scratch)
             for bp in opened:
+                log(f"verify: {bp.label}: exact checks")
+                rows += exact_rows(bp.label, bp.part.index, bp.reader, [
+                    PartGraph(g.name, layout.onnx(g), layout.encodings(g))
+                    for cl in lengths for g in cfg.model.graphs(bp.part, cl)])
+                bp.reader.release_pages()
                 for cl in lengths:   # every length's graphs of the part, the same tokens
                     label = bp.label + (f" cl {cl}" if len(lengths) > 1 else "")
                     log(f"verify: {label}")
-                    x_bundle, x_ref, x_float = chains[cl]
-                    rows.append(encodings_row(label, bp.part.index, bp,
-                                              cfg.model.graphs(bp.part, cl), layout))
+                    x_bundle, x_ref, x_ref2, x_float = chains[cl]
                     session = bundle_session(bp, cfg, rope, cl)
                     scales[cl] = output_scale(session)
                     b = run_sequence(session, x_bundle, n_prompt)
                     # the bin's pages, left resident by the run, would sit under the reference's
                     # and the float's weights (the peak RSS): drop them, keeping the mmap
                     bp.reader.release_pages()
-                    reference = reference_graphs(bp.part, layout, cl, Path(scratch))
-                    same = run_sequence(reference_session(bp.part, cfg, reference), x_bundle,
-                                        n_prompt)
-                    chained = same if x_ref is x_bundle else run_sequence(
-                        reference_session(bp.part, cfg, reference), x_ref, n_prompt)
+                    same, chained = _run_reference(bp, layout, cl, scratch, HALF_EVEN, x_bundle,
+                                                   x_ref, n_prompt)
+                    same2, chained2 = _run_reference(bp, layout, cl, scratch, AIMET, x_bundle,
+                                                     x_ref2, n_prompt)
                     f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt)
-                    rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt, b, same,
-                                      f, v, scales[cl])
-                    chains[cl] = (b.outputs, chained.outputs, f.outputs)
-                    shutil.rmtree(Path(scratch) / f"cl{cl}", ignore_errors=True)
+                    rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
+                                      PartRuns(b, same, same2, f), v, scales[cl])
+                    chains[cl] = (b.outputs, chained.outputs, chained2.outputs, f.outputs)
                 bp.reader.close()
     finally:
         for bp in opened:
             bp.reader.close()
+    floor, where = noise_floor(rows, v)
+    gate_against_floor(rows, floor, v)
     for cl in lengths:
         label = "end to end" + (f" cl {cl}" if len(lengths) > 1 else "")
         rows += end_to_end_rows(label, *chains[cl], v, scales.get(cl))
     return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v.decode_steps, rows,
-                  time.monotonic() - started)
+                  time.monotonic() - started, floor, where)
 
 
 def run_verify(layout: Layout, options) -> None:
