@@ -419,11 +419,10 @@ class Report:
         body = [(r.part, r.check, r.what, r.positions, _num(r.cos_min, 6), _num(r.max_abs, 4),
                  "" if r.lsb is None else f"{r.lsb:.1f}", _value(r),
                  "" if r.floor is None else f"{r.floor:.3g}",
-                 "" if r.ratio is None else f"{r.ratio:.2f}", r.limit,
-                 _verdict(r) + ("" if not r.notes else f" [{'; '.join(r.notes)}]"))
-                for r in self.rows]
+                 "" if r.ratio is None else f"{r.ratio:.2f}", r.limit, "; ".join(r.notes),
+                 _verdict(r)) for r in self.rows]
         lines += tables.table(("part", "check", "out", "n", "cos min", "max|err|", "LSB",
-                               "value", "floor", "ratio", "limit", "verdict"), body,
+                               "value", "floor", "ratio", "limit", "notes", "verdict"), body,
                               right={3, 4, 5, 6, 8, 9})
         lines.append(f"{'ok' if self.ok else 'FAILED'} in {self.seconds:.1f}s")
         return "\n".join(lines)
