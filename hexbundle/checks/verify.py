@@ -304,13 +304,12 @@ def gate_against_floor(rows: list, floor: float, v: VerifySettings) -> None:
     limit = v.floor_multiplier * floor
     for row in rows:
         if row.part_index and row.check in ("prefill vs reference", "decode vs reference"):
-            row.floor, row.unit = floor, "LSB"
             if row.lsb is None:    # a float output: only the cosine backstop judges it
                 row.limit = f"cos >= {v.min_cosine_reference}"
-                row.value = row.cos_min
+                row.value, row.unit = row.cos_min, "cos"
                 row.notes.append("no int output encoding: gated by the cosine backstop only")
                 continue
-            row.value, row.ratio = row.lsb, row.lsb / floor
+            row.value, row.unit, row.floor, row.ratio = row.lsb, "LSB", floor, row.lsb / floor
             row.limit = f"<= {v.floor_multiplier:g} x floor = {limit:.1f} LSB"
             if not (row.lsb <= limit):
                 row.problems.append(f"{row.lsb:.1f} LSB > {v.floor_multiplier:g} x the noise "
