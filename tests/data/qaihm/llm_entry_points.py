@@ -1,8 +1,10 @@
-"""What make_export_llama32.py and make_export_falcon3.py share: running a qai-hub-models 0.55
-LLM's own quantize and export entry points in this process (so the scripts' monkeypatches apply),
-the CPU-quantize patch (D) they both need, and the files written beside the export (our tokenizer,
-Qualcomm's own genie_config.json for it). Each script keeps what differs: its model, its shape
-patches, its tokenizer."""
+"""What make_export_llama32.py, make_export_falcon3.py and make_export_qwen3.py share: running a
+qai-hub-models 0.55 LLM's own quantize and export entry points in this process (so the scripts'
+monkeypatches apply), the patches they have in common (1, A, B; D for the classes whose quantize
+refuses a CPU), and the files written beside the export (our tokenizer, Qualcomm's own
+genie_config.json for it). Each script keeps what differs: its model, its tokenizer.
+make_export_llama32_deep.py and make_export_qwen3_kv16.py reuse the Llama 3.2 and Qwen3 scripts'
+``build`` with their own shape and seed."""
 from __future__ import annotations
 
 import functools

@@ -132,9 +132,9 @@ EXPORT_DIR = HERE / "export-llama32"
 # gives `doit import_export --model-config`, as they would the Hugging Face repo's.
 MODEL_CONFIG = HERE / "config-llama32.json"
 WORK = Path(os.environ.get("QAIHM_LLAMA32_WORK", "/tmp/qaihm_llama32_work"))
-CKPT_FP = WORK / "fp_checkpoint"          # random HF Llama checkpoint + tokenizer
-CKPT_Q = WORK / "quantized_checkpoint"    # output of llama_v3_2_3b_instruct's own quantize
-ASSET_DIR = WORK / "fake_asset"           # stands in for the llama32_ckpt_w4a16 asset
+# Under WORK: fp_checkpoint/ (random HF Llama checkpoint + tokenizer), quantized_checkpoint/
+# (output of llama_v3_2_3b_instruct's own quantize), fake_asset/ (stands in for the
+# llama32_ckpt_w4a16 asset).
 
 SEED = 1234
 CONTEXT_LENGTH = 256
@@ -203,11 +203,11 @@ TINY_CONFIG = dict(
 # --------------------------------------------------------------------------
 # Step 0: tiny random HF Llama checkpoint + tiny tokenizer (ours, not Qualcomm's)
 # --------------------------------------------------------------------------
-def make_tokenizer():
+def make_tokenizer(seed: int = SEED):
     from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers, processors,
                             trainers)
 
-    rng = random.Random(SEED)
+    rng = random.Random(seed)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(LLAMA3_SPLIT_PATTERN), behavior="isolated", invert=False),
@@ -237,23 +237,23 @@ def make_tokenizer():
     return tok
 
 
-def make_fp_checkpoint() -> None:
+def make_fp_checkpoint(ckpt_fp: Path, config: dict, seed: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    CKPT_FP.mkdir(parents=True, exist_ok=True)
+    ckpt_fp.mkdir(parents=True, exist_ok=True)
     hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=make_tokenizer(),
+        tokenizer_object=make_tokenizer(seed),
         bos_token="<|begin_of_text|>",
         eos_token="<|eot_id|>",           # Llama-3.2-3B-Instruct's tokenizer_config
         chat_template=CHAT_TEMPLATE,
         model_input_names=["input_ids", "attention_mask"],
         clean_up_tokenization_spaces=True,
     )
-    hf_tok.save_pretrained(CKPT_FP)
+    hf_tok.save_pretrained(ckpt_fp)
 
-    torch.manual_seed(SEED)
-    cfg = LlamaConfig(**TINY_CONFIG, torch_dtype="float32")
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(**config, torch_dtype="float32")
     cfg.architectures = ["LlamaForCausalLM"]
     model = LlamaForCausalLM(cfg).eval()
     assert model.lm_head.weight is model.model.embed_tokens.weight   # tied
@@ -264,26 +264,35 @@ def make_fp_checkpoint() -> None:
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
-    model.save_pretrained(CKPT_FP, safe_serialization=True)
+    model.save_pretrained(ckpt_fp, safe_serialization=True)
 
 
-def main() -> None:
-    if WORK.exists():
-        shutil.rmtree(WORK)
-    WORK.mkdir(parents=True)
-    make_fp_checkpoint()
-    patch_class_constants(MODULE, TINY_CONFIG)
-    patch_calibration_text(CKPT_FP, SPECIAL_ID.values(), SEED + 1, CONTEXT_LENGTH,
+def build(export_dir: Path, model_config: Path, work: Path, config: dict, seed: int) -> None:
+    """The whole recipe for one tiny Llama 3.2 of shape `config` and weights from `seed`
+    (make_export_llama32_deep.py calls it with its own): float checkpoint, the model's own
+    quantize, its own export into `export_dir`, our tokenizer, Qualcomm's genie config, and the
+    float config.json copied to `model_config`."""
+    ckpt_fp, ckpt_q = work / "fp_checkpoint", work / "quantized_checkpoint"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    make_fp_checkpoint(ckpt_fp, config, seed)
+    patch_class_constants(MODULE, config)
+    patch_calibration_text(ckpt_fp, SPECIAL_ID.values(), seed + 1, CONTEXT_LENGTH,
                            NUM_CALIB_SAMPLES + 2)
     patch_hub()
     patch_cpu_quantize()
-    run_quantize(MODULE, CKPT_FP, CKPT_Q, SEED, CONTEXT_LENGTH, CALIB_SEQ_LEN, NUM_CALIB_SAMPLES)
-    patch_asset_and_fp_default(MODULE, "Llama3_2_3B", CKPT_FP, CKPT_Q, ASSET_DIR)
-    run_export(MODULE, EXPORT_DIR, WORK, CONTEXT_LENGTH, EXPORT_SEQ_LENS, DEVICE)
-    write_tokenizer(CKPT_FP, EXPORT_DIR)
-    write_qaihm_genie_config(MODULE, CKPT_FP, EXPORT_DIR, CONTEXT_LENGTH, EXPORT_SEQ_LENS)
-    shutil.copyfile(CKPT_FP / "config.json", MODEL_CONFIG)
-    print("done:", EXPORT_DIR)
+    run_quantize(MODULE, ckpt_fp, ckpt_q, seed, CONTEXT_LENGTH, CALIB_SEQ_LEN, NUM_CALIB_SAMPLES)
+    patch_asset_and_fp_default(MODULE, "Llama3_2_3B", ckpt_fp, ckpt_q, work / "fake_asset")
+    run_export(MODULE, export_dir, work, CONTEXT_LENGTH, EXPORT_SEQ_LENS, DEVICE)
+    write_tokenizer(ckpt_fp, export_dir)
+    write_qaihm_genie_config(MODULE, ckpt_fp, export_dir, CONTEXT_LENGTH, EXPORT_SEQ_LENS)
+    shutil.copyfile(ckpt_fp / "config.json", model_config)
+    print("done:", export_dir)
+
+
+def main() -> None:
+    build(EXPORT_DIR, MODEL_CONFIG, WORK, TINY_CONFIG, SEED)
 
 
 if __name__ == "__main__":

@@ -103,21 +103,25 @@ from __future__ import annotations
 
 import os
 import random
-import runpy
 import shutil
 import sys
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from make_export import (  # noqa: E402  (make_export.py's helpers; importing it runs nothing)
     CHAT_TEMPLATE, SPECIAL_TOKENS, TOKENIZER_VOCAB, patch_hub, random_text)
+from llm_entry_points import (  # noqa: E402  (the steps the tiny 0.55 exports share)
+    patch_asset_and_fp_default, patch_calibration_text, patch_class_constants, run_export,
+    run_quantize, write_tokenizer)
 
+MODULE = "qai_hub_models.models.qwen3_4b"
 EXPORT_DIR = HERE / "export-qwen3"
 WORK = Path(os.environ.get("QAIHM_QWEN3_WORK", "/tmp/qaihm_qwen3_work"))
-CKPT_FP = WORK / "fp_checkpoint"          # random HF Qwen3 checkpoint + tokenizer
-CKPT_Q = WORK / "quantized_checkpoint"    # output of qwen3_4b's own quantize
-ASSET_DIR = WORK / "fake_asset"           # stands in for the qwen34_w4a16_adascale asset
+# Under WORK: fp_checkpoint/ (random HF Qwen3 checkpoint + tokenizer), quantized_checkpoint/
+# (output of qwen3_4b's own quantize), fake_asset/ (stands in for the qwen34_w4a16_adascale
+# asset).
 
 SEED = 1234
 CONTEXT_LENGTH = 256
@@ -148,13 +152,13 @@ TINY_CONFIG = dict(
 # --------------------------------------------------------------------------
 # Step 0: tiny random HF Qwen3 checkpoint + tiny tokenizer (ours, not Qualcomm's)
 # --------------------------------------------------------------------------
-def make_fp_checkpoint() -> None:
+def make_fp_checkpoint(ckpt_fp: Path, config: dict, seed: int) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    rng = random.Random(SEED)
-    CKPT_FP.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    ckpt_fp.mkdir(parents=True, exist_ok=True)
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -166,7 +170,7 @@ def make_fp_checkpoint() -> None:
         show_progress=False,
     )
     tok.train_from_iterator([random_text(rng, 50) for _ in range(400)], trainer)
-    assert tok.get_vocab_size() <= TINY_CONFIG["vocab_size"]
+    assert tok.get_vocab_size() <= config["vocab_size"]
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -174,10 +178,10 @@ def make_fp_checkpoint() -> None:
         additional_special_tokens=["<|im_start|>"],
         chat_template=CHAT_TEMPLATE,
     )
-    hf_tok.save_pretrained(CKPT_FP)
+    hf_tok.save_pretrained(ckpt_fp)
 
-    torch.manual_seed(SEED)
-    cfg = Qwen3Config(**TINY_CONFIG, torch_dtype="float32")
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(**config, torch_dtype="float32")
     cfg.architectures = ["Qwen3ForCausalLM"]
     model = Qwen3ForCausalLM(cfg).eval()
     assert model.lm_head.weight is model.model.embed_tokens.weight   # tied
@@ -188,62 +192,13 @@ def make_fp_checkpoint() -> None:
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
-    model.save_pretrained(CKPT_FP, safe_serialization=True)
+    model.save_pretrained(ckpt_fp, safe_serialization=True)
 
 
 # --------------------------------------------------------------------------
-# Patches
+# Patches (1, A and B are llm_entry_points' patch_calibration_text, patch_class_constants and
+# patch_asset_and_fp_default; 8 is make_export.py's patch_hub)
 # --------------------------------------------------------------------------
-def patch_class_constants() -> None:
-    """Patch A: the qwen3_4b module's shape constants -> the tiny model's."""
-    import qai_hub_models.models.qwen3_4b.model as q3
-
-    q3.NUM_LAYERS = TINY_CONFIG["num_hidden_layers"]
-    q3.HIDDEN_SIZE = TINY_CONFIG["hidden_size"]
-    q3.NUM_ATTN_HEADS = TINY_CONFIG["num_attention_heads"]
-    q3.NUM_KEY_VALUE_HEADS = TINY_CONFIG["num_key_value_heads"]
-
-
-def patch_calibration_text() -> None:
-    """Patch 1: WikiText -> a few random token sequences (offline)."""
-    from qai_hub_models.datasets.wikitext import WikiText
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(CKPT_FP))
-    special = set(tok.all_special_ids)
-    ids = [i for i in range(len(tok)) if i not in special]
-    rng = random.Random(SEED + 1)
-    texts = [tok.decode([rng.choice(ids) for _ in range(CONTEXT_LENGTH)])
-             for _ in range(NUM_CALIB_SAMPLES + 2)]
-
-    def load_raw_dataset(self):  # noqa: ARG001
-        return {"text": texts}
-
-    WikiText.load_raw_dataset = load_raw_dataset
-
-
-def patch_asset_and_fp_default() -> None:
-    """Patch B: the asset download -> a copy of our quantized checkpoint; the float model's
-    default checkpoint -> our tiny float checkpoint."""
-    import qai_hub_models.models.qwen3_4b.model as q3
-
-    if ASSET_DIR.exists():
-        shutil.rmtree(ASSET_DIR)
-    shutil.copytree(CKPT_Q, ASSET_DIR)
-
-    class _Asset:
-        @classmethod
-        def from_asset_store(cls_, *a, **k):
-            return cls_()
-
-        def fetch(self, extract=False):
-            return ASSET_DIR
-
-    q3.CachedWebModelAsset = _Asset
-    fp = q3.Qwen3_4B.from_pretrained.__func__
-    fp.__defaults__ = tuple(str(CKPT_FP) if d == q3.HF_REPO_NAME else d for d in fp.__defaults__)
-
-
 def patch_model_info() -> None:
     """Patch C: the wheel ships no release-assets.yaml, which qwen3_4b's info.yaml validation
     requires; let that one reason pass."""
@@ -260,76 +215,32 @@ def patch_model_info() -> None:
     QAIHMModelInfo.can_promote_to_published = can_promote_to_published
 
 
-def run_main(module: str, argv: list) -> None:
-    """Run a qai-hub-models entry point as `python -m module argv...` would (in this process,
-    so the patches apply)."""
-    print("+ python -m", module, " ".join(argv), flush=True)
-    saved = sys.argv
-    sys.argv = [module] + argv
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=False)
-    finally:
-        sys.argv = saved
-
-
-# --------------------------------------------------------------------------
-# Step 1: qwen3_4b's own quantize (AIMET-ONNX, w4a16)
-# --------------------------------------------------------------------------
-def run_quantize() -> None:
-    import numpy as np
-    import torch
-
-    np.random.seed(SEED)
-    torch.manual_seed(SEED)
-    run_main("qai_hub_models.models.qwen3_4b.quantize", [
-        "--checkpoint", str(CKPT_FP),
-        "--context-length", str(CONTEXT_LENGTH),
-        "--calibration-sequence-length", str(CALIB_SEQ_LEN),
-        "--num-samples", str(NUM_CALIB_SAMPLES),
-        "--precision", "w4a16",
-        "-o", str(CKPT_Q),
-    ])
-
-
-# --------------------------------------------------------------------------
-# Step 2: qwen3_4b's own export, hub stubbed
-# --------------------------------------------------------------------------
-def run_export() -> None:
-    if EXPORT_DIR.exists():
-        shutil.rmtree(EXPORT_DIR)
-    run_main("qai_hub_models.models.qwen3_4b.export", [
-        "--checkpoint", "DEFAULT",
-        "--context-length", str(CONTEXT_LENGTH),
-        "--sequence-length", ",".join(map(str, EXPORT_SEQ_LENS)),
-        "--device", DEVICE,
-        "--skip-profiling",
-        "--skip-downloading",
-        "--skip-summary",
-        "--output-dir", str(WORK / "build"),
-        "--onnx-export-dir", str(EXPORT_DIR),
-    ])
-
-
-def write_tokenizer(export_dir: Path) -> None:
-    # qai-hub-models writes no tokenizer into onnx_export_dir (only prepare_genie_assets does,
-    # after downloading compiled binaries), so ship our own tiny one.
-    shutil.copyfile(CKPT_FP / "tokenizer.json", export_dir / "tokenizer.json")
+def build(export_dir: Path, work: Path, config: dict, seed: int,
+          model_config: Optional[Path] = None) -> None:
+    """The whole recipe for one tiny Qwen3 of shape `config` and weights from `seed`
+    (make_export_qwen3_kv16.py calls it with its own): float checkpoint, qwen3_4b's own quantize
+    (step 1), its own export into `export_dir` (step 2), our tokenizer, and, when `model_config`
+    is given, the float config.json copied there."""
+    ckpt_fp, ckpt_q = work / "fp_checkpoint", work / "quantized_checkpoint"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    make_fp_checkpoint(ckpt_fp, config, seed)
+    patch_class_constants(MODULE, config)
+    patch_calibration_text(ckpt_fp, (), seed + 1, CONTEXT_LENGTH, NUM_CALIB_SAMPLES + 2)
+    patch_hub()
+    run_quantize(MODULE, ckpt_fp, ckpt_q, seed, CONTEXT_LENGTH, CALIB_SEQ_LEN, NUM_CALIB_SAMPLES)
+    patch_asset_and_fp_default(MODULE, "Qwen3_4B", ckpt_fp, ckpt_q, work / "fake_asset")
+    patch_model_info()
+    run_export(MODULE, export_dir, work, CONTEXT_LENGTH, EXPORT_SEQ_LENS, DEVICE)
+    write_tokenizer(ckpt_fp, export_dir)
+    if model_config is not None:
+        shutil.copyfile(ckpt_fp / "config.json", model_config)
+    print("done:", export_dir)
 
 
 def main() -> None:
-    if WORK.exists():
-        shutil.rmtree(WORK)
-    WORK.mkdir(parents=True)
-    make_fp_checkpoint()
-    patch_class_constants()
-    patch_calibration_text()
-    patch_hub()
-    run_quantize()
-    patch_asset_and_fp_default()
-    patch_model_info()
-    run_export()
-    write_tokenizer(EXPORT_DIR)
-    print("done:", EXPORT_DIR)
+    build(EXPORT_DIR, WORK, TINY_CONFIG, SEED)
 
 
 if __name__ == "__main__":
