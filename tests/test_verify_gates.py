@@ -146,26 +146,48 @@ def sequence(out, kv):
                        {p: (out[p], kv[p]) for p in range(len(out))})
 
 
-def token_rows(bundle_gap, reference_gap, seed=5):
+def token_rows(bundle_lsb, reference_lsb, references_lsb=0, seed=5):
+    """Token-vs-prompt rows where the token graph's KV entries differ from the prompt graph's
+    by the given LSBs (8-bit KV grid, step KV_STEP), in the bundle and in the reference, and
+    the second reference differs from the first by references_lsb."""
     rng = np.random.default_rng(seed)
-    out, kv = signal(rng, n=4), signal(rng, n=4)
+    out = np.round(signal(rng, n=4) / SCALE) * SCALE
+    kv = np.round(signal(rng, n=4) / KV_STEP) * KV_STEP
 
-    def run(gap):
-        s = sequence(out, kv)
-        s.token_rows = {p: (o + gap * signal(rng, n=1)[0], k + gap * signal(rng, n=1)[0])
-                        for p, (o, k) in s.prompt_rows.items()}
+    def run(lsb, base_kv=kv):
+        s = sequence(out, base_kv)
+        moved = base_kv.copy()
+        moved[:, 3] += lsb * KV_STEP
+        s.token_rows = {p: (out[p], moved[p]) for p in s.prompt_rows}
         return s
-    return {r.check: r for r in token_vs_prompt_rows("part 2", 2, False, run(bundle_gap),
-                                                      run(reference_gap), settings())}
+    second = kv.copy()
+    second[:, 7] += references_lsb * KV_STEP
+    return {r.check: r for r in token_vs_prompt_rows(
+        "part 2", 2, False, run(bundle_lsb), run(reference_lsb), run(reference_lsb, second),
+        settings(), SCALE, np.full(kv.shape[1], KV_STEP))}
+
+
+KV_STEP = 0.05
 
 
 def test_token_vs_prompt_is_relative_to_the_references_own():
-    rows = token_rows(0.0155, 0.0155)      # both ~0.99988: the export's 8-bit KV, not the build
+    # the export's own graphs differ by 30 LSB (an 8-bit KV cache fed back): the bundle's 40 is
+    # within 2 x its floor, though its cosine is below the old 0.9999
+    rows = token_rows(40, 30)
     ours = rows["token vs prompt kv"]
-    assert ours.cos_min < 0.9999 and ours.ok, ours.problems
-    rows = token_rows(0.05, 0.0155)
-    assert not rows["token vs prompt kv"].ok
+    assert ours.ok and ours.floor == pytest.approx(30) and ours.ratio == pytest.approx(40 / 30)
+    assert not token_rows(70, 30)["token vs prompt kv"].ok
     assert rows["reference token vs prompt kv"].ok   # a fact about the export, reported
+
+
+def test_token_vs_prompt_floor_is_the_two_references_or_min_floor_lsb():
+    # a reference whose two graphs agree exactly: the floor is what two correct references
+    # differ by on the same entries, and never below min_floor_lsb (8)
+    assert token_rows(1, 0)["token vs prompt kv"].ok        # one flip at a near-tie
+    assert token_rows(16, 0)["token vs prompt kv"].ok
+    assert not token_rows(17, 0)["token vs prompt kv"].ok
+    rows = token_rows(30, 0, references_lsb=20)
+    assert rows["token vs prompt kv"].floor == pytest.approx(20) and rows["token vs prompt kv"].ok
 
 
 # ------------------------------------------------------------------------------ AIMET's rounding

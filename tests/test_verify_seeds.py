@@ -14,7 +14,7 @@ from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout
 from hexbundle.steps.options import verify_options
 
-pytestmark = pytest.mark.heavy   # five exports built: the full suite
+pytestmark = pytest.mark.heavy   # seven exports built: the full suite
 
 QAIHM = ROOT / "tests" / "data" / "qaihm"
 # export directory -> the Hugging Face config.json the user gives with it (None: not needed)
@@ -24,6 +24,9 @@ EXPORTS = {
     "export-llama32": "config-llama32.json",
     "export-falcon3": "config-falcon3.json",
     "export-2cl": None,
+    # shapes the gates never saw before they were set: 11 layers, head_dim 24; a 16-bit KV cache
+    "export-llama32-deep": "config-llama32-deep.json",
+    "export-qwen3-kv16": "config-qwen3-kv16.json",
 }
 SEEDS = (0, 1, 2, 3)
 

@@ -200,6 +200,29 @@ def output_scale(session) -> Optional[float]:
     return float(enc["scale"][0])
 
 
+def kv_entry_scales(session) -> Optional[np.ndarray]:
+    """The grid step of every element of the part's KV entry (session.kv_entry's layout: each
+    layer's key then value), from the bin's encodings of past_key/value_<layer>_out; None if
+    any of them is not a per-tensor int encoding (a float KV cache: judged by cosine)."""
+    from hexbundle.runtime.conventions import kv_names
+    if not session.layers:
+        return None
+    graph = session.graphs["prompt"]
+    encodings = (getattr(graph, "info", None) and graph.info.activations) or {}
+    if session.n_past < 1:
+        return None
+    pieces = []
+    for layer in session.layers:
+        for name, cache, axis in zip(kv_names(layer, "out"),
+                                     (session._keys[layer], session._values[layer]), (-1, -2)):
+            enc = encodings.get(name)
+            if not enc or enc.get("dtype", "int") != "int" or len(enc["scale"]) != 1:
+                return None
+            size = cache.size // cache.shape[axis]
+            pieces.append(np.full(size, float(enc["scale"][0])))
+    return np.concatenate(pieces)
+
+
 def exact_rows(label: str, index: int, reader, graphs: list) -> list:
     """The exact checks of a part (checks/exact.py) as rows: no threshold, any difference fails."""
     from hexbundle.checks.exact import exact_checks
@@ -228,7 +251,8 @@ class PartRuns:
 
 
 def part_rows(label: str, index: int, logits: bool, n_prompt: int, runs: PartRuns,
-              v: VerifySettings, scale: Optional[float]) -> list:
+              v: VerifySettings, scale: Optional[float],
+              kv_scales: Optional[np.ndarray] = None) -> list:
     """A part's numeric rows: the bundle vs the reference (gated against the noise floor once
     every part has run: gate_against_floor), the two references against each other (the
     floor), token vs prompt relative to the reference's own, and the drift from float."""
@@ -246,7 +270,7 @@ def part_rows(label: str, index: int, logits: bool, n_prompt: int, runs: PartRun
         rows.append(row)
     rows.append(make_row(label, index, "reference vs reference (AIMET rounding)", ref2.outputs,
                          ref.outputs, logits, scale=scale))
-    rows += token_vs_prompt_rows(label, index, logits, b, ref, v)
+    rows += token_vs_prompt_rows(label, index, logits, b, ref, ref2, v, scale, kv_scales)
     rows.append(make_row(label, index, "drift from float (chained)", b.outputs,
                          runs.floats.outputs, logits))
     return rows
@@ -260,30 +284,56 @@ def _token_vs_prompt(run: SequenceRun) -> tuple:
             np.stack([t[1] for t in token]), np.stack([p[1] for p in prompt]))
 
 
+def _max_lsb(a: np.ndarray, b: np.ndarray, scale) -> float:
+    return float((np.abs(a.astype(np.float64) - b) / scale).max()) if a.size else 0.0
+
+
 def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceRun,
-                         reference: SequenceRun, v: VerifySettings) -> list:
-    """The token graph fed the prefill's KV cache against the prompt graph at the same position:
-    the bundle's 1 - cosine may be at most token_vs_prompt_factor times the reference's own
-    (+1e-6): an 8-bit KV cache fed back makes the two graphs differ in the export itself."""
+                         reference: SequenceRun, reference2: SequenceRun, v: VerifySettings,
+                         scale: Optional[float], kv_scales: Optional[np.ndarray]) -> list:
+    """The token graph fed the prefill's KV cache against the prompt graph at the same position,
+    output and KV entry, in LSBs of each tensor's encoding: the bundle's largest difference at
+    most token_vs_prompt_factor x its floor -- the reference's own difference (an 8-bit KV cache
+    fed back makes the export's two graphs differ) or, where larger, the two correct
+    references' difference on the same entries, and at least min_floor_lsb (two correct
+    implementations whose float order differs land on neighbouring grid points at a near-tie,
+    token graph against prompt graph as much as one reference against the other). A tensor
+    with no int encoding is judged by cosine, relative to the same two."""
     rows = []
     b_out, b_prompt, b_kv, b_kv_prompt = _token_vs_prompt(bundle)
     r_out, r_prompt, r_kv, r_kv_prompt = _token_vs_prompt(reference)
-    pairs = [("", logits, "", b_out, b_prompt, r_out, r_prompt)]
+    q_out, q_prompt, q_kv, q_kv_prompt = _token_vs_prompt(reference2)
+    pairs = [("", logits, "", scale, (b_out, b_prompt), (r_out, r_prompt), (q_out, q_prompt))]
     if b_kv.size:   # a part with layers: the new KV entries must agree too
-        pairs.append((" kv", False, "kv", b_kv, b_kv_prompt, r_kv, r_kv_prompt))
-    for suffix, is_logits, what, bg, bw, rg, rw in pairs:
+        pairs.append((" kv", False, "kv", kv_scales, (b_kv, b_kv_prompt), (r_kv, r_kv_prompt),
+                      (q_kv, q_kv_prompt)))
+    for suffix, is_logits, what, grid, (bg, bw), (rg, rw), (qg, qw) in pairs:
         ours = make_row(label, index, "token vs prompt" + suffix, bg, bw, is_logits, what)
         theirs = make_row(label, index, "reference token vs prompt" + suffix, rg, rw,
                           is_logits, what)
-        floor = 1 - theirs.cos_min
-        allowed = v.token_vs_prompt_factor * floor + 1e-6
-        ours.value, ours.unit, ours.floor = 1 - ours.cos_min, "1-cos", floor
-        ours.ratio = ours.value / floor if floor > 0 else None
-        ours.limit = f"<= {v.token_vs_prompt_factor:g} x floor + 1e-6 = {allowed:.3g}"
-        if not (ours.value <= allowed):
-            ours.problems.append(f"1 - cosine {ours.value:.3g} > {v.token_vs_prompt_factor:g} x "
-                                 f"the reference's own {floor:.3g} + 1e-6")
         theirs.notes.append("the export's own property (the reference's value)")
+        if grid is not None:
+            theirs.value, theirs.unit = _max_lsb(rg, rw, grid), "LSB"
+            refs = max(_max_lsb(qg, rg, grid), _max_lsb(qw, rw, grid))
+            floor = max(theirs.value, refs, float(v.min_floor_lsb))
+            ours.value, ours.unit, ours.floor = _max_lsb(bg, bw, grid), "LSB", floor
+            ours.ratio = ours.value / floor
+            allowed = v.token_vs_prompt_factor * floor
+            ours.limit = f"<= {v.token_vs_prompt_factor:g} x floor = {allowed:.1f} LSB"
+            ours.notes.append(f"floor: the reference's own {theirs.value:.1f} LSB, the two "
+                              f"references' {refs:.1f} LSB, min_floor_lsb {v.min_floor_lsb:g}")
+            if not (ours.value <= allowed):
+                ours.problems.append(f"{ours.value:.1f} LSB > {v.token_vs_prompt_factor:g} x "
+                                     f"the floor {floor:.1f} LSB (token_vs_prompt_factor)")
+        else:
+            floor = max(1 - theirs.cos_min, 1 - compare(qg, rg, False)["cos_min"])
+            allowed = v.token_vs_prompt_factor * floor + 1e-12
+            ours.value, ours.unit, ours.floor = 1 - ours.cos_min, "1-cos", floor
+            ours.ratio = ours.value / floor if floor > 0 else None
+            ours.limit = f"<= {v.token_vs_prompt_factor:g} x floor = {allowed:.3g}"
+            if not (ours.value <= allowed):
+                ours.problems.append(f"1 - cosine {ours.value:.3g} > "
+                                     f"{v.token_vs_prompt_factor:g} x the floor {floor:.3g}")
         rows += [ours, theirs]
     return rows
 
@@ -494,6 +544,7 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                     session = bundle_session(bp, cfg, rope, cl)
                     scales[cl] = output_scale(session)
                     b = run_sequence(session, x_bundle, n_prompt)
+                    kv_scales = kv_entry_scales(session)
                     # the bin's pages, left resident by the run, would sit under the reference's
                     # and the float's weights (the peak RSS): drop them, keeping the mmap
                     bp.reader.release_pages()
@@ -503,7 +554,7 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                                                      x_ref2, n_prompt)
                     f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt)
                     rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
-                                      PartRuns(b, same, same2, f), v, scales[cl])
+                                      PartRuns(b, same, same2, f), v, scales[cl], kv_scales)
                     chains[cl] = (b.outputs, chained.outputs, chained2.outputs, f.outputs)
                 bp.reader.close()
     finally:

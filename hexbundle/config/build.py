@@ -160,9 +160,11 @@ VERIFY_SCHEMA = {
     "chained_max_ratio": Field(float, 20.0, min=1, max=1e6, example=40.0,
                                doc="see chained_min_cosine"),
     "token_vs_prompt_factor": Field(float, 2.0, min=1, max=1000, example=4.0,
-                                    doc="a part's token graph vs its prompt graph: the bundle's "
-                                        "1 - cosine at most this times the reference's own "
-                                        "(+1e-6)"),
+                                    doc="a part's token graph vs its prompt graph (output "
+                                        "and KV entry, in LSBs of their encodings): the "
+                                        "bundle's largest difference at most this times the "
+                                        "reference's own, or the two references' difference "
+                                        "on the same entries, or min_floor_lsb"),
     "max_drift_margin": Field(float, 0.005, min=0, max=2,
                               doc="the bundle's float drift (1 - logits cosine vs the float "
                                   "ONNX, end to end, minimum over positions) may exceed the "
