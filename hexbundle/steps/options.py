@@ -68,6 +68,8 @@ class BundleOptions:
     specials: tuple                   # (role, token) pairs, sorted
     convert: ConvertOptions           # the size model: float and unencoded weights' storage
     compile: tuple                    # CompileOptions per part: packing, sharing, device
+    runtime: str = "bundled"          # qairt: the SDK's runtime in the bundle, or the board's
+    target: str = ""                  # the board OS (config/runtime_files.TARGETS)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ def genie_options(cfg: BuildConfig) -> GenieOptions:
 def bundle_options(cfg: BuildConfig) -> BundleOptions:
     return BundleOptions(backend=cfg.backend, executor=cfg.executor, genie=genie_options(cfg),
                          specials=frozen(cfg.tokenizer_specials), convert=convert_options(cfg),
-                         compile=tuple(compile_options(cfg, p) for p in cfg.plan.parts()))
+                         compile=tuple(compile_options(cfg, p) for p in cfg.plan.parts()),
+                         runtime=cfg.runtime, target=cfg.device.os)
 
 
 def verify_options(cfg: BuildConfig) -> VerifyOptions:
