@@ -38,7 +38,8 @@ from pathlib import Path
 
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.graph.actions import action, step_action
-from hexbundle.graph.keys import image_unchanged, options_key, pinned, step_code, toolchain_key
+from hexbundle.graph.keys import (image_unchanged, options_key, pinned, sdk_runtime_key,
+                                  step_code, toolchain_key)
 from hexbundle.graph.session import doit_config, load
 from hexbundle.graph.targets import bundle_in_place, targets_unchanged
 from hexbundle.steps.options import (bundle_options, compile_options, convert_options,
@@ -230,7 +231,8 @@ def task_bundle():
             + CONFIG_FILES,
             "targets": [rel(p) for p in LAYOUT.bundle_files()],
             "uptodate": [options_key(options=repr(options), toolchain=toolchain,
-                                     code=step_code("bundle"), pins=pinned(CFG, [LAYOUT.tokenizer])),
+                                     code=step_code("bundle"), pins=pinned(CFG, [LAYOUT.tokenizer]),
+                                     runtime=sdk_runtime_key(CFG)),
                          targets_unchanged(), bundle_in_place(LAYOUT)],
             "clean": True}
 

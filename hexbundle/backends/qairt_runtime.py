@@ -22,7 +22,7 @@ from hexbundle.backends.bincheck import bin_record
 from hexbundle.config.runtime_files import runtime_files, script_name
 from hexbundle.formats.runscript import RunScript, render
 from hexbundle.support.atomic import write_atomic
-from hexbundle.support.errors import BackendError, InputError
+from hexbundle.support.errors import BackendError, HexbundleError, InputError
 
 GENIE_HEADER = "include/Genie/GenieCommon.h"
 _GENIE_DEFINE = re.compile(r"^\s*#\s*define\s+GENIE_API_VERSION_(MAJOR|MINOR|PATCH)\s+(\d+)",
@@ -37,6 +37,26 @@ class RuntimePlan:
     soc_model: int
     qairt_version: str     # "2.42.0.251225"
     htp_device_id: int
+
+
+def sdk_runtime_digest(target: str, dsp_arch: str) -> str:
+    """The runtime files of the SDK this process sees, by path, size and mtime (a key for the
+    bundle step: cheap on every run; an SDK file replaced or edited changes it); none: ""."""
+    from hexbundle.config.toolchain import installed_sdk
+    try:
+        root = installed_sdk().root
+    except HexbundleError:
+        return ""
+    paths = [root / f.sdk_path for f in runtime_files(target, dsp_arch)] + [root / GENIE_HEADER]
+    return ",".join(f"{p}={_stamp(p)}" for p in paths)
+
+
+def _stamp(path: Path) -> str:
+    try:
+        st = path.stat()
+    except OSError:
+        return "-"
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def genie_version(sdk_root: Path) -> str:

@@ -86,12 +86,13 @@ def _render_sh(s: RunScript) -> str:
         'group (usermod -aG fastrpc $(id -un), then log in again) or run as root"',
         "fi",
         "found=",
-        "for dir in $(echo \"${LD_LIBRARY_PATH:-}\" | tr ':' ' ') /usr/lib /usr/lib64 /lib "
-        "/lib64 /usr/lib/aarch64-linux-gnu /vendor/lib64 /system/lib64 /system/vendor/lib64; do",
+        "dirs=\"$(echo \"${LD_LIBRARY_PATH:-}\" | tr ':' ' ') /usr/lib /usr/lib64 /lib /lib64 "
+        "/usr/lib/aarch64-linux-gnu /vendor/lib64 /system/lib64 /system/vendor/lib64\"",
+        "for dir in $dirs; do",
         '    if [ -e "$dir/libcdsprpc.so" ]; then found=$dir; break; fi',
         "done",
         'if [ -z "$found" ]; then',
-        "    for dir in /usr/lib /usr/lib64 /lib /lib64 /usr/lib/aarch64-linux-gnu; do",
+        "    for dir in $dirs; do",
         '        if [ -e "$dir/libcdsprpc.so.1" ]; then',
         '            fail "libcdsprpc.so: only $dir/libcdsprpc.so.1 is installed; the stub ' +
         'loads the bare name: ln -s libcdsprpc.so.1 $dir/libcdsprpc.so (as root)"',

@@ -1,0 +1,55 @@
+"""The pieces of the board runtime that need no build: ELF/PE headers, ADSP_LIBRARY_PATH by
+fastrpc's rules, run.sh through shellcheck (issue 41)."""
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+from hexbundle.config.runtime_files import ANDROID, LINUX
+from hexbundle.formats.binimage import parse_image
+from hexbundle.formats.runscript import RunScript, adsp_problems, library_paths, render
+
+pytestmark = pytest.mark.deploy
+
+
+def test_elf_and_pe_headers_are_read_from_their_bytes():
+    elf64 = bytearray(64)
+    elf64[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<H", elf64, 18, 183)
+    assert parse_image(bytes(elf64)).describe() == "ELF aarch64"
+    elf32 = bytearray(52)
+    elf32[:6] = b"\x7fELF\x01\x01"
+    struct.pack_into("<HI", elf32, 18, 164, 0)
+    struct.pack_into("<I", elf32, 36, 0x75)
+    assert parse_image(bytes(elf32)).hexagon_arch == "v75"
+    pe = bytearray(0x100)
+    pe[:2] = b"MZ"
+    struct.pack_into("<I", pe, 0x3C, 0x80)
+    pe[0x80:0x84] = b"PE\0\0"
+    struct.pack_into("<H", pe, 0x84, 0x8664)
+    assert parse_image(bytes(pe)).describe() == "PE x86-64"
+    assert parse_image(b"#!/bin/sh\n").format == ""
+
+
+def test_adsp_paths_are_judged_by_fastrpcs_rules():
+    assert adsp_problems("$HERE/dsp${ADSP_LIBRARY_PATH:+;$ADSP_LIBRARY_PATH}") == []
+    assert adsp_problems("%~dp0dsp;%ADSP_LIBRARY_PATH%") == []
+    assert "joins folders with ':'" in adsp_problems("$HERE/dsp:/usr/lib/rfsa/adsp")[0]
+    # /usr/lib/rfsa/adsp ends in "dsp" too: the bundle's own folder must come first
+    assert "does not start with the bundle's dsp/" in \
+        adsp_problems("/usr/lib/rfsa/adsp;$HERE/dsp")[0]
+
+
+@pytest.mark.parametrize("target", [LINUX, ANDROID])
+@pytest.mark.parametrize("mode", ["bundled", "board"])
+def test_run_sh_passes_shellcheck(tmp_path, target, mode):
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is not installed: apt-get install shellcheck (.ci/run does)"
+    script = tmp_path / "run.sh"
+    script.write_text(render(RunScript(target, mode, "2.42.0.251225", "1.14.0", 1)))
+    proc = subprocess.run([shellcheck, "--shell=sh", str(script)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout
+    assert library_paths(script.read_text()).get("ADSP_LIBRARY_PATH", []) == \
+        (["$HERE/dsp${ADSP_LIBRARY_PATH:+;$ADSP_LIBRARY_PATH}"] if mode == "bundled" else [])
