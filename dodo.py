@@ -16,6 +16,7 @@ Each task and the module that does its work, under hexbundle/:
                                            inputs validated first (inputs/validate.py)
   compile         steps/compile.py         a part's DLCs -> one context binary (backends/);
                                            both steps' options: steps/options.py, their keys
+  deploy          deploy/push.py           the bundle onto a board over SSH; --run runs it
   check_sizes     checks/sizes.py          bins vs the size model; checks/integrity.py re-hashes
   bundle          steps/bundle.py          Genie configs (formats/genie.py), manifest, bins
   verify          checks/verify.py         the bundle on the CPU (runtime/) vs the export's
@@ -235,6 +236,27 @@ def task_bundle():
                                      runtime=sdk_runtime_key(CFG)),
                          targets_unchanged(), bundle_in_place(LAYOUT)],
             "clean": True}
+
+
+def task_deploy():
+    """Push the bundle to a board over SSH (only what differs; swapped in whole), optionally run it.
+
+    `doit deploy --to ssh://USER@HOST[:PORT]/DIR [--run "PROMPT"] [--ssh-config FILE]
+    [--path BUNDLE] [--no-push]`: through the system's ssh (your config, agent, known_hosts);
+    digests checked on the board; a not deployable (reference) bundle is refused."""
+    return {"actions": [action("hexbundle.deploy.push:deploy_command")],
+            "params": [{"name": "to", "long": "to", "default": "",
+                        "help": "ssh://USER@HOST[:PORT]/DIR on the board"},
+                       {"name": "run", "long": "run", "default": "",
+                        "help": "a prompt: run the bundle there and report its speed"},
+                       {"name": "ssh_config", "long": "ssh-config", "default": "",
+                        "help": "an ssh config file (ssh -F)"},
+                       {"name": "bundle", "long": "path", "default": str(LAYOUT.bundle_dir),
+                        "help": "the bundle directory (default: the configured build's)"},
+                       {"name": "push_first", "long": "push", "inverse": "no-push",
+                        "type": bool, "default": True,
+                        "help": "--no-push: only run what is on the board"}],
+            "uptodate": [False], "verbosity": 2}
 
 
 def task_release():

@@ -4,7 +4,6 @@ binaries built here (tests/standin_runtime.py): aarch64 ELF, arm64 PE, Hexagon E
 import json
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 from pathlib import Path
