@@ -53,3 +53,21 @@ def test_run_sh_passes_shellcheck(tmp_path, target, mode):
     assert proc.returncode == 0, proc.stdout
     assert library_paths(script.read_text()).get("ADSP_LIBRARY_PATH", []) == \
         (["$HERE/dsp${ADSP_LIBRARY_PATH:+;$ADSP_LIBRARY_PATH}"] if mode == "bundled" else [])
+
+
+def test_the_second_npu_is_named_in_the_htp_config_and_checked_by_run_sh():
+    """IQ-9075 has two NPUs: [htp] device_id = 1 is written to htp_backend_ext_config.json
+    (0, QAIRT's default, is left unsaid) and run.sh checks /dev/fastrpc-cdsp1."""
+    import dataclasses
+    from pathlib import Path
+
+    from hexbundle.config.build import load_build
+    from hexbundle.formats.genie import htp_backend_ext_config
+    from hexbundle.steps.options import bundle_options
+    genie = bundle_options(load_build(Path(__file__).resolve().parent.parent)).genie
+    assert "device_id" not in htp_backend_ext_config(genie)["devices"][0]
+    second = htp_backend_ext_config(dataclasses.replace(genie, device_id=1))["devices"][0]
+    assert second["device_id"] == 1 and second["soc_model"] == 77
+    text = render(RunScript(LINUX, "bundled", "2.42.0.251225", "1.14.0", 1))
+    assert 'NODE="${HEXBUNDLE_FASTRPC_NODE:-/dev/fastrpc-cdsp1}"' in text
+    assert "no NPU of htp_device_id 1" in text

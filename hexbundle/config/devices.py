@@ -62,6 +62,9 @@ HTP_SETTINGS = {
     "rpc_control_latency": Field(int, None, min=0, max=100000, doc="microseconds"),
     "vtcm_mb": Field(int, None, min=0, max=64, doc="VTCM per graph; 0 = the SoC's maximum"),
     "mem_type": Field(str, None, choices=("shared_buffer",)),
+    "device_id": Field(int, None, min=0, max=3,
+                       doc="which NPU runs the model (IQ-9075 has two: 0, 1); its fastrpc node "
+                           "is /dev/fastrpc-cdsp, /dev/fastrpc-cdsp1"),
 }
 RUNTIME_SETTINGS = {
     "n_threads": Field(int, None, min=1, max=64),
@@ -291,7 +294,7 @@ def _unknown(typed: str, index: dict, boards: list, table: dict, project: Projec
 def _chipset_device(typed: str, name: str, table: dict, path: Path) -> Device:
     chip = table["chipset"][name]
     htp = to_section(HtpSettings, {"cores": chip["htp_cores"], "vtcm_mb": chip["vtcm_mb"],
-                                   **table["defaults"]["htp"]})
+                                   "device_id": 0, **table["defaults"]["htp"]})
     return Device(name, typed, "chipset", name, chip["title"], tuple(chip["aliases"]),
                   chip["marketing_name"], chip["soc_model"], chip["dsp_arch"], htp,
                   to_section(RuntimeSettings, table["defaults"]["runtime"]), path, (path,),

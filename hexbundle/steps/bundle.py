@@ -74,7 +74,7 @@ def qairt_runtime(options: BundleOptions, bins: list, staging: Path, log) -> dic
     backend = get_backend("qairt")
     device = options.genie.device
     plan = RuntimePlan(options.runtime, options.target, device.dsp_arch, device.soc_model,
-                       backend.sdk.version, htp_device_id=0)
+                       backend.sdk.version, htp_device_id=options.genie.device_id)
     records = check_bins({b.name: backend.bin_info(b, log) for b in bins}, plan)
     try:
         section = bundle_runtime(backend.sdk.root, plan, staging, log)

@@ -125,7 +125,7 @@ def genie_options(cfg: BuildConfig) -> GenieOptions:
                         settings=cfg.genie,
                         context_size=cfg.model.context_length, n_vocab=a.vocab_size,
                         head_dim=a.head_dim, pos_id_dim=a.pos_id_dim, rope_theta=a.rope_theta,
-                        rope_scaling=a.rope_scaling)
+                        rope_scaling=a.rope_scaling, device_id=htp.device_id)
 
 
 def bundle_options(cfg: BuildConfig) -> BundleOptions:
