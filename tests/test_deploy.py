@@ -252,3 +252,13 @@ def test_run_streams_the_output_and_reports_the_profile_and_fastrpc_lines(proj, 
     assert "kernel: [ 99.1] fastrpc fastrpc-cdsp: failed to map buffer" in run.out
     assert "(non-fatal: the run succeeded)" in run.out
     assert "[    1.000] boot" not in run.out     # only what the kernel logged during the run
+
+
+def test_a_folder_deploy_did_not_make_is_left_alone(proj, sshd):
+    dest = sshd.top / "boards" / "mine"
+    dest.mkdir(parents=True)
+    (dest / "notes.txt").write_text("the user's own\n")
+    run = deploy(proj, sshd, proj.bundle(backend="qairt"), dest, check=False)
+    assert run.code != 0
+    assert "exists and is not a bundle hexbundle deployed" in run.out + run.err
+    assert [p.name for p in dest.iterdir()] == ["notes.txt"]

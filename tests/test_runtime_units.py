@@ -71,3 +71,20 @@ def test_the_second_npu_is_named_in_the_htp_config_and_checked_by_run_sh():
     text = render(RunScript(LINUX, "bundled", "2.42.0.251225", "1.14.0", 1))
     assert 'NODE="${HEXBUNDLE_FASTRPC_NODE:-/dev/fastrpc-cdsp1}"' in text
     assert "no NPU of htp_device_id 1" in text
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("ssh://root@iq9075:2222/opt/qwen", ("root", "iq9075", 2222, "/opt/qwen")),
+    ("ssh://iq9075/opt/qwen/", ("", "iq9075", None, "/opt/qwen")),
+])
+def test_deploy_targets_are_parsed(text, expect):
+    from hexbundle.deploy.push import parse_target
+    t = parse_target(text)
+    assert (t.user, t.host, t.port, t.path) == expect
+
+
+@pytest.mark.parametrize("text", ["root@iq9075:/opt/qwen", "ssh://iq9075", "ssh://iq9075:x/a"])
+def test_a_malformed_deploy_target_says_the_form(text):
+    from hexbundle.deploy.push import DeployError, parse_target
+    with pytest.raises(DeployError, match="ssh://USER@HOST|not a number"):
+        parse_target(text)

@@ -150,12 +150,7 @@ def push(bundle: Path, target: Target, ssh_config: str, say: Callable[[str], Non
     bundle_id = files[MANIFEST][:16]
     state = _state_dir(target.path)
     incoming, current_link = f"{state}/incoming", target.path
-    board.run(f"mkdir -p {shlex.quote(incoming)} && "
-              f"if [ -e {shlex.quote(current_link)} ] && [ ! -L {shlex.quote(current_link)} ]; "
-              f"then echo 'not a link' >&2; exit 3; fi", check=False).returncode == 3 and \
-        _raise(DeployError(f"{target.where}: exists and is not a bundle hexbundle deployed "
-                           "(a symlink to .NAME.hexbundle/<id>): move it away or choose "
-                           "another DIR"))
+    _start(board, incoming, current_link)
     have = remote_digests(board, incoming)
     current = remote_digests(board, current_link + "/.")
     keep = {n for n, d in files.items() if have.get(n) == d}
@@ -179,8 +174,17 @@ def push(bundle: Path, target: Target, ssh_config: str, say: Callable[[str], Non
             "kept": sorted(keep), "id": bundle_id}
 
 
-def _raise(exc):
-    raise exc
+def _start(board: Board, incoming: str, link: str) -> None:
+    """incoming/ made; DIR, when there, must be the link an earlier push made."""
+    q = shlex.quote
+    proc = board.run(f"if [ -e {q(link)} ] && [ ! -L {q(link)} ]; then exit 3; fi; "
+                     f"mkdir -p {q(incoming)}", check=False)
+    if proc.returncode == 3:
+        raise DeployError(f"{board.target.where}: exists and is not a bundle hexbundle deployed "
+                          "(a symlink to .NAME.hexbundle/<id>): move it away or choose another "
+                          "DIR")
+    if proc.returncode != 0:
+        raise board.error(proc.returncode, proc.stderr.decode(errors="replace"), "mkdir")
 
 
 def _check_deployable(bundle: Path) -> dict:
