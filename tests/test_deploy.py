@@ -6,6 +6,7 @@ system's ssh with a config file of the test's own (UserKnownHostsFile, IdentityF
 import getpass
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -177,7 +178,7 @@ def test_a_push_killed_mid_transfer_leaves_the_previous_bundle_and_the_next_comp
     deploy(proj, sshd, bundle, dest)
     big = changed_copy(bundle, tmp_path / "big", "qwen2_tiny_part_2_of_4.bin")
     target = big / "qwen2_tiny_part_2_of_4.bin"
-    target.write_bytes(target.read_bytes() + os.urandom(3 << 20))   # several chunks
+    target.write_bytes(target.read_bytes() + os.urandom(9 << 20))   # large: progress shown
     man = json.loads((big / "manifest.json").read_text())
     man["files"][target.name] = {"size": target.stat().st_size, "xxh3_128": file_digest(target)}
     (big / "manifest.json").write_text(json.dumps(man))
@@ -191,6 +192,9 @@ def test_a_push_killed_mid_transfer_leaves_the_previous_bundle_and_the_next_comp
     run = deploy(proj, sshd, big, dest)
     assert target.name in sent(run)
     assert same_tree(dest, big)
+    # bytes, rate and ETA of a large file
+    assert re.search(rf"  {target.name}: [0-9.]+ MiB of 9\.[0-9] MiB, [0-9.]+ [KMG]?i?B/s, "
+                     r"ETA \d+", run.out), run.out
 
 
 def test_a_reference_bundle_is_refused_by_name(proj, sshd):

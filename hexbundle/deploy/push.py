@@ -235,7 +235,8 @@ def _send(board: Board, local: Path, remote: str, say: Callable[[str], None]) ->
     proc = subprocess.Popen(board.base + ["sh -c " + shlex.quote(script)],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
-    done, started, shown = 0, time.monotonic(), time.monotonic()
+    started = time.monotonic()
+    done, shown = 0, started - PROGRESS_EVERY_S     # a large file's first line at once
     try:
         with open(local, "rb") as fh:
             while chunk := fh.read(CHUNK):
