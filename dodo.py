@@ -16,6 +16,7 @@ Each task and the module that does its work, under hexbundle/:
                                            inputs validated first (inputs/validate.py)
   compile         steps/compile.py         a part's DLCs -> one context binary (backends/);
                                            both steps' options: steps/options.py, their keys
+  deploy          deploy/push.py           the bundle onto a board over SSH; --run runs it
   check_sizes     checks/sizes.py          bins vs the size model; checks/integrity.py re-hashes
   bundle          steps/bundle.py          Genie configs (formats/genie.py), manifest, bins
   verify          checks/verify.py         the bundle on the CPU (runtime/) vs the export's
@@ -38,7 +39,8 @@ from pathlib import Path
 
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.graph.actions import action, step_action
-from hexbundle.graph.keys import image_unchanged, options_key, pinned, step_code, toolchain_key
+from hexbundle.graph.keys import (image_unchanged, options_key, pinned, sdk_runtime_key,
+                                  step_code, toolchain_key)
 from hexbundle.graph.session import doit_config, load
 from hexbundle.graph.targets import bundle_in_place, targets_unchanged
 from hexbundle.steps.options import (bundle_options, compile_options, convert_options,
@@ -230,9 +232,31 @@ def task_bundle():
             + CONFIG_FILES,
             "targets": [rel(p) for p in LAYOUT.bundle_files()],
             "uptodate": [options_key(options=repr(options), toolchain=toolchain,
-                                     code=step_code("bundle"), pins=pinned(CFG, [LAYOUT.tokenizer])),
+                                     code=step_code("bundle"), pins=pinned(CFG, [LAYOUT.tokenizer]),
+                                     runtime=sdk_runtime_key(CFG)),
                          targets_unchanged(), bundle_in_place(LAYOUT)],
             "clean": True}
+
+
+def task_deploy():
+    """Push the bundle to a board over SSH (only what differs; swapped in whole), optionally run it.
+
+    `doit deploy --to ssh://USER@HOST[:PORT]/DIR [--run "PROMPT"] [--ssh-config FILE]
+    [--path BUNDLE] [--no-push]`: through the system's ssh (your config, agent, known_hosts);
+    digests checked on the board; a not deployable (reference) bundle is refused."""
+    return {"actions": [action("hexbundle.deploy.push:deploy_command")],
+            "params": [{"name": "to", "long": "to", "default": "",
+                        "help": "ssh://USER@HOST[:PORT]/DIR on the board"},
+                       {"name": "run", "long": "run", "default": "",
+                        "help": "a prompt: run the bundle there and report its speed"},
+                       {"name": "ssh_config", "long": "ssh-config", "default": "",
+                        "help": "an ssh config file (ssh -F)"},
+                       {"name": "bundle", "long": "path", "default": str(LAYOUT.bundle_dir),
+                        "help": "the bundle directory (default: the configured build's)"},
+                       {"name": "push_first", "long": "push", "inverse": "no-push",
+                        "type": bool, "default": True,
+                        "help": "--no-push: only run what is on the board"}],
+            "uptodate": [False], "verbosity": 2}
 
 
 def task_release():

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "hexbundle"
 # Lowest first: a package may import itself and the packages before it, nothing after it.
 LAYERS = ("support", "config", "formats", "runtime", "inputs", "backends", "checks", "toolchain",
-          "remote", "steps", "release", "graph", "bench")
+          "remote", "steps", "release", "deploy", "graph", "bench")
 # Modules that also run alone, with the standard library only (copied into the offline kit).
 STANDALONE = ("hexbundle.release.kit",)
 

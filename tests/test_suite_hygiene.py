@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import ROOT, copy_project
 
-LOCAL = {"hexbundle", "conftest", "real_qairt", "hostile_reapi"}
+LOCAL = {"hexbundle", "conftest", "real_qairt", "hostile_reapi", "standin_runtime"}
 
 
 def _normal(name: str) -> str:

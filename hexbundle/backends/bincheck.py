@@ -29,6 +29,13 @@ class BinFacts:
     soc_model: Optional[int]          # None: the metadata does not say
     dsp_arch: Optional[str]           # "v73"; None: the metadata does not say
     weight_copies: Optional[int]      # copies of the weights across graphs; None: not said
+    # what else the utility says (the manifest records it): buildId ("v2.42.0.251225": the SDK
+    # that made it), contextBlobVersion, coreApiVersion, backendApiVersion, socVersion
+    info: tuple = ()                  # (key, value) pairs; () for the reference reader
+
+    @property
+    def build_id(self) -> Optional[str]:
+        return dict(self.info).get("buildId")
 
 
 def check_bin_facts(path: Path, facts: BinFacts, graphs: tuple, soc_model: int, dsp_arch: str,
@@ -101,9 +108,21 @@ def facts_from_utility_json(doc, where: str) -> BinFacts:
     if isinstance(arch, int):
         arch = f"v{arch}"
     copies = None if not buffers or None in buffers else len(set(buffers))
+    said = {k: info[k] for k in UTILITY_INFO_KEYS if isinstance(info.get(k), (str, int))}
     return BinFacts("qnn-context-binary-utility", tuple(names),
                     soc if isinstance(soc, int) else None,
-                    arch if isinstance(arch, str) and arch else None, copies)
+                    arch if isinstance(arch, str) and arch else None, copies,
+                    tuple(sorted(said.items())))
+
+
+UTILITY_INFO_KEYS = ("backendId", "buildId", "contextBlobVersion", "coreApiVersion",
+                     "backendApiVersion", "socVersion")
+
+
+def bin_record(facts: BinFacts) -> dict:
+    """What the bundle manifest records of one bin."""
+    return {**dict(facts.info), "socModel": facts.soc_model, "dspArch": facts.dsp_arch,
+            "graphs": list(facts.graphs)}
 
 
 def facts_from_ctxbin(reader) -> BinFacts:

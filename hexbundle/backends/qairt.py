@@ -121,6 +121,12 @@ class QairtBackend:
         check_bin_facts(bin_path, facts, tuple(options.graph_names), options.device.soc_model,
                         options.device.dsp_arch, options.weight_sharing, log)
 
+    def bin_info(self, bin_path: Path, log: Callable[[str], None]) -> BinFacts:
+        """What the SDK's utility says of a bin, unchecked (the bundle step judges it against
+        the runtime)."""
+        with scratch_dir(bin_path.parent) as scratch:
+            return self.bin_facts(bin_path, scratch.path, log)
+
     def bin_facts(self, bin_path: Path, scratch: Path, log: Callable[[str], None]) -> BinFacts:
         """`qnn-context-binary-utility --context_binary BIN --json_file OUT`, read."""
         tool = self.sdk.root / "bin" / "x86_64-linux-clang" / "qnn-context-binary-utility"

@@ -20,6 +20,9 @@ Checks that work on any bundle (QNN context binaries from any tool):
                chipset table (configs/devices.toml, generated from qai-hub-models' files)
   sizes        each context binary <= 4 GiB (the HTP's 32-bit address space per context: why
                7B models are split), and the total
+  runtime      from manifest.json: the QAIRT runtime a qairt bundle carries (CPU and Hexagon
+               versions of its files, run.sh's library paths, digests) or the QAIRT version
+               the board needs (runtime = "board"); checks/runtime_check.py
   model        with --model-config (the model's Hugging Face config.json): n-vocab, rope-theta,
                kv-dim, pos-id-dim, RoPE scaling and the bos/eos ids against it
 Checks that need hexbundle-format bins (the reference backend's; QNN bins are opaque here):
@@ -36,6 +39,7 @@ from typing import Optional
 
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER
 from hexbundle.formats.genie_schema import DIALOG, QAIRT_DEV_VERSION
+from hexbundle.checks.runtime_check import check_runtime
 from hexbundle.formats.hf_config import read_hf_config
 from hexbundle.support.errors import HexbundleError, InputError
 
@@ -79,6 +83,7 @@ def check_bundle(bundle: Path, chipsets: dict, model_config: Optional[Path] = No
     if htp is not None:
         _check_device(report, htp, chipsets)
     _check_sizes(report)
+    check_runtime(report, htp)
     return report
 
 

@@ -23,6 +23,7 @@ from hexbundle.config.model import (FAMILIES, ROPE_SCALING_TYPES, Architecture, 
                                     Part, Plan, Quantization, RopeScaling,
                                     pipeline_order_problem)
 from hexbundle.config.remote import check_remote_settings
+from hexbundle.config.runtime_files import RUNTIME_MODES
 from hexbundle.config.schema import (Field, check_value, read_toml, retire, run_settings,
                                      section_type, to_section, validate)
 from hexbundle.support.errors import ConfigError
@@ -114,6 +115,9 @@ BUILD_SCHEMA = {
     "backend": Field(str, "reference", choices=BACKENDS),
     "executor": Field(str, "local", choices=EXECUTORS),
     "plan": Field(str, "", doc="a plan of the model; empty for the model's default_plan"),
+    "runtime": Field(str, "bundled", choices=RUNTIME_MODES,
+                     doc="qairt: the SDK's runtime goes into the bundle (bundled), or the board "
+                         "has the SDK installed (board: the bundle names the version it needs)"),
     "compile": Field(COMPILE_SCHEMA, {}),
     "container": Field(CONTAINER_SCHEMA, {}),
     **REMOTE_SCHEMA,
@@ -338,6 +342,7 @@ class BuildConfig:
     export_dir: Optional[Path] = None   # inputs.dir, resolved, for an exported model
     container: ContainerSettings = field(default_factory=default_container_settings)
     remote: RemoteSettings = field(default_factory=remote_settings)   # remote_*, checked
+    runtime: str = "bundled"   # the QAIRT runtime: in the bundle, or on the board
 
     def part(self, index: int) -> Part:
         """Part `index` (1-based) of the plan."""
@@ -667,7 +672,7 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
                        to_section(InputsSettings, raw["inputs"]),
                        to_section(DialogSettings, genie), files, project.build_root,
                        verify=to_section(VerifySettings, raw["verify"]), export_dir=export_dir,
-                       container=container, remote=remote)
+                       container=container, remote=remote, runtime=b["runtime"])
 
 
 

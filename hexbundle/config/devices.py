@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hexbundle.config.layout import ProjectLayout
+from hexbundle.config.runtime_files import TARGETS, target_for
 from hexbundle.config.schema import Field, read_toml, section_type, to_section
 from hexbundle.support.errors import ConfigError
 
@@ -61,6 +62,9 @@ HTP_SETTINGS = {
     "rpc_control_latency": Field(int, None, min=0, max=100000, doc="microseconds"),
     "vtcm_mb": Field(int, None, min=0, max=64, doc="VTCM per graph; 0 = the SoC's maximum"),
     "mem_type": Field(str, None, choices=("shared_buffer",)),
+    "device_id": Field(int, None, min=0, max=3,
+                       doc="which NPU runs the model (IQ-9075 has two: 0, 1); its fastrpc node "
+                           "is /dev/fastrpc-cdsp, /dev/fastrpc-cdsp1"),
 }
 RUNTIME_SETTINGS = {
     "n_threads": Field(int, None, min=1, max=64),
@@ -118,6 +122,9 @@ BOARD_SCHEMA = {
                                   "dsp_arch are the board's"),
         "aliases": Field(list, [], item=str),
         "description": Field(str, ""),
+        "os": Field(str, "", choices=("",) + TARGETS,
+                    doc="the board's OS, as the SDK names its target folders; \"\" = the "
+                        "chipset's usual one (its world in Qualcomm's table)"),
     }),
     "htp": Field(HTP_SETTINGS, {}),
     "runtime": Field(RUNTIME_SETTINGS, {}),
@@ -155,6 +162,7 @@ class Device:
     runtime: RuntimeSettings   # n_threads, cpu_mask, poll, use_mmap, ... (genie_config)
     path: Path           # the file that defines the entry
     files: tuple         # every config file its values came from
+    os: str = ""         # the board OS: the SDK's target folder (config/runtime_files.py)
 
     def banner(self) -> str:
         """What was typed and what it resolved to: `device sa8775p (SA8775P, soc_model 52, v73)`,
@@ -286,10 +294,11 @@ def _unknown(typed: str, index: dict, boards: list, table: dict, project: Projec
 def _chipset_device(typed: str, name: str, table: dict, path: Path) -> Device:
     chip = table["chipset"][name]
     htp = to_section(HtpSettings, {"cores": chip["htp_cores"], "vtcm_mb": chip["vtcm_mb"],
-                                   **table["defaults"]["htp"]})
+                                   "device_id": 0, **table["defaults"]["htp"]})
     return Device(name, typed, "chipset", name, chip["title"], tuple(chip["aliases"]),
                   chip["marketing_name"], chip["soc_model"], chip["dsp_arch"], htp,
-                  to_section(RuntimeSettings, table["defaults"]["runtime"]), path, (path,))
+                  to_section(RuntimeSettings, table["defaults"]["runtime"]), path, (path,),
+                  target_for(chip["world"]))
 
 
 def _board_device(typed: str, entry: _Entry, table: dict, table_path: Path) -> Device:
@@ -304,7 +313,8 @@ def _board_device(typed: str, entry: _Entry, table: dict, table_path: Path) -> D
     runtime = _overlay(base.runtime, entry.data["runtime"])
     return Device(entry.name, typed, "board", base.chipset, base.title, tuple(dev["aliases"]),
                   dev["description"] or base.description, base.soc_model, base.dsp_arch, htp,
-                  runtime, entry.path, (entry.path, table_path))
+                  runtime, entry.path, (entry.path, table_path),
+                  target_for("", dev["os"]) if dev["os"] else base.os)
 
 
 def _overlay(section, given: dict):

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hexbundle.config.model import Graph, Part
+from hexbundle.config.runtime_files import runtime_files, script_name
 from hexbundle.support.errors import ConfigError
 
 BUILD_ROOT_ENV = "HEXBUNDLE_BUILD_ROOT"
@@ -452,7 +453,19 @@ class Layout(ProjectLayout):
     def bundle_files(self) -> list:
         names = list(BUNDLE_CONFIG_FILES)
         names += [self.bin_name(p) for p in self.cfg.plan.parts()] + [MANIFEST]
-        return [self.bundle_dir / n for n in names]
+        return [self.bundle_dir / n for n in names + self.runtime_bundle_files()]
+
+    def runtime_bundle_files(self) -> list:
+        """A qairt bundle's launcher and required runtime files (config/runtime_files.py), as
+        bundle-relative POSIX paths; the optional ones are there when the SDK has them."""
+        cfg = self.cfg
+        if cfg.backend != "qairt":
+            return []
+        out = [script_name(cfg.device.os)]
+        if cfg.runtime == "bundled":
+            out += [f.bundle_path for f in runtime_files(cfg.device.os, cfg.device.dsp_arch)
+                    if f.required]
+        return out
 
     @property
     def build_info(self) -> Path:

@@ -37,6 +37,7 @@ class GenieOptions:
     pos_id_dim: int
     rope_theta: float
     rope_scaling: Optional[RopeScaling] = None
+    device_id: int = 0           # which NPU (htp_backend_ext_config devices[].device_id)
 
 
 def htp_backend_ext_config(o: GenieOptions) -> dict:
@@ -44,7 +45,10 @@ def htp_backend_ext_config(o: GenieOptions) -> dict:
     d = o.device
     cores = [{"core_id": c, "perf_profile": d.perf_profile,
               "rpc_control_latency": d.rpc_control_latency} for c in o.cores]
-    return {"devices": [{"soc_model": d.soc_model, "dsp_arch": d.dsp_arch, "cores": cores}],
+    device = {"soc_model": d.soc_model, "dsp_arch": d.dsp_arch, "cores": cores}
+    if o.device_id:     # QAIRT's default, 0, is left unsaid (HtpDeviceConfig.id)
+        device = {"device_id": o.device_id, **device}
+    return {"devices": [device],
             "memory": {"mem_type": o.mem_type},
             "context": {"weight_sharing_enabled": o.weight_sharing}}
 

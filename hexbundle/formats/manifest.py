@@ -19,16 +19,23 @@ from hexbundle.support.hashing import file_digest
 MANIFEST_FORMAT = 1
 
 
+def bundle_files(bundle_dir: Path) -> list:
+    """Every file of a bundle but the manifest, as sorted relative POSIX paths (the runtime's
+    lib/, dsp/, bin/ are folders)."""
+    return sorted(p.relative_to(bundle_dir).as_posix() for p in bundle_dir.rglob("*")
+                  if p.is_file() and p != bundle_dir / MANIFEST)
+
+
 def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
-                    sizes_expected: dict, unencoded: dict = None) -> dict:
+                    sizes_expected: dict, unencoded: dict = None, runtime: dict = None) -> dict:
     """What the bundle holds. It says nothing about HOW it was built (executor, image, host):
     that goes to build-info.json and a release's provenance, so the bundle's bytes do not depend
     on the executor."""
     cfg = layout.cfg
     files = {}
-    for path in sorted(bundle_dir.iterdir()):
-        if path.name != MANIFEST:
-            files[path.name] = {"size": path.stat().st_size, "xxh3_128": hashing.digest(path)}
+    for name in bundle_files(bundle_dir):
+        path = bundle_dir / name
+        files[name] = {"size": path.stat().st_size, "xxh3_128": hashing.digest(path)}
     bins = [n for n in files if n.endswith(".bin")]
     return {
         "format": MANIFEST_FORMAT,
@@ -50,6 +57,9 @@ def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
         "unencoded_weights": {"policy": cfg.model.quantization.unencoded_weights,
                               "tensors": dict(sorted((unencoded or {}).items()))},
         "configs": {layout.logical(p): hashing.digest(p) for p in cfg.config_files},
+        # qairt: the QAIRT runtime (backends/qairt_runtime.py): mode, board OS, versions, the
+        # runtime files (their digests are in "files"), what each bin says of itself
+        **({"runtime": runtime} if runtime else {}),
     }
 
 
@@ -92,7 +102,7 @@ def verify_bundle_files(bundle: Path, where=str) -> int:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BundleIntegrityError(f"{where(manifest_path)}: unreadable ({exc}); {rebuild}") \
             from None
-    present = sorted(p.name for p in bundle.iterdir() if p.name != MANIFEST)
+    present = bundle_files(bundle)
     extra = sorted(set(present) - set(files))
     if extra:
         raise BundleIntegrityError(f"{where(bundle / extra[0])}: not listed in {MANIFEST} "

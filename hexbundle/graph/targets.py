@@ -79,7 +79,8 @@ def bundle_drift(layout: Layout) -> list:
     bundle = layout.bundle_dir
     if not bundle.is_dir():
         return []
-    wanted = {p.name for p in layout.bundle_files()}
+    # top-level names: the runtime's lib/, dsp/, bin/ are folders
+    wanted = {p.relative_to(bundle).parts[0] for p in layout.bundle_files()}
     notes = [f"{layout.rel(bundle / n)} is not part of the bundle: removing it"
              for n in sorted(os.listdir(bundle)) if n not in wanted]
     for part in layout.cfg.plan.parts():

@@ -67,6 +67,22 @@ def lint(staging: Path, options: BundleOptions, log) -> None:
     log(f"check_bundle: no problem ({len(report.checked)} checks)")
 
 
+def qairt_runtime(options: BundleOptions, bins: list, staging: Path, log) -> dict:
+    """The qairt bundle's runtime, from the SDK root that compiled the bins, after checking
+    each bin against it and the device (backends/qairt_runtime.py)."""
+    from hexbundle.backends.qairt_runtime import RuntimePlan, bundle_runtime, check_bins
+    backend = get_backend("qairt")
+    device = options.genie.device
+    plan = RuntimePlan(options.runtime, options.target, device.dsp_arch, device.soc_model,
+                       backend.sdk.version, htp_device_id=options.genie.device_id)
+    records = check_bins({b.name: backend.bin_info(b, log) for b in bins}, plan)
+    try:
+        section = bundle_runtime(backend.sdk.root, plan, staging, log)
+    except OSError as exc:   # a full disk while copying: the previous bundle stays
+        raise output_error(exc.filename or staging, exc) from None
+    return {**section, "bins": records}
+
+
 def assemble(layout: Layout, options: BundleOptions, backend_version: str,
              sizes_expected: dict, log, unencoded: dict = None) -> Path:
     cfg = layout.cfg
@@ -92,8 +108,10 @@ def assemble(layout: Layout, options: BundleOptions, backend_version: str,
         except OSError as exc:   # a full disk while copying: the previous bundle stays
             raise output_error(exc.filename or staging, exc) from None
         carry.adopt(bins + [staging / b.name for b in bins])
+        runtime = qairt_runtime(options, bins, staging, log) if options.backend == "qairt" \
+            else None
         write_json(staging / MANIFEST, bundle_manifest(layout, staging, backend_version,
-                                                       sizes_expected, unencoded or {}))
+                                                       sizes_expected, unencoded or {}, runtime))
         lint(staging, options, log)
         os.chmod(staging, 0o755)
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in

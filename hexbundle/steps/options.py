@@ -68,6 +68,8 @@ class BundleOptions:
     specials: tuple                   # (role, token) pairs, sorted
     convert: ConvertOptions           # the size model: float and unencoded weights' storage
     compile: tuple                    # CompileOptions per part: packing, sharing, device
+    runtime: str = "bundled"          # qairt: the SDK's runtime in the bundle, or the board's
+    target: str = ""                  # the board OS (config/runtime_files.TARGETS)
 
 
 @dataclass(frozen=True)
@@ -123,13 +125,14 @@ def genie_options(cfg: BuildConfig) -> GenieOptions:
                         settings=cfg.genie,
                         context_size=cfg.model.context_length, n_vocab=a.vocab_size,
                         head_dim=a.head_dim, pos_id_dim=a.pos_id_dim, rope_theta=a.rope_theta,
-                        rope_scaling=a.rope_scaling)
+                        rope_scaling=a.rope_scaling, device_id=htp.device_id)
 
 
 def bundle_options(cfg: BuildConfig) -> BundleOptions:
     return BundleOptions(backend=cfg.backend, executor=cfg.executor, genie=genie_options(cfg),
                          specials=frozen(cfg.tokenizer_specials), convert=convert_options(cfg),
-                         compile=tuple(compile_options(cfg, p) for p in cfg.plan.parts()))
+                         compile=tuple(compile_options(cfg, p) for p in cfg.plan.parts()),
+                         runtime=cfg.runtime, target=cfg.device.os)
 
 
 def verify_options(cfg: BuildConfig) -> VerifyOptions:

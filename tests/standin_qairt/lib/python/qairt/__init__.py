@@ -61,7 +61,12 @@ class CompiledModel(Model):
     def save(self, path="", **kwargs):
         record("CompiledModel.save", path, **kwargs)
         doc = {"standin": "ctxbin", "graphs": self.module.graph_names(), **self.module.info}
-        Path(path).write_text(json.dumps(doc, sort_keys=True) + "\n")
+        text = json.dumps(doc, sort_keys=True) + "\n"
+        # $STANDIN_QAIRT_BIN_BYTES ({"<bin name>": bytes}): padded with blanks (still JSON) to
+        # the size the size model expects, so a bundle step's size check passes
+        sizes = json.loads(os.environ.get("STANDIN_QAIRT_BIN_BYTES") or "{}")
+        want = sizes.get(Path(path).name, 0)
+        Path(path).write_text(text + " " * max(0, want - len(text)))
         # as the real CompiledModel.save: other *.bin files of the working directory too
         source = self.module.working_directory
         if source is not None:
@@ -140,6 +145,8 @@ def _binary_facts(graphs, config):
         shared = False
     if mode() == "bin_other_soc":
         soc_model = 69
-    return {"device": {"soc_model": soc_model, "dsp_arch": dsp_arch},
+    # the SDK build that made it, as qnn-context-binary-utility reports it (buildId)
+    build = "v2.41.0.250101" if mode() == "bin_other_build" else "v2.42.0.251225"
+    return {"device": {"soc_model": soc_model, "dsp_arch": dsp_arch}, "build_id": build,
             "weight_buffers": {g: (1 if shared else i + 1) for i, g in enumerate(graphs)},
             "graphs": graphs}

@@ -1,0 +1,90 @@
+"""The QAIRT runtime a board needs beside a Genie bundle: the one table of its files.
+
+Which files, where they are in the SDK root, where they go in the bundle, which are required
+and which optional, per board OS (the SDK's target folder names). The qairt backend's bundle
+step copies them by this table (backends/qairt_runtime.py), run.sh is written from it
+(formats/runscript.py), and check_bundle judges a bundle by it (checks/runtime_check.py).
+
+Facts (../shared/reference/deploying.md): libQnnHtp, libQnnSystem and
+libQnnHtpNetRunExtensions are loaded by bare name through LD_LIBRARY_PATH (PATH on Windows);
+without the extensions library Genie only warns and ignores htp_backend_ext_config.json, so
+it is required here. The skel runs on the NPU and is found through ADSP_LIBRARY_PATH; it lives
+in lib/hexagon-vNN/unsigned/ of the SDK whatever the board's OS. libQnnHtpPrepare is for
+on-device graph preparation, which prebuilt context binaries do not need: optional.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LINUX = "aarch64-oe-linux-gcc11.2"
+ANDROID = "aarch64-android"
+WINDOWS = "aarch64-windows-msvc"
+TARGETS = (LINUX, ANDROID, WINDOWS)
+
+# A chipset entry names no OS; Qualcomm's table gives each chipset a "world": its usual OS.
+# A board names its own (configs/boards/<board>.toml, [device] os).
+WORLD_TARGETS = {"IoT": LINUX, "Automotive": LINUX, "Mobile": ANDROID, "XR": ANDROID,
+                 "Compute": WINDOWS}
+DEFAULT_TARGET = ANDROID
+
+RUNTIME_MODES = ("bundled", "board")   # build.toml `runtime`: in the bundle, or on the board
+
+# Bundle folders
+LIB, DSP, BIN = "lib", "dsp", "bin"
+
+# What the board's genie-t2t-run prints first: the Genie library version it loaded.
+GENIE_VERSION_LINE = "Using libGenie.so version "
+# glibc the SDK's aarch64 Linux libraries need (onnxruntime#26634)
+MIN_GLIBC = "2.34"
+
+
+@dataclass(frozen=True)
+class RuntimeFile:
+    role: str            # what it is, for messages: "libGenie", "skel", ...
+    sdk_path: str        # relative to the SDK root
+    bundle_path: str     # relative to the bundle
+    kind: str            # "cpu" (the board's CPU: ELF aarch64 / PE arm64) or "hexagon"
+    required: bool
+    by_name: bool        # Genie or QNN dlopen()s it by bare name: it must be in lib/
+
+
+def is_windows(target: str) -> bool:
+    return target == WINDOWS
+
+
+def script_name(target: str) -> str:
+    """The bundle's launcher: run.sh, or run.cmd on Windows."""
+    return "run.cmd" if is_windows(target) else "run.sh"
+
+
+def _lib(target: str, stem: str) -> str:
+    return f"{stem}.dll" if is_windows(target) else f"lib{stem}.so"
+
+
+def runtime_files(target: str, dsp_arch: str) -> tuple:
+    """Every runtime file for a board OS (`target`) and a Hexagon version (`dsp_arch`, "v73")."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown board OS {target!r}; one of {', '.join(TARGETS)}")
+    nn = dsp_arch.lower().lstrip("v")
+    lib_dir = f"lib/{target}"
+    cpu = [("libGenie", "Genie", True, False),
+           ("libQnnHtp", "QnnHtp", True, True),
+           ("libQnnSystem", "QnnSystem", True, True),
+           ("libQnnHtpNetRunExtensions", "QnnHtpNetRunExtensions", True, True),
+           ("stub", f"QnnHtpV{nn}Stub", True, True),
+           ("libQnnHtpPrepare", "QnnHtpPrepare", False, True)]
+    files = [RuntimeFile(role, f"{lib_dir}/{_lib(target, stem)}", f"{LIB}/{_lib(target, stem)}",
+                         "cpu", required, by_name)
+             for role, stem, required, by_name in cpu]
+    skel = f"libQnnHtpV{nn}Skel.so"
+    files.append(RuntimeFile("skel", f"lib/hexagon-v{nn}/unsigned/{skel}", f"{DSP}/{skel}",
+                             "hexagon", True, True))
+    runner = "genie-t2t-run.exe" if is_windows(target) else "genie-t2t-run"
+    files.append(RuntimeFile("genie-t2t-run", f"bin/{target}/{runner}", f"{BIN}/{runner}",
+                             "cpu", True, False))
+    return tuple(files)
+
+
+def target_for(world: str, board_os: str = "") -> str:
+    """The board OS of a device: the board's own, else its chipset's world's usual one."""
+    return board_os or WORLD_TARGETS.get(world, DEFAULT_TARGET)

@@ -1,0 +1,1 @@
+"""`doit deploy`: a bundle pushed to a board over SSH and run there."""

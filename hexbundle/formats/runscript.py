@@ -1,0 +1,187 @@
+"""The bundle's launcher: run.sh (POSIX sh; Linux and Android boards) and run.cmd (Windows).
+Writer (`render`) and reader (`library_paths`, what check_bundle judges).
+
+Why a launcher (../shared/reference/deploying.md): relative paths in genie_config.json follow
+the working directory, so it changes into the bundle; LD_LIBRARY_PATH finds the libraries QNN
+loads by bare name; ADSP_LIBRARY_PATH is split on ';' only by fastrpc (a ':' joins nothing), and
+fastrpc appends its own defaults after it, so the bundle's dsp/ goes first or a stale skel in
+/usr/lib/rfsa/adsp wins (err 1008). Before the run it checks what the board must give: the
+fastrpc node of the configured NPU, readable and writable; a bare libcdsprpc.so; glibc >= 2.34.
+After the run it fails when the libGenie version genie-t2t-run printed is not the bundle's.
+
+HEXBUNDLE_FASTRPC_NODE overrides the node checked (boards that name it otherwise).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hexbundle.config.runtime_files import BIN, DSP, GENIE_VERSION_LINE, LIB, MIN_GLIBC, WINDOWS
+
+
+@dataclass(frozen=True)
+class RunScript:
+    target: str           # board OS (config/runtime_files.TARGETS)
+    runtime: str          # "bundled" | "board"
+    qairt_version: str    # the compiling SDK's
+    genie_version: str    # the libGenie version genie-t2t-run must print
+    htp_device_id: int    # which NPU (IQ-9075: 0 or 1): its fastrpc node
+
+
+def fastrpc_node(device_id: int) -> str:
+    """/dev/fastrpc-cdsp for NPU 0, /dev/fastrpc-cdsp1 for NPU 1 (IQ-9075: domains 3 and 4)."""
+    return "/dev/fastrpc-cdsp" + (str(device_id) if device_id else "")
+
+
+def render(s: RunScript) -> str:
+    return _render_cmd(s) if s.target == WINDOWS else _render_sh(s)
+
+
+def _render_sh(s: RunScript) -> str:
+    bundled = s.runtime == "bundled"
+    android = s.target == "aarch64-android"
+    lines = [
+        "#!/bin/sh",
+        "# Runs this Genie bundle: ./run.sh -c genie_config.json -p PROMPT [--profile OUT.json]",
+        "# Written by hexbundle; check_bundle judges it and the manifest records its digest.",
+        "set -eu",
+        'HERE=$(cd "$(dirname "$0")" && pwd)',
+        '# genie_config.json\'s relative paths follow the working directory',
+        'cd "$HERE"',
+        f'QAIRT_VERSION="{s.qairt_version}"',
+        f'GENIE_VERSION="{s.genie_version}"',
+        f'NODE="${{HEXBUNDLE_FASTRPC_NODE:-{fastrpc_node(s.htp_device_id)}}}"',
+        "",
+        "fail() {",
+        '    echo "run.sh: $*" >&2',
+        "    exit 2",
+        "}",
+        "",
+    ]
+    if bundled:
+        lines += [
+            f'LD_LIBRARY_PATH="$HERE/{LIB}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"',
+            "# ';'-separated (fastrpc splits on ';' only); the bundle's skel first",
+            f'ADSP_LIBRARY_PATH="$HERE/{DSP}${{ADSP_LIBRARY_PATH:+;$ADSP_LIBRARY_PATH}}"',
+            "export LD_LIBRARY_PATH ADSP_LIBRARY_PATH",
+            f'RUNNER="$HERE/{BIN}/genie-t2t-run"',
+        ]
+    else:
+        lines += [
+            "# runtime = \"board\": the board's own QAIRT install, on PATH and LD_LIBRARY_PATH",
+            'RUNNER=$(command -v genie-t2t-run || true)',
+            '[ -n "$RUNNER" ] || fail "genie-t2t-run is not on PATH: install QAIRT' +
+            ' $QAIRT_VERSION on the board (bin/ and lib/ of its target folder on PATH and' +
+            ' LD_LIBRARY_PATH, its hexagon skel folder on ADSP_LIBRARY_PATH)"',
+        ]
+    lines += [
+        "",
+        "# the board, before the run",
+        'if [ ! -e "$NODE" ]; then',
+        '    fail "$NODE: no such fastrpc device: this board has no NPU of htp_device_id ' +
+        f'{s.htp_device_id} (htp_backend_ext_config.json) or its fastrpc driver is not loaded"',
+        "fi",
+        'if [ ! -r "$NODE" ] || [ ! -w "$NODE" ]; then',
+        '    fail "$NODE: not readable and writable by $(id -un): add the user to the fastrpc ' +
+        'group (usermod -aG fastrpc $(id -un), then log in again) or run as root"',
+        "fi",
+        "found=",
+        "dirs=\"$(echo \"${LD_LIBRARY_PATH:-}\" | tr ':' ' ') /usr/lib /usr/lib64 /lib /lib64 "
+        "/usr/lib/aarch64-linux-gnu /vendor/lib64 /system/lib64 /system/vendor/lib64\"",
+        "for dir in $dirs; do",
+        '    if [ -e "$dir/libcdsprpc.so" ]; then found=$dir; break; fi',
+        "done",
+        'if [ -z "$found" ]; then',
+        "    for dir in $dirs; do",
+        '        if [ -e "$dir/libcdsprpc.so.1" ]; then',
+        '            fail "libcdsprpc.so: only $dir/libcdsprpc.so.1 is installed; the stub ' +
+        'loads the bare name: ln -s libcdsprpc.so.1 $dir/libcdsprpc.so (as root)"',
+        "        fi",
+        "    done",
+        '    fail "libcdsprpc.so: not found (LD_LIBRARY_PATH and the system library folders): ' +
+        'install the board\'s fastrpc user library (Qualcomm Linux: the fastrpc package)"',
+        "fi",
+    ]
+    if not android:   # Android's libc is bionic
+        lines += [
+            f'MIN_GLIBC="{MIN_GLIBC}"',
+            'glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | sed -n "s/^glibc //p")',
+            'lowest=$(printf "%s\\n%s\\n" "$MIN_GLIBC" "${glibc:-0}" | sort -t. -k1,1n -k2,2n '
+            '| head -n 1)',
+            'if [ -z "$glibc" ] || [ "$lowest" != "$MIN_GLIBC" ]; then',
+            '    fail "glibc ${glibc:-unknown} on this board; QAIRT $QAIRT_VERSION\'s aarch64 ' +
+            'libraries need glibc >= $MIN_GLIBC: use a newer board image"',
+            "fi",
+        ]
+    lines += [
+        "",
+        "# the run; its output streams, and is read afterwards for the libGenie version",
+        'out=$(mktemp "${TMPDIR:-/tmp}/genie-run.XXXXXX")',
+        'trap \'rm -f "$out" "$out.rc"\' EXIT',
+        '{ "$RUNNER" "$@" 2>&1; echo $? > "$out.rc"; } | tee "$out"',
+        'rc=$(cat "$out.rc")',
+        f'printed=$(sed -n "s/^{GENIE_VERSION_LINE}\\([^ ]*\\).*/\\1/p" "$out" | head -n 1)',
+        'if [ "$printed" != "$GENIE_VERSION" ]; then',
+        '    fail "genie-t2t-run used libGenie.so version ${printed:-(none printed)}, the bundle ' +
+        'was compiled with QAIRT $QAIRT_VERSION (libGenie $GENIE_VERSION): ' +
+        ("a library of another SDK came first on LD_LIBRARY_PATH\"" if bundled else
+         'install QAIRT $QAIRT_VERSION on the board"'),
+        "fi",
+        'exit "$rc"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _render_cmd(s: RunScript) -> str:
+    lines = [
+        "@echo off",
+        "rem Runs this Genie bundle: run.cmd -c genie_config.json -p PROMPT",
+        "rem Written by hexbundle; check_bundle judges it and the manifest records its digest.",
+        "setlocal",
+        'cd /d "%~dp0"',
+        f"set QAIRT_VERSION={s.qairt_version}",
+        f"set GENIE_VERSION={s.genie_version}",
+    ]
+    if s.runtime == "bundled":
+        lines += [
+            f'set "PATH=%~dp0{LIB};%PATH%"',
+            f'set "ADSP_LIBRARY_PATH=%~dp0{DSP};%ADSP_LIBRARY_PATH%"',
+            f'"%~dp0{BIN}\\genie-t2t-run.exe" %*',
+        ]
+    else:
+        lines += ["genie-t2t-run.exe %*"]
+    lines += ["exit /b %ERRORLEVEL%"]
+    return "\r\n".join(lines) + "\r\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# reader
+
+_ASSIGN = re.compile(r'^\s*(?:set\s+"?)?(LD_LIBRARY_PATH|ADSP_LIBRARY_PATH|PATH)="?(.*?)"?\s*$')
+
+
+def library_paths(text: str) -> dict:
+    """{variable: [value, ...]} for each assignment of LD_LIBRARY_PATH, ADSP_LIBRARY_PATH or
+    PATH in a run.sh / run.cmd, as written (unexpanded)."""
+    out = {}
+    for line in text.splitlines():
+        m = _ASSIGN.match(line)
+        if m:
+            out.setdefault(m.group(1), []).append(m.group(2))
+    return out
+
+
+def adsp_problems(value: str, dsp: str = DSP) -> list:
+    """What is wrong with an ADSP_LIBRARY_PATH value: fastrpc splits on ';' only, and the
+    bundle's dsp/ must come first (fastrpc's defaults follow it)."""
+    # ${VAR:+WORD}: shell syntax (its ':' joins nothing); the WORD is what is appended
+    plain = re.sub(r"\$\{(\w+):[+-]([^}]*)\}", r"\2", value)
+    problems = []
+    if ":" in plain.replace("%~dp0", ""):
+        problems.append(f"ADSP_LIBRARY_PATH={value} joins folders with ':', which fastrpc does "
+                        "not split on (it is one folder): join them with ';'")
+    first = re.split(r"[;:]", plain.replace("%~dp0", "%~dp0/"))[0].replace("\\", "/")
+    if first.rstrip("/") not in (f"$HERE/{dsp}", f"%~dp0/{dsp}"):
+        problems.append(f"ADSP_LIBRARY_PATH={value} does not start with the bundle's {dsp}/ "
+                        "folder: fastrpc may load another skel (err 1008)")
+    return problems

@@ -1,0 +1,110 @@
+"""The stand-in SDK's runtime files (tests only): REAL binaries, built here, at the real SDK's
+paths for the three board OSes (hexbundle/config/runtime_files.py is the table they follow).
+
+  aarch64 ELF   Debian's cross compiler (gcc-aarch64-linux-gnu): lib/<target>/lib*.so and
+                bin/<target>/genie-t2t-run, for aarch64-oe-linux-gcc11.2 and aarch64-android
+  arm64 PE      clang --target=aarch64-pc-windows-msvc + lld-link: lib/aarch64-windows-msvc/*.dll
+                and bin/aarch64-windows-msvc/genie-t2t-run.exe
+  Hexagon ELF   clang --target=hexagon: lib/hexagon-vNN/unsigned/libQnnHtpVNNSkel.so. LLVM 14
+                (Debian 12's clang) knows CPUs up to hexagonv69, so the skel is built for v69 and
+                its e_flags' architecture field set to NN, as the SDK's own skels carry it.
+  x86-64 ELF    the host's cc: a library of the wrong CPU, for the refusal tests
+
+The tools come from .ci/run's apt-get install; a missing one fails the test naming the package.
+"""
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+from hexbundle.config.runtime_files import TARGETS, WINDOWS, runtime_files
+
+STANDIN_SDK = Path(__file__).resolve().parent / "standin_qairt"
+TOOLS = {"aarch64-linux-gnu-gcc": "gcc-aarch64-linux-gnu", "clang": "clang",
+         "lld-link": "lld", "cc": "gcc"}
+ARCHS = ("v73", "v75")
+
+LIB_C = 'const char *standin_name(void) { return "%s"; }\n'
+MAIN_C = '#include <stdio.h>\nint main(void) { puts("%s"); return 0; }\n'
+PE_MAIN_C = "int mainCRTStartup(void) { return 0; }\n"
+
+
+def need(tool: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        raise AssertionError(f"{tool} is not installed: apt-get install {TOOLS[tool]} "
+                             "(.ci/run installs it)")
+    return path
+
+
+def run(*cmd) -> None:
+    subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
+
+
+def aarch64_so(src: Path, out: Path) -> None:
+    run(need("aarch64-linux-gnu-gcc"), "-shared", "-fPIC", "-O1", src, "-o", out)
+
+
+def aarch64_exe(src: Path, out: Path) -> None:
+    run(need("aarch64-linux-gnu-gcc"), "-O1", src, "-o", out)
+
+
+def x86_so(src: Path, out: Path) -> None:
+    run(need("cc"), "-shared", "-fPIC", src, "-o", out)
+
+
+def pe_dll(src: Path, out: Path) -> None:
+    obj = out.with_suffix(".obj")
+    run(need("clang"), "--target=aarch64-pc-windows-msvc", "-c", src, "-o", obj)
+    run(need("lld-link"), "/dll", "/noentry", "/machine:arm64", obj, f"/out:{out}")
+    obj.unlink()
+    out.with_suffix(".lib").unlink(missing_ok=True)
+
+
+def pe_exe(src: Path, out: Path) -> None:
+    obj = out.with_suffix(".obj")
+    run(need("clang"), "--target=aarch64-pc-windows-msvc", "-c", src, "-o", obj)
+    run(need("lld-link"), "/entry:mainCRTStartup", "/subsystem:console", "/machine:arm64",
+        obj, f"/out:{out}")
+    obj.unlink()
+
+
+def hexagon_so(src: Path, out: Path, arch: str) -> None:
+    run(need("clang"), "--target=hexagon", "-mcpu=hexagonv69", "-shared", "-nostdlib",
+        "-fuse-ld=lld", src, "-o", out)
+    set_hexagon_arch(out, arch)
+
+
+def set_hexagon_arch(path: Path, arch: str) -> None:
+    """e_flags (offset 36 of a 32-bit ELF): EF_HEXAGON_MACH_VNN = 0xNN."""
+    data = bytearray(path.read_bytes())
+    assert data[:4] == b"\x7fELF" and data[4] == 1, path
+    (flags,) = struct.unpack_from("<I", data, 36)
+    struct.pack_into("<I", data, 36, (flags & ~0x3ff) | int(arch.lstrip("v"), 16))
+    path.write_bytes(bytes(data))
+
+
+def build_runtime(sdk: Path, work: Path) -> Path:
+    """The stand-in SDK copied to `sdk` with every runtime file of every target built in."""
+    shutil.copytree(STANDIN_SDK, sdk, ignore=shutil.ignore_patterns("__pycache__"))
+    work.mkdir(parents=True, exist_ok=True)
+    for target in TARGETS:
+        for arch in ARCHS:
+            for f in runtime_files(target, arch):
+                out = sdk / f.sdk_path
+                if out.exists():
+                    continue
+                out.parent.mkdir(parents=True, exist_ok=True)
+                src = work / (out.name + ".c")
+                if f.kind == "hexagon":
+                    src.write_text(LIB_C % out.name)
+                    hexagon_so(src, out, arch)
+                elif f.role == "genie-t2t-run":
+                    src.write_text(PE_MAIN_C if target == WINDOWS else MAIN_C % out.name)
+                    (pe_exe if target == WINDOWS else aarch64_exe)(src, out)
+                else:
+                    src.write_text(LIB_C % out.name)
+                    (pe_dll if target == WINDOWS else aarch64_so)(src, out)
+    return sdk

@@ -1,0 +1,305 @@
+"""A qairt bundle carries the compiling SDK's runtime for the board's OS, and check_bundle judges
+it (issue 41, items 1-3). Real doit runs with the stand-in SDK, whose runtime files are REAL
+binaries built here (tests/standin_runtime.py): aarch64 ELF, arm64 PE, Hexagon ELF."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_project
+from hexbundle.config.runtime_files import ANDROID, LINUX, WINDOWS, runtime_files
+from hexbundle.formats.binimage import read_image
+from standin_runtime import build_runtime, set_hexagon_arch, x86_so
+
+# long end-to-end builds: in the full suite (CI), not the fast tier
+pytestmark = [pytest.mark.deploy, pytest.mark.heavy]
+
+# device -> the board OS its runtime is for: a board naming its OS (IQ-9075: Qualcomm Linux), a
+# Mobile chipset (Android), a Compute one (Windows on Snapdragon); all Hexagon v73
+DEVICES = {"iq9075": LINUX, "snapdragon-8gen2": ANDROID, "snapdragon-x-elite": WINDOWS}
+
+
+@pytest.fixture(scope="module")
+def sdk(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("sdk")
+    return build_runtime(tmp / "sdk", tmp / "work")
+
+
+@pytest.fixture(scope="module")
+def proj(tmp_path_factory):
+    project = copy_project(tmp_path_factory.mktemp("runtime") / "proj")
+    project.doit("inputs")
+    return project
+
+
+@pytest.fixture
+def built(proj, sdk) -> Path:
+    """The IQ-9075 qairt bundle, as the stand-in SDK makes it (up to date: nothing reruns)."""
+    qairt(proj, sdk, "bundle")
+    return proj.bundle(backend="qairt")
+
+
+def bin_sizes(project, device: str) -> dict:
+    """The bytes the size model expects of each bin (the stand-in compile pads to them)."""
+    from hexbundle.checks import sizes
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps.options import bundle_options
+    layout = Layout(load_build(project.root, {"backend": "qairt", "device": device}))
+    o = bundle_options(layout.cfg)
+    return {layout.bin_name(e.part): e.packed
+            for e in sizes.expect_from_inputs(layout, o.convert, o.compile)}
+
+
+def qairt(project, sdk: Path, *args, device="iq9075", mode="ok", check=True):
+    env = {"QAIRT_SDK_ROOT": str(sdk), "STANDIN_QAIRT_MODE": mode,
+           "STANDIN_QAIRT_BIN_BYTES": json.dumps(bin_sizes(project, device))}
+    return project.doit(*args, "backend=qairt", f"device={device}", env=env, check=check)
+
+
+def sdk_copy(sdk: Path, dest: Path) -> Path:
+    shutil.copytree(sdk, dest, symlinks=True)
+    return dest
+
+
+def check_bundle(project, bundle: Path, check=False):
+    return project.doit("check_bundle", "--path", str(bundle), check=check)
+
+
+# --------------------------------------------------------------------------- a complete bundle
+
+@pytest.mark.parametrize("device", list(DEVICES))
+def test_the_bundle_carries_the_runtime_of_the_boards_os(proj, sdk, device):
+    target = DEVICES[device]
+    qairt(proj, sdk, "bundle", device=device)
+    bundle = proj.bundle(device=device, backend="qairt")
+    man = json.loads((bundle / "manifest.json").read_text())
+    runtime = man["runtime"]
+    assert runtime["target"] == target and runtime["mode"] == "bundled"
+    assert runtime["qairt_version"] == "2.42.0.251225"
+    assert runtime["genie_version"] == "1.14.0"          # the SDK's GenieCommon.h
+    table = runtime_files(target, "v73")
+    assert runtime["files"] == [f.bundle_path for f in table]   # the optional one is there too
+    for f in table:
+        path = bundle / f.bundle_path
+        assert (sdk / f.sdk_path).read_bytes() == path.read_bytes(), f.bundle_path
+        assert man["files"][f.bundle_path]["size"] == path.stat().st_size
+        image = read_image(path)
+        if f.kind == "hexagon":
+            assert (image.format, image.machine, image.hexagon_arch) == ("ELF", "hexagon", "v73")
+        elif target == WINDOWS:
+            assert (image.format, image.machine) == ("PE", "arm64")
+        else:
+            assert (image.format, image.machine) == ("ELF", "aarch64")
+    script = "run.cmd" if target == WINDOWS else "run.sh"
+    assert runtime["script"] == script and script in man["files"]
+    # what each bin says of itself, recorded
+    for name, info in runtime["bins"].items():
+        assert info["buildId"] == "v2.42.0.251225" and info["dspArch"] == "v73"
+        assert {"contextBlobVersion", "coreApiVersion", "backendApiVersion", "socModel",
+                "graphs"} <= set(info)
+    run = check_bundle(proj, bundle, check=True)
+    assert f"runtime: QAIRT 2.42.0.251225 for {target} v73 (libGenie 1.14.0)" in run.out
+
+
+def test_a_second_run_is_up_to_date_and_a_changed_sdk_file_rebuilds_the_bundle(proj, sdk,
+                                                                             tmp_path):
+    qairt(proj, sdk, "bundle")
+    again = qairt(proj, sdk, "bundle")
+    assert "bundle" not in again.executed
+    other = sdk_copy(sdk, tmp_path / "sdk")
+    lib = other / "lib" / LINUX / "libQnnSystem.so"
+    lib.write_bytes(lib.read_bytes() + b"\0")
+    run = qairt(proj, other, "bundle")
+    assert "bundle" in run.executed
+    assert (proj.bundle(backend="qairt") / "lib" / "libQnnSystem.so").read_bytes() == \
+        lib.read_bytes()
+
+
+def test_runtime_board_bundles_none_and_says_which_version_the_board_needs(proj, sdk):
+    qairt(proj, sdk, "bundle", "runtime=board")
+    bundle = proj.bundle(backend="qairt")
+    assert not (bundle / "lib").exists() and not (bundle / "dsp").exists()
+    assert json.loads((bundle / "manifest.json").read_text())["runtime"]["mode"] == "board"
+    run = check_bundle(proj, bundle, check=True)
+    assert "must have QAIRT 2.42.0.251225 installed (libGenie 1.14.0)" in run.out
+
+
+def test_a_reference_bundle_is_judged_as_before_and_says_so(proj):
+    proj.doit("bundle")
+    run = check_bundle(proj, proj.bundle(), check=True)
+    assert "'reference'-backend bundle, not deployable: no board runs it" in run.out
+
+
+# --------------------------------------------------------------------------- refused, file named
+
+def _refused(run, *needles):
+    assert run.code != 0, run.out
+    text = run.out + run.err
+    for needle in needles:
+        assert needle in text, text
+    assert "Traceback" not in text
+
+
+def test_a_v75_skel_is_refused(proj, sdk, built, tmp_path):
+    other = sdk_copy(sdk, tmp_path / "sdk")
+    set_hexagon_arch(other / "lib/hexagon-v73/unsigned/libQnnHtpV73Skel.so", "v75")
+    before = (proj.bundle(backend="qairt") / "manifest.json").read_bytes()
+    run = qairt(proj, other, "bundle", check=False)
+    _refused(run, "dsp/libQnnHtpV73Skel.so: a Hexagon v75 skel (its e_flags), the device is v73")
+    # the previous bundle is kept
+    assert (proj.bundle(backend="qairt") / "manifest.json").read_bytes() == before
+
+
+def test_an_x86_64_library_is_refused(proj, sdk, tmp_path):
+    other = sdk_copy(sdk, tmp_path / "sdk")
+    src = tmp_path / "x.c"
+    src.write_text("int x(void) { return 0; }\n")
+    x86_so(src, other / "lib" / LINUX / "libQnnHtp.so")
+    run = qairt(proj, other, "bundle", check=False)
+    _refused(run, "lib/libQnnHtp.so: ELF x86-64, not ELF aarch64")
+
+
+def test_a_missing_extensions_library_is_refused(proj, sdk, tmp_path):
+    other = sdk_copy(sdk, tmp_path / "sdk")
+    (other / "lib" / LINUX / "libQnnHtpNetRunExtensions.so").unlink()
+    run = qairt(proj, other, "bundle", check=False)
+    _refused(run, f"lib/{LINUX}/libQnnHtpNetRunExtensions.so: missing from the SDK root")
+
+
+def test_check_bundle_names_a_missing_extensions_library(proj, built, tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(built, bundle)
+    (bundle / "lib" / "libQnnHtpNetRunExtensions.so").unlink()
+    _refused(check_bundle(proj, bundle), "lib/libQnnHtpNetRunExtensions.so: missing",
+             "Genie/QNN load it by name")
+
+
+def test_a_bin_of_another_build_is_refused(proj, sdk, tmp_path):
+    project = copy_project(tmp_path / "proj")
+    project.doit("inputs")
+    run = qairt(project, sdk, "bundle", mode="bin_other_build", check=False)
+    _refused(run, "qwen2_tiny_part_1_of_4.bin: the context binary",
+             "was made by QAIRT build v2.41.0.250101, the runtime is v2.42.0.251225")
+    assert not project.bundle(backend="qairt").exists()
+
+
+def test_a_colon_joined_adsp_path_is_refused(proj, built, tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(built, bundle)
+    script = bundle / "run.sh"
+    script.write_text(script.read_text().replace("${ADSP_LIBRARY_PATH:+;$ADSP_LIBRARY_PATH}",
+                                                 "${ADSP_LIBRARY_PATH:+:$ADSP_LIBRARY_PATH}"))
+    _refused(check_bundle(proj, bundle), "run.sh: ADSP_LIBRARY_PATH=",
+             "joins folders with ':', which fastrpc does not split on",
+             "run.sh: its digest is not the one manifest.json records")
+
+
+def test_a_qairt_bundle_without_runtime_record_is_refused(proj, built, tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(built, bundle)
+    man = json.loads((bundle / "manifest.json").read_text())
+    del man["runtime"]
+    (bundle / "manifest.json").write_text(json.dumps(man))
+    _refused(check_bundle(proj, bundle), "a qairt bundle with no 'runtime' record")
+
+
+# --------------------------------------------------------------------------- run.sh, run
+
+HOST_GENIE = Path(__file__).resolve().parent / "standin_qairt" / "host" / "genie-t2t-run"
+
+
+@pytest.fixture
+def board(built):
+    """The bundle where any user can read it (a preflight test runs as nobody), its
+    genie-t2t-run the host stand-in (the bundled one is aarch64), a file standing for the
+    fastrpc node, and a folder with a libcdsprpc.so."""
+    top = Path(tempfile.mkdtemp(prefix="hexbundle-board-", dir="/tmp"))
+    try:
+        bundle = top / "bundle"
+        shutil.copytree(built, bundle)
+        shutil.copy(HOST_GENIE, bundle / "bin" / "genie-t2t-run")
+        node = top / "fastrpc-cdsp"
+        node.write_bytes(b"")
+        libs = top / "libs"
+        libs.mkdir()
+        (libs / "libcdsprpc.so").write_bytes(b"")
+        (top / "elsewhere").mkdir()
+        subprocess.run(["chmod", "-R", "a+rX", str(top)], check=True)
+        node.chmod(0o666)
+        yield {"top": top, "bundle": bundle, "node": node, "libs": libs}
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def run_sh(board, *args, env=None, as_nobody=False):
+    base = {"PATH": os.environ["PATH"], "HEXBUNDLE_FASTRPC_NODE": str(board["node"]),
+            "LD_LIBRARY_PATH": str(board["libs"]), "TMPDIR": "/tmp"}
+    cmd = ["sh", str(board["bundle"] / "run.sh"), *(args or ("-c", "genie_config.json",
+                                                               "-p", "Hello?"))]
+    if as_nobody and os.geteuid() == 0:
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + cmd
+    # from another directory: run.sh changes into the bundle itself
+    return subprocess.run(cmd, cwd=board["top"] / "elsewhere", capture_output=True, text=True,
+                          env={**base, **(env or {})}, timeout=60)
+
+
+def test_run_sh_runs_genie_from_the_bundle_with_its_library_paths(board):
+    profile = board["top"] / "elsewhere" / "profile.json"
+    proc = run_sh(board, "-c", "genie_config.json", "-p", "Hello?", "--profile", str(profile),
+                  env={"ADSP_LIBRARY_PATH": "/usr/lib/rfsa/adsp"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    bundle = board["bundle"]
+    assert "Using libGenie.so version 1.14.0" in proc.stdout
+    assert f"[INFO] LD_LIBRARY_PATH={bundle}/lib:{board['libs']}" in proc.stdout
+    assert f"[INFO] ADSP_LIBRARY_PATH={bundle}/dsp;/usr/lib/rfsa/adsp" in proc.stdout
+    assert "[BEGIN]: Hello from the stand-in.[END]" in proc.stdout
+    assert json.loads(profile.read_text())["components"][0]["name"] == "dialog0"
+
+
+def test_run_sh_passes_genies_own_failure_on(board):
+    proc = run_sh(board, "-c", "no_such_config.json", "-p", "x")
+    assert proc.returncode == 1
+    assert "Failed to create the dialog config" in proc.stdout
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("no node", "no such fastrpc device: this board has no NPU of htp_device_id 0"),
+    ("node not readable", "not readable and writable by nobody: add the user to the fastrpc "
+                          "group"),
+    ("no libcdsprpc", "libcdsprpc.so: not found (LD_LIBRARY_PATH and the system library "
+                      "folders)"),
+    ("only libcdsprpc.so.1", "libcdsprpc.so.1 is installed; the stub loads the bare name: ln -s"),
+    ("old glibc", "glibc 2.31 on this board; QAIRT 2.42.0.251225's aarch64 libraries need "
+                  "glibc >= 2.34"),
+    ("other libGenie", "genie-t2t-run used libGenie.so version 1.13.0, the bundle was compiled "
+                       "with QAIRT 2.42.0.251225 (libGenie 1.14.0)"),
+])
+def test_each_preflight_failure_says_what_to_do(board, case, expect):
+    env, as_nobody = {}, False
+    if case == "no node":
+        env["HEXBUNDLE_FASTRPC_NODE"] = str(board["top"] / "fastrpc-cdsp9")
+    elif case == "node not readable":
+        board["node"].chmod(0o600)
+        as_nobody = True
+    elif case == "no libcdsprpc":
+        (board["libs"] / "libcdsprpc.so").unlink()
+    elif case == "only libcdsprpc.so.1":
+        (board["libs"] / "libcdsprpc.so").rename(board["libs"] / "libcdsprpc.so.1")
+    elif case == "old glibc":
+        fake = board["top"] / "fakebin"
+        fake.mkdir()
+        (fake / "getconf").write_text("#!/bin/sh\necho 'glibc 2.31'\n")
+        (fake / "getconf").chmod(0o755)
+        env["PATH"] = f"{fake}:{os.environ['PATH']}"
+    elif case == "other libGenie":
+        env["STANDIN_GENIE_VERSION"] = "1.13.0"
+    proc = run_sh(board, env=env, as_nobody=as_nobody)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "run.sh: " in proc.stderr and expect in proc.stderr, proc.stderr
+    # the run did not start unless the failure is found in its output
+    assert ("[BEGIN]" in proc.stdout) == (case == "other libGenie")
