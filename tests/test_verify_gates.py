@@ -46,7 +46,7 @@ def part_rows_with(bundle_lsb, floor_lsb, rng, part=2):
 
 def test_a_part_within_k_times_the_measured_floor_passes_and_beyond_it_fails():
     rng = np.random.default_rng(0)
-    v = settings()
+    v = settings(floor_multiplier=2.0)
     rows = part_rows_with(70, 40, rng) + part_rows_with(5, 3, rng, part=3)
     floor, where = noise_floor(rows, v)
     assert floor == pytest.approx(40, abs=1e-6) and "part 2" in where
@@ -61,7 +61,7 @@ def test_a_part_within_k_times_the_measured_floor_passes_and_beyond_it_fails():
 
 def test_the_floor_is_at_least_min_floor_lsb():
     rng = np.random.default_rng(1)
-    v = settings()
+    v = settings(floor_multiplier=2.0)
     rows = part_rows_with(15, 1, rng)
     floor, where = noise_floor(rows, v)
     assert (floor, where) == (8.0, "min_floor_lsb")

@@ -147,7 +147,9 @@ VERIFY_SCHEMA = {
                           doc="then decoded one by one through the token graphs"),
     "seed": Field(int, 0, min=0, max=2 ** 63 - 1,
                   doc="seed of the random token ids fed to both sides"),
-    "floor_multiplier": Field(float, 2.0, min=1, max=1000, example=3.0,
+    # 8: measured (docs/verify.md): largest errors are heavy-tailed, and on 7 exports x 4 seeds
+    # a faithful bundle's worst part reached 3.8 x the floor (an 11-layer Llama's logits part)
+    "floor_multiplier": Field(float, 8.0, min=1, max=1000, example=12.0,
                               doc="a part's largest error vs the reference, in LSBs of its "
                                   "output encoding, may be this many times the noise floor (the "
                                   "largest difference between the two correct references over "
