@@ -245,3 +245,24 @@ def test_the_code_in_the_input_root_is_what_a_step_can_run(tmp_path):
     assert {"hexbundle/backends/reference.py", "hexbundle/steps/compile.py",
             "hexbundle/support/hashing.py", "scripts/step.py"} <= names
     assert not [n for n in names if n.split("/")[1] in ("graph", "bench", "release", "remote")]
+
+
+@pytest.mark.parametrize("system, machine_name, want", [
+    ("Linux", "x86_64", ("linux", "x86-64")),
+    ("Linux", "aarch64", ("linux", "arm-a64")),
+    ("Darwin", "arm64", ("macos", "arm-a64")),
+])
+def test_os_family_and_isa_are_spelled_as_the_reapi_platform_lexicon(system, machine_name, want):
+    """Schedulers match OSFamily and ISA exactly against their workers' (remote-apis
+    platform.md): Python's `Linux` / `x86_64` would queue an action for ever."""
+    from hexbundle.remote.action import lexicon_platform
+    assert lexicon_platform(system, machine_name) == {"OSFamily": want[0], "ISA": want[1]}
+
+
+def test_the_action_carries_the_lexicon_values_of_this_host(tmp_path):
+    import platform
+    from hexbundle.remote.action import ISA, OS_FAMILY
+    props = dict((p.name, p.value)
+                 for p in compile_action(machine(tmp_path, "a")).action.platform.properties)
+    assert props["OSFamily"] == OS_FAMILY[platform.system()]
+    assert props["ISA"] == ISA[platform.machine()]

@@ -13,7 +13,8 @@ used in place outside the project as `export/`.
   input root the Merkle tree of the task's file_dep and of the code that runs the step (the
              hexbundle package but the layers above steps/, and scripts/step.py): a changed
              input file or a changed line of that code is another input root, another Action.
-  platform   OSFamily, ISA, the executor; with executor=docker the toolchain image as
+  platform   OSFamily and ISA as the REAPI platform lexicon spells them (linux, x86-64 /
+             arm-a64), the executor; with executor=docker the toolchain image as
              container-image (docker://sha256:...), as remote-execution workers expect it; with
              the local executor the Python, numpy and onnx the step computes with.
 
@@ -104,10 +105,26 @@ def command(step: str, arguments: dict, options: dict, output_paths: list):
         output_paths=sorted(output_paths))
 
 
+# The REAPI platform lexicon's spellings (remote-apis, build/bazel/remote/execution/v2/
+# platform.md): schedulers (BuildGrid, Buildbarn, BuildBuddy) match OSFamily and ISA by exact
+# value against their workers', so Python's `Linux` / `x86_64` would be queued for ever.
+OS_FAMILY = {"Linux": "linux", "Darwin": "macos", "Windows": "windows", "FreeBSD": "freebsd"}
+ISA = {"x86_64": "x86-64", "AMD64": "x86-64", "amd64": "x86-64", "aarch64": "arm-a64",
+       "arm64": "arm-a64", "i386": "x86-32", "i686": "x86-32", "ppc64le": "ppc64le",
+       "riscv64": "riscv64"}
+
+
+def lexicon_platform(system: str, machine: str) -> dict:
+    """OSFamily and ISA as the lexicon spells them, from platform.system() and .machine();
+    a value the lexicon does not name is passed on lower-cased."""
+    return {"OSFamily": OS_FAMILY.get(system, system.lower()),
+            "ISA": ISA.get(machine, machine.lower())}
+
+
 def platform_properties(layout: Layout, image_id: str = "") -> list:
     """(name, value) pairs, sorted: what a result computed on this platform depends on."""
     cfg = layout.cfg
-    props = {"OSFamily": host_platform.system(), "ISA": host_platform.machine(),
+    props = {**lexicon_platform(host_platform.system(), host_platform.machine()),
              "executor": cfg.executor}
     if cfg.executor == "docker":
         props["container-image"] = f"docker://{image_id}" if image_id else "docker://(unknown)"
