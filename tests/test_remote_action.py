@@ -13,6 +13,7 @@ from conftest import copy_project
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout
 from hexbundle.config.remote import header_metadata, parse_target
+from hexbundle.formats import stepkey
 from hexbundle.remote import reapi
 from hexbundle.remote.action import remote_path, step_action
 from hexbundle.support import hashing
@@ -59,7 +60,10 @@ def test_the_action_is_the_same_on_two_machines_and_names_no_local_path(tmp_path
     for local in (str(tmp_path), str(one.root), str(one.build_root)):
         assert local not in text
     assert a.command.arguments[:3] == ["hexbundle-step", "compile", "--part=2"]
-    assert json.loads(a.command.arguments[3].removeprefix("--options=")) == OPTIONS
+    # the step key's typed canonical JSON (formats.stepkey), not a repr
+    assert a.command.arguments[3] == "--options=" + stepkey.canonical(OPTIONS)
+    assert json.loads(a.command.arguments[3].removeprefix("--options=")) == \
+        {"type": "map", "value": {k: {"type": "str", "value": v} for k, v in OPTIONS.items()}}
     props = [(p.name, p.value) for p in a.action.platform.properties]
     assert props == sorted(props) and ("executor", "local") in props
 

@@ -6,9 +6,9 @@ never share a result: every path in it is a *remote path*, relative to an imagin
 that holds the project (`configs/...`, `hexbundle/...`), the build root as `build/`, and an export
 used in place outside the project as `export/`.
 
-  Command    arguments: the step, its own arguments (part, graph) and its exact options (the
-             values of the doit task's up-to-date keys: backend, toolchain, compile options,
-             pins, ...) as canonical JSON; the environment variables that change what a step
+  Command    arguments: the step, its own arguments (part, graph) and its step key's document
+             (graph.stepdesc: typed options, code, pins, toolchain) as the step key's canonical
+             typed JSON (formats.stepkey, docs/step-key.md); the environment variables that change what a step
              writes, sorted; output_paths: the task's targets, sorted.
   input root the Merkle tree of the task's file_dep and of the code that runs the step (the
              hexbundle package but the layers above steps/, and scripts/step.py): a changed
@@ -25,7 +25,6 @@ their own, held in memory (a few KB).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform as host_platform
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import hexbundle
 from hexbundle.config.layout import Layout
+from hexbundle.formats import stepkey
 from hexbundle.remote import reapi
 from hexbundle.support import hashing
 from hexbundle.support.errors import HexbundleError
@@ -82,16 +82,12 @@ def remote_path(layout: Layout, path) -> str:
 
 
 def canonical_json(value) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_jsonable)
-
-
-def _jsonable(value):
-    if isinstance(value, (tuple, set, frozenset)):
-        return sorted(value) if isinstance(value, (set, frozenset)) else list(value)
-    if isinstance(value, Path):
-        raise ActionError(f"an option of the step is a path ({value}): paths must not enter "
-                          "the Action, or machines never share it")
-    return repr(value)
+    """The step key's canonical typed JSON (formats.stepkey, docs/step-key.md); a path in it
+    is refused: machines with the file elsewhere would never share the Action."""
+    try:
+        return stepkey.canonical(value)
+    except stepkey.StepKeyError as exc:
+        raise ActionError(f"an option of the step cannot enter the Action: {exc}") from None
 
 
 def command(step: str, arguments: dict, options: dict, output_paths: list):
