@@ -121,3 +121,39 @@ def test_key_changes_name_nested_options_pins_toolchain_and_code_files():
                      "the toolchain's version changed: 1 -> 2"]
     assert key_changes("Options(repr)", stepkey.canonical(new), {}, {}) == \
         ["its key was recorded by an older hexbundle"]
+
+
+# ------------------------------------------------- what each step's key holds (derived, not listed)
+
+def test_a_pin_reruns_the_convert_of_its_file_only(built):
+    """Pins key the steps whose inputs they name: a new pin (the right digest) reruns that
+    graph's convert; the DLC comes out the same, so compile (whose inputs no pin names) is
+    up to date."""
+    name = "prompt_ar128_cl256_2_of_4.onnx"
+    digest = bytes_digest((built.root / "build/qwen2-tiny/inputs" / name).read_bytes())
+    model = built.root / "configs" / "models" / "qwen2-tiny.toml"
+    model.write_text(model.read_text().replace(
+        "seed = 0\n", f'seed = 0\n\n[inputs.pins]\n"{name}" = "xxh3_128:{digest}"\n'))
+    lines = running(explained(built.doit("bundle", "--explain")))
+    # bundle reads the config files themselves (the manifest records them)
+    assert lines.pop("bundle").startswith(
+        "runs because configs/models/qwen2-tiny.toml changed (digest "), lines
+    assert lines == {"convert:part_2_of_4_prompt":
+                     f"runs because the pin of {name} is new: xxh3_128:{digest}"}, lines
+
+
+def test_the_backend_and_its_version_are_in_every_backend_steps_key(base):
+    """convert, compile and bundle run through the backend: their keys hold its name and
+    version (bundle's used to leave the name out); the others' do not."""
+    import json
+    db = json.loads((base.doit_db()).read_text())
+    keys = {t: stepkey.plain(stepkey.loads(v["_values_:"]["_step_key"]))
+            for t, v in db.items() if "_step_key" in v.get("_values_:", {})}
+    assert {t.split(":")[0] for t in keys} >= {"convert", "compile", "bundle"}, sorted(keys)
+    for task, doc in keys.items():
+        if task.startswith("inputs:"):
+            assert "toolchain" not in doc, task   # numpy and onnx: not a backend
+            continue
+        assert doc["toolchain"]["backend"] == "reference", task
+        assert doc["toolchain"]["version"].startswith("hexbundle-reference"), task
+        assert doc["step"] == task.split(":")[0]
