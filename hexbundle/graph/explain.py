@@ -188,10 +188,12 @@ class Explainer:
     def running(self, task) -> None:
         self.why[task.name] = reason(self.dep_manager, task, self.tasks) or "not up to date"
 
-    def line(self, task, outcome: str) -> str:
-        why = self.why.get(task.name, "")
+    def line(self, task, outcome: str, failure: str = "") -> str:
+        why = self.why.get(task.name)
         if outcome == "up to date":
             return f"explain: {task.name}  up to date"
+        if why is None:   # failed before it could run (an input missing, a check's error)
+            return f"explain: {task.name}  not run: {failure or outcome}"
         if outcome == "success" and self._fetched(task):
             return f"explain: {task.name}  fetched from the cache (runs because {why})"
         tail = "" if outcome == "success" else f"; it {outcome}"

@@ -96,8 +96,7 @@ class Reporter(ConsoleReporter):
             self.ran.append(task.name)
 
     def skip_uptodate(self, task):
-        if not _explained(task):   # else the explain line says it
-            super().skip_uptodate(task)
+        super().skip_uptodate(task)
         if task.actions and not task.name.startswith("_"):
             self.skipped.append(task.name)
         self._explain(task, "up to date")
@@ -105,7 +104,8 @@ class Reporter(ConsoleReporter):
     def add_failure(self, task, fail):
         super().add_failure(task, fail)
         self.failed.append(task.name)
-        self._explain(task, "failed")
+        message = str(getattr(fail, "message", "") or "").strip()
+        self._explain(task, "failed", message.splitlines()[:1])
 
     def add_success(self, task):
         super().add_success(task)
@@ -113,10 +113,10 @@ class Reporter(ConsoleReporter):
         self._explain(task, "success")
         db.save_progress()   # a run killed later keeps this task's record
 
-    def _explain(self, task, outcome: str) -> None:
+    def _explain(self, task, outcome: str, failure=()) -> None:
         """--explain's line for the step (graph.explain), asked for: shown at any verbosity."""
         if _explained(task):
-            self.write(explain.active().line(task, outcome) + "\n")
+            self.write(explain.active().line(task, outcome, "".join(failure)) + "\n")
             self.outstream.flush()
 
     def complete_run(self):
