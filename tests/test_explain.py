@@ -157,3 +157,10 @@ def test_the_backend_and_its_version_are_in_every_backend_steps_key(base):
         assert doc["toolchain"]["backend"] == "reference", task
         assert doc["toolchain"]["version"].startswith("hexbundle-reference"), task
         assert doc["step"] == task.split(":")[0]
+
+
+def test_a_change_at_one_index_keeps_its_index():
+    old = {"options": {"parts": [{"p": True}, {"p": True}]}}
+    new = {"options": {"parts": [{"p": False}, {"p": True}]}}
+    assert key_changes(stepkey.canonical(old), stepkey.canonical(new), {}, {}) == \
+        ["parts[0].p changed: true -> false"]

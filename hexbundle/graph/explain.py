@@ -25,7 +25,8 @@ from typing import Optional
 
 from hexbundle.formats import stepkey
 from hexbundle.graph.keys import CODE_VALUE, KEY_VALUE, step_code_files, step_key
-from hexbundle.graph.targets import bundle_in_place, bundle_drift, changed, targets_unchanged
+from hexbundle.graph.targets import KEY as TARGETS_VALUE
+from hexbundle.graph.targets import bundle_drift, bundle_in_place, changed, targets_unchanged
 from hexbundle.support import console, hashing
 from hexbundle.support.errors import HexbundleError
 
@@ -42,36 +43,16 @@ def _short(digest) -> str:
     return str(digest)[:SHORT] if digest else "none"
 
 
-def key_changes(old_text: str, new_text: str, old_code: dict, new_code: dict) -> list:
+def key_changes(old_text: str, new_text: str, old_code, new_code: dict) -> list:
     """What differs between a step's stored key and its current one, as phrases: the option
     (its path inside the options, "options." left out), pin, toolchain or code file."""
     old, new = stepkey.loads(old_text), stepkey.loads(new_text)
     if old is None or new is None:
         return ["its key was recorded by an older hexbundle"]
-    out, seen = [], {}
-    for path, a, b in stepkey.differences(old, new):
-        # the same change in every element of a list (bundle: each part's compile options)
-        # is one reason: compile[*].weights_packing
-        general = re.sub(r"\[\d+\]", "[*]", path)
-        if general != path:
-            seen.setdefault((general, json.dumps(a), json.dumps(b)), []).append(path)
-            if len(seen[(general, json.dumps(a), json.dumps(b))]) > 1:
-                continue
-            group = (general, json.dumps(a), json.dumps(b))
-            path = general if _repeats(group, old, new) else path
+    out = []
+    for path, a, b in _grouped(stepkey.differences(old, new)):
         if path == "code":
-            files = sorted(f for f in set(old_code or {}) | set(new_code)
-                           if (old_code or {}).get(f) != new_code.get(f))
-            if not isinstance(old_code, dict):
-                out.append("its code changed")
-            elif files:
-                gone = [f for f in files if f not in new_code]
-                added = [f for f in files if f not in old_code]
-                out += [f"code file {f} changed" for f in files if f not in gone + added]
-                out += [f"code file {f} is new to it" for f in added]
-                out += [f"code file {f} is no longer run" for f in gone]
-            else:
-                out.append("its code changed")
+            out += code_changes(old_code, new_code)
             continue
         name = path[len("options."):] if path.startswith("options.") else path
         if name.startswith("pins."):
@@ -87,12 +68,35 @@ def key_changes(old_text: str, new_text: str, old_code: dict, new_code: dict) ->
     return out
 
 
-def _repeats(group, old, new) -> bool:
-    """True if the change of `group` (general path, old, new) is found at more than one index."""
-    general, a, b = group
-    return sum(1 for p, x, y in stepkey.differences(old, new)
-               if re.sub(r"\[\d+\]", "[*]", p) == general
-               and json.dumps(x) == a and json.dumps(y) == b) > 1
+def _grouped(diffs: list) -> list:
+    """The same change at several indices of a list (the bundle's options hold each part's
+    compile options) as one, its index written [*]: compile[*].weights_packing."""
+    def general(path: str) -> str:
+        return re.sub(r"\[\d+\]", "[*]", path)
+    count = {}
+    for path, a, b in diffs:
+        key = (general(path), json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
+        count[key] = count.get(key, 0) + 1
+    out, done = [], set()
+    for path, a, b in diffs:
+        key = (general(path), json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
+        if count[key] == 1:
+            out.append((path, a, b))
+        elif key not in done:
+            done.add(key)
+            out.append((key[0], a, b))
+    return out
+
+
+def code_changes(old_code, new_code: dict) -> list:
+    """The code files whose digest differs from the last run's (CODE_VALUE), as phrases."""
+    if not isinstance(old_code, dict):
+        return ["its code changed"]
+    files = sorted(f for f in set(old_code) | set(new_code) if old_code.get(f) != new_code.get(f))
+    out = [f"code file {f} changed" for f in files if f in old_code and f in new_code]
+    out += [f"code file {f} is new to it" for f in files if f not in old_code]
+    out += [f"code file {f} is no longer run" for f in files if f not in new_code]
+    return out or ["its code changed"]
 
 
 def _recorded_digest(dep_manager, task, dep: str):
@@ -114,7 +118,7 @@ def _uptodate_reasons(item, task, values) -> list:
         return key_changes(values[KEY_VALUE], item.text(), values.get(CODE_VALUE),
                            step_code_files(item.step))
     if isinstance(item, targets_unchanged):
-        recorded = values.get("_targets_xxh3") or {}
+        recorded = values.get(TARGETS_VALUE) or {}
         edited = [t for t in task.targets if os.path.exists(t) and t in recorded
                   and changed(t, recorded[t])]
         return [f"output {t} changed since it was built" for t in edited] \
