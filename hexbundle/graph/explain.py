@@ -146,12 +146,12 @@ def reasons(dep_manager, task, tasks) -> Optional[list]:
     if why.get("has_no_dependencies"):
         return ["always runs"]
     values = dep_manager.get_values(task.name)
-    if any(isinstance(item, step_key) for item, _, _ in task.uptodate) \
-            and KEY_VALUE not in values:   # its outputs, key and inputs were never recorded
-        return ["never built here"]
     out = []
     if why.get("missing_target"):
         out.append("target missing: " + _first(why["missing_target"]))
+    if any(isinstance(item, step_key) for item, _, _ in task.uptodate) \
+            and KEY_VALUE not in values:   # its outputs, key and inputs were never recorded
+        return out or ["never built here"]
     for item, _, _ in why.get("uptodate_false") or []:
         out += _uptodate_reasons(item, task, values)
     if why.get("checker_changed"):
