@@ -38,11 +38,11 @@ doit's side -- checker, up-to-date keys, run guard, reporter, the action wrapper
 from pathlib import Path
 
 from hexbundle.config.toolchain import load_toolchain
-from hexbundle.graph.actions import action, step_action
-from hexbundle.graph.keys import (image_unchanged, options_key, pinned, sdk_runtime_key,
-                                  step_code, toolchain_key)
+from hexbundle.graph.actions import action
+from hexbundle.graph.keys import image_unchanged
 from hexbundle.graph.session import doit_config, load
-from hexbundle.graph.targets import bundle_in_place, targets_unchanged
+from hexbundle.graph.stepdesc import NO_CAPTURE, Step, declared
+from hexbundle.graph.targets import bundle_in_place
 from hexbundle.steps.options import (bundle_options, compile_options, convert_options,
                                      generate_options, split_options, tokenizer_options,
                                      verify_options)
@@ -54,25 +54,15 @@ DOIT_CONFIG = doit_config(LAYOUT)
 
 TOOLCHAIN = load_toolchain(ROOT)
 PARTS = CFG.plan.parts()
-CONFIG_FILES = [LAYOUT.rel(p) for p in CFG.config_files]
-
-
-def toolchain():
-    """The backend's version (+ the image ID under docker): asked when doit checks a task."""
-    return toolchain_key(CFG)
 
 
 rel = LAYOUT.rel
 # A task that reads no build setting (key=value): `doit help TASK` says so (graph/commands.py).
 NO_SETTINGS = {"settings": False}
-# Steps run in threads under `doit -n 2`: don't let doit swap sys.stdout per action (racy).
-NO_CAPTURE = {"capture": False}
-
-
-def step(task, name, **extra):
-    """The action that runs build step `name` (steps/<name>.py) through the configured executor
-    (and the remote cache, when configured: graph/remote_steps.py)."""
-    return step_action("hexbundle.steps.executor:run_step", LAYOUT, task, name, **extra)
+# A build step's doit task from its one description (graph/stepdesc.py): its key, file_dep,
+# targets and remote Action all derive from the Step; no key field is listed here.
+task = declared(LAYOUT)
+STEP = {"clean": True, "io": NO_CAPTURE}
 
 
 def task_inputs():
@@ -87,13 +77,11 @@ def task_inputs():
                "targets": sources,
                "uptodate": [True]}
         for part in PARTS:
-            yield {"name": part.tag, "doc": f"split {part.tag} out of the unsplit graphs",
-                   "actions": [step(f"inputs:{part.tag}", "inputs", part=part.index)],
-                   "file_dep": [p for p in sources if p != rel(LAYOUT.tokenizer)],
-                   "targets": [rel(p) for p in LAYOUT.part_inputs(part)],
-                   "uptodate": [options_key(options=repr(split_options(CFG)),
-                                           code=step_code("inputs"))],
-                   "clean": True, "io": NO_CAPTURE}
+            yield task(Step(f"inputs:{part.tag}", "inputs", f"split {part.tag} out of the "
+                            "unsplit graphs", split_options(CFG),
+                            inputs=[p for p in LAYOUT.source_inputs() if p != LAYOUT.tokenizer],
+                            outputs=LAYOUT.part_inputs(part), arguments={"part": part.index},
+                            check_outputs=False, doit=STEP))
         return
     if CFG.inputs.source != "generated":
         yield {"name": "check", "doc": "check the exported inputs are present",
@@ -101,18 +89,14 @@ def task_inputs():
                "targets": [rel(p) for p in LAYOUT.all_inputs()],
                "uptodate": [True]}
         return
-    generator = options_key(options=repr(generate_options(CFG)), code=step_code("inputs"))
     for part in PARTS:
-        yield {"name": part.tag, "doc": f"generate the ONNX, weights and encodings of {part.tag}",
-               "actions": [step(f"inputs:{part.tag}", "inputs", part=part.index)],
-               "targets": [rel(p) for p in LAYOUT.part_inputs(part)],
-               "uptodate": [generator], "clean": True, "io": NO_CAPTURE}
-    yield {"name": "tokenizer", "doc": "generate the byte-level BPE tokenizer.json",
-           "actions": [step("inputs:tokenizer", "inputs", what="tokenizer")],
-           "targets": [rel(LAYOUT.tokenizer)],
-           "uptodate": [options_key(options=repr(tokenizer_options(CFG)),
-                                    code=step_code("inputs"))],
-           "clean": True, "io": NO_CAPTURE}
+        yield task(Step(f"inputs:{part.tag}", "inputs",
+                        f"generate the ONNX, weights and encodings of {part.tag}",
+                        generate_options(CFG), outputs=LAYOUT.part_inputs(part),
+                        arguments={"part": part.index}, check_outputs=False, doit=STEP))
+    yield task(Step("inputs:tokenizer", "inputs", "generate the byte-level BPE tokenizer.json",
+                    tokenizer_options(CFG), outputs=[LAYOUT.tokenizer],
+                    arguments={"what": "tokenizer"}, check_outputs=False, doit=STEP))
 
 
 def task_import_export():
@@ -178,18 +162,11 @@ def task_convert():
     """ONNX + AIMET encodings -> DLC, one per graph (quantize weights; floats to fp16)."""
     for part in PARTS:
         for graph in CFG.model.graphs(part):
-            name = f"{part.tag}_{graph.slot}"
-            yield {"name": name, "doc": f"convert {graph.name}",
-                   "actions": [step(f"convert:{name}", "convert", part=part.index,
-                                    graph=graph.slot)],
-                   "file_dep": [rel(p) for p in LAYOUT.graph_inputs(graph)],
-                   "targets": [rel(LAYOUT.dlc(graph))],
-                   "uptodate": [options_key(options=repr(convert_options(CFG)),
-                                            backend=CFG.backend, toolchain=toolchain,
-                                            code=step_code("convert"),
-                                            pins=pinned(CFG, LAYOUT.graph_inputs(graph))),
-                               targets_unchanged()],
-                   "clean": True, "io": NO_CAPTURE}
+            yield task(Step(f"convert:{part.tag}_{graph.slot}", "convert",
+                            f"convert {graph.name}", convert_options(CFG),
+                            inputs=LAYOUT.graph_inputs(graph), outputs=[LAYOUT.dlc(graph)],
+                            arguments={"part": part.index, "graph": graph.slot},
+                            toolchain=True, doit=STEP))
 
 
 def task_compile():
@@ -197,15 +174,11 @@ def task_compile():
 
     The part's prompt and token graph at each context length go into one binary."""
     for part in PARTS:
-        options = compile_options(CFG, part)
-        yield {"name": part.tag, "doc": f"compile {LAYOUT.bin_name(part)}",
-               "actions": [step(f"compile:{part.tag}", "compile", part=part.index)],
-               "file_dep": [rel(LAYOUT.dlc(g)) for g in CFG.model.graphs(part)],
-               "targets": [rel(LAYOUT.bin(part))],
-               "uptodate": [options_key(backend=CFG.backend, toolchain=toolchain,
-                                        code=step_code("compile"),
-                                        options=repr(options)), targets_unchanged()],
-               "clean": True, "io": NO_CAPTURE}
+        yield task(Step(f"compile:{part.tag}", "compile", f"compile {LAYOUT.bin_name(part)}",
+                        compile_options(CFG, part),
+                        inputs=[LAYOUT.dlc(g) for g in CFG.model.graphs(part)],
+                        outputs=[LAYOUT.bin(part)], arguments={"part": part.index},
+                        toolchain=True, doit=STEP))
 
 
 def task_check_sizes():
@@ -224,18 +197,14 @@ def task_check_sizes():
 def task_bundle():
     """Check sizes, then assemble the Genie bundle: configs, tokenizer, bins, manifest."""
     options = bundle_options(CFG)
-    return {"actions": [action("hexbundle.graph.targets:remove_dead_outputs", LAYOUT),
-                        action("hexbundle.checks.sizes:check_built_sizes", LAYOUT,
-                               options.convert, options.compile),
-                        step("bundle", "bundle")],
-            "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS] + [rel(LAYOUT.tokenizer)]
-            + CONFIG_FILES,
-            "targets": [rel(p) for p in LAYOUT.bundle_files()],
-            "uptodate": [options_key(options=repr(options), toolchain=toolchain,
-                                     code=step_code("bundle"), pins=pinned(CFG, [LAYOUT.tokenizer]),
-                                     runtime=sdk_runtime_key(CFG)),
-                         targets_unchanged(), bundle_in_place(LAYOUT)],
-            "clean": True}
+    return task(Step("bundle", "bundle", "", options,
+                     inputs=[LAYOUT.bin(p) for p in PARTS] + [LAYOUT.tokenizer]
+                     + list(CFG.config_files),
+                     outputs=LAYOUT.bundle_files(), toolchain=True, copies_runtime=True,
+                     before=(action("hexbundle.graph.targets:remove_dead_outputs", LAYOUT),
+                             action("hexbundle.checks.sizes:check_built_sizes", LAYOUT,
+                                    options.convert, options.compile)),
+                     checks=(bundle_in_place(LAYOUT),), doit={"clean": True}))
 
 
 def task_deploy():
@@ -281,12 +250,12 @@ def task_verify():
     to end (encodings, cosine, max error in LSBs, top-1); fails naming the first part that
     diverges. Thresholds: the model config's [verify] table (docs/verify.md)."""
     options = verify_options(CFG)
-    return {"actions": [action("hexbundle.checks.verify:run_verify", LAYOUT, options)],
-            "file_dep": [rel(p) for p in LAYOUT.bundle_files()]
-            + [rel(p) for p in LAYOUT.all_inputs()] + CONFIG_FILES,
-            "targets": [rel(LAYOUT.verify_report)],
-            "uptodate": [options_key(options=repr(options), code=step_code("verify"))],
-            "verbosity": 2}
+    return task(Step("verify", "verify", "", options,
+                     inputs=list(LAYOUT.bundle_files()) + list(LAYOUT.all_inputs())
+                     + list(CFG.config_files),
+                     outputs=[LAYOUT.verify_report], check_outputs=False,
+                     action=action("hexbundle.checks.verify:run_verify", LAYOUT, options),
+                     doit={"verbosity": 2}))
 
 
 def task_contract_wheel():

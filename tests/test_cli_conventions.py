@@ -146,13 +146,15 @@ def test_verbosity_0_shows_only_doits_task_lines_and_the_summary(built_json):
     assert run.err == ""
 
 
-def test_a_hexbundle_flag_from_a_subdirectory_says_where_to_run(fresh):
-    proc = subprocess.run([sys.executable, "-m", "doit", "bundle", "--dry-run"],
+@pytest.mark.parametrize("flag", ["--dry-run", "--explain"])
+def test_a_hexbundle_flag_from_a_subdirectory_says_where_to_run(fresh, flag):
+    proc = subprocess.run([sys.executable, "-m", "doit", "bundle", flag],
                           cwd=fresh.root / "configs", capture_output=True, text=True,
                           env={**os.environ, "DOIT_SEEK_FILE": "1"}, timeout=300)
     assert proc.returncode == 3
     assert "Traceback" not in proc.stderr
-    assert f"run it from {fresh.root}" in proc.stderr, proc.stderr
+    assert f"{flag} is hexbundle's" in proc.stderr and f"run it from {fresh.root}" in \
+        proc.stderr, proc.stderr
 
 
 def from_subdirectory(project, *args, seek_env=True):

@@ -325,6 +325,7 @@ def test_the_md5_trace_names_exactly_the_files_doit_hashes(tmp_path, monkeypatch
     (["-v", "2", "list"], "-v", True),                # doit then takes `run`: so do we
     (["--version"], "--version", False),
     (["bundle", "--dry-run"], "bundle", False),
+    (["bundle", "--explain"], "bundle", True),        # it builds: the lock, the DB
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_the_command_is_the_one_doit_takes(argv, command, writes):
     from hexbundle.graph import runguard

@@ -385,7 +385,7 @@ def test_an_incremental_build_equals_a_clean_one_after_a_change(setting, base, c
     overrides, inc_env = apply(inc.root, setting, chosen)
     _, clean_env = apply(clean.root, setting, chosen) if setting.source == "env" else ([], env)
     before = outputs(inc, [], {})
-    incremental = build(inc, overrides, inc_env)
+    incremental = build(inc, overrides + ["--explain"], inc_env)
     fresh = build(clean, overrides, clean_env)
 
     assert incremental.code == fresh.code, (
@@ -399,7 +399,17 @@ def test_an_incremental_build_equals_a_clean_one_after_a_change(setting, base, c
               for k in set(got) | set(want) if got.get(k) != want.get(k)}
     ran = sorted(incremental.executed)
     same = sorted({kind_of(t) for t in ran} - {k for k in before if before[k] != got.get(k)})
-    record(setting, chosen, incremental.code, ran, same)
+    explained = explanations(incremental)
+    record(setting, chosen, incremental.code, ran, same, explained)
+    # --explain (graph/explain.py) gives every step that ran a reason that names what changed
+    # (a setting, an input, a code file, an output, a step never built here), and says
+    # "up to date" of every other step it reached
+    vague = {t: why for t, why in explained.items()
+             if t in ran and not NAMED_REASON.search(why)}
+    assert not vague, f"{setting.id} = {chosen!r}: --explain named nothing for {vague}"
+    assert {t for t, why in explained.items()
+            if why != "up to date" and not why.startswith("not run: ")} == set(ran), (
+        f"{setting.id} = {chosen!r}: --explain {explained} vs the steps that ran {ran}")
     assert not differ, (f"{setting.id} = {chosen!r}: incremental != clean in "
                         f"{sorted(differ)} (steps re-run: {ran}): {differ}")
 
@@ -420,9 +430,25 @@ def test_an_incremental_build_equals_a_clean_one_after_a_change(setting, base, c
         f"{setting.id} = {chosen!r}: a build through the remote cache != a clean one")
 
 
-def record(setting: Setting, value, code: int, ran: list, same: list) -> None:
+# What an --explain reason names: an option's old -> new value, an input's digests, a code
+# file, an output, a pin, a step never built here (graph/explain.py's phrases).
+NAMED_REASON = re.compile(r"changed: .* -> |changed \(digest \w+ -> \w+\)|code file \S+ "
+                          r"|output \S+ changed|target missing: \S+|never built here|is new: "
+                          r"|is gone \(was |is a new input|no longer an input|hard link|"
+                          r"is not part of the bundle")
+
+
+def explanations(run) -> dict:
+    """task -> the reason --explain gave it ("up to date", "runs because ...", ...)."""
+    return dict(re.findall(r"^explain: (\S+)  (.*)$", run.out, re.M))
+
+
+def record(setting: Setting, value, code: int, ran: list, same: list,
+           explained: dict) -> None:
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"setting": setting.id, "value": value, "exit": code, "reran": ran,
-                       "reran_same_output": same}, default=str)
+                       "reran_same_output": same,
+                       "explain": {t: w for t, w in explained.items() if w != "up to date"}},
+                      default=str)
     with open(REPORT, "a") as fh:
         fh.write(line + "\n")

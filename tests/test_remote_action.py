@@ -13,6 +13,7 @@ from conftest import copy_project
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout
 from hexbundle.config.remote import header_metadata, parse_target
+from hexbundle.formats import stepkey
 from hexbundle.remote import reapi
 from hexbundle.remote.action import remote_path, step_action
 from hexbundle.support import hashing
@@ -59,7 +60,10 @@ def test_the_action_is_the_same_on_two_machines_and_names_no_local_path(tmp_path
     for local in (str(tmp_path), str(one.root), str(one.build_root)):
         assert local not in text
     assert a.command.arguments[:3] == ["hexbundle-step", "compile", "--part=2"]
-    assert json.loads(a.command.arguments[3].removeprefix("--options=")) == OPTIONS
+    # the step key's typed canonical JSON (formats.stepkey), not a repr
+    assert a.command.arguments[3] == "--options=" + stepkey.canonical(OPTIONS)
+    assert json.loads(a.command.arguments[3].removeprefix("--options=")) == \
+        {"type": "map", "value": {k: {"type": "str", "value": v} for k, v in OPTIONS.items()}}
     props = [(p.name, p.value) for p in a.action.platform.properties]
     assert props == sorted(props) and ("executor", "local") in props
 
@@ -245,3 +249,24 @@ def test_the_code_in_the_input_root_is_what_a_step_can_run(tmp_path):
     assert {"hexbundle/backends/reference.py", "hexbundle/steps/compile.py",
             "hexbundle/support/hashing.py", "scripts/step.py"} <= names
     assert not [n for n in names if n.split("/")[1] in ("graph", "bench", "release", "remote")]
+
+
+@pytest.mark.parametrize("system, machine_name, want", [
+    ("Linux", "x86_64", ("linux", "x86-64")),
+    ("Linux", "aarch64", ("linux", "arm-a64")),
+    ("Darwin", "arm64", ("macos", "arm-a64")),
+])
+def test_os_family_and_isa_are_spelled_as_the_reapi_platform_lexicon(system, machine_name, want):
+    """Schedulers match OSFamily and ISA exactly against their workers' (remote-apis
+    platform.md): Python's `Linux` / `x86_64` would queue an action for ever."""
+    from hexbundle.remote.action import lexicon_platform
+    assert lexicon_platform(system, machine_name) == {"OSFamily": want[0], "ISA": want[1]}
+
+
+def test_the_action_carries_the_lexicon_values_of_this_host(tmp_path):
+    import platform
+    from hexbundle.remote.action import ISA, OS_FAMILY
+    props = dict((p.name, p.value)
+                 for p in compile_action(machine(tmp_path, "a")).action.platform.properties)
+    assert props["OSFamily"] == OS_FAMILY[platform.system()]
+    assert props["ISA"] == ISA[platform.machine()]

@@ -152,10 +152,18 @@ def test_a_changed_option_misses_exactly_the_steps_that_use_it(shared, tmp_path)
     compiles = {t for t in run.executed if t.startswith("compile:")}
     assert compiles and hits(run) == cached_tasks(run) - compiles, run.out
     assert ran_here(run) == compiles | {"bundle"}, run.out
-    # ... and what it built is in the cache now: a third machine gets it all
+    # ... and what it built is in the cache now: a third machine gets it all, and --explain
+    # says so per step (graph/explain.py)
     d = copy_project(tmp_path / "d")
-    run = d.doit("bundle", f"remote_cache={server.url}", "optimization_type=2")
+    run = d.doit("bundle", f"remote_cache={server.url}", "optimization_type=2", "--explain")
     assert hits(run) == cached_tasks(run) and ran_here(run) == {"bundle"}, run.out
+    said = dict(re.findall(r"^explain: (\S+)  (.*)$", run.out, re.M))
+    assert {t for t, why in said.items() if why.startswith("fetched from the cache")} \
+        == hits(run), run.out
+    assert said["compile:part_1_of_4"] == ("fetched from the cache (runs because target missing: "
+                                           f"{d.build_dir().relative_to(d.root)}/bin/"
+                                           "qwen2_tiny_part_1_of_4.bin)"), run.out
+    assert said["bundle"].startswith("runs because target missing: "), run.out
     assert checked_hits(run) == {t for t in hits(run) if t.startswith(("convert", "compile"))}
     assert snapshot(d.bundle()) == snapshot(c.bundle())
 

@@ -7,6 +7,7 @@
   genie       genie_config.json and htp_backend_ext_config.json
   manifest    the bundle's manifest.json and build-info.json
   tokenizer   tokenizer.json (what a bundle needs of it)
+  stepkey     a build step's key: its typed options as canonical JSON (docs/step-key.md)
 
 Import the modules directly (`hexbundle.formats.ctxbin`, ...): this package imports nothing, so
 that reading sizes does not pay for importing onnx.

@@ -10,6 +10,9 @@ from the directory it is started in: the project's). What they add to doit's own
   gives them (config.build.command_line_settings: load_build's own keys, not a copy);
 - `doit bundle --dry-run`: which steps would run and why, in order; nothing is executed or
   written (no lock, no DB save: runguard.command_writes);
+- `doit bundle --explain`: the build, with one line per step saying why it ran (the setting,
+  input or code file that changed), that it was up to date or fetched from the cache
+  (graph.explain; --dry-run gives the same reasons without running);
 - a task, target or command name that is none of them: one line with the nearest name
   (did you mean), exit 3, instead of doit's three lines;
 - verbosity and reporter reach hexbundle's own lines (support.console, graph.reporter): at
@@ -28,13 +31,14 @@ from doit.exceptions import InvalidCommand
 from doit.reporter import JsonReporter
 
 from hexbundle.config.build import command_line_settings, did_you_mean
+from hexbundle.graph import explain as explaining
 from hexbundle.graph import runguard
 from hexbundle.graph.session import checker_and_db
 from hexbundle.support import console
-from hexbundle.support.errors import HexbundleError
 
 HELP_FLAGS = ("--help", "-h")
 DRY_RUN_FLAG = "--dry-run"
+EXPLAIN_FLAG = "--explain"
 TASKS_ONLY_BUILD = "settings"   # a task's meta {"settings": False}: it reads no build setting
 
 opt_dry_run = {
@@ -47,12 +51,23 @@ opt_dry_run = {
 }
 
 
+opt_explain = {
+    "name": "explain",
+    "short": "",
+    "long": "explain",
+    "type": bool,
+    "default": False,
+    "help": "one line per step: why it runs (the setting, input or code file that changed), "
+            "or that it is up to date or fetched from the cache",
+}
+
+
 class Run(cmd_run.Run):
     doc_purpose = cmd_run.Run.doc_purpose
-    doc_usage = "[TASK/TARGET...] [key=value...] [--dry-run] [--help]"
+    doc_usage = "[TASK/TARGET...] [key=value...] [--dry-run] [--explain] [--help]"
     doc_description = ("`doit help TASK` (or `doit TASK --help`) lists a task's command-line "
                        "settings key=value.")
-    cmd_options = cmd_run.Run.cmd_options + (opt_dry_run,)
+    cmd_options = cmd_run.Run.cmd_options + (opt_dry_run, opt_explain)
 
     def __init__(self, cmds=None, **kwargs):
         self._command_names = sorted(cmds or ())
@@ -61,7 +76,7 @@ class Run(cmd_run.Run):
     def parse_execute(self, in_args):
         """doit's, plus: --help/-h and --dry-run anywhere (doit takes what follows a task name
         for the task's own options); an unknown option in one line, with the nearest."""
-        flags = HELP_FLAGS + (DRY_RUN_FLAG,)
+        flags = HELP_FLAGS + (DRY_RUN_FLAG, EXPLAIN_FLAG)
         wants_help = any(a in HELP_FLAGS for a in in_args)
         dry_run = DRY_RUN_FLAG in in_args
         try:
@@ -72,6 +87,8 @@ class Run(cmd_run.Run):
                 return self._help(params, args)
             if dry_run:
                 params["dry_run"] = True
+            if EXPLAIN_FLAG in in_args:
+                params["explain"] = True
             return self.execute(params, args)
         except CmdParseError as exc:
             raise CmdParseError(self._unknown_option(exc)) from None
@@ -102,7 +119,7 @@ class Run(cmd_run.Run):
     def _execute(self, outfile, verbosity=None, always=False, continue_=False,
                  reporter="console", num_process=0, par_type="process", single=False,
                  auto_delayed_regex=False, force_verbosity=False, failure_verbosity=0,
-                 pdb=False, dry_run=False):
+                 pdb=False, dry_run=False, explain=False):
         chosen = self.reporters.get(reporter) if isinstance(reporter, str) else reporter
         console.configure(
             quiet=bool(force_verbosity and verbosity is not None and verbosity < 2),
@@ -110,6 +127,10 @@ class Run(cmd_run.Run):
         try:
             if dry_run:
                 return self._dry_run(always, auto_delayed_regex)
+            if explain:
+                layout = (getattr(self.loader, "namespace", None) or {}).get("LAYOUT")
+                explaining.start(explaining.Explainer(
+                    self.dep_manager, {t.name: t for t in self.task_list}, layout))
             return super()._execute(outfile, verbosity, always, continue_, reporter,
                                     num_process, par_type, single, auto_delayed_regex,
                                     force_verbosity, failure_verbosity, pdb)
@@ -118,6 +139,8 @@ class Run(cmd_run.Run):
                 raise
             raise InvalidCommand(not_a_task(exc.not_found, self.task_list,
                                             self._command_names)) from None
+        finally:
+            explaining.start(None)
 
     def _dry_run(self, always, auto_delayed_regex) -> int:
         """Each task the run would reach, in dependency order: would it run, and why."""
@@ -166,30 +189,9 @@ class Run(cmd_run.Run):
 
 
 def run_reason(dep_manager, task, tasks) -> str | None:
-    """Why doit would run `task` now (its file_dep, targets, up-to-date checks), or None."""
-    try:
-        status = dep_manager.get_status(task, tasks, get_log=True)
-    except (HexbundleError, OSError) as exc:
-        return f"cannot tell: {exc}"
-    if status.status == "up-to-date":
-        return None
-    reasons = status.reasons
-    if status.status == "error" or reasons.get("missing_file_dep"):
-        return "input missing: " + _first(reasons.get("missing_file_dep") or ["?"])
-    if reasons.get("has_no_dependencies"):
-        return "always runs"
-    if reasons.get("missing_target"):
-        return "target missing: " + _first(reasons["missing_target"])
-    if reasons.get("uptodate_false"):
-        if all(check is False for check, _, _ in reasons["uptodate_false"]):
-            return "always runs"
-        return "never built here, or its settings, code or toolchain changed"
-    if reasons.get("checker_changed"):
-        return "checker changed"
-    changed = reasons.get("changed_file_dep") or reasons.get("added_file_dep") or []
-    if changed:
-        return "changed: " + _first(changed)
-    return "not up to date"
+    """Why doit would run `task` now (graph.explain: the setting, input, code file or output
+    that changed), or None."""
+    return explaining.reason(dep_manager, task, tasks)
 
 
 def _first(names) -> str:

@@ -1,4 +1,5 @@
-"""doit up-to-date keys: a task reruns when the options, toolchain, code or pins it uses change.
+"""doit up-to-date keys: a task reruns when its step key (the options, toolchain, code and pins
+it uses: graph.stepdesc declares them, formats.stepkey writes the key) changes.
 
 Keys are computed when doit checks a task, not when dodo.py is loaded: `doit list` asks nothing
 of the Docker engine, and a build asks it once.
@@ -8,12 +9,12 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from doit.tools import config_changed
-
 from hexbundle.backends import describe
 from hexbundle.config.build import BuildConfig
 from hexbundle.config.toolchain import load_toolchain
-from hexbundle.graph.codekey import code_digest
+from hexbundle.formats import stepkey
+from hexbundle.graph.codekey import PACKAGE, code_digest, code_files
+from hexbundle.support import hashing
 from hexbundle.support.errors import HexbundleError
 from hexbundle.toolchain import image
 
@@ -33,8 +34,8 @@ STEP_CODE = {
 
 
 def step_code(step: str):
-    """An options_key value: the digest of the code `step` runs, computed when doit checks the
-    task (once per process): a changed line of that code reruns the step."""
+    """The digest of the code `step` runs, computed when doit checks the task (once per
+    process): a changed line of that code reruns the step."""
     entries = STEP_CODE[step]
 
     def code() -> str:
@@ -42,20 +43,46 @@ def step_code(step: str):
     return code
 
 
-class options_key(config_changed):
-    """uptodate item: the task reruns when any of these values changes. A value may be a
-    callable (e.g. `lambda: toolchain_key(cfg)`): it is called only when doit checks the task."""
+def step_code_files(step: str) -> dict:
+    """{file relative to the package's parent: XXH3} of the code `step` runs: kept beside the
+    step's key so `--explain` can name the file that changed (graph.explain)."""
+    files = code_files(STEP_CODE[step])
+    return {p.relative_to(PACKAGE.parent).as_posix(): hashing.digest(p) for p in files.values()}
 
-    def __init__(self, **values):
-        super().__init__(values)
+
+KEY_VALUE = "_step_key"          # the DB value: the key's canonical text (formats.stepkey)
+CODE_VALUE = "_step_code_files"  # the DB value: step_code_files, for --explain
+
+
+class step_key:
+    """uptodate item: the task reruns when its step key's text changes. The key is canonical
+    JSON (formats.stepkey, docs/step-key.md) of a document whose values may be callables (the
+    toolchain, the code digest): they are called only when doit checks the task, once."""
+
+    def __init__(self, code_of: str, document: dict):
+        self.step = code_of
+        self.document = document
+        self._resolved = None
 
     def resolved(self) -> dict:
-        """The values, callables called: what the task's outputs depend on besides its files
-        (also the options of its remote-cache Action: hexbundle.graph.remote_steps)."""
-        return {k: (v() if callable(v) else v) for k, v in self.config.items()}
+        """The document, callables called: what the task's outputs depend on besides its files
+        (also its remote-cache Action's options: hexbundle.graph.remote_steps)."""
+        if self._resolved is None:
+            self._resolved = {k: (v() if callable(v) else v) for k, v in self.document.items()}
+        return self._resolved
 
-    def _calc_digest(self):
-        return config_changed(self.resolved())._calc_digest()
+    def text(self) -> str:
+        return stepkey.canonical(self.resolved())
+
+    def configure_task(self, task) -> None:
+        task.value_savers.append(lambda: {KEY_VALUE: self.text(),
+                                          CODE_VALUE: step_code_files(self.step)})
+
+    def __call__(self, task, values) -> bool:
+        return values.get(KEY_VALUE) == self.text()
+
+    def __repr__(self) -> str:
+        return f"step_key({self.step!r})"
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,9 +1,9 @@
 """The doit side of the remote cache: a build step's Action from its doit task.
 
 The Action covers exactly what decides whether doit reruns the task here: its file_dep (the
-input root), the values of its options_key up-to-date items (backend, toolchain, compile
-options, pins, ...: the Command's options) and its targets (the Command's output paths); plus
-the step's own arguments and the code that runs it (hexbundle.remote.action). So a changed
+input root), its step key's document (graph.stepdesc: step, arguments, typed options, code,
+pins, toolchain: the Command's options, as the same canonical JSON) and its targets (the
+Command's output paths); plus the code that runs it (hexbundle.remote.action). So a changed
 input or option misses exactly the steps whose local up-to-date check it fails.
 
 Which steps: inputs (generate or split), convert and compile. Not bundle: its outputs are hard
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from hexbundle.config.layout import Layout
 from hexbundle.formats.origins import record_origin
-from hexbundle.graph.keys import image_id, options_key
+from hexbundle.graph.keys import image_id, step_key
 from hexbundle.support.errors import HexbundleError
 
 CACHED_STEPS = ("inputs", "convert", "compile")
@@ -41,12 +41,12 @@ def run_step_recorded(run, layout: Layout, task_name: str, step: str,
 
 
 def task_options(task) -> dict:
-    """The values of the task's options_key items (callables called), merged."""
-    out = {}
+    """The task's step key document (callables called): the Action's options."""
     for item, _, _ in task.uptodate:
-        if isinstance(item, options_key):
-            out.update(item.resolved())
-    return out
+        if isinstance(item, step_key):
+            return item.resolved()
+    raise HexbundleError(f"{task.name}: no step key (a step not declared through "
+                         "graph.stepdesc): it cannot be an Action")
 
 
 def run_through_cache(run, layout: Layout, task_name: str, step: str,

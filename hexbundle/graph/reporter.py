@@ -19,7 +19,7 @@ from doit.reporter import ConsoleReporter
 from hexbundle import __version__
 from hexbundle.backends import describe
 from hexbundle.config.layout import Layout
-from hexbundle.graph import db
+from hexbundle.graph import db, explain
 from hexbundle.support import console
 from hexbundle.support.files import read_state
 
@@ -73,6 +73,10 @@ def _seconds(s: float) -> str:
     return f"{s:.1f} s" if s < 120 else f"{int(s // 60)} min {s % 60:.0f} s"
 
 
+def _explained(task) -> bool:
+    return explain.active() is not None and bool(task.actions) and not task.name.startswith("_")
+
+
 class Reporter(ConsoleReporter):
     """doit's console reporter, plus the banner first and the summary line last."""
 
@@ -85,6 +89,8 @@ class Reporter(ConsoleReporter):
             self.outstream.write(banner(_layout) + "\n")
 
     def execute_task(self, task):
+        if _explained(task):   # before it runs: the DB still holds its last run's record
+            explain.active().running(task)
         super().execute_task(task)
         if task.actions and not task.name.startswith("_"):
             self.ran.append(task.name)
@@ -93,15 +99,25 @@ class Reporter(ConsoleReporter):
         super().skip_uptodate(task)
         if task.actions and not task.name.startswith("_"):
             self.skipped.append(task.name)
+        self._explain(task, "up to date")
 
     def add_failure(self, task, fail):
         super().add_failure(task, fail)
         self.failed.append(task.name)
+        message = str(getattr(fail, "message", "") or "").strip()
+        self._explain(task, "failed", message.splitlines()[:1])
 
     def add_success(self, task):
         super().add_success(task)
         self.succeeded.append(task.name)
+        self._explain(task, "success")
         db.save_progress()   # a run killed later keeps this task's record
+
+    def _explain(self, task, outcome: str, failure=()) -> None:
+        """--explain's line for the step (graph.explain), asked for: shown at any verbosity."""
+        if _explained(task):
+            self.write(explain.active().line(task, outcome, "".join(failure)) + "\n")
+            self.outstream.flush()
 
     def complete_run(self):
         super().complete_run()

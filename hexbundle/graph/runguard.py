@@ -55,6 +55,7 @@ POLL_S = 0.2
 # doit commands that neither run tasks nor write the DB: no lock, no clean-up.
 READ_ONLY_COMMANDS = {"list", "help", "info", "dumpdb", "tabcompletion", "--help", "--version"}
 RUN_READ_ONLY_FLAGS = {"--dry-run", "--help", "-h"}   # graph.commands.Run
+RUN_FLAGS = RUN_READ_ONLY_FLAGS | {"--explain"}       # every flag graph.commands.Run adds
 
 _held = None   # the lock's open file: the lock lasts as long as this process
 

@@ -50,7 +50,7 @@ def outside_project_problem(root: Path, argv: list, started_in: Path):
     what to do instead. Read-only commands (list, info, help) still work from there."""
     if started_in.resolve() == root.resolve():
         return None
-    flags = [a for a in argv[1:] if a in runguard.RUN_READ_ONLY_FLAGS]
+    flags = [a for a in argv[1:] if a in runguard.RUN_FLAGS]
     if flags:
         return (f"{flags[0]} is hexbundle's (pyproject.toml), which doit reads only when "
                 f"started in the project directory: run it from {root}")

@@ -6,14 +6,15 @@ never share a result: every path in it is a *remote path*, relative to an imagin
 that holds the project (`configs/...`, `hexbundle/...`), the build root as `build/`, and an export
 used in place outside the project as `export/`.
 
-  Command    arguments: the step, its own arguments (part, graph) and its exact options (the
-             values of the doit task's up-to-date keys: backend, toolchain, compile options,
-             pins, ...) as canonical JSON; the environment variables that change what a step
+  Command    arguments: the step, its own arguments (part, graph) and its step key's document
+             (graph.stepdesc: typed options, code, pins, toolchain) as the step key's canonical
+             typed JSON (formats.stepkey, docs/step-key.md); the environment variables that change what a step
              writes, sorted; output_paths: the task's targets, sorted.
   input root the Merkle tree of the task's file_dep and of the code that runs the step (the
              hexbundle package but the layers above steps/, and scripts/step.py): a changed
              input file or a changed line of that code is another input root, another Action.
-  platform   OSFamily, ISA, the executor; with executor=docker the toolchain image as
+  platform   OSFamily and ISA as the REAPI platform lexicon spells them (linux, x86-64 /
+             arm-a64), the executor; with executor=docker the toolchain image as
              container-image (docker://sha256:...), as remote-execution workers expect it; with
              the local executor the Python, numpy and onnx the step computes with.
 
@@ -24,7 +25,6 @@ their own, held in memory (a few KB).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform as host_platform
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import hexbundle
 from hexbundle.config.layout import Layout
+from hexbundle.formats import stepkey
 from hexbundle.remote import reapi
 from hexbundle.support import hashing
 from hexbundle.support.errors import HexbundleError
@@ -81,16 +82,12 @@ def remote_path(layout: Layout, path) -> str:
 
 
 def canonical_json(value) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_jsonable)
-
-
-def _jsonable(value):
-    if isinstance(value, (tuple, set, frozenset)):
-        return sorted(value) if isinstance(value, (set, frozenset)) else list(value)
-    if isinstance(value, Path):
-        raise ActionError(f"an option of the step is a path ({value}): paths must not enter "
-                          "the Action, or machines never share it")
-    return repr(value)
+    """The step key's canonical typed JSON (formats.stepkey, docs/step-key.md); a path in it
+    is refused: machines with the file elsewhere would never share the Action."""
+    try:
+        return stepkey.canonical(value)
+    except stepkey.StepKeyError as exc:
+        raise ActionError(f"an option of the step cannot enter the Action: {exc}") from None
 
 
 def command(step: str, arguments: dict, options: dict, output_paths: list):
@@ -104,10 +101,26 @@ def command(step: str, arguments: dict, options: dict, output_paths: list):
         output_paths=sorted(output_paths))
 
 
+# The REAPI platform lexicon's spellings (remote-apis, build/bazel/remote/execution/v2/
+# platform.md): schedulers (BuildGrid, Buildbarn, BuildBuddy) match OSFamily and ISA by exact
+# value against their workers', so Python's `Linux` / `x86_64` would be queued for ever.
+OS_FAMILY = {"Linux": "linux", "Darwin": "macos", "Windows": "windows", "FreeBSD": "freebsd"}
+ISA = {"x86_64": "x86-64", "AMD64": "x86-64", "amd64": "x86-64", "aarch64": "arm-a64",
+       "arm64": "arm-a64", "i386": "x86-32", "i686": "x86-32", "ppc64le": "ppc64le",
+       "riscv64": "riscv64"}
+
+
+def lexicon_platform(system: str, machine: str) -> dict:
+    """OSFamily and ISA as the lexicon spells them, from platform.system() and .machine();
+    a value the lexicon does not name is passed on lower-cased."""
+    return {"OSFamily": OS_FAMILY.get(system, system.lower()),
+            "ISA": ISA.get(machine, machine.lower())}
+
+
 def platform_properties(layout: Layout, image_id: str = "") -> list:
     """(name, value) pairs, sorted: what a result computed on this platform depends on."""
     cfg = layout.cfg
-    props = {"OSFamily": host_platform.system(), "ISA": host_platform.machine(),
+    props = {**lexicon_platform(host_platform.system(), host_platform.machine()),
              "executor": cfg.executor}
     if cfg.executor == "docker":
         props["container-image"] = f"docker://{image_id}" if image_id else "docker://(unknown)"

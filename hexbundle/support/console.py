@@ -4,10 +4,12 @@ doit's python-actions swap sys.stdout for a capturing writer per action; with `-
 swap it concurrently and a write can land in another thread's StringIO (seen: a segfault). So
 progress goes to the real stdout, under a lock, never through sys.stdout.
 """
+import contextlib
 import sys
 import threading
 
 _lock = threading.Lock()
+_thread = threading.local()   # .silent: this thread's lines are dropped (console.silenced)
 # Set once per run by the run command (graph.commands): `-v 0`/`-v 1` hide progress (doit's
 # verbosity: task output captured); under `-r json` it goes to stderr, stdout being the JSON.
 _quiet = False
@@ -23,9 +25,21 @@ def quiet() -> bool:
     return _quiet
 
 
+@contextlib.contextmanager
+def silenced():
+    """Drop this thread's lines for a while: a check asked a second time (graph.explain asks
+    doit's up-to-date items again, to say why) must not print its line twice."""
+    before = getattr(_thread, "silent", False)
+    _thread.silent = True
+    try:
+        yield
+    finally:
+        _thread.silent = before
+
+
 def say(msg: str) -> None:
     """A progress line for the user on the real stdout (stderr under `-r json`; none at -v 0/1)."""
-    if _quiet:
+    if _quiet or getattr(_thread, "silent", False):
         return
     stream = sys.__stderr__ if _to_stderr else sys.__stdout__
     with _lock:

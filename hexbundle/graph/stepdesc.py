@@ -1,0 +1,97 @@
+"""Each build step described once; its doit task, its key and its remote Action derive from it.
+
+A `Step` says what a step is: the task it makes, the step module it runs (steps.runner's name,
+graph.keys.STEP_CODE's entry), its own arguments, its typed options (steps/options.py), its
+input and output files, and whether it runs through the backend (the toolchain). From it:
+
+  doit task     file_dep = inputs, targets = outputs, uptodate = [its step key, the recorded
+                outputs unchanged (check_outputs), its own extra checks];
+  step key      {"step", "arguments", "options", "code", "pins", "toolchain"?}: canonical
+                typed JSON (formats.stepkey, docs/step-key.md); the pins are those of its
+                inputs (config [inputs.pins]); "toolchain" is {"backend", "version"} for a
+                step that runs through the backend;
+  REAPI Action  the same document as the Command's options, inputs as the input root, outputs
+                as its output paths (graph.remote_steps, remote.action);
+  --explain     the stored key and code files against the current ones (graph.explain).
+
+No step lists its key fields by hand: whatever a step reads is in its options value, its
+inputs' pins, its code and, when it runs through the backend, the backend and its version.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from hexbundle.config.layout import Layout
+from hexbundle.graph.actions import step_action
+from hexbundle.graph.keys import pinned, sdk_runtime_key, step_code, step_key, toolchain_key
+from hexbundle.graph.targets import targets_unchanged
+
+RUN_STEP = "hexbundle.steps.executor:run_step"
+# Steps run in threads under `doit -n 2`: don't let doit swap sys.stdout per action (racy).
+NO_CAPTURE = {"capture": False}
+
+
+@dataclass
+class Step:
+    """One build step of the graph, declared once (dodo.py)."""
+    task: str                     # "convert:part_1_of_4_prompt", or "bundle"
+    step: str                     # the step module: inputs, convert, compile, bundle, verify
+    doc: str                      # "" for a task of its own: its function's docstring
+    options: object               # the typed options value the step's code receives
+    inputs: list = field(default_factory=list)    # Paths: doit's file_dep
+    outputs: list = field(default_factory=list)   # Paths: doit's targets
+    arguments: dict = field(default_factory=dict)  # the step's own: part, graph, what
+    toolchain: bool = False       # runs through the backend: its version keys the step
+    copies_runtime: bool = False  # copies the SDK's runtime into its output (bundle, qairt)
+    check_outputs: bool = True    # rerun when an output was changed after the step wrote it
+    action: Optional[tuple] = None   # another action than the step runner (verify's)
+    before: tuple = ()            # actions run first (bundle: dead outputs, the size check)
+    checks: tuple = ()            # more uptodate items (bundle: bundle_in_place)
+    doit: dict = field(default_factory=dict)    # other doit fields: clean, io, verbosity
+
+    @property
+    def subtask(self) -> Optional[str]:
+        return self.task.split(":", 1)[1] if ":" in self.task else None
+
+
+def key(step: Step, layout: Layout) -> step_key:
+    """The step's key item (graph.keys.step_key), its document derived from the description:
+    nothing listed by hand."""
+    cfg = layout.cfg
+    document = {"step": step.step, "arguments": dict(step.arguments), "options": step.options,
+                "code": step_code(step.step), "pins": pinned(cfg, step.inputs)}
+    if step.toolchain:
+        document["toolchain"] = lambda: {"backend": cfg.backend,
+                                         "version": _version(cfg, step.copies_runtime)}
+    return step_key(step.step, document)
+
+
+def _version(cfg, copies_runtime: bool) -> str:
+    """The backend's version; for a step that copies the SDK's runtime files from a local SDK,
+    with their digest (another or a changed SDK rebuilds the bundle: graph.keys.sdk_runtime_key)."""
+    runtime = sdk_runtime_key(cfg) if copies_runtime else ""
+    return toolchain_key(cfg) + (f" runtime {runtime}" if runtime else "")
+
+
+def doit_task(step: Step, layout: Layout) -> dict:
+    """The doit task dict of a described step."""
+    rel = layout.rel
+    run = step.action or step_action(RUN_STEP, layout, step.task, step.step, **step.arguments)
+    uptodate = [key(step, layout)]
+    if step.check_outputs and step.outputs:
+        uptodate.append(targets_unchanged())
+    task = {"actions": [*step.before, run],
+            "file_dep": [rel(p) for p in step.inputs],
+            "targets": [rel(p) for p in step.outputs],
+            "uptodate": uptodate + list(step.checks), **step.doit}
+    if step.doc:   # else doit takes the task function's docstring
+        task["doc"] = step.doc
+    if step.subtask is not None:
+        task["name"] = step.subtask
+    return task
+
+
+def declared(layout: Layout) -> Callable[[Step], dict]:
+    """`task = declared(LAYOUT)`, then `yield task(Step(...))` in dodo.py."""
+    return lambda step: doit_task(step, layout)
