@@ -86,7 +86,7 @@ SPECS: dict[str, dict] = {
         "module": "llama_v3_2_1b_instruct",
         "release": "0.65.0",
         "seed": 3502,
-        "context_length": 4096,
+        "context_length": 1024,
         "config": {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -117,7 +117,7 @@ SPECS: dict[str, dict] = {
         "module": "falcon_v3_7b_instruct",
         "release": "0.65.0",
         "seed": 3503,
-        "context_length": 4096,
+        "context_length": 1024,
         "config": {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -141,7 +141,7 @@ SPECS: dict[str, dict] = {
         "module": "smollm2_1_7b_it",
         "release": "0.65.0",
         "seed": 3504,
-        "context_length": 4096,
+        "context_length": 1024,
         "config": {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -193,6 +193,7 @@ TOKENIZERS = {
     "qwen": {
         "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
         "bos": None,
+        "config_bos": "<|endoftext|>",
         "eos": "<|im_end|>",
         "pad": "<|endoftext|>",
         "cls": "Qwen2TokenizerFast",
@@ -219,6 +220,7 @@ TOKENIZERS = {
     "falcon3": {
         "special": ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|pad|>"],
         "bos": None,
+        "config_bos": "<|endoftext|>",
         "eos": "<|endoftext|>",
         "pad": "<|pad|>",
         "cls": "PreTrainedTokenizerFast",
@@ -338,8 +340,9 @@ def build_source(name: str, spec: dict, dest: Path) -> None:
     from transformers import AutoTokenizer
     tk = AutoTokenizer.from_pretrained(dest)
     # Token ids of the family's specials (the real ones are far above a tiny vocab).
-    if tk.bos_token_id is not None:
-        cfg["bos_token_id"] = tk.bos_token_id
+    # Qwen3's config names <|endoftext|> as bos although its tokenizer has no bos token.
+    bos = tk.bos_token or TOKENIZERS[spec["tokenizer"]].get("config_bos")
+    cfg["bos_token_id"] = tk.convert_tokens_to_ids(bos)
     cfg["eos_token_id"] = tk.eos_token_id
     model_type = cfg.pop("model_type")
     config = AutoConfig.for_model(model_type, **cfg)
@@ -399,20 +402,23 @@ def patch_wikitext(seed: int) -> None:
 def run_one(name: str) -> None:
     """In this process: build the source model, patch, run Qualcomm's quantize CLI."""
     import importlib
+    import importlib.metadata
     import runpy
 
-    import qai_hub_models
+
 
     spec = SPECS[name]
-    assert qai_hub_models.__version__ == spec["release"], (
+    version = importlib.metadata.version("qai-hub-models")
+    assert version == spec["release"], (
         f"{name} needs qai-hub-models {spec['release']}, this venv has "
-        f"{qai_hub_models.__version__}")
+        f"{version}")
     # Relative paths from this folder, so args.json records no machine-specific path.
     os.chdir(HERE)
     out = Path(spec["folder"])
     src = Path(f"_src_{name}")
     recipe = Path("recipe_calibration_only.yaml")
-    recipe.write_text(RECIPE_YAML.format(iterations=CALIBRATION_ITERATIONS))
+    if not spec["release"].startswith("0.59"):
+        recipe.write_text(RECIPE_YAML.format(iterations=CALIBRATION_ITERATIONS))
     for stale in (out, src):
         if stale.exists():
             shutil.rmtree(stale)
@@ -427,6 +433,10 @@ def run_one(name: str) -> None:
         "--calibration-sequence-length", str(CALIBRATION_SEQ_LEN),
         "--precision", str(recipe),
     ]
+    if spec["release"].startswith("0.59"):
+        # 0.57-0.59's CLI has no recipe files: calibration is its default (no SeqMSE /
+        # AdaScale unless asked), --num-samples the number of calibration samples.
+        sys.argv[-2:] = ["--precision", "w4a16", "--num-samples", str(CALIBRATION_ITERATIONS)]
     runpy.run_module(f"qai_hub_models.models.{spec['module']}.quantize", run_name="__main__")
     shutil.rmtree(src)
 
