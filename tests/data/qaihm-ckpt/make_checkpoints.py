@@ -10,7 +10,8 @@ changed):
      the module has it (it is the per-model constant the importer must reproduce);
   2. `WikiText.load_raw_dataset` returns local text (no hub at run time);
   3. the recipe is a file with the manifest's precision block and one `Calibration` step
-     (the manifests start with AdaScale or SeqMSE, which raise without CUDA).
+     (the manifests start with AdaScale or SeqMSE, which raise without CUDA); 0.59.1's CLI
+     has no recipes and gets `--precision w4a16 --num-samples 2` instead.
 The source HF folder (config.json, random safetensors, a small byte-level BPE tokenizer with
 the family's special tokens and chat template) is built here from a seed.
 
