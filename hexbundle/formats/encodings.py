@@ -141,6 +141,31 @@ def subset_encodings(data: dict, params: set, activations: set) -> dict:
     return out
 
 
+def fill_cut_encodings(data: dict, first_input: dict, cut_tensors: list) -> dict:
+    """qai-hub-models' fill_input_encodings_of_split (0.65 split_onnx_utils): a cut tensor
+    with no activation encoding gets the encoding of its producer's first input, walking up
+    until one has an encoding. `first_input`: tensor -> the first input of the node that makes
+    it. Only the 0.6.1 dict schema changes: in the list schemas Qualcomm's copy keeps the
+    source tensor's `name`, so re-keyed by name it lands back on that tensor (a no-op there)."""
+    acts, params = data.get("activation_encodings"), data.get("param_encodings", {})
+    if not isinstance(acts, dict) or not isinstance(params, dict):
+        return data
+    out = dict(data, activation_encodings=dict(acts))
+    for tensor in cut_tensors:
+        if tensor in acts or tensor not in first_input:
+            continue
+        source = first_input[tensor]
+        if source not in first_input:
+            continue   # Qualcomm's walk starts only from a computed tensor
+        while source not in acts and source not in params:
+            if source not in first_input:
+                raise EncodingsError(f"no encoding on the way up from the cut tensor {tensor!r} "
+                                     f"(reached {source!r}, which no node computes)")
+            source = first_input[source]
+        out["activation_encodings"][tensor] = acts.get(source, params.get(source))
+    return out
+
+
 # --- schema detection --------------------------------------------------------------------------
 
 def _detect_schema(data: dict, source: str) -> str:
