@@ -128,6 +128,18 @@ def parse_encodings(data: Any, source: str = "<encodings>") -> Encodings:
                      activations=parse_section(data["activation_encodings"], "activation_encodings", source))
 
 
+def encodings_header(path: Union[str, Path]) -> dict:
+    """The top-level keys of an encodings file other than its sections (version, producer,
+    quantizer_args, ...): what says which AIMET wrote it."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise EncodingsError(f"{path}: cannot read the encodings ({exc}); re-export them") from None
+    if not isinstance(data, dict):
+        raise EncodingsError(f"{path}: a JSON {type(data).__name__}, not an encodings object")
+    return {k: v for k, v in data.items() if not k.endswith("_encodings")}
+
+
 def subset_encodings(data: dict, params: set, activations: set) -> dict:
     """The entries of an encodings file (either schema, as decoded JSON) for the given tensors,
     in the same schema and order: the encodings of one part cut out of an unsplit graph's."""
