@@ -171,6 +171,7 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
     for line in tree.describe()[1:]:
         if not (tokenizer and line.startswith("tokenizer: missing")):
             say(f"  {line}")
+    check_pinnable(tree, config_model(hf, tree, family))
     inferred = infer(tree, "local", CKPT_PROMPT_AR, CKPT_TOKEN_AR)
     if inferred.family == "llama" and family != "llama":   # the graph's names may be anonymous
         inferred.family = family
@@ -186,7 +187,8 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
         split_note = (f"qai-hub-models' {model_id}: NUM_SPLITS {spec.num_splits}, "
                       f"NUM_LAYERS_PER_SPLIT {spec.layers_per_split}, {layers} layers")
     check_plan(plan_layers, layers)
-    check_pinnable(tree, inferred)
+    check_checkpoint_encodings(tree)
+    check_layer_boundaries(tree, plan_layers)
     say(f"  model: {model_id}; plan {','.join(map(str, plan_layers))} ({split_note})")
     say(f"  graphs: AR {CKPT_PROMPT_AR} (prompt) and AR {CKPT_TOKEN_AR} (token) at context "
         f"length{'s' if len(inferred.context_lengths) > 1 else ''} "
@@ -262,11 +264,57 @@ def parse_context_lengths(text: str) -> tuple:
     return lengths
 
 
-def check_pinnable(tree: ExportTree, inferred: Inferred) -> None:
+def check_checkpoint_encodings(tree: ExportTree) -> None:
+    """model.encodings names tensors of this graph only: the split keeps a part's own and drops
+    the rest, so another model's encodings would leave the parts silently unquantized."""
+    files = next(iter(tree.unsplit.values()))
+    proto = load_structure(files.onnx)
+    encodings = load_encodings(files.encodings)
+    params = {i.name for i in proto.graph.initializer}
+    tensors = {n for node in proto.graph.node for n in (*node.input, *node.output) if n}
+    tensors |= {v.name for v in (*proto.graph.input, *proto.graph.output)}
+    unknown = sorted(set(encodings.params) - params) + sorted(set(encodings.activations) - tensors)
+    if unknown or not encodings.params:
+        raise InputError(
+            f"{files.encodings}: " + (f"names {len(unknown)} tensor(s) {files.onnx.name} does "
+                                      f"not have (e.g. {unknown[0]!r})" if unknown else
+                                      "holds no weight encodings")
+            + ": the encodings of another model or run; copy the model.encodings the quantize "
+            f"wrote together with this {files.onnx.name}, or re-run the quantize")
+
+
+def check_layer_boundaries(tree: ExportTree, plan_layers: tuple) -> None:
+    """qai-hub-models' splitter finds one residual output per layer in the graph (the split
+    step cuts there): refused now, not after a build has started."""
+    from hexbundle.inputs.split import qaihm_part_outputs
+    files = next(iter(tree.unsplit.values()))
+    outputs = qaihm_part_outputs(load_structure(files.onnx), plan_layers, files.onnx)
+    say(f"  cut at: {', '.join(o[0] for o in outputs)} (as qai-hub-models' split_onnx)")
+
+
+def config_model(hf, tree: ExportTree, family: str) -> Model:
+    """The whole model as config.json describes it: the sizes a dynamic dim would be pinned
+    to (before the graph's own sizes are read and compared with config.json)."""
+    def size(key: str) -> int:
+        value = hf.get(key)
+        return value if type(value) is int and value > 0 else 1
+    heads = size("num_attention_heads")
+    arch = Architecture(num_layers=size("num_hidden_layers"), hidden_size=size("hidden_size"),
+                        num_attention_heads=heads,
+                        num_kv_heads=size("num_key_value_heads") if hf.get(
+                            "num_key_value_heads") else heads,
+                        head_dim=hf.head_dim if type(hf.head_dim) is int else 1,
+                        intermediate_size=size("intermediate_size"),
+                        vocab_size=size("vocab_size"), rope_theta=QWEN2_ROPE_THETA,
+                        rms_norm_eps=QWEN2_RMS_NORM_EPS, family=family)
+    return Model(tree.slug, tree.slug, arch, Quantization(), tuple(tree.context_lengths),
+                 CKPT_PROMPT_AR, CKPT_TOKEN_AR)
+
+
+def check_pinnable(tree: ExportTree, model: Model) -> None:
     """Each graph the build will make can be pinned from the dynamic graph: only its sequence
     and context dims are dynamic (inputs/split.py pin_shapes refuses any other)."""
     from hexbundle.inputs.split import pin_shapes
-    model, _ = model_of(tree, inferred)
     graph_files = next(iter(tree.unsplit.values()))
     proto = load_structure(graph_files.onnx)
     for graph in model.graphs(whole_model_part(model)):

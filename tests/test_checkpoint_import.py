@@ -1,0 +1,229 @@
+"""Issue 35: a qai-hub-models 0.57-0.65 quantize checkpoint (model_dynamic.onnx + model.encodings
++ config.json [+ model.data] [+ args.json]) is imported, pinned per graph, split as
+qai-hub-models 0.65's split_onnx does, and built.
+
+The cut itself is checked against Qualcomm's own splitter output: tests/data/qaihm/export-*/
+hold, for three families, the unsplit graph and the parts qai-hub-models 0.55.0's export split
+from it (the same get_split_tensors / OnnxSplitter / split_onnx_by_names code 0.65.0 ships);
+hexbundle's qaihm cut of the unsplit graph must give the same nodes, inputs, outputs,
+initializers and per-part encodings.
+
+The checkpoint tests use CHECKPOINT: a checkpoint-shaped folder made from the 0.55 Qwen3
+export's unsplit graph (its sequence and context dims made symbolic as 0.65's model_dynamic.onnx
+has them, its model.data and model.encodings as they are), for the refusals of bad checkpoints.
+"""
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from conftest import ROOT, copy_project
+from hexbundle.config.model import Part
+from hexbundle.formats.qaihm import qaihm_split_layers
+from hexbundle.inputs.split import qaihm_part_encodings, qaihm_part_graph, residual_cuts
+from hexbundle.support.errors import InputError
+
+QAIHM = ROOT / "tests" / "data" / "qaihm"
+# (export tree, AR dir, unsplit graph, the parts' stem, Qualcomm's plan for it)
+QUALCOMM_SPLITS = {
+    "qwen3": ("export-qwen3", "ar128_cl256", "Qwen3_4B_AIMETOnnx.aimet/model.onnx",
+              "qwen3_4b_w4a16_ar128_cl256", (0, 2, 2, 2)),
+    "llama32": ("export-llama32", "ar1_cl256", "Llama3_2_3B_AIMETOnnx.aimet/model.onnx",
+                "llama_v3_2_3b_instruct_w4a16_ar1_cl256", (0, 1, 1)),
+    "falcon3": ("export-falcon3", "ar128_cl256", "Falcon3_7B_AIMETOnnx.aimet/model.onnx",
+                "falcon_v3_7b_instruct_w4a16_ar128_cl256", (0, 1, 1, 1, 1)),
+}
+
+
+def _names(section) -> list:
+    return sorted(e["name"] for e in section) if isinstance(section, list) else sorted(section)
+
+
+def _entries(section) -> list:
+    items = section if isinstance(section, list) else [{k: v} for k, v in section.items()]
+    return sorted(json.dumps(e, sort_keys=True) for e in items)
+
+
+@pytest.mark.parametrize("family", sorted(QUALCOMM_SPLITS))
+def test_the_qaihm_cut_equals_qualcomms_own_split(family):
+    tree, ar_dir, unsplit, stem, plan = QUALCOMM_SPLITS[family]
+    where = QAIHM / tree / ar_dir
+    proto = onnx.load(str(where / unsplit), load_external_data=False)
+    full = json.loads((where / unsplit).with_suffix(".encodings").read_text())
+    count = len(plan)
+    ar = int(ar_dir[2:].split("_")[0])
+    for index in range(1, count + 1):
+        mine = qaihm_part_graph(proto, Part(index, count, (), index == 1, index == count), plan,
+                                (1, ar, 64), where / unsplit)
+        part_dir = where / f"{stem}_{index}_of_{count}.aimet"
+        theirs = onnx.load(str(part_dir / f"{stem}_{index}_of_{count}.onnx"),
+                           load_external_data=False).graph
+        assert [n.output[0] for n in mine.nodes] == [n.output[0] for n in theirs.node]
+        assert [v.name for v in mine.inputs] == [v.name for v in theirs.input]
+        assert [v.name for v in mine.outputs] == [v.name for v in theirs.output]
+        assert sorted(t.name for t in mine.initializers) == sorted(
+            t.name for t in theirs.initializer)
+        encodings = qaihm_part_encodings(full, proto, mine, mine.cut_tensors)
+        expected = json.loads((part_dir / f"{stem}_{index}_of_{count}.encodings").read_text())
+        for key in ("activation_encodings", "param_encodings"):
+            assert _names(encodings[key]) == _names(expected[key]), (index, key)
+            assert _entries(encodings[key]) == _entries(expected[key]), (index, key)
+
+
+def test_the_cut_tensors_are_the_embedding_and_each_layers_residual_output():
+    _, ar_dir, unsplit, _, _ = QUALCOMM_SPLITS["qwen3"]
+    proto = onnx.load(str(QAIHM / "export-qwen3" / ar_dir / unsplit), load_external_data=False)
+    cuts = residual_cuts(proto, Path("x"))
+    assert cuts == ["/model/model/embed_tokens/Gather_output_0"] + [
+        f"/model/model/layers.{i}/Add_1_output_0" for i in range(6)]
+
+
+@pytest.mark.parametrize("layers,splits,per,expected", [
+    (6, 4, 12, (0, 2, 2, 2)),        # qwen3_4b's constants on 6 layers: ceil(6 / 3)
+    (7, 4, 12, (0, 3, 3, 1)),        # the last block short
+    (36, 4, 12, (0, 12, 12, 12)),    # Qwen3-4B itself
+    (28, 2, 28, (0, 28)),            # qwen3_0_6b: one block with every layer
+    (28, 5, 8, (0, 8, 8, 8, 4)),     # Falcon3-7B
+])
+def test_qaihm_split_layers_follows_split_onnx(layers, splits, per, expected):
+    assert qaihm_split_layers(layers, splits, per, "x") == expected
+
+
+def test_qaihm_split_layers_refuses_what_split_onnx_asserts_on():
+    with pytest.raises(InputError, match="cannot split 5 layers into 5 parts"):
+        qaihm_split_layers(5, 5, 9, "x")
+
+
+# ============================================================================ a checkpoint
+
+QWEN3_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                "num_hidden_layers": 6, "hidden_size": 64, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 192,
+                "vocab_size": 1024, "rope_theta": 1000000, "rms_norm_eps": 1e-6,
+                "tie_word_embeddings": False}
+SYMBOLIC = {"input_ids": {0: "batch", 1: "sequence_length"},
+            "attention_mask": {2: "sequence_length", 3: "context_length"},
+            "position_ids_cos": {2: "sequence_length"}, "position_ids_sin": {2: "sequence_length"},
+            "logits": {1: "sequence_length"}}
+
+
+def _symbolic_axes(name: str) -> dict:
+    if name in SYMBOLIC:
+        return SYMBOLIC[name]
+    past = "past_length" if name.endswith("_in") else "sequence_length"
+    return {3: past} if name.startswith("past_key") else {2: past}
+
+
+def make_checkpoint(dest: Path, config: dict = QWEN3_CONFIG) -> Path:
+    """The 0.55 Qwen3 unsplit graph as a quantize checkpoint folder: its dims made symbolic."""
+    src = QAIHM / "export-qwen3" / "ar128_cl256" / "Qwen3_4B_AIMETOnnx.aimet"
+    dest.mkdir(parents=True)
+    proto = onnx.load(str(src / "model.onnx"), load_external_data=False)
+    for value in (*proto.graph.input, *proto.graph.output):
+        for axis, name in _symbolic_axes(value.name).items():
+            dim = value.type.tensor_type.shape.dim[axis]
+            dim.Clear()
+            dim.dim_param = name
+    onnx.save(proto, str(dest / "model_dynamic.onnx"))
+    shutil.copy(src / "model.data", dest / "model.data")
+    shutil.copy(src / "model.encodings", dest / "model.encodings")
+    shutil.copy(QAIHM / "export-qwen3" / "tokenizer.json", dest / "tokenizer.json")
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+def _import(project, ckpt: Path, *extra):
+    return project.doit("import_export", "--dir", str(ckpt), "--name", "ckpt",
+                        "--model-id", "qwen3_4b", "--context-length", "256", *extra, check=False)
+
+
+def _refused(run, *needles) -> str:
+    text = run.out + run.err
+    assert run.code != 0, text
+    assert "Traceback" not in text, text
+    for needle in needles:
+        assert needle in text, text
+    return text
+
+
+def test_a_checkpoint_imports_with_its_format_release_and_qualcomms_plan(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    run = _import(project, ckpt)
+    assert run.code == 0, run.out + run.err
+    assert "format: qai-hub-models 0.57-0.65 quantize checkpoint" in run.out, run.out
+    assert "release: 0.57-0.59 (encodings 1.0.0 with no 'producer' key" in run.out, run.out
+    assert "plan 0,2,2,2 (qai-hub-models' qwen3_4b: NUM_SPLITS 4" in run.out, run.out
+    text = (project.root / "configs" / "models" / "ckpt.toml").read_text()
+    assert 'cut = "qaihm"' in text and 'split = "local"' in text, text
+
+
+@pytest.mark.parametrize("change,needles", [
+    ({"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"]},
+     ["model_type 'gemma4': Gemma 4 is not a conventional decoder", "Supported checkpoints"]),
+    ({"model_type": "qwen3_5"}, ["Qwen3.5 is a hybrid-attention model", "Supported"]),
+    ({"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+      "text_config": dict(QWEN3_CONFIG)}, ["a vision-language model"]),
+    ({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]},
+     ["model_type 'phi3'", "no qai-hub-models quantize checkpoint hexbundle knows",
+      "Qwen3 (model_type qwen3"]),
+    ({"num_hidden_layers": 7}, ["num_hidden_layers 7 (the graphs: 6)"]),
+    ({"num_attention_heads": 8, "head_dim": 32}, ["num_attention_heads 8 (the graphs: 4)"]),
+    ({"vocab_size": 2048}, ["vocab_size 2048 (the graphs: 1024)"]),
+])
+def test_a_bad_config_json_is_refused_by_name(tmp_path, change, needles):
+    project = copy_project(tmp_path / "proj")
+    config = {k: v for k, v in QWEN3_CONFIG.items()
+              if not ("text_config" in change and k in ("num_attention_heads",))}
+    config.update(change)
+    ckpt = make_checkpoint(tmp_path / "ckpt", config)
+    _refused(_import(project, ckpt), "config.json", *needles)
+    assert not (project.root / "configs" / "models" / "ckpt.toml").exists()
+
+
+def test_model_data_missing_or_truncated_is_refused(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    data = (ckpt / "model.data").read_bytes()
+    (ckpt / "model.data").write_bytes(data[: len(data) // 2])
+    _refused(_import(project, ckpt), "model.data", "truncated",
+             "copy it again from the quantize output")
+    (ckpt / "model.data").unlink()
+    _refused(_import(project, ckpt), "model_dynamic.onnx", "'model.data'", "does not exist")
+
+
+def test_encodings_of_another_model_are_refused(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    other = QAIHM / "export-llama32" / "ar1_cl256" / "Llama3_2_3B_AIMETOnnx.aimet"
+    shutil.copy(other / "model.encodings", ckpt / "model.encodings")
+    _refused(_import(project, ckpt), "model.encodings", "model_dynamic.onnx does not have",
+             "the encodings of another model")
+
+
+def test_a_dynamic_dim_where_a_fixed_one_belongs_is_refused(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    proto = onnx.load(str(ckpt / "model_dynamic.onnx"), load_external_data=False)
+    key = next(v for v in proto.graph.input if v.name == "past_key_0_in")
+    key.type.tensor_type.shape.dim[2].Clear()
+    key.type.tensor_type.shape.dim[2].dim_param = "head_dim"
+    onnx.save(proto, str(ckpt / "model_dynamic.onnx"))
+    _refused(_import(project, ckpt), "'past_key_0_in' axis 2 is dynamic (head_dim)",
+             "fixed size belongs (32)")
+
+
+def test_a_graph_qai_hub_models_never_writes_is_refused(tmp_path):
+    """No residual Add: every Add's operands made independent of each other (the second one
+    from a graph input) -- no layer boundary qai-hub-models' splitter could find."""
+    project = copy_project(tmp_path / "proj")
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    proto = onnx.load(str(ckpt / "model_dynamic.onnx"), load_external_data=False)
+    kept = [v for v in proto.graph.input if not v.name.startswith("past_")]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    onnx.save(proto, str(ckpt / "model_dynamic.onnx"))
+    _refused(_import(project, ckpt), "model_dynamic.onnx", "past_key_<L>_in",
+             "not a qai-hub-models LLM")
