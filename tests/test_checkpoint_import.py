@@ -227,3 +227,61 @@ def test_a_graph_qai_hub_models_never_writes_is_refused(tmp_path):
     onnx.save(proto, str(ckpt / "model_dynamic.onnx"))
     _refused(_import(project, ckpt), "model_dynamic.onnx", "past_key_<L>_in",
              "not a qai-hub-models LLM")
+
+
+# ============================================================================ real checkpoints
+# tests/data/qaihm-ckpt/<module>-<release>/: checkpoints written by qai-hub-models' own quantize
+# code (tests/data/qaihm-ckpt/make_checkpoints.py), each with expected_split.json: what
+# qai-hub-models 0.65.0's own split made of it (split_expected.py), context length 4096.
+
+CKPT_DATA = ROOT / "tests" / "data" / "qaihm-ckpt"
+REAL = sorted(p.name for p in CKPT_DATA.glob("*") if (p / "expected_split.json").is_file()) \
+    if CKPT_DATA.is_dir() else []
+
+
+def _expected(name: str) -> dict:
+    return json.loads((CKPT_DATA / name / "expected_split.json").read_text())
+
+
+def _io(values) -> list:
+    return [(v["name"], list(v["shape"])) for v in values]
+
+
+def _onnx_io(values) -> list:
+    return [(v.name, [d.dim_value for d in v.type.tensor_type.shape.dim]) for v in values]
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_a_real_checkpoint_splits_as_qai_hub_models_does(tmp_path, name):
+    """Import as the user would (the model id is the quantize module's), run the split step, and
+    compare each graph it wrote with qai-hub-models 0.65.0's own split of the same checkpoint:
+    the cut tensors, each part's inputs and outputs (names and the compile's pinned shapes),
+    initializers, node count and encodings."""
+    expected = _expected(name)
+    cl = expected["context_length"]
+    project = copy_project(tmp_path / "proj")
+    run = project.doit("import_export", "--dir", str(CKPT_DATA / name), "--name", "real",
+                       "--model-id", expected["module"], "--context-length", str(cl),
+                       check=False)
+    assert run.code == 0, run.out + run.err
+    assert "format: qai-hub-models 0.57-0.65 quantize checkpoint" in run.out, run.out
+    for cut in expected["cuts"]:
+        assert cut[0] in run.out, (cut, run.out)
+    project.doit("inputs", "model=real")
+    inputs = project.root / "build" / "real" / "inputs"
+    count = len(expected["parts"])
+    assert count == expected["num_splits"]
+    for part in expected["parts"]:
+        index = part["part"]
+        enc = json.loads((CKPT_DATA / name / part["encodings_file"]).read_text())
+        for graph_name, spec in part["graphs"].items():
+            assert graph_name.endswith(f"_{index}_of_{count}"), graph_name
+            proto = onnx.load(str(inputs / f"{graph_name}.onnx"), load_external_data=False)
+            graph = proto.graph
+            assert _onnx_io(graph.input) == _io(spec["inputs"]), graph_name
+            assert _onnx_io(graph.output) == _io(spec["outputs"]), graph_name
+            assert sorted(t.name for t in graph.initializer) == part["initializers"]
+            assert len(graph.node) == part["num_nodes"], graph_name
+            mine = json.loads((inputs / f"{graph_name}.encodings").read_text())
+            for key in ("activation_encodings", "param_encodings"):
+                assert _entries(mine[key]) == _entries(enc[key]), (graph_name, key)

@@ -318,6 +318,9 @@ def scan_export(root: Path) -> ExportTree:
         tree = _scan_kind_dirs(root, kind_dirs)
     elif assets:
         tree = _scan_asset(root, assets)
+    elif is_checkpoint(root):
+        raise InputError(f"{root}: a qai-hub-models 0.57-0.65 quantize checkpoint ({CKPT_GRAPH}); "
+                         f"`doit import_export --dir {root} --name NAME` reads it")
     else:
         raise InputError(
             f"{root}: no qai-hub-models export found: expected ar<S>_cl<C>/ directories "
