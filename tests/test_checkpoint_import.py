@@ -65,7 +65,8 @@ def test_the_qaihm_cut_equals_qualcomms_own_split(family):
         assert [v.name for v in mine.outputs] == [v.name for v in theirs.output]
         assert sorted(t.name for t in mine.initializers) == sorted(
             t.name for t in theirs.initializer)
-        encodings = qaihm_part_encodings(full, proto, mine, mine.cut_tensors)
+        # 0.55's classes adapt no encodings before splitting (0.65's dynamic ones do)
+        encodings = qaihm_part_encodings(full, proto, mine, mine.cut_tensors, adapt=False)
         expected = json.loads((part_dir / f"{stem}_{index}_of_{count}.encodings").read_text())
         for key in ("activation_encodings", "param_encodings"):
             assert _names(encodings[key]) == _names(expected[key]), (index, key)

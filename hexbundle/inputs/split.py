@@ -27,7 +27,8 @@ from typing import Optional
 
 from hexbundle.config.layout import GraphInputs, Layout
 from hexbundle.config.model import Model, Part
-from hexbundle.formats.encodings import fill_cut_encodings, subset_encodings
+from hexbundle.formats.encodings import (adapt_checkpoint_encodings, fill_cut_encodings,
+                                         subset_encodings)
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.inputs import validate
@@ -572,12 +573,20 @@ def qaihm_part_graph(proto, part: Part, plan_layers: tuple, hidden: tuple, where
     return PartGraph(nodes, inputs, outputs, inits, cut_tensors=lists[0])
 
 
-def qaihm_part_encodings(data: dict, proto, pg: PartGraph, cut_tensors: list) -> dict:
-    """A part's encodings as qai-hub-models 0.65's split_onnx_by_names writes them: the whole
-    model's, less activation encodings of tensors the part neither computes nor takes nor gives,
-    less param encodings of initializers it lacks, less Gather outputs (AISW-152612); the
-    embedding cut (fill_input_encodings_of_split) first given its producer's input encoding when
-    it has none."""
+def qaihm_part_encodings(data: dict, proto, pg: PartGraph, cut_tensors: list,
+                         adapt: bool = True) -> dict:
+    """A part's encodings as qai-hub-models 0.65 writes them for a checkpoint: the whole
+    model's, adapted as its Qwen3 and Llama 3 classes adapt them before splitting (adapt:
+    formats/encodings.adapt_checkpoint_encodings), then as split_onnx_by_names subsets them:
+    less activation encodings of tensors the part neither computes nor takes nor gives, less
+    param encodings of initializers it lacks, less Gather outputs (AISW-152612); the embedding
+    cut (fill_input_encodings_of_split) first given its producer's input encoding when it has
+    none."""
+    if adapt:
+        gather = next(((n.output[0], n.input[0]) for n in proto.graph.node
+                       if n.op_type == "Gather"), None)
+        data = adapt_checkpoint_encodings(
+            data, gather, [(n.op_type, list(n.input), list(n.output)) for n in proto.graph.node])
     first_input = {out: node.input[0] for node in proto.graph.node if node.input
                    for out in node.output}
     filled = fill_cut_encodings(data, first_input, cut_tensors)
