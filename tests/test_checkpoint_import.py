@@ -286,3 +286,23 @@ def test_a_real_checkpoint_splits_as_qai_hub_models_does(tmp_path, name):
             mine = json.loads((inputs / f"{graph_name}.encodings").read_text())
             for key in ("activation_encodings", "param_encodings"):
                 assert _entries(mine[key]) == _entries(enc[key]), (graph_name, key)
+
+
+@pytest.mark.heavy   # an import, a build, a verify and a lint of the bundle: > 30 s each
+@pytest.mark.parametrize("name", REAL)
+def test_a_real_checkpoint_builds_verifies_and_lints(tmp_path, name):
+    expected = _expected(name)
+    ckpt = CKPT_DATA / name
+    project = copy_project(tmp_path / "proj")
+    run = project.doit("import_export", "--dir", str(ckpt), "--name", "real",
+                       "--model-id", expected["module"], "--context-length", "512", check=False)
+    assert run.code == 0, run.out + run.err
+    bundle = project.doit("bundle", "model=real", check=False)
+    assert bundle.code == 0, bundle.out + bundle.err
+    graphs = project.manifest("real")["graphs"]
+    assert len(graphs) == 2 * expected["num_splits"], graphs
+    verify = project.doit("verify", "model=real", check=False)
+    assert verify.code == 0, verify.out + verify.err
+    lint = project.doit("check_bundle", "--path", str(project.bundle("real")),
+                        "--model-config", str(ckpt / "config.json"), check=False)
+    assert lint.code == 0, lint.out + lint.err
