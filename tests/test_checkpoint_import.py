@@ -8,9 +8,10 @@ from it (the same get_split_tensors / OnnxSplitter / split_onnx_by_names code 0.
 hexbundle's qaihm cut of the unsplit graph must give the same nodes, inputs, outputs,
 initializers and per-part encodings.
 
-The checkpoint tests use CHECKPOINT: a checkpoint-shaped folder made from the 0.55 Qwen3
-export's unsplit graph (its sequence and context dims made symbolic as 0.65's model_dynamic.onnx
-has them, its model.data and model.encodings as they are), for the refusals of bad checkpoints.
+The checkpoints (tests/data/qaihm-ckpt/, made by qai-hub-models' own quantize code with
+make_checkpoints.py) are imported, split and compared with expected_split.json (qai-hub-models
+0.65.0's own split of each, split_expected.py), built, verified and linted; copies of the 0.65.0
+qwen3_4b one, each broken one way, are refused with a message naming the file.
 """
 import json
 import shutil
@@ -99,40 +100,25 @@ def test_qaihm_split_layers_refuses_what_split_onnx_asserts_on():
 
 # ============================================================================ a checkpoint
 
-QWEN3_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-                "num_hidden_layers": 6, "hidden_size": 64, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 192,
-                "vocab_size": 1024, "rope_theta": 1000000, "rms_norm_eps": 1e-6,
-                "tie_word_embeddings": False}
-SYMBOLIC = {"input_ids": {0: "batch", 1: "sequence_length"},
-            "attention_mask": {2: "sequence_length", 3: "context_length"},
-            "position_ids_cos": {2: "sequence_length"}, "position_ids_sin": {2: "sequence_length"},
-            "logits": {1: "sequence_length"}}
+CKPT_DATA = ROOT / "tests" / "data" / "qaihm-ckpt"
+BASE = CKPT_DATA / "qwen3_4b-0.65.0"   # qai-hub-models 0.65.0's qwen3_4b quantize wrote it
 
 
-def _symbolic_axes(name: str) -> dict:
-    if name in SYMBOLIC:
-        return SYMBOLIC[name]
-    past = "past_length" if name.endswith("_in") else "sequence_length"
-    return {3: past} if name.startswith("past_key") else {2: past}
-
-
-def make_checkpoint(dest: Path, config: dict = QWEN3_CONFIG) -> Path:
-    """The 0.55 Qwen3 unsplit graph as a quantize checkpoint folder: its dims made symbolic."""
-    src = QAIHM / "export-qwen3" / "ar128_cl256" / "Qwen3_4B_AIMETOnnx.aimet"
-    dest.mkdir(parents=True)
-    proto = onnx.load(str(src / "model.onnx"), load_external_data=False)
-    for value in (*proto.graph.input, *proto.graph.output):
-        for axis, name in _symbolic_axes(value.name).items():
-            dim = value.type.tensor_type.shape.dim[axis]
-            dim.Clear()
-            dim.dim_param = name
-    onnx.save(proto, str(dest / "model_dynamic.onnx"))
-    shutil.copy(src / "model.data", dest / "model.data")
-    shutil.copy(src / "model.encodings", dest / "model.encodings")
-    shutil.copy(QAIHM / "export-qwen3" / "tokenizer.json", dest / "tokenizer.json")
+def make_checkpoint(dest: Path, change: dict = None) -> Path:
+    """A copy of a real checkpoint, config.json changed by `change` (a key set to None goes)."""
+    shutil.copytree(BASE, dest, ignore=shutil.ignore_patterns("expected_split*"))
+    config = json.loads((dest / "config.json").read_text())
+    for key, value in (change or {}).items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
     (dest / "config.json").write_text(json.dumps(config))
     return dest
+
+
+def base_config() -> dict:
+    return json.loads((BASE / "config.json").read_text())
 
 
 def _import(project, ckpt: Path, *extra):
@@ -155,10 +141,19 @@ def test_a_checkpoint_imports_with_its_format_release_and_qualcomms_plan(tmp_pat
     run = _import(project, ckpt)
     assert run.code == 0, run.out + run.err
     assert "format: qai-hub-models 0.57-0.65 quantize checkpoint" in run.out, run.out
-    assert "release: 0.57-0.59 (encodings 1.0.0 with no 'producer' key" in run.out, run.out
-    assert "plan 0,2,2,2 (qai-hub-models' qwen3_4b: NUM_SPLITS 4" in run.out, run.out
+    assert ("release: 0.60-0.65 (encodings 1.0.0, producer {\"package\": \"aimet-onnx\", "
+            "\"version\": \"2.35.0\"}); weights inline") in run.out, run.out
+    layers = base_config()["num_hidden_layers"]
+    plan = qaihm_split_layers(layers, 4, 12, "x")
+    assert (f"plan {','.join(map(str, plan))} (qai-hub-models' qwen3_4b: NUM_SPLITS 4, "
+            f"NUM_LAYERS_PER_SPLIT 12, {layers} layers)") in run.out, run.out
     text = (project.root / "configs" / "models" / "ckpt.toml").read_text()
     assert 'cut = "qaihm"' in text and 'split = "local"' in text, text
+
+
+def _off_by_one(key: str) -> tuple:
+    value = base_config()[key]
+    return {key: value * 2}, [f"{key} {value * 2} (the graphs: {value})"]
 
 
 @pytest.mark.parametrize("change,needles", [
@@ -166,27 +161,31 @@ def test_a_checkpoint_imports_with_its_format_release_and_qualcomms_plan(tmp_pat
      ["model_type 'gemma4': Gemma 4 is not a conventional decoder", "Supported checkpoints"]),
     ({"model_type": "qwen3_5"}, ["Qwen3.5 is a hybrid-attention model", "Supported"]),
     ({"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-      "text_config": dict(QWEN3_CONFIG)}, ["a vision-language model"]),
+      "text_config": {"model_type": "qwen2_5_vl_text"}, "num_attention_heads": None},
+     ["a vision-language model"]),
     ({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]},
      ["model_type 'phi3'", "no qai-hub-models quantize checkpoint hexbundle knows",
       "Qwen3 (model_type qwen3"]),
-    ({"num_hidden_layers": 7}, ["num_hidden_layers 7 (the graphs: 6)"]),
-    ({"num_attention_heads": 8, "head_dim": 32}, ["num_attention_heads 8 (the graphs: 4)"]),
-    ({"vocab_size": 2048}, ["vocab_size 2048 (the graphs: 1024)"]),
-])
+    _off_by_one("num_hidden_layers"),
+    _off_by_one("num_key_value_heads"),
+    _off_by_one("vocab_size"),
+], ids=["gemma4", "qwen3.5", "vlm", "phi3", "layers", "kv-heads", "vocab"])
 def test_a_bad_config_json_is_refused_by_name(tmp_path, change, needles):
     project = copy_project(tmp_path / "proj")
-    config = {k: v for k, v in QWEN3_CONFIG.items()
-              if not ("text_config" in change and k in ("num_attention_heads",))}
-    config.update(change)
-    ckpt = make_checkpoint(tmp_path / "ckpt", config)
+    ckpt = make_checkpoint(tmp_path / "ckpt", change)
     _refused(_import(project, ckpt), "config.json", *needles)
     assert not (project.root / "configs" / "models" / "ckpt.toml").exists()
 
 
 def test_model_data_missing_or_truncated_is_refused(tmp_path):
+    """A checkpoint >= 2 GiB keeps its weights in model.data (aimet-onnx's QuantSim writes it
+    then): the small one here is saved that way, as onnx.save writes external data."""
     project = copy_project(tmp_path / "proj")
     ckpt = make_checkpoint(tmp_path / "ckpt")
+    proto = onnx.load(str(ckpt / "model_dynamic.onnx"))
+    onnx.save(proto, str(ckpt / "model_dynamic.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="model.data", size_threshold=1024)
+    assert _import(project, ckpt).code == 0
     data = (ckpt / "model.data").read_bytes()
     (ckpt / "model.data").write_bytes(data[: len(data) // 2])
     _refused(_import(project, ckpt), "model.data", "truncated",
@@ -213,7 +212,7 @@ def test_a_dynamic_dim_where_a_fixed_one_belongs_is_refused(tmp_path):
     key.type.tensor_type.shape.dim[2].dim_param = "head_dim"
     onnx.save(proto, str(ckpt / "model_dynamic.onnx"))
     _refused(_import(project, ckpt), "'past_key_0_in' axis 2 is dynamic (head_dim)",
-             "fixed size belongs (32)")
+             f"fixed size belongs ({base_config()['head_dim']})")
 
 
 def test_a_graph_qai_hub_models_never_writes_is_refused(tmp_path):
@@ -235,7 +234,6 @@ def test_a_graph_qai_hub_models_never_writes_is_refused(tmp_path):
 # code (tests/data/qaihm-ckpt/make_checkpoints.py), each with expected_split.json: what
 # qai-hub-models 0.65.0's own split made of it (split_expected.py), context length 4096.
 
-CKPT_DATA = ROOT / "tests" / "data" / "qaihm-ckpt"
 REAL = sorted(p.name for p in CKPT_DATA.glob("*") if (p / "expected_split.json").is_file()) \
     if CKPT_DATA.is_dir() else []
 
