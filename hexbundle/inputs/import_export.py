@@ -194,7 +194,22 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
         f"length{'s' if len(inferred.context_lengths) > 1 else ''} "
         f"{', '.join(map(str, inferred.context_lengths))}"
         + ("" if context_length else f" (qai-hub-models' default for {model_id})"))
+    say_settings(inferred)
     write_model(project, name, tree, "local", inferred, plan_layers, hf, tokenizer)
+
+
+def say_settings(inferred: Inferred) -> None:
+    """Every setting of the model that changes the bundle, where it comes from."""
+    a, q = inferred.arch, inferred.quant
+    say("  settings: " + ", ".join(f"{k} {a[k]}" for k in (
+        "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+        "intermediate_size", "vocab_size")) + f", tie_word_embeddings {str(a['tied']).lower()}")
+    say("  settings: " + ", ".join(f"{k} {v:g} ({source})"
+                                   for k, (v, source) in inferred.stated.items())
+        + (", rope_scaling " + ", ".join(f"{k} {v}" for k, v in inferred.rope_scaling.items())
+           if inferred.rope_scaling else ", no rope_scaling"))
+    say("  settings: " + ", ".join(f"{k} {v}" for k, v in q.items())
+        + " (the encodings)")
 
 
 SUPPORTED_CHECKPOINTS = ("Qwen3 (model_type qwen3, Qwen3ForCausalLM), Llama 3.x, Falcon 3 and "
@@ -639,13 +654,16 @@ def intermediate_size(dims: dict, hidden: int, vocab: int, q_width: int) -> int:
 
 
 def infer_quantization(protos: list, graphs: list, arch: dict, notes: list) -> dict:
-    params, activations = {}, Counter()
+    params, activations, embedding = {}, Counter(), None
     for g in graphs:
         encodings = load_encodings(g.encodings)
         params.update(encodings.params)
         activations.update(e.bitwidth for e in encodings.activations.values() if e.is_int)
+        # a checkpoint's embedding table has an activation entry only, which qai-hub-models
+        # makes its param encoding before splitting (split.qaihm_part_encodings)
+        embedding = embedding or encodings.activations.get(arch["embedding"])
     dims = {i.name: tuple(i.dims) for p in protos for i in p.graph.initializer}
-    embedding = params.get(arch["embedding"])
+    embedding = params.get(arch["embedding"]) or embedding
     head = [n for n, shape in dims.items() if arch["vocab_size"] in shape
             and n != arch["embedding"] and n in params]
     decoder = Counter(e.bitwidth for n, e in params.items() if e.is_int and e.per_channel
