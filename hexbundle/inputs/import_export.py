@@ -333,9 +333,10 @@ def check_pinnable(tree: ExportTree, model: Model) -> None:
     graph_files = next(iter(tree.unsplit.values()))
     proto = load_structure(graph_files.onnx)
     for graph in model.graphs(whole_model_part(model)):
-        copy = type(proto)()
-        copy.CopyFrom(proto)
-        pin_shapes(copy, model, graph, graph_files.onnx)
+        io = type(proto)()   # the inputs and outputs alone: never a second copy of inline weights
+        io.graph.input.extend(proto.graph.input)
+        io.graph.output.extend(proto.graph.output)
+        pin_shapes(io, model, graph, graph_files.onnx)
 
 
 def check_plan(layers: tuple, num_layers: int) -> None:
