@@ -122,8 +122,9 @@ def base_config() -> dict:
 
 
 def _import(project, ckpt: Path, *extra):
+    lengths = () if "--context-length" in extra else ("--context-length", "256")
     return project.doit("import_export", "--dir", str(ckpt), "--name", "ckpt",
-                        "--model-id", "qwen3_4b", "--context-length", "256", *extra, check=False)
+                        "--model-id", "qwen3_4b", *lengths, *extra, check=False)
 
 
 def _refused(run, *needles) -> str:
@@ -304,3 +305,32 @@ def test_a_real_checkpoint_builds_verifies_and_lints(tmp_path, name):
     lint = project.doit("check_bundle", "--path", str(project.bundle("real")),
                         "--model-config", str(ckpt / "config.json"), check=False)
     assert lint.code == 0, lint.out + lint.err
+
+
+def test_each_context_length_is_its_own_pinned_graph(tmp_path):
+    """--context-length 256,512: one dynamic graph becomes a prompt and a token graph per part
+    and length, each with the compile's shapes (past = CL - AR), named so they sort."""
+    project = copy_project(tmp_path / "proj")
+    run = _import(project, BASE, "--context-length", "512,256")
+    assert run.code == 0, run.out + run.err
+    assert "context lengths 256, 512" in run.out, run.out
+    project.doit("inputs", "model=ckpt")
+    inputs = project.root / "build" / "ckpt" / "inputs"
+    cfg = base_config()
+    kv, head_dim = cfg["num_key_value_heads"], cfg["head_dim"]
+    count = len(qaihm_split_layers(cfg["num_hidden_layers"], 4, 12, "x"))
+    names = sorted(p.stem for p in inputs.glob("*.onnx"))
+    assert names == sorted(f"{kind}_ar{ar}_cl{cl}_{i}_of_{count}"
+                           for kind, ar in (("prompt", 128), ("token", 1))
+                           for cl in (256, 512) for i in range(1, count + 1))
+    for kind, ar in (("prompt", 128), ("token", 1)):
+        for cl in (256, 512):
+            graph = onnx.load(str(inputs / f"{kind}_ar{ar}_cl{cl}_2_of_{count}.onnx"),
+                              load_external_data=False).graph
+            shapes = dict(_onnx_io(graph.input))
+            assert shapes["attention_mask"] == [1, 1, ar, cl]
+            assert shapes["position_ids_cos"] == [1, 1, ar, head_dim // 2]
+            assert shapes["past_key_0_in"] == [kv, 1, head_dim, cl - ar]
+            assert shapes["past_value_0_in"] == [kv, 1, cl - ar, head_dim]
+            outputs = dict(_onnx_io(graph.output))
+            assert outputs["past_key_0_out"] == [kv, 1, head_dim, ar]
