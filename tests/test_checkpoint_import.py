@@ -265,6 +265,9 @@ def test_a_real_checkpoint_splits_as_qai_hub_models_does(tmp_path, name):
                        check=False)
     assert run.code == 0, run.out + run.err
     assert "format: qai-hub-models 0.57-0.65 quantize checkpoint" in run.out, run.out
+    made_by = expected["checkpoint_release"]   # the release whose quantize wrote it
+    old = made_by.startswith(("0.57.", "0.58.", "0.59."))
+    assert f"release: {'0.57-0.59' if old else '0.60-0.65'} (encodings" in run.out, run.out
     for cut in expected["cuts"]:
         assert cut[0] in run.out, (cut, run.out)
     project.doit("inputs", "model=real")
