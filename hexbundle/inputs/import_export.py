@@ -182,10 +182,17 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
         plan_layers = parse_plan(plan)
         split_note = "--plan"
     else:
-        plan_layers = qaihm_split_layers(layers, spec.num_splits, spec.layers_per_split,
-                                         str(root / CKPT_GRAPH))
+        # NUM_LAYERS_PER_SPLIT is the stock depth's; the model class refuses another depth
+        # (_verify_ckpt), so for one (a model made with the module's shape constants set) the
+        # blocks are even, as split_onnx computes them: ceil(layers / blocks)
+        per = spec.layers_per_split if layers == spec.num_layers else \
+            -(-layers // max(1, spec.num_splits - 1))
+        plan_layers = qaihm_split_layers(layers, spec.num_splits, per, str(root / CKPT_GRAPH))
         split_note = (f"qai-hub-models' {model_id}: NUM_SPLITS {spec.num_splits}, "
-                      f"NUM_LAYERS_PER_SPLIT {spec.layers_per_split}, {layers} layers")
+                      f"NUM_LAYERS_PER_SPLIT {per}"
+                      + ("" if per == spec.layers_per_split else
+                         f" for {layers} layers (the stock {spec.num_layers} layers: "
+                         f"{spec.layers_per_split})"))
     check_plan(plan_layers, layers)
     check_checkpoint_encodings(tree)
     check_layer_boundaries(tree, plan_layers)
