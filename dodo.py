@@ -103,9 +103,10 @@ def task_import_export():
     """Import a qai-hub-models export as it comes: writes configs/models/NAME.toml.
 
     `doit import_export --dir PATH --name NAME [--plan 0,6,6,6,6,4] [--tokenizer FILE]
-    [--model-config config.json]`: reads an
-    export tree (0.52-0.55 or 0.46), Qualcomm's asset or unsplit graphs alone, in place; infers
-    the model and the plan from the files; prints what it found and what is missing."""
+    [--model-config config.json] [--context-length 512,1024] [--model-id qwen3_4b]`: reads an
+    export tree (0.52-0.55 or 0.46), Qualcomm's asset, unsplit graphs alone, or a 0.57-0.65
+    quantize checkpoint, in place; infers the model and the plan from the files; prints what it
+    found and what is missing."""
     return {"actions": [action("hexbundle.inputs.import_export:import_export", ROOT)],
             "params": [{"name": "dir", "long": "dir", "default": "",
                         "help": "the export's directory (its --onnx-export-dir)"},
@@ -120,7 +121,13 @@ def task_import_export():
                                 "epsilon, tied head, family (not in the files)"},
                        {"name": "rope_theta", "long": "rope-theta", "type": float,
                         "default": 0.0, "help": "RoPE theta, overriding config.json's or the "
-                                                "family's"}],
+                                                "family's"},
+                       {"name": "context_length", "long": "context-length", "default": "",
+                        "help": "a quantize checkpoint: the context lengths to build, e.g. "
+                                "512,1024 (default: the model's qai-hub-models default)"},
+                       {"name": "model_id", "long": "model-id", "default": "",
+                        "help": "a quantize checkpoint: the qai-hub-models model it was made "
+                                "with (e.g. qwen3_4b; default: found from config.json's sizes)"}],
             "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
 

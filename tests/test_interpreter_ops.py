@@ -29,13 +29,14 @@ FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
 # ------------------------------------------------------------------------------ helpers
 
 
-def make_model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
-    """An IR 11, opset 17 model as qai-hub-models exports them; I/O as (name, type, shape)."""
+def make_model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
+    """An IR 11, opset 17 model as qai-hub-models exports them (0.65's checkpoints: opset 18);
+    I/O as (name, type, shape)."""
     graph = helper.make_graph(
         nodes, GRAPH, [helper.make_tensor_value_info(*i) for i in inputs],
         [helper.make_tensor_value_info(*o) for o in outputs],
         [numpy_helper.from_array(v, k) for k, v in dict(initializers).items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 11
     return model
 
@@ -172,6 +173,20 @@ def test_cast_sub_and_integer_div(tmp_path):
                        {"two": np.array(2, np.int64)})
     x = np.array([-7.9, -3.5, -0.2, 0.7, 5.5, 9.9], np.float32)
     assert_runner_matches_onnxruntime(model, {"x": x}, tmp_path)
+
+
+def test_reciprocal_of_a_dynamo_rmsnorm(tmp_path):
+    """qai-hub-models 0.65's torch.export graphs normalise with x * Reciprocal(Sqrt(...))."""
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+             helper.make_node("Add", ["ms", "eps"], ["ms_eps"]),
+             helper.make_node("Sqrt", ["ms_eps"], ["rms"]),
+             helper.make_node("Reciprocal", ["rms"], ["inv"]),
+             helper.make_node("Mul", ["x", "inv"], ["y"])]
+    model = make_model(nodes, [("x", FLOAT, [2, 8])], [("y", FLOAT, None)],
+                       {"axes": np.array([-1], np.int64), "eps": np.array(1e-6, np.float32)},
+                       opset=18)
+    assert_runner_matches_onnxruntime(model, {"x": normal(2, 8)}, tmp_path, tol=1e-6)
 
 
 def test_unsqueeze_and_squeeze_take_axes_as_an_input(tmp_path):

@@ -192,6 +192,10 @@ retire("verify.min_top1_agreement", "top-1 agreement with float is judged relati
 
 INPUT_SOURCES = ("generated", "export", "qai-hub-models")
 SPLITS = ("export", "local")
+# How a local split finds its cuts: "names", the layer names of the nodes (0.55 trees); "qaihm",
+# qai-hub-models 0.65's own rule (templates/llm/split_onnx_utils: residual Adds), for a
+# quantize checkpoint's model_dynamic.onnx
+CUTS = ("names", "qaihm")
 # One graph of an export: paths relative to inputs.dir, exactly as the export wrote them.
 GRAPH_FILES_SCHEMA = {
     "onnx": Field(str),
@@ -266,6 +270,9 @@ MODEL_SCHEMA = {
         "split": Field(str, "export", choices=SPLITS,
                        doc="qai-hub-models: use the export's parts, or split its unsplit "
                            "graphs locally (under the build root)"),
+        "cut": Field(str, "names", choices=CUTS,
+                     doc="qai-hub-models, split = local: cut at the nodes' layer names, or as "
+                         "qai-hub-models 0.65's splitter does (a quantize checkpoint)"),
         "tokenizer": Field(str, "", doc="qai-hub-models: tokenizer.json, relative to dir"),
         "graphs": Field({"*": Field(GRAPH_FILES_SCHEMA)}, {},
                         doc="qai-hub-models, split = export: graph name -> its files"),

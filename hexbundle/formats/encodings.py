@@ -13,6 +13,7 @@ naming the file, the tensor and the key, because a user fixes these files by han
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -128,6 +129,18 @@ def parse_encodings(data: Any, source: str = "<encodings>") -> Encodings:
                      activations=parse_section(data["activation_encodings"], "activation_encodings", source))
 
 
+def encodings_header(path: Union[str, Path]) -> dict:
+    """The top-level keys of an encodings file other than its sections (version, producer,
+    quantizer_args, ...): what says which AIMET wrote it."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise EncodingsError(f"{path}: cannot read the encodings ({exc}); re-export them") from None
+    if not isinstance(data, dict):
+        raise EncodingsError(f"{path}: a JSON {type(data).__name__}, not an encodings object")
+    return {k: v for k, v in data.items() if not k.endswith("_encodings")}
+
+
 def subset_encodings(data: dict, params: set, activations: set) -> dict:
     """The entries of an encodings file (either schema, as decoded JSON) for the given tensors,
     in the same schema and order: the encodings of one part cut out of an unsplit graph's."""
@@ -138,6 +151,73 @@ def subset_encodings(data: dict, params: set, activations: set) -> dict:
             out[key] = [e for e in section if isinstance(e, dict) and e.get("name") in names]
         else:
             out[key] = {n: e for n, e in section.items() if n in names}
+    return out
+
+
+# The ops qai-hub-models' propagate_memory_encodings (utils/aimet/encodings.py, 0.65) carries
+# an encoding through, from the first input to every output
+MEMORY_OPS = frozenset({"Concat", "Split", "Transpose", "Cast", "Reshape", "Slice", "Squeeze",
+                        "Unsqueeze", "Expand"})
+
+
+def adapt_checkpoint_encodings(data: dict, gather: Optional[tuple], nodes: list) -> dict:
+    """What qai-hub-models 0.65 does to a dynamic checkpoint's encodings before it splits
+    (templates/qwen3 and llama3 `_adapt_aimet_encodings`, the same for both families):
+    the first Gather's output (the embedding) gets the embedding weight's encoding, or a 16-bit
+    float one when the activations are not quantized (w4); every activation entry whose name
+    holds "weight" is copied into the param encodings; then encodings are carried through
+    memory ops until nothing changes. `gather`: (output, weight) of the first Gather or None;
+    `nodes`: (op_type, inputs, outputs) in graph order. Lists (1.0.0) only, as Qualcomm's."""
+    acts, params = data.get("activation_encodings"), data.get("param_encodings")
+    if not isinstance(acts, list) or not isinstance(params, list):
+        return data
+    acts = {e["name"]: e for e in acts if isinstance(e, dict) and "name" in e}
+    params = {e["name"]: e for e in params if isinstance(e, dict) and "name" in e}
+    if gather is not None:
+        output, weight = gather
+        if not any(e.get("dtype") == "INT" for e in acts.values()):   # w4: float activations
+            acts[output] = {"bw": 16, "dtype": "FLOAT", "enc_type": "PER_TENSOR", "name": output}
+        elif weight in acts:
+            acts[output] = dict(copy.deepcopy(acts[weight]), name=output)
+    for name, entry in list(acts.items()):
+        if "weight" in name:
+            params[name] = copy.deepcopy(entry)
+    changed = True
+    while changed:
+        changed = False
+        for op_type, inputs, outputs in nodes:
+            if outputs[0] in acts or op_type not in MEMORY_OPS or not inputs \
+                    or inputs[0] not in acts:
+                continue
+            for output in outputs:
+                acts[output] = dict(copy.deepcopy(acts[inputs[0]]), name=output)
+                changed = True
+    return dict(data, activation_encodings=list(acts.values()),
+                param_encodings=list(params.values()))
+
+
+def fill_cut_encodings(data: dict, first_input: dict, cut_tensors: list) -> dict:
+    """qai-hub-models' fill_input_encodings_of_split (0.65 split_onnx_utils): a cut tensor
+    with no activation encoding gets the encoding of its producer's first input, walking up
+    until one has an encoding. `first_input`: tensor -> the first input of the node that makes
+    it. Only the 0.6.1 dict schema changes: in the list schemas Qualcomm's copy keeps the
+    source tensor's `name`, so re-keyed by name it lands back on that tensor (a no-op there)."""
+    acts, params = data.get("activation_encodings"), data.get("param_encodings", {})
+    if not isinstance(acts, dict) or not isinstance(params, dict):
+        return data
+    out = dict(data, activation_encodings=dict(acts))
+    for tensor in cut_tensors:
+        if tensor in acts or tensor not in first_input:
+            continue
+        source = first_input[tensor]
+        if source not in first_input:
+            continue   # Qualcomm's walk starts only from a computed tensor
+        while source not in acts and source not in params:
+            if source not in first_input:
+                raise EncodingsError(f"no encoding on the way up from the cut tensor {tensor!r} "
+                                     f"(reached {source!r}, which no node computes)")
+            source = first_input[source]
+        out["activation_encodings"][tensor] = acts.get(source, params.get(source))
     return out
 
 

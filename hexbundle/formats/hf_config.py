@@ -28,6 +28,8 @@ class HfConfig:
     path: Path
     model_type: Optional[str]
     raw: dict
+    wrapper: Optional[str] = None   # the outer model_type of a multimodal config (text_config)
+    architectures: tuple = ()       # config.json's architectures, as given at its top level
 
     def get(self, key: str, default=None):
         return self.raw.get(key, default)
@@ -73,8 +75,13 @@ def read_hf_config(path: Path) -> HfConfig:
                          "config.json") from None
     if not isinstance(raw, dict):
         raise InputError(f"{path}: a JSON {type(raw).__name__}, not a model config object")
+    outer = raw.get("model_type") if isinstance(raw.get("model_type"), str) else None
+    archs = raw.get("architectures")
+    archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
+    wrapper = None
     text_config = raw.get("text_config")   # a multimodal config nests the language model's
     if isinstance(text_config, dict) and "num_attention_heads" not in raw:
-        raw = text_config
+        raw, wrapper = text_config, outer or "?"
     model_type = raw.get("model_type")
-    return HfConfig(path, model_type if isinstance(model_type, str) else None, raw)
+    return HfConfig(path, model_type if isinstance(model_type, str) else None, raw, wrapper,
+                    archs)

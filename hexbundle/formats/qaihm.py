@@ -16,6 +16,11 @@ Layouts (<slug> the model's file-name stem, e.g. qwen2_5_7b_instruct; N parts):
               DIR/prompt/<slug>_prompt_<i>_of_<N>.aimet/<same>.{onnx,data,encodings}, DIR/token/...
   asset     Qualcomm's pre-quantized asset: DIR/<slug>_ar<S>.onnx (one per AR), ONE shared
               DIR/<slug>.data and ONE DIR/<slug>.encodings
+  checkpoint  qai-hub-models 0.57-0.65 quantize checkpoint (`python -m
+              qai_hub_models.models.<id>.quantize --output-dir DIR`): DIR/model_dynamic.onnx
+              (symbolic sequence and context dims) + DIR/model.encodings + DIR/config.json
+              [+ DIR/model.data when the model is >= 2 GiB] [+ DIR/args.json] + tokenizer files;
+              the one dynamic graph serves every (AR, context length), pinned per graph
 A tokenizer.json, when the user put one there, sits at DIR's top level.
 
 The .data of a graph is what its ONNX records (every external initializer's `location`,
@@ -61,6 +66,72 @@ QAIHM_LLMS = {
     "falcon_v3_7b_instruct": ("Falcon3_7B_AIMETOnnx", 5, 8),
 }
 SLUG_OF_CLASS = {cls: slug for slug, (cls, _, _) in QAIHM_LLMS.items()}
+
+# A quantize checkpoint's files (templates/llm/quantize.py in 0.62+, _shared/llm before)
+CKPT_GRAPH, CKPT_DATA, CKPT_ENCODINGS = "model_dynamic.onnx", "model.data", "model.encodings"
+CKPT_CONFIG, CKPT_ARGS = "config.json", "args.json"
+CKPT_PROMPT_AR, CKPT_TOKEN_AR = 128, 1   # the compile's input specs: AR 128 prompt, AR 1 token
+DEFAULT_CONTEXT_LENGTH = 4096            # templates/llm/model.py DEFAULT_EXPORT_CONTEXT_LENGTHS
+
+
+@dataclass(frozen=True)
+class CheckpointModel:
+    """A qai-hub-models 0.65 model whose quantize code writes a checkpoint: the config.json
+    sizes that identify the stock model, and its module's split and export context lengths."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_splits: int              # the module's NUM_SPLITS (embedding part included)
+    layers_per_split: int        # its NUM_LAYERS_PER_SPLIT
+    context_lengths: tuple = (DEFAULT_CONTEXT_LENGTH,)
+
+
+# Local quantize code exists for these only (every release 0.57-0.65); Phi, Granite, Mistral and
+# Qwen2 have none. Regional Llama 3 fine-tunes share llama_v3_8b_instruct's constants.
+QAIHM_CHECKPOINT_MODELS = {
+    "qwen3_0_6b": CheckpointModel("qwen3", 28, 1024, 151936, 2, 28, (512, 1024, 4096)),
+    "qwen3_1_7b": CheckpointModel("qwen3", 28, 2048, 151936, 4, 10),
+    "qwen3_4b": CheckpointModel("qwen3", 36, 2560, 151936, 4, 12),
+    "qwen3_4b_instruct_2507": CheckpointModel("qwen3", 36, 2560, 151936, 4, 12),
+    "qwen3_8b": CheckpointModel("qwen3", 36, 4096, 151936, 5, 9),
+    "llama_v3_2_1b_instruct": CheckpointModel("llama", 16, 2048, 128256, 3, 8),
+    "llama_v3_2_3b_instruct": CheckpointModel("llama", 28, 3072, 128256, 3, 14),
+    "llama_v3_1_8b_instruct": CheckpointModel("llama", 32, 4096, 128256, 5, 9),
+    "llama_v3_8b_instruct": CheckpointModel("llama", 32, 4096, 128256, 5, 9),
+    "falcon_v3_7b_instruct": CheckpointModel("llama", 28, 3072, 131072, 5, 8),
+    "smollm2_1_7b_it": CheckpointModel("llama", 24, 2048, 49152, 3, 12),
+}
+# config.json's model_type / architectures a checkpoint may have (Falcon 3 and SmolLM2 are
+# LlamaForCausalLM), and those refused by name: not conventional decoders
+CKPT_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+CKPT_REFUSED = {
+    "gemma4": "Gemma 4 is not a conventional decoder (inputs_embeds and per-layer inputs, "
+              "sliding and full attention with two masks and RoPE tables, KV-shared layers)",
+    "qwen3_5": "Qwen3.5 is a hybrid-attention model (linear and full attention layers)",
+    "qwen3_next": "Qwen3-Next is a hybrid-attention model (linear and full attention layers)",
+}
+CKPT_VLM = "a vision-language model (its config.json nests the language model's settings under "\
+           "text_config): its graph takes image embeddings, not a conventional decoder's inputs"
+
+
+def qaihm_split_layers(num_layers: int, num_splits: int, per: int, where: str) -> tuple:
+    """Decoder layers per part as qai-hub-models 0.65's split_onnx cuts them (split_embedding,
+    no split_lm_head): part 1 the embedding, then blocks of NUM_LAYERS_PER_SPLIT, or of
+    ceil(layers / (NUM_SPLITS - 1)) when that does not make NUM_SPLITS - 1 blocks (its
+    "Overwriting with" warning); the cut count must then be NUM_SPLITS - 1, as it asserts."""
+    blocks = num_splits - 1
+    if blocks < 1:
+        raise InputError(f"{where}: NUM_SPLITS {num_splits} leaves no decoder block")
+    if blocks != -(-num_layers // per):
+        per = -(-num_layers // blocks)
+    groups = tuple(min(per, num_layers - start) for start in range(0, num_layers, per))
+    if len(groups) != blocks:
+        raise InputError(f"{where}: qai-hub-models cannot split {num_layers} layers into "
+                         f"{num_splits} parts (its split_onnx raises 'Expected {num_splits - 1} "
+                         f"split points'); give --plan 0,... to split otherwise")
+    return (0, *groups)
 
 
 def qaihm_split(slug: str, num_layers: int) -> Optional[tuple]:
@@ -114,6 +185,8 @@ class ExportTree:
     unsplit: dict = field(default_factory=dict)
     tokenizer: Optional[Path] = None
     problems: list = field(default_factory=list)    # what is missing or inconsistent
+    dynamic: bool = False    # a checkpoint: one dynamic graph for every (AR, context length)
+    release: str = ""        # a checkpoint: which qai-hub-models releases write what was read
 
     @property
     def keys(self) -> list:
@@ -136,6 +209,13 @@ class ExportTree:
     def describe(self) -> list:
         """Lines saying what was found, for the import's printout."""
         lengths = ", ".join(map(str, self.context_lengths))
+        if self.dynamic:
+            graph = next(iter(self.unsplit.values()))
+            return [f"format: {self.layout}", f"release: {self.release}",
+                    f"graph: {self.rel(graph.onnx)} (dynamic), weights "
+                    + (", ".join(self.rel(d) for d in graph.data) or "inline")
+                    + f", encodings {self.rel(graph.encodings)}",
+                    f"tokenizer: {self.rel(self.tokenizer) if self.tokenizer else 'missing'}"]
         lines = [f"layout: {self.layout}; slug {self.slug!r}"
                  + (f", precision {self.precision}" if self.precision else "")
                  + (f", context length{'s' if len(self.context_lengths) > 1 else ''} {lengths}"
@@ -238,6 +318,9 @@ def scan_export(root: Path) -> ExportTree:
         tree = _scan_kind_dirs(root, kind_dirs)
     elif assets:
         tree = _scan_asset(root, assets)
+    elif is_checkpoint(root):
+        raise InputError(f"{root}: a qai-hub-models 0.57-0.65 quantize checkpoint ({CKPT_GRAPH}); "
+                         f"`doit import_export --dir {root} --name NAME` reads it")
     else:
         raise InputError(
             f"{root}: no qai-hub-models export found: expected ar<S>_cl<C>/ directories "
@@ -358,3 +441,67 @@ def _check_parts_complete(tree: ExportTree) -> None:
                 tree.problems.append(
                     f"context length {cl} has no AR {ar} graphs (ar{ar}_cl{cl}/ is missing) while "
                     f"other lengths have them: export every (AR, context length) pair")
+
+
+# ============================================================================ a quantize checkpoint
+
+def is_checkpoint(root: Path) -> bool:
+    return (Path(root) / CKPT_GRAPH).is_file()
+
+
+def scan_checkpoint(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
+    """A quantize checkpoint as an export tree of unsplit graphs: the one dynamic graph (its
+    recorded model.data, its model.encodings) in every (AR, context length) slot. The external
+    data is checked against the file (present, long enough) without reading it."""
+    from hexbundle.formats.encodings import encodings_header
+    root = Path(root).resolve()
+    onnx_path = root / CKPT_GRAPH
+    tree = ExportTree(root, "qai-hub-models 0.57-0.65 quantize checkpoint", slug=slug,
+                      dynamic=True)
+    for name, what in ((CKPT_ENCODINGS, "its AIMET encodings (quant_sim.export writes it)"),
+                       (CKPT_CONFIG, "the model's config.json (the quantize CLI copies it)")):
+        if not (root / name).is_file():
+            raise InputError(f"{root / name}: missing, {what}; copy the whole folder the "
+                             "quantize command wrote (--output-dir), or re-run it")
+    model = load_structure(onnx_path)
+    data = recorded_data_files(onnx_path, model)
+    check_external_windows(onnx_path, model)
+    files = GraphInputs(onnx_path, data, root / CKPT_ENCODINGS)
+    for ar in (CKPT_PROMPT_AR, CKPT_TOKEN_AR):
+        for cl in context_lengths:
+            tree.unsplit[(ar, cl)] = files
+    tree.release = checkpoint_release(encodings_header(root / CKPT_ENCODINGS), bool(data))
+    tree.tokenizer = root / TOKENIZER if (root / TOKENIZER).is_file() else None
+    return tree
+
+
+def check_external_windows(onnx_path: Path, model) -> None:
+    """Every external initializer's window lies inside its data file: a truncated model.data
+    (a copy cut short) is named before anything is built."""
+    from hexbundle.formats.onnxfile import initializer_values
+    for init in model.graph.initializer:
+        if init.external_data:
+            try:
+                initializer_values(init, onnx_path)
+            except InputError as exc:
+                raise InputError(f"{exc}\n{Path(onnx_path).parent / CKPT_DATA} is not the "
+                                 "complete data file of this checkpoint: copy it again from "
+                                 "the quantize output, or re-run the quantize") from None
+
+
+def checkpoint_release(header: dict, external: bool) -> str:
+    """Which releases write what the encodings' top-level keys show: aimet-onnx 2.26 (0.57-0.59)
+    writes no `producer` key; the aimet-onnx of later releases names itself there."""
+    version = header.get("version", "?")
+    producer = header.get("producer")
+    weights = ("weights in model.data (aimet-onnx writes it for a model >= 2 GiB)" if external
+               else "weights inline (a model < 2 GiB)")
+    if producer is None:
+        return (f"0.57-0.59 (encodings {version} with no 'producer' key, as aimet-onnx 2.26 "
+                f"writes them); {weights}")
+    return f"0.60-0.65 (encodings {version}, producer {json_text(producer)}); {weights}"
+
+
+def json_text(value) -> str:
+    import json
+    return json.dumps(value, sort_keys=True)[:120]

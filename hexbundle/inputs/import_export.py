@@ -30,9 +30,13 @@ from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quan
 from hexbundle.formats.encodings import load_encodings
 from hexbundle.formats.hf_config import LLAMA3_KEYS, read_hf_config
 from hexbundle.formats.onnxfile import initializer_values
-from hexbundle.formats.qaihm import (QWEN2_RMS_NORM_EPS, QWEN2_ROPE_THETA, QWEN2_SPECIALS,
-                                     TOKENIZER, TOKENIZER_CONFIG, ExportTree, graph_io,
-                                     load_structure, qaihm_split, scan_export)
+from hexbundle.formats.qaihm import (CKPT_ARCHITECTURES, CKPT_CONFIG, CKPT_GRAPH,
+                                     CKPT_PROMPT_AR, CKPT_REFUSED, CKPT_TOKEN_AR, CKPT_VLM,
+                                     QAIHM_CHECKPOINT_MODELS, QWEN2_RMS_NORM_EPS,
+                                     QWEN2_ROPE_THETA, QWEN2_SPECIALS, TOKENIZER,
+                                     TOKENIZER_CONFIG, ExportTree, graph_io, is_checkpoint,
+                                     load_structure, qaihm_split, qaihm_split_layers,
+                                     scan_checkpoint, scan_export)
 from hexbundle.formats.tokenizer import added_token_contents, special_token_ids
 from hexbundle.inputs.validate import whole_model_part
 from hexbundle.support.atomic import atomic_output
@@ -67,9 +71,16 @@ class Inferred:
 # ============================================================================ the command
 
 def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: str = "",
-                  rope_theta: float = 0.0, model_config: str = "") -> None:
+                  rope_theta: float = 0.0, model_config: str = "", context_length: str = "",
+                  model_id: str = "") -> None:
     """Scan the export at `dir`, infer the model, write configs/models/<name>.toml."""
     project = ProjectLayout(root)
+    if dir and is_checkpoint(Path(dir).expanduser()):
+        return import_checkpoint(project, Path(dir).expanduser().resolve(), name, plan,
+                                 tokenizer, rope_theta, model_config, context_length, model_id)
+    if context_length or model_id:
+        raise InputError(f"{dir}: --context-length and --model-id are for a quantize checkpoint "
+                         f"(a folder with {CKPT_GRAPH}); an export tree's graphs fix both")
     if not dir or not name:
         raise InputError("import_export needs --dir PATH (the export) and --name NAME (the "
                          "model config to write), e.g. `doit import_export --dir ~/export "
@@ -99,6 +110,12 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
                          f"part, e.g. --plan 0,{inferred.arch['num_layers'] - 1},1 (part 1 the "
                          "embedding)")
     check_plan(plan_layers, inferred.arch["num_layers"])
+    write_model(project, name, tree, split, inferred, plan_layers, hf, tokenizer)
+
+
+def write_model(project: ProjectLayout, name: str, tree: ExportTree, split: str,
+                inferred: Inferred, plan_layers: tuple, hf, tokenizer: str) -> None:
+    """The tokenizer found and checked, configs/models/<name>.toml written, notes printed."""
     tokenizer_path = find_tokenizer(tree, tokenizer)
     if tokenizer_path and hf is not None:
         inferred.specials = specials_from_config(hf, tokenizer_path, inferred.specials)
@@ -126,6 +143,207 @@ def parse_plan(text: str) -> tuple:
         raise InputError(f"--plan {text!r}: at least two parts, the first with 0 layers (the "
                          "embedding), no negative counts")
     return layers
+
+
+# ============================================================================ a quantize checkpoint
+
+def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, tokenizer: str,
+                      rope_theta: float, model_config: str, context_length: str,
+                      model_id: str) -> None:
+    """A qai-hub-models 0.57-0.65 quantize checkpoint: its config.json says the family and
+    (with its sizes, or --model-id) which qai-hub-models model made it, hence the split; its
+    one dynamic graph is pinned per (AR, context length) and cut as qai-hub-models 0.65 cuts it
+    by the `inputs` step (inputs/split.py, cut = "qaihm")."""
+    name = name or re.sub(r"[^a-z0-9._-]+", "-", root.name.lower()).strip("-._") or "checkpoint"
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+        raise InputError(f"--name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
+    config = Path(model_config).expanduser() if model_config else root / CKPT_CONFIG
+    if not config.is_file():
+        raise InputError(f"{config}: missing; the quantize command copies the model's "
+                         "config.json into its output folder: copy it there from the model's "
+                         "Hugging Face folder (or give --model-config PATH)")
+    hf = read_hf_config(config)
+    family = checkpoint_family(hf)
+    model_id, spec = checkpoint_model(hf, model_id)
+    lengths = parse_context_lengths(context_length) or spec.context_lengths
+    tree = scan_checkpoint(root, model_id, tuple(sorted(set(lengths))))
+    say(f"  format: {tree.layout}")
+    for line in tree.describe()[1:]:
+        if not (tokenizer and line.startswith("tokenizer: missing")):
+            say(f"  {line}")
+    check_pinnable(tree, config_model(hf, tree, family))
+    inferred = infer(tree, "local", CKPT_PROMPT_AR, CKPT_TOKEN_AR)
+    if inferred.family == "llama" and family != "llama":   # the graph's names may be anonymous
+        inferred.family = family
+        inferred.evidence = "the graph's tensor names say nothing of q/k norms or biases"
+    decide_family(inferred, hf, rope_theta, tree)
+    layers = inferred.arch["num_layers"]
+    if plan:
+        plan_layers = parse_plan(plan)
+        split_note = "--plan"
+    else:
+        # NUM_LAYERS_PER_SPLIT is the stock depth's; the model class refuses another depth
+        # (_verify_ckpt), so for one (a model made with the module's shape constants set) the
+        # blocks are even, as split_onnx computes them: ceil(layers / blocks)
+        per = spec.layers_per_split if layers == spec.num_layers else \
+            -(-layers // max(1, spec.num_splits - 1))
+        plan_layers = qaihm_split_layers(layers, spec.num_splits, per, str(root / CKPT_GRAPH))
+        split_note = (f"qai-hub-models' {model_id}: NUM_SPLITS {spec.num_splits}, "
+                      f"NUM_LAYERS_PER_SPLIT {per}"
+                      + ("" if per == spec.layers_per_split else
+                         f" for {layers} layers (the stock {spec.num_layers} layers: "
+                         f"{spec.layers_per_split})"))
+    check_plan(plan_layers, layers)
+    check_checkpoint_encodings(tree)
+    check_layer_boundaries(tree, plan_layers)
+    say(f"  model: {model_id}; plan {','.join(map(str, plan_layers))} ({split_note})")
+    say(f"  graphs: AR {CKPT_PROMPT_AR} (prompt) and AR {CKPT_TOKEN_AR} (token) at context "
+        f"length{'s' if len(inferred.context_lengths) > 1 else ''} "
+        f"{', '.join(map(str, inferred.context_lengths))}"
+        + ("" if context_length else f" (qai-hub-models' default for {model_id})"))
+    say_settings(inferred)
+    write_model(project, name, tree, "local", inferred, plan_layers, hf, tokenizer)
+
+
+def say_settings(inferred: Inferred) -> None:
+    """Every setting of the model that changes the bundle, where it comes from."""
+    a, q = inferred.arch, inferred.quant
+    say("  settings: " + ", ".join(f"{k} {a[k]}" for k in (
+        "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+        "intermediate_size", "vocab_size")) + f", tie_word_embeddings {str(a['tied']).lower()}")
+    say("  settings: " + ", ".join(f"{k} {v:g} ({source})"
+                                   for k, (v, source) in inferred.stated.items())
+        + (", rope_scaling " + ", ".join(f"{k} {v}" for k, v in inferred.rope_scaling.items())
+           if inferred.rope_scaling else ", no rope_scaling"))
+    say("  settings: " + ", ".join(f"{k} {v}" for k, v in q.items())
+        + " (the encodings)")
+
+
+SUPPORTED_CHECKPOINTS = ("Qwen3 (model_type qwen3, Qwen3ForCausalLM), Llama 3.x, Falcon 3 and "
+                         "SmolLM2 (model_type llama, LlamaForCausalLM)")
+
+
+def checkpoint_family(hf) -> str:
+    """The family of a checkpoint's config.json, or refused by name: what qai-hub-models'
+    quantize writes for a conventional decoder is Qwen3 or a Llama-shaped model only."""
+    outer = hf.wrapper or hf.model_type or ""
+    if outer.startswith("gemma"):
+        reason = CKPT_REFUSED.get(outer, f"{outer} is not a conventional decoder hexbundle knows")
+        raise InputError(f"{hf.path}: model_type {outer!r}: {reason}; not imported. "
+                         f"Supported checkpoints: {SUPPORTED_CHECKPOINTS}")
+    if outer in CKPT_REFUSED:
+        raise InputError(f"{hf.path}: model_type {outer!r}: {CKPT_REFUSED[outer]}; not "
+                         f"imported. Supported checkpoints: {SUPPORTED_CHECKPOINTS}")
+    if hf.wrapper or "_vl" in outer or any("VL" in a or "ConditionalGeneration" in a
+                                            for a in hf.architectures):
+        raise InputError(f"{hf.path}: model_type {outer!r} "
+                         f"({', '.join(hf.architectures) or 'no architectures'}) is {CKPT_VLM}; "
+                         f"not imported. Supported checkpoints: {SUPPORTED_CHECKPOINTS}")
+    arch = CKPT_ARCHITECTURES.get(hf.model_type or "")
+    if arch is None or (hf.architectures and arch not in hf.architectures):
+        raise InputError(f"{hf.path}: model_type {hf.model_type!r}, architectures "
+                         f"{list(hf.architectures)}: no qai-hub-models quantize checkpoint "
+                         f"hexbundle knows; supported: {SUPPORTED_CHECKPOINTS}")
+    return hf.family
+
+
+def checkpoint_model(hf, model_id: str) -> tuple:
+    """(model id, CheckpointModel): --model-id, else the stock model whose config.json sizes
+    (model_type, layers, hidden size, vocabulary) these are."""
+    known = ", ".join(QAIHM_CHECKPOINT_MODELS)
+    if model_id:
+        spec = QAIHM_CHECKPOINT_MODELS.get(model_id)
+        if spec is None:
+            raise InputError(f"--model-id {model_id!r}: not a qai-hub-models model with a "
+                             f"quantize checkpoint; one of {known}")
+        if spec.model_type != hf.model_type:
+            raise InputError(f"--model-id {model_id} is a {spec.model_type} model, but "
+                             f"{hf.path} says model_type {hf.model_type!r}: give the id of the "
+                             "quantize you ran")
+        return model_id, spec
+    sizes = (hf.model_type, hf.get("num_hidden_layers"), hf.get("hidden_size"),
+             hf.get("vocab_size"))
+    for mid, spec in QAIHM_CHECKPOINT_MODELS.items():
+        if (spec.model_type, spec.num_layers, spec.hidden_size, spec.vocab_size) == sizes:
+            return mid, spec
+    raise InputError(f"{hf.path}: model_type {sizes[0]!r} with {sizes[1]} layers, hidden size "
+                     f"{sizes[2]} and vocabulary {sizes[3]} is none of qai-hub-models' stock "
+                     "models, so its split (NUM_SPLITS) is not known: give --model-id ID, the "
+                     "<ID> of the `python -m qai_hub_models.models.<ID>.quantize` that wrote "
+                     f"the checkpoint ({known}), or --plan 0,N,...")
+
+
+def parse_context_lengths(text: str) -> tuple:
+    if not text:
+        return ()
+    try:
+        lengths = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        lengths = ()
+    if not lengths or any(cl <= CKPT_PROMPT_AR for cl in lengths):
+        raise InputError(f"--context-length {text!r}: give context lengths above the prompt "
+                         f"AR {CKPT_PROMPT_AR}, comma-separated, e.g. 512,1024,4096")
+    return lengths
+
+
+def check_checkpoint_encodings(tree: ExportTree) -> None:
+    """model.encodings names tensors of this graph only: the split keeps a part's own and drops
+    the rest, so another model's encodings would leave the parts silently unquantized."""
+    files = next(iter(tree.unsplit.values()))
+    proto = load_structure(files.onnx)
+    encodings = load_encodings(files.encodings)
+    params = {i.name for i in proto.graph.initializer}
+    tensors = {n for node in proto.graph.node for n in (*node.input, *node.output) if n}
+    tensors |= {v.name for v in (*proto.graph.input, *proto.graph.output)}
+    unknown = sorted(set(encodings.params) - params) + sorted(set(encodings.activations) - tensors)
+    if unknown or not encodings.params:
+        raise InputError(
+            f"{files.encodings}: " + (f"names {len(unknown)} tensor(s) {files.onnx.name} does "
+                                      f"not have (e.g. {unknown[0]!r})" if unknown else
+                                      "holds no weight encodings")
+            + ": the encodings of another model or run; copy the model.encodings the quantize "
+            f"wrote together with this {files.onnx.name}, or re-run the quantize")
+
+
+def check_layer_boundaries(tree: ExportTree, plan_layers: tuple) -> None:
+    """qai-hub-models' splitter finds one residual output per layer in the graph (the split
+    step cuts there): refused now, not after a build has started."""
+    from hexbundle.inputs.split import qaihm_part_outputs
+    files = next(iter(tree.unsplit.values()))
+    outputs = qaihm_part_outputs(load_structure(files.onnx), plan_layers, files.onnx)
+    say(f"  cut at: {', '.join(o[0] for o in outputs)} (as qai-hub-models' split_onnx)")
+
+
+def config_model(hf, tree: ExportTree, family: str) -> Model:
+    """The whole model as config.json describes it: the sizes a dynamic dim would be pinned
+    to (before the graph's own sizes are read and compared with config.json)."""
+    def size(key: str) -> int:
+        value = hf.get(key)
+        return value if type(value) is int and value > 0 else 1
+    heads = size("num_attention_heads")
+    arch = Architecture(num_layers=size("num_hidden_layers"), hidden_size=size("hidden_size"),
+                        num_attention_heads=heads,
+                        num_kv_heads=size("num_key_value_heads") if hf.get(
+                            "num_key_value_heads") else heads,
+                        head_dim=hf.head_dim if type(hf.head_dim) is int else 1,
+                        intermediate_size=size("intermediate_size"),
+                        vocab_size=size("vocab_size"), rope_theta=QWEN2_ROPE_THETA,
+                        rms_norm_eps=QWEN2_RMS_NORM_EPS, family=family)
+    return Model(tree.slug, tree.slug, arch, Quantization(), tuple(tree.context_lengths),
+                 CKPT_PROMPT_AR, CKPT_TOKEN_AR)
+
+
+def check_pinnable(tree: ExportTree, model: Model) -> None:
+    """Each graph the build will make can be pinned from the dynamic graph: only its sequence
+    and context dims are dynamic (inputs/split.py pin_shapes refuses any other)."""
+    from hexbundle.inputs.split import pin_shapes
+    graph_files = next(iter(tree.unsplit.values()))
+    proto = load_structure(graph_files.onnx)
+    for graph in model.graphs(whole_model_part(model)):
+        io = type(proto)()   # the inputs and outputs alone: never a second copy of inline weights
+        io.graph.input.extend(proto.graph.input)
+        io.graph.output.extend(proto.graph.output)
+        pin_shapes(io, model, graph, graph_files.onnx)
 
 
 def check_plan(layers: tuple, num_layers: int) -> None:
@@ -200,7 +418,7 @@ def infer(tree: ExportTree, split: str, prompt_ar: int, token_ar: int) -> Inferr
     with_mask = next(i for i, io in enumerate(ios) if "attention_mask" in io.inputs) \
         if any("attention_mask" in io.inputs for io in ios) else 0
     _, context = ios[with_mask].sequence_and_context(graphs[with_mask].onnx)
-    if context != key[1]:
+    if context != key[1] and not tree.dynamic:   # a checkpoint's: pinned to each length
         raise InputError(f"{graphs[with_mask].onnx}: its attention_mask says context length "
                          f"{context}, but its directory says {key[1]}; re-run the export")
     per_graph_layers = [sorted(int(m[1]) for n in io.inputs if (m := PAST_KEY.fullmatch(n)))
@@ -444,13 +662,16 @@ def intermediate_size(dims: dict, hidden: int, vocab: int, q_width: int) -> int:
 
 
 def infer_quantization(protos: list, graphs: list, arch: dict, notes: list) -> dict:
-    params, activations = {}, Counter()
+    params, activations, embedding = {}, Counter(), None
     for g in graphs:
         encodings = load_encodings(g.encodings)
         params.update(encodings.params)
         activations.update(e.bitwidth for e in encodings.activations.values() if e.is_int)
+        # a checkpoint's embedding table has an activation entry only, which qai-hub-models
+        # makes its param encoding before splitting (split.qaihm_part_encodings)
+        embedding = embedding or encodings.activations.get(arch["embedding"])
     dims = {i.name: tuple(i.dims) for p in protos for i in p.graph.initializer}
-    embedding = params.get(arch["embedding"])
+    embedding = params.get(arch["embedding"]) or embedding
     head = [n for n, shape in dims.items() if arch["vocab_size"] in shape
             and n != arch["embedding"] and n in params]
     decoder = Counter(e.bitwidth for n, e in params.items() if e.is_int and e.per_channel
@@ -471,6 +692,21 @@ def expected_graphs(tree: ExportTree) -> tuple:
     `doit inspect` checks each graph's inputs and outputs against, as the convert step will."""
     split, prompt_ar, token_ar = choose_split(tree, None)
     inferred = infer(tree, split, prompt_ar, token_ar)
+    model, graphs = model_of(tree, inferred)
+    parts = Plan("export", inferred.layers_per_part).parts() if split == "export" else []
+    several = len(inferred.context_lengths) > 1
+    for kind, ar in (("prompt", prompt_ar), ("token", token_ar)):
+        for cl in inferred.context_lengths:
+            for part in parts:
+                files = tree.parts.get((ar, cl), {}).get(part.index)
+                if files is not None:
+                    graphs[files.onnx] = Graph(kind, ar, cl, part, several)
+    return model, graphs
+
+
+def model_of(tree: ExportTree, inferred: Inferred) -> tuple:
+    """(the whole model as inferred, {unsplit ONNX path: its Graph})."""
+    prompt_ar, token_ar = inferred.prompt_ar, inferred.token_ar
     a = inferred.arch
     arch = Architecture(num_layers=a["num_layers"], hidden_size=a["hidden_size"],
                         num_attention_heads=a["num_attention_heads"],
@@ -480,7 +716,6 @@ def expected_graphs(tree: ExportTree) -> tuple:
                         family=inferred.family)
     model = Model(tree.slug, tree.slug, arch, Quantization(), inferred.context_lengths,
                   prompt_ar, token_ar)
-    parts = Plan("export", inferred.layers_per_part).parts() if split == "export" else []
     several = len(inferred.context_lengths) > 1
     graphs = {}
     for kind, ar in (("prompt", prompt_ar), ("token", token_ar)):
@@ -488,10 +723,6 @@ def expected_graphs(tree: ExportTree) -> tuple:
             if (ar, cl) in tree.unsplit:
                 graphs[tree.unsplit[(ar, cl)].onnx] = Graph(kind, ar, cl, whole_model_part(model),
                                                             several)
-            for part in parts:
-                files = tree.parts.get((ar, cl), {}).get(part.index)
-                if files is not None:
-                    graphs[files.onnx] = Graph(kind, ar, cl, part, several)
     return model, graphs
 
 
@@ -528,9 +759,12 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
         f"{k} = {_s(v)}" for k, v in inferred.specials.items()] + [
         "",
         "[inputs]", 'source = "qai-hub-models"', f"dir = {_s(_dir_value(tree.root, project))}",
-        f"layout = {_s(tree.layout)}", f"split = {_s(split)}",
+        f"layout = {_s(tree.layout)}", f"split = {_s(split)}"] + (
+        ['cut = "qaihm"   # qai-hub-models 0.65\'s split_onnx rule, each graph pinned from the '
+         'dynamic one'] if tree.dynamic else []) + [
         f"tokenizer = {_s(tree.rel(tokenizer) if tokenizer else TOKENIZER)}",
-        "how_to_export = " + _s("re-run the qai-hub-models export (docs/exports.md), "
+        "how_to_export = " + _s(("re-run the qai-hub-models quantize" if tree.dynamic else
+                                 "re-run the qai-hub-models export") + " (docs/exports.md), "
                                 "then `doit import_export` again"),
         "",
     ]

@@ -27,7 +27,8 @@ from typing import Optional
 
 from hexbundle.config.layout import GraphInputs, Layout
 from hexbundle.config.model import Model, Part
-from hexbundle.formats.encodings import subset_encodings
+from hexbundle.formats.encodings import (adapt_checkpoint_encodings, fill_cut_encodings,
+                                         subset_encodings)
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.inputs import validate
@@ -120,6 +121,7 @@ class PartGraph:
     inputs: list        # ValueInfoProtos
     outputs: list
     initializers: list  # TensorProtos (metadata; external data still the unsplit graph's)
+    cut_tensors: Optional[list] = None   # a qai-hub-models cut: its encodings rule, these filled
 
 
 def part_graph(cut: Cut, part: Part, where: Path) -> PartGraph:
@@ -282,11 +284,16 @@ def split_part(layout: Layout, part: Part, log) -> list:
     graphs = layout.cfg.model.graphs(part)
     return split_graphs(layout.cfg.model, part, {g.slot: layout.unsplit_files(g.slot) for g in graphs},
                         {g.slot: layout.graph_files(g) for g in graphs}, log,
-                        layout.model_config_path)
+                        layout.model_config_path, _qaihm_plan(layout))
+
+
+def _qaihm_plan(layout: Layout) -> tuple:
+    """The plan's layers per part when the cut is qai-hub-models' own rule, else ()."""
+    return tuple(layout.cfg.plan.layers_per_part) if layout.cfg.inputs.cut == "qaihm" else ()
 
 
 def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
-                 config: Optional[Path] = None) -> list:
+                 config: Optional[Path] = None, qaihm_plan: tuple = ()) -> list:
     """Cut `part` out of the unsplit graphs (Graph.slot -> GraphInputs) into `out` (slot ->
     GraphInputs; every slot names the same .data). Each unsplit graph is validated first
     (inputs/validate.py: its structure, and its inputs and outputs as the whole model's graph of
@@ -294,7 +301,7 @@ def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
     started = time.monotonic()
     graphs = model.graphs(part)
     data_path = out[graphs[0].slot].data[0]
-    pieces = cut_sources(model, part, unsplit, config)
+    pieces = cut_sources(model, part, unsplit, config, qaihm_plan)
     total = sum(initializer_values(init, pieces[g.slot][0].onnx).nbytes for g in graphs
                 for init in pieces[g.slot][2].initializers if init.data_location == init.EXTERNAL)
     with atomic_output(data_path) as f, progress.meter(f"{data_path.name}", total):
@@ -314,9 +321,9 @@ def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
                     inits.append(init)
             protos[graph.slot] = _model_proto(proto, pg, graph.name, inits)
     for graph in graphs:
-        src, _, pg = pieces[graph.slot]
+        src, proto, pg = pieces[graph.slot]
         _write_onnx(out[graph.slot].onnx, protos[graph.slot])
-        _write_encodings(src, out[graph.slot], pg)
+        _write_encodings(src, out[graph.slot], pg, proto)
         log(f"split {graph.name}: {len(pg.nodes)} nodes, {len(pg.initializers)} initializers "
             f"from {src.onnx.name}")
     size = data_path.stat().st_size
@@ -325,18 +332,29 @@ def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
     return [p for g in graphs for p in out[g.slot].all]
 
 
-def cut_sources(model: Model, part: Part, unsplit: dict, config: Optional[Path] = None) -> dict:
+def cut_sources(model: Model, part: Part, unsplit: dict, config: Optional[Path] = None,
+                qaihm_plan: tuple = ()) -> dict:
     """slot -> (its unsplit GraphInputs, proto, the part's PartGraph), each unsplit graph
-    validated first (its structure; its inputs and outputs as the whole model's graph)."""
+    validated first (its structure; its inputs and outputs as the whole model's graph).
+    qaihm_plan (layers per part): cut by qai-hub-models 0.65's rule, the graph's dynamic dims
+    first pinned to the slot's shapes (a quantize checkpoint's one dynamic graph serves every
+    slot); else by the nodes' layer names."""
     pieces = {}
     whole = model.graphs(validate.whole_model_part(model))
     for graph, whole_graph in zip(model.graphs(part), whole):
         src = unsplit[graph.slot]
         recorded_data_files(src.onnx)   # a broken .data record is named before any work
         proto = validate.check_onnx(src.onnx)
+        if qaihm_plan:
+            pin_shapes(proto, model, whole_graph, src.onnx)
         validate.check_graph_io(src.onnx, proto, model, whole_graph, config)
-        cut = cut_graph(proto, model.architecture.num_layers, src.onnx)
-        pieces[graph.slot] = (src, proto, part_graph(cut, part, src.onnx))
+        if qaihm_plan:
+            hidden = (1, graph.ar, model.architecture.hidden_size)
+            pg = qaihm_part_graph(proto, part, qaihm_plan, hidden, src.onnx)
+        else:
+            pg = part_graph(cut_graph(proto, model.architecture.num_layers, src.onnx), part,
+                            src.onnx)
+        pieces[graph.slot] = (src, proto, pg)
     return pieces
 
 
@@ -349,7 +367,7 @@ def validate_part_sources(layout: Layout, part: Part) -> int:
     graphs = layout.cfg.model.graphs(part)
     pieces = cut_sources(layout.cfg.model, part,
                          {g.slot: layout.unsplit_files(g.slot) for g in graphs},
-                         layout.model_config_path)
+                         layout.model_config_path, _qaihm_plan(layout))
     read, seen = 0, set()
     for src, proto, pg in pieces.values():
         floats = {init.name: "float32" for init in pg.initializers
@@ -363,14 +381,216 @@ def _write_onnx(path: Path, proto) -> None:
         f.write(proto.SerializeToString(deterministic=True))
 
 
-def _write_encodings(src: GraphInputs, out: GraphInputs, pg: PartGraph) -> None:
+def _write_encodings(src: GraphInputs, out: GraphInputs, pg: PartGraph, proto) -> None:
     try:
         data = json.loads(src.encodings.read_bytes())
     except (OSError, ValueError) as exc:
         raise InputError(f"{src.encodings}: cannot read the encodings ({exc}); re-export") from None
-    params = {i.name for i in pg.initializers}
-    tensors = {n for node in pg.nodes for n in (*node.input, *node.output) if n}
-    tensors |= {v.name for v in pg.inputs}
-    part = subset_encodings(data, params, tensors - params)
+    if pg.cut_tensors is not None:   # as qai-hub-models writes a part's (sorted, indent 4)
+        part = qaihm_part_encodings(data, proto, pg, pg.cut_tensors)
+        text = json.dumps(part, indent=4, sort_keys=True)
+    else:
+        params = {i.name for i in pg.initializers}
+        tensors = {n for node in pg.nodes for n in (*node.input, *node.output) if n}
+        tensors |= {v.name for v in pg.inputs}
+        text = json.dumps(subset_encodings(data, params, tensors - params), indent=1)
     with atomic_output(out.encodings) as f:
-        f.write(json.dumps(part, indent=1).encode())
+        f.write(text.encode())
+
+
+# ============================================================================ a checkpoint's graph
+
+def pin_shapes(proto, model: Model, graph, where: Path) -> None:
+    """Give a dynamic graph (a quantize checkpoint's model_dynamic.onnx) the fixed shapes of
+    `graph` (the whole model's graph of one AR and context length), in place: what Qualcomm's
+    cloud compile does with its input specs. Only the axes that depend on the AR or the context
+    length (and batch axes of 1) may be symbolic; a symbolic hidden size, head count, head_dim
+    or vocabulary is refused, naming the input or output. The symbolic dims' names are never
+    read: they differ between Qualcomm's templates."""
+    import dataclasses
+    other = dataclasses.replace(graph, ar=graph.ar + 3, context_length=graph.context_length + 7)
+    expected = [validate.expected_io(model, g) for g in (graph, other)]
+    for side, values in ((0, proto.graph.input), (1, proto.graph.output)):
+        slots = {_slot_name(s): (s, t) for s, t in zip(expected[0][side], expected[1][side])}
+        for value in values:
+            if value.name not in slots:
+                continue
+            here, there = slots[value.name]
+            dims = value.type.tensor_type.shape.dim
+            if len(dims) != len(here.shape):
+                continue   # check_graph_io names the rank that differs
+            for axis, (dim, want, alt) in enumerate(zip(dims, here.shape, there.shape)):
+                if dim.HasField("dim_value"):
+                    continue
+                if want != alt or want == 1:
+                    dim.Clear()
+                    dim.dim_value = want
+                    continue
+                raise InputError(
+                    f"{where}: {'input' if side == 0 else 'output'} {value.name!r} axis {axis} "
+                    f"is dynamic ({dim.dim_param or 'no size'}), where a model's fixed size "
+                    f"belongs ({want}); qai-hub-models leaves only the sequence and context "
+                    "dims dynamic: re-run its quantize, or give a graph with this dim fixed")
+
+
+def _slot_name(slot) -> str:
+    """The graph input or output a whole-model Slot is (the unsplit graph names its logits)."""
+    return slot.name or ("logits" if slot.role == "logits" else "")
+
+
+def residual_cuts(proto, where: Path, include_first_input: bool = True) -> list:
+    """The tensors qai-hub-models 0.65 cuts a decoder at (templates/llm/split_onnx_utils/
+    utils.py, get_split_tensors): the embedding output (include_first_input) and the output of
+    every second residual Add, i.e. each layer's residual output. A residual Add is an Add whose
+    later operand reaches its earlier one (through the sublayer) and whose earlier operand is
+    itself an Add; the first layer's input Add reads the embedding, so an odd count gets it
+    prepended. Nodes are taken by index (Qualcomm keys them by name: equal for unique names)."""
+    nodes = list(proto.graph.node)
+    producer = {}
+    for index, node in enumerate(nodes):
+        for out in node.output:
+            producer.setdefault(out, index)
+
+    def skip_cast(index: int) -> int:
+        if nodes[index].op_type == "Cast":
+            source = producer.get(nodes[index].input[0])
+            return index if source is None else source
+        return index
+
+    def reaches(src: int, dst: int) -> bool:
+        if src < dst:
+            return False
+        stack, seen = [src], set()
+        while stack:
+            cur = stack.pop()
+            if cur == dst:
+                return True
+            seen.add(cur)
+            stack += [p for t in nodes[cur].input if (p := producer.get(t)) is not None
+                      and p not in seen and p >= dst]
+        return False
+
+    def operands(index: int):
+        node = nodes[index]
+        if len(node.input) != 2:
+            return None
+        a, b = (producer.get(t) for t in node.input)
+        return None if a is None or b is None else (skip_cast(a), skip_cast(b))
+
+    def residual(index: int, strict: bool) -> bool:
+        if nodes[index].op_type != "Add" or (pair := operands(index)) is None:
+            return False
+        begin, end = sorted(pair)
+        if strict and nodes[begin].op_type != "Add":
+            return False
+        return reaches(end, begin)
+
+    adds = [i for i in range(len(nodes)) if residual(i, strict=True)]
+    if not adds:
+        raise InputError(f"{where}: no residual Add (an Add whose input reaches its other input "
+                         "through a sublayer): qai-hub-models' splitter finds no layer boundary "
+                         "in this graph; it is not a decoder graph qai-hub-models writes")
+    if len(adds) % 2 == 1:
+        adds.insert(0, min(operands(adds[0])))
+    cuts = []
+    if include_first_input:
+        pair = operands(adds[0])
+        if pair is None:
+            raise InputError(f"{where}: the first residual Add {nodes[adds[0]].name!r} does not "
+                             "read two computed tensors; no embedding output to cut at")
+        cuts.append(nodes[skip_cast(min(pair))].output[0])
+    return cuts + [nodes[index].output[0] for n, index in enumerate(adds) if n % 2 == 1]
+
+
+CACHE_OUTPUT = r"(?:past|swa)_(nativekvcache__)?(key|value)_{layer}_"
+
+
+def qaihm_part_outputs(proto, plan_layers: tuple, where: Path) -> list:
+    """Per part but the last, the tensors it outputs as qai-hub-models 0.65's split_onnx lists
+    them: the embedding output for part 1; for a block, its last layer's residual output, then
+    every past_key/value output of its layers (graph order). The last part takes what is left."""
+    cuts = residual_cuts(proto, where)
+    layer_outputs = cuts[1:]
+    if len(layer_outputs) != sum(plan_layers):
+        raise InputError(f"{where}: {len(layer_outputs)} layer boundaries (residual Adds) but "
+                         f"the model has {sum(plan_layers)} layers; the config.json or the "
+                         "graph is of another model")
+    outputs = [o.name for o in proto.graph.output]
+    lists, end = [[cuts[0]]], 0
+    for count in plan_layers[1:-1]:
+        start, end = end, end + count
+        kv = [o for layer in range(start, end) for o in outputs
+              if re.search(CACHE_OUTPUT.format(layer=layer), o)]
+        lists.append([layer_outputs[end - 1]] + kv)
+    return lists
+
+
+def qaihm_part_graph(proto, part: Part, plan_layers: tuple, hidden: tuple, where: Path) -> PartGraph:
+    """One part as qai-hub-models 0.65's OnnxSplitter.partition_subgraph makes it: the nodes
+    needed for the part's outputs, walking back to the graph inputs, the initializers and the
+    earlier parts' cut tensors (the leaves); inputs the cut tensors it reads, then the graph
+    inputs it reads (graph order); outputs its listed ones, then graph outputs it computes.
+    `hidden`: the shape of a cut tensor (1, AR, hidden size)."""
+    import onnx
+    graph = proto.graph
+    lists = qaihm_part_outputs(proto, plan_layers, where)
+    earlier = [t for lst in lists[:part.index - 1] for t in lst]
+    graph_outputs = {o.name for o in graph.output}
+    if part.index <= len(lists):
+        wanted = lists[part.index - 1]
+    else:
+        covered = set(earlier)
+        wanted = [o.name for o in graph.output if o.name not in covered]
+    additional = [t for t in earlier if t not in graph_outputs]
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output}
+    leaves = {v.name for v in graph.input} | {t.name for t in graph.initializer} | set(additional)
+    missing = [t for t in wanted if t not in producer]
+    if missing:
+        raise InputError(f"{where}: no node computes {missing[0]!r}; the graph is broken")
+    queue, visited = [producer[t] for t in wanted], set()
+    while queue:
+        index = queue.pop()
+        if index in visited:
+            continue
+        visited.add(index)
+        for name in graph.node[index].input:
+            if name and name not in leaves:
+                if name not in producer:
+                    raise InputError(f"{where}: node {graph.node[index].name!r} reads {name!r}, "
+                                     "which no node produces; the graph is broken, re-export it")
+                queue.append(producer[name])
+    nodes = [graph.node[i] for i in sorted(visited)]
+    used = {n for node in nodes for n in (*node.input, *node.output)}
+    made = {o for node in nodes for o in node.output}
+    cut_info = {t: onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, list(hidden))
+                for t in set(additional) | set(wanted) if t not in graph_outputs}
+    known = {o.name: o for o in graph.output} | cut_info
+    inputs = [cut_info[t] for t in additional if t in used] + [
+        v for v in graph.input if v.name in used]
+    outputs = [known[t] for t in wanted] + [
+        o for o in graph.output if o.name in made and o.name not in wanted]
+    inits = [t for t in graph.initializer if t.name in used]
+    return PartGraph(nodes, inputs, outputs, inits, cut_tensors=lists[0])
+
+
+def qaihm_part_encodings(data: dict, proto, pg: PartGraph, cut_tensors: list,
+                         adapt: bool = True) -> dict:
+    """A part's encodings as qai-hub-models 0.65 writes them for a checkpoint: the whole
+    model's, adapted as its Qwen3 and Llama 3 classes adapt them before splitting (adapt:
+    formats/encodings.adapt_checkpoint_encodings), then as split_onnx_by_names subsets them:
+    less activation encodings of tensors the part neither computes nor takes nor gives, less
+    param encodings of initializers it lacks, less Gather outputs (AISW-152612); the embedding
+    cut (fill_input_encodings_of_split) first given its producer's input encoding when it has
+    none."""
+    if adapt:
+        gather = next(((n.output[0], n.input[0]) for n in proto.graph.node
+                       if n.op_type == "Gather"), None)
+        data = adapt_checkpoint_encodings(
+            data, gather, [(n.op_type, list(n.input), list(n.output)) for n in proto.graph.node])
+    first_input = {out: node.input[0] for node in proto.graph.node if node.input
+                   for out in node.output}
+    filled = fill_cut_encodings(data, first_input, cut_tensors)
+    activations = ({o for node in pg.nodes for o in node.output}
+                   | {v.name for v in pg.inputs} | {v.name for v in pg.outputs})
+    activations -= {node.output[0] for node in pg.nodes if node.op_type == "Gather"}
+    return subset_encodings(filled, {t.name for t in pg.initializers}, activations)

@@ -380,6 +380,8 @@ SUPPORTED_OPS = {
     "Div": _elementwise(_divide),
     "Pow": _elementwise(lambda x, y: np.power(x, y).astype(x.dtype)),
     "Sqrt": _elementwise(np.sqrt),
+    # a torch.export (dynamo) RMSNorm: x * Reciprocal(Sqrt(mean + eps)) (0.65 checkpoints)
+    "Reciprocal": _elementwise(np.reciprocal),
     "Neg": _elementwise(np.negative),
     # tanh form: no overflow warning for large |x| (1 / (1 + exp(-x)) overflows exp)
     "Sigmoid": _elementwise(lambda x: (0.5 * (1.0 + np.tanh(0.5 * x))).astype(x.dtype)),

@@ -56,6 +56,7 @@ class SplitOptions:
     prompt_ar: int
     token_ar: int
     layers_per_part: tuple
+    cut: str = "names"
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def tokenizer_options(cfg: BuildConfig) -> TokenizerOptions:
 def split_options(cfg: BuildConfig) -> SplitOptions:
     m = cfg.model
     return SplitOptions(m.architecture, tuple(m.context_lengths), m.prompt_ar, m.token_ar,
-                        tuple(cfg.plan.layers_per_part))
+                        tuple(cfg.plan.layers_per_part), cfg.inputs.cut)
 
 
 def convert_options(cfg: BuildConfig) -> ConvertOptions:
