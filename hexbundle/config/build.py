@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hexbundle.config.devices import DEVICE_NAME, Device, Devices
-from hexbundle.config.layout import ProjectLayout
+from hexbundle.config.devices import Device, Devices
+from hexbundle.config.layout import DEVICE_NAME, MAX_NAME, NAME, ProjectLayout, check_name
 from hexbundle.config.model import (FAMILIES, ROPE_SCALING_TYPES, Architecture, Graph, Model,
                                     Part, Plan, Quantization, RopeScaling,
                                     pipeline_order_problem)
@@ -37,7 +37,6 @@ EXECUTORS = ("local", "docker")
 # ---------------------------------------------------------------------------------------------
 # Schemas
 
-NAME = r"[a-z0-9][a-z0-9._-]*"
 PIN = r"sha256:[0-9a-f]{64}|xxh3_128:[0-9a-f]{32}"
 
 COMPILE_SCHEMA = {
@@ -113,7 +112,8 @@ BUILD_SCHEMA = {
                         "alias, any case"),
     "backend": Field(str, "reference", choices=BACKENDS),
     "executor": Field(str, "local", choices=EXECUTORS),
-    "plan": Field(str, "", doc="a plan of the model; empty for the model's default_plan"),
+    "plan": Field(str, "", pattern=f"({NAME})?",
+                  doc="a plan of the model; empty for the model's default_plan"),
     "compile": Field(COMPILE_SCHEMA, {}),
     "container": Field(CONTAINER_SCHEMA, {}),
     **REMOTE_SCHEMA,
@@ -169,9 +169,9 @@ GRAPH_FILES_SCHEMA = {
 MODEL_SCHEMA = {
     "model": Field({
         "name": Field(str, pattern=NAME),
-        "slug": Field(str, pattern=r"[a-z0-9_]+", doc="file-name stem of the bins"),
+        "slug": Field(str, pattern=rf"[a-z0-9_]{{1,{MAX_NAME}}}", doc="file-name stem of the bins"),
         "description": Field(str, ""),
-        "default_plan": Field(str),
+        "default_plan": Field(str, pattern=NAME),
     }),
     "architecture": Field({
         "family": Field(str, "qwen2", choices=FAMILIES,
@@ -493,6 +493,7 @@ def context_lengths(g: dict, where: str) -> tuple:
 
 
 def make_plan(where: str, name: str, p: dict, arch: Architecture) -> Plan:
+    check_name(name, "[plans.*] table: the plan name", where)
     layers = tuple(p["layers_per_part"])
     key = f"plans.{name}.layers_per_part"
     if len(layers) < 2:

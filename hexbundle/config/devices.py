@@ -37,12 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hexbundle.config.layout import ProjectLayout
+from hexbundle.config.layout import DEVICE_NAME, NAME, ProjectLayout
 from hexbundle.config.schema import Field, read_toml, section_type, to_section
 from hexbundle.support.errors import ConfigError
 
-NAME = r"[a-z0-9][a-z0-9._-]*"
-DEVICE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"   # device=NAME: a name or alias, any case
 DSP_ARCH = r"v[0-9]{2}"
 # QNN's HTP backend targets Hexagon v68 and later ("S888 or SoC newer than S888"); v65/v66 chips
 # run QNN's DSP backend, which builds no Genie bundle (QAIRT docs, "Backend Library").

@@ -71,9 +71,15 @@ def _type_ok(value: Any, t: Any) -> bool:
     return False
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """repr(value) for a message, cut short: a 100 KB value is named, not printed."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit // 2]}... ({len(text)} characters)"
+
+
 def check_value(value: Any, f: Field, where: str, key: str) -> Any:
     if not _type_ok(value, f.type):
-        raise ConfigError(f"{where}: key '{key}' is {type(value).__name__} {value!r}; "
+        raise ConfigError(f"{where}: key '{key}' is {type(value).__name__} {shown(value)}; "
                           f"expected {_describe(f)}")
     if f.type is float:
         value = float(value)
@@ -87,12 +93,12 @@ def check_value(value: Any, f: Field, where: str, key: str) -> Any:
                      for i, v in enumerate(value)]
         return value
     if f.choices and value not in f.choices:
-        raise ConfigError(f"{where}: key '{key}' is {value!r}; allowed: "
+        raise ConfigError(f"{where}: key '{key}' is {shown(value)}; allowed: "
                           + ", ".join(repr(c) for c in f.choices))
     if f.min is not None and value < f.min or f.max is not None and value > f.max:
-        raise ConfigError(f"{where}: key '{key}' is {value!r}; expected {_describe(f)}")
+        raise ConfigError(f"{where}: key '{key}' is {shown(value)}; expected {_describe(f)}")
     if f.pattern and not re.fullmatch(f.pattern, value):
-        raise ConfigError(f"{where}: key '{key}' is {value!r}; expected {_describe(f)}")
+        raise ConfigError(f"{where}: key '{key}' is {shown(value)}; expected {_describe(f)}")
     return value
 
 
