@@ -41,9 +41,10 @@ def make_release(where: Path, doc: dict) -> Path:
     archive.parent.mkdir()
     write_archive(bundle, archive, NAME, 1700000000)
     doc = copy.deepcopy(doc)
-    if isinstance(doc.get("subject"), list) and doc["subject"] and \
-            isinstance(doc["subject"][0], dict) and doc["subject"][0].get("name") == archive.name:
+    try:
         doc["subject"][0]["digest"]["sha256"] = hashlib.sha256(archive.read_bytes()).hexdigest()
+    except (KeyError, TypeError, IndexError):
+        pass   # a statement broken there on purpose
     (archive.parent / "provenance.json").write_text(json.dumps(doc))
     return archive
 
@@ -101,8 +102,8 @@ CASES = [
     ("subject-a-string", lambda t, s: at(statement(), "subject", "x"), "'subject'"),
     ("subject-no-digest", lambda t, s: at(statement(), "subject.0.digest", "-"),
      "'digest.sha256'"),
-    ("parameters-missing-model", lambda t, s: at(statement(), f"{PARAMS}.model", "-"),
-     "'model'"),
+    ("parameters-missing-plan", lambda t, s: at(statement(), f"{PARAMS}.plan", "-"),
+     "'plan'"),
     ("parameters-a-list", lambda t, s: at(statement(), PARAMS, []), "'externalParameters'"),
     ("epoch-1e300", lambda t, s: at(statement(), f"{PARAMS}.source_date_epoch", 1e300),
      "source_date_epoch"),
@@ -158,5 +159,5 @@ def test_verify_release_with_an_option_for_a_commit_end_to_end(tmp_path):
     run = project.doit("verify_release", str(archive), check=False)
     assert run.code != 0
     assert "Traceback" not in run.out + run.err
-    assert "provenance.json" in run.err and "gitCommit" in run.err
+    assert "provenance.json" in run.out + run.err and "gitCommit" in run.out + run.err
     assert victim.read_text() == "the user's file\n"
