@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hexbundle.config.layout import DEVICE_NAME, NAME, ProjectLayout
-from hexbundle.config.schema import Field, read_toml, section_type, to_section
+from hexbundle.config.schema import U64, Field, read_toml, section_type, to_section
 from hexbundle.support.errors import ConfigError
 
 DSP_ARCH = r"v[0-9]{2}"
@@ -62,11 +62,11 @@ HTP_SETTINGS = {
 }
 RUNTIME_SETTINGS = {
     "n_threads": Field(int, None, min=1, max=64),
-    "cpu_mask": Field(str, None, pattern=r"0x[0-9a-fA-F]+"),
+    "cpu_mask": Field(str, None, pattern=r"0x[0-9a-fA-F]{1,16}", doc="64 CPUs at most"),
     "poll": Field(bool, None),
     "use_mmap": Field(bool, None, doc="weights paged in on demand"),
-    "mmap_budget": Field(int, None, min=0),
-    "spill_fill_bufsize": Field(int, None, min=0),
+    "mmap_budget": Field(int, None, min=0, max=U64),
+    "spill_fill_bufsize": Field(int, None, min=0, max=U64),
     "allow_async_init": Field(bool, None),
 }
 DEFAULT_HTP = ("perf_profile", "rpc_control_latency", "mem_type")   # the rest is per chipset

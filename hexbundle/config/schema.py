@@ -19,6 +19,18 @@ import tomli
 from hexbundle.support.errors import ConfigError
 
 
+# The ranges of the fields numbers end in (a config number gets its destination's: a value past
+# it would wrap, or be read as another number, where it lands).
+U32 = 2 ** 32 - 1            # Genie's counts and seeds (its parser reads them as 32-bit)
+U64 = 2 ** 64 - 1            # byte budgets; numpy's seeds
+I64 = 2 ** 63 - 1            # docker's byte sizes (int64)
+FLOAT32_MAX = 3.4028234663852886e38   # a float Genie or the backend holds in 32 bits
+PORT = (1, 65535)
+# A string with no control character (C0, DEL, C1): what a special token or a name printed in a
+# config may hold (a NUL in a token ends its string in C).
+NO_CONTROL = r"[^\x00-\x1f\x7f-\x9f]+"
+
+
 @dataclass(frozen=True)
 class Field:
     type: Any                      # bool, int, float, str, list (of `item`), or a dict schema
