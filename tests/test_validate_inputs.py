@@ -30,7 +30,7 @@ from hexbundle.backends.reference import ReferenceBackend
 from hexbundle.checks.inspect import inspect_path
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.validate import check_onnx
-from hexbundle.support.errors import InputError
+from hexbundle.support.errors import HexbundleError, InputError
 
 EXPORT = "qwen2-tiny-export"
 P2, T2 = "prompt_ar128_cl256_2_of_4", "token_ar1_cl256_2_of_4"
@@ -656,3 +656,38 @@ def test_two_weights_on_one_window_stop_the_build_end_to_end(exported):
     text = refused(exported, lambda p: edit_onnx(ex(p, f"{P2}.onnx"), onto(V_PROJ, K_PROJ)))
     assert f"tensors '{K_PROJ}'" in text or f"tensors '{V_PROJ}'" in text
     assert "read the same window" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# an encoding that zeroes or saturates a whole channel (issue 40, kind 7): refused naming the
+# tensor and the channel (a per-channel scale of 1e38 built a DLC whose channel was all zero)
+
+def channel_scale(name: str, channel: int, scale: float):
+    def edit(path: Path) -> None:
+        doc = json.loads(path.read_text())
+        entry = next(e for e in doc["param_encodings"] if e["name"] == name)
+        entry["scale"][channel] = scale
+        path.write_text(json.dumps(doc))
+    return edit
+
+
+LOST_CHANNELS = [
+    ("scale-1e38-zeroes", channel_scale(V_PROJ, 3, 1e38), "channel 3 (axis", "all zero"),
+    ("scale-1e-30-saturates", channel_scale(V_PROJ, 5, 1e-30), "channel 5 (axis",
+     "saturated"),
+]
+
+
+@pytest.mark.parametrize("edit, channel, what", [c[1:] for c in LOST_CHANNELS],
+                         ids=[c[0] for c in LOST_CHANNELS])
+def test_an_encoding_that_loses_a_whole_channel_is_refused(exported, tmp_path, edit, channel,
+                                                            what):
+    with restored(exported):
+        edit(ex(exported, f"{P2}.encodings"))
+        with pytest.raises(HexbundleError) as caught:
+            ReferenceBackend().convert(ex(exported, f"{P2}.onnx"),
+                                       ex(exported, f"{P2}.encodings"), tmp_path / "p2.dlc", P2,
+                                       ConvertOptions(), lambda m: None)
+    message = str(caught.value)
+    assert f"weight '{V_PROJ}'" in message and channel in message and what in message
+    assert not (tmp_path / "p2.dlc").exists() and os.listdir(tmp_path) == []
