@@ -4,9 +4,12 @@ $TMPDIR/.ses on every run. A real `doit verify` with HOME and TMPDIR pointed at 
 directories leaves them empty."""
 import os
 
+import pytest
+
 from conftest import copy_project
 
 
+@pytest.mark.heavy   # measured ~24 s: a bundle and a verify (the full suite, `pytest --full`)
 def test_verify_leaves_home_and_tmpdir_as_they_were(tmp_path):
     project = copy_project(tmp_path / "p")
     project.doit("bundle")

@@ -30,7 +30,8 @@ def run_shell(proj, command: str):
     return proc.stdout, err.read_text(), int((proj.root / "rc").read_text())
 
 
-@pytest.mark.parametrize("command", ["list", "bundle"])
+@pytest.mark.parametrize("command", [
+    "list", pytest.param("bundle", marks=pytest.mark.heavy)])   # bundle: measured ~15 s each
 @pytest.mark.parametrize("redirect, said", [o[1:] for o in OUTPUTS], ids=[o[0] for o in OUTPUTS])
 def test_a_lost_stdout_is_no_traceback_and_the_build_goes_on(proj, command, redirect, said):
     doit = f"{sys.executable} -m doit"
