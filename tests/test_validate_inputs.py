@@ -29,7 +29,8 @@ from hexbundle.backends import ConvertOptions
 from hexbundle.backends.reference import ReferenceBackend
 from hexbundle.checks.inspect import inspect_path
 from hexbundle.formats.tokenizer import special_token_ids
-from hexbundle.support.errors import InputError
+from hexbundle.inputs.validate import check_onnx
+from hexbundle.support.errors import HexbundleError, InputError
 
 EXPORT = "qwen2-tiny-export"
 P2, T2 = "prompt_ar128_cl256_2_of_4", "token_ar1_cl256_2_of_4"
@@ -595,3 +596,98 @@ def test_inspect_reports_what_the_build_would_refuse(tmp_path):
     assert f"{part(128, 5)}: weight '{weight.name}' holds NaN at [0, 1]" in problems
     assert f"{tokenizer}: starts with a byte-order mark" in problems
     assert not any(str(part(1, 3)) in p or str(part(128, 2)) in p for p in found.problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs that alias each other (issue 40, kind 6): refused by validation, so `doit inspect` and
+# the convert step agree
+
+K_PROJ = "model.layers.0.self_attn.k_proj.weight"     # [128, 64], as V_PROJ
+
+
+def _record(model, name: str) -> dict:
+    init = next(i for i in model.graph.initializer if i.name == name)
+    return {e.key: e for e in init.external_data}
+
+
+def relocate(name: str, location: str):
+    """The tensor's values said to be at offset 0 of `location` (a file beside the ONNX)."""
+    def change(model):
+        record = _record(model, name)
+        record["location"].value = location
+        if "offset" in record:
+            record["offset"].value = "0"
+    return change
+
+
+def onto(name: str, other: str, shift_half: bool = False):
+    """The tensor's window moved onto `other`'s (or half way into it)."""
+    def change(model):
+        mine, theirs = _record(model, name), _record(model, other)
+        offset = int(theirs["offset"].value) + (int(theirs["length"].value) // 2
+                                                 if shift_half else 0)
+        mine["offset"].value = str(offset)
+    return change
+
+
+ALIASES = [
+    ("data-in-the-onnx-itself", relocate(Q_BIAS, f"{P2}.onnx"), "the ONNX itself"),
+    ("data-in-the-encodings", relocate(Q_BIAS, f"{P2}.encodings"), "encodings file"),
+    ("two-weights-one-window", onto(V_PROJ, K_PROJ), "read the same window"),
+    ("half-overlapping-windows", onto(V_PROJ, K_PROJ, shift_half=True),
+     "read overlapping windows"),
+]
+
+
+@pytest.mark.parametrize("change, said", [a[1:] for a in ALIASES], ids=[a[0] for a in ALIASES])
+def test_aliasing_inputs_are_refused_by_inspect_and_convert_alike(exported, change, said):
+    onnx_path = ex(exported, f"{P2}.onnx")
+    with restored(exported):
+        edit_onnx(onnx_path, change)
+        with pytest.raises(InputError) as caught:   # what the convert step runs first
+            check_onnx(onnx_path)
+        assert str(caught.value).startswith(str(onnx_path)) and said in str(caught.value)
+        found = inspect_path(onnx_path.parent)
+        assert any(said in p for p in found.problems), found.problems
+
+
+@pytest.mark.heavy   # a real `doit bundle` (the check above is the same code, in process)
+def test_two_weights_on_one_window_stop_the_build_end_to_end(exported):
+    text = refused(exported, lambda p: edit_onnx(ex(p, f"{P2}.onnx"), onto(V_PROJ, K_PROJ)))
+    assert f"tensors '{K_PROJ}'" in text or f"tensors '{V_PROJ}'" in text
+    assert "read the same window" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# an encoding that zeroes or saturates a whole channel (issue 40, kind 7): refused naming the
+# tensor and the channel (a per-channel scale of 1e38 built a DLC whose channel was all zero)
+
+def channel_scale(name: str, channel: int, scale: float):
+    def edit(path: Path) -> None:
+        doc = json.loads(path.read_text())
+        entry = next(e for e in doc["param_encodings"] if e["name"] == name)
+        entry["scale"][channel] = scale
+        path.write_text(json.dumps(doc))
+    return edit
+
+
+LOST_CHANNELS = [
+    ("scale-1e38-zeroes", channel_scale(V_PROJ, 3, 1e38), "channel 3 (axis", "all zero"),
+    ("scale-1e-30-saturates", channel_scale(V_PROJ, 5, 1e-30), "channel 5 (axis",
+     "saturated"),
+]
+
+
+@pytest.mark.parametrize("edit, channel, what", [c[1:] for c in LOST_CHANNELS],
+                         ids=[c[0] for c in LOST_CHANNELS])
+def test_an_encoding_that_loses_a_whole_channel_is_refused(exported, tmp_path, edit, channel,
+                                                            what):
+    with restored(exported):
+        edit(ex(exported, f"{P2}.encodings"))
+        with pytest.raises(HexbundleError) as caught:
+            ReferenceBackend().convert(ex(exported, f"{P2}.onnx"),
+                                       ex(exported, f"{P2}.encodings"), tmp_path / "p2.dlc", P2,
+                                       ConvertOptions(), lambda m: None)
+    message = str(caught.value)
+    assert f"weight '{V_PROJ}'" in message and channel in message and what in message
+    assert not (tmp_path / "p2.dlc").exists() and os.listdir(tmp_path) == []

@@ -31,7 +31,7 @@ from hexbundle.formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
 from hexbundle.formats.onnxfile import BLOCK_ELEMENTS, TensorValues, initializer_values
 from hexbundle.inputs.validate import WeightValueCheck
 from hexbundle.support import progress
-from hexbundle.support.errors import BackendError, HexbundleError
+from hexbundle.support.errors import BackendError, EncodingsError, HexbundleError
 
 # Non-weight initializers kept inside the topology must stay small: the topology is one blob
 # that is parsed whole.
@@ -277,6 +277,8 @@ def _quantized_blocks(values: TensorValues, quant: QuantParams, notes: _StreamNo
 
     def blocks():
         scratch = None   # one float32 work buffer for every block: no per-block allocation
+        # an encoding given with the weight (check set; a derived one covers its values)
+        channels = ChannelCoverage(shape, quant.axis) if check is not None else None
         for rows, block in values.rows(QUANTIZE_BLOCK_ELEMENTS):
             if check is not None:   # None: the derived-encoding pass checked them already
                 check(block, rows.start)
@@ -290,11 +292,56 @@ def _quantized_blocks(values: TensorValues, quant: QuantParams, notes: _StreamNo
             else:                    # integral: round first, exact even for a 16-bit offset
                 np.rint(q, out=q)    # (w/s + 30000 in float32 would lose bits)
                 q -= offset
+            if channels is not None:
+                channels.add(block, q, np.rint(-offset), qmax, rows)
             if q.size and (q.min() < 0 or q.max() > qmax):   # rare: count only when it happens
                 notes.clipped += int(np.count_nonzero((q < 0) | (q > qmax)))
                 np.clip(q, 0, qmax, out=q)
             yield q.astype(out_dtype)
+        if channels is not None:
+            channels.refuse_lost(check.onnx_path, check.name, quant)
     return blocks
+
+
+class ChannelCoverage:
+    """Per channel of a weight's encoding (one for a per-tensor encoding), streamed block by
+    block: whether any value is nonzero, any quantizes off the zero point, any lands inside
+    [0, 2^bw - 1]. A channel with a nonzero value whose values all quantize to its zero point
+    (a scale of 1e38) is zeroed by its encoding; one whose values all fall outside the range
+    (a scale of 1e-30) is saturated: either is a broken encoding, refused naming the tensor."""
+
+    def __init__(self, shape: tuple, axis):
+        self.axis = axis
+        groups = 1 if axis is None else shape[axis]
+        self.nonzero, self.off_zero, self.inside = (np.zeros(groups, bool) for _ in range(3))
+
+    def _any(self, mask: np.ndarray) -> np.ndarray:
+        if self.axis is None:
+            return np.array([bool(mask.any())])
+        return np.moveaxis(mask, self.axis, 0).reshape(mask.shape[self.axis], -1).any(axis=1)
+
+    def add(self, block, q, zero_point, qmax: int, rows: slice) -> None:
+        for seen, mask in ((self.nonzero, block != 0), (self.off_zero, q != zero_point),
+                           (self.inside, (q >= 0) & (q <= qmax))):
+            if self.axis == 0:
+                seen[rows] |= self._any(mask)
+            else:
+                seen |= self._any(mask)
+
+    def refuse_lost(self, onnx_path, name: str, quant: QuantParams) -> None:
+        for lost, what in ((self.nonzero & ~self.off_zero, "zero: every value quantizes to "
+                            "its zero point"),
+                           (self.nonzero & ~self.inside, "saturated: every value is clipped")):
+            if lost.any():
+                channel = int(np.flatnonzero(lost)[0])
+                scale = float(np.ravel(quant.scale[channel] if quant.axis is not None
+                                       else quant.scale)[0])
+                where = "the tensor" if quant.axis is None else \
+                    f"channel {channel} (axis {quant.axis})"
+                raise EncodingsError(
+                    f"{onnx_path}: weight '{name}': its encoding makes {where} all {what} "
+                    f"(scale {scale:g}, {int(lost.sum())} channel(s) so); the encodings file is "
+                    "broken for this tensor: re-export the encodings")
 
 
 def _inline_attribute_tensors(node: onnx.NodeProto, onnx_path: Path) -> onnx.NodeProto:

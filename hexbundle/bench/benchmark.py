@@ -876,7 +876,7 @@ def run_bench(root: Path, small: bool = False, keep: bool = False, rows: str = "
     cmd = [sys.executable, str(ProjectLayout(root).script("bench.py"))]
     cmd += ["--small"] if small else []
     cmd += ["--keep"] if keep else []
-    cmd += ["--rows", rows] if rows else []
+    cmd += [f"--rows={rows}"] if rows else []   # one argument: a value is never an option
     code = subprocess.call(cmd, cwd=root, env={k: v for k, v in os.environ.items() if k != BUILD_ROOT_ENV})
     if code != 0:
         raise BenchError(f"scripts/bench.py exited {code}")

@@ -17,15 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hexbundle.config.devices import DEVICE_NAME, Device, Devices
-from hexbundle.config.layout import ProjectLayout
+from hexbundle.config.devices import Device, Devices
+from hexbundle.config.layout import DEVICE_NAME, MAX_NAME, NAME, ProjectLayout, check_name
 from hexbundle.config.model import (FAMILIES, ROPE_SCALING_TYPES, Architecture, Graph, Model,
                                     Part, Plan, Quantization, RopeScaling,
                                     pipeline_order_problem)
 from hexbundle.config.remote import check_remote_settings
 from hexbundle.config.runtime_files import RUNTIME_MODES
-from hexbundle.config.schema import (Field, check_value, read_toml, retire, run_settings,
-                                     section_type, to_section, validate)
+from hexbundle.config.schema import (FLOAT32_MAX, I64, NO_CONTROL, U32, U64, Field,
+                                     check_value, read_toml, retire, run_settings, section_type,
+                                     to_section, validate)
 from hexbundle.support.errors import ConfigError
 
 BACKENDS = ("reference", "qairt")
@@ -38,7 +39,6 @@ EXECUTORS = ("local", "docker")
 # ---------------------------------------------------------------------------------------------
 # Schemas
 
-NAME = r"[a-z0-9][a-z0-9._-]*"
 PIN = r"sha256:[0-9a-f]{64}|xxh3_128:[0-9a-f]{32}"
 
 COMPILE_SCHEMA = {
@@ -114,7 +114,8 @@ BUILD_SCHEMA = {
                         "alias, any case"),
     "backend": Field(str, "reference", choices=BACKENDS),
     "executor": Field(str, "local", choices=EXECUTORS),
-    "plan": Field(str, "", doc="a plan of the model; empty for the model's default_plan"),
+    "plan": Field(str, "", pattern=f"({NAME})?",
+                  doc="a plan of the model; empty for the model's default_plan"),
     "runtime": Field(str, "bundled", choices=RUNTIME_MODES,
                      doc="qairt: the SDK's runtime goes into the bundle (bundled), or the board "
                          "has the SDK installed (board: the bundle names the version it needs)"),
@@ -126,10 +127,12 @@ BUILD_SCHEMA = {
 SECTIONS = {"compile": COMPILE_SCHEMA, "container": CONTAINER_SCHEMA}
 
 PLAN_SCHEMA = {
-    "layers_per_part": Field(list, item=int, min=0,
+    "layers_per_part": Field(list, item=int, min=0, max=512,
                              doc="decoder layers per part; part 1 is the embedding (0 layers)"),
-    "expected_total_mib": Field(float, 0.0, min=0, doc="measured total of a known-good build"),
-    "expected_part_mib": Field(list, [], item=float, min=0, doc="measured size of each part"),
+    "expected_total_mib": Field(float, 0.0, min=0, max=U64 / (1 << 20),
+                                doc="measured total of a known-good build"),
+    "expected_part_mib": Field(list, [], item=float, min=0, max=U64 / (1 << 20),
+                               doc="measured size of each part"),
     "tolerance_pct": Field(float, 2.0, min=0.01, max=50),
     "known_to_fail_on": Field(list, [], item=str, doc="devices this plan fails to load on"),
     "failure_note": Field(str, ""),
@@ -145,7 +148,7 @@ VERIFY_SCHEMA = {
                            doc="prefilled through the prompt graphs, in chunks"),
     "decode_steps": Field(int, 32, min=0, max=1 << 20,
                           doc="then decoded one by one through the token graphs"),
-    "seed": Field(int, 0, min=0, max=2 ** 63 - 1,
+    "seed": Field(int, 0, min=0, max=U64,
                   doc="seed of the random token ids fed to both sides"),
     # 8: measured (docs/verify.md): largest errors are heavy-tailed, and on 7 exports x 4 seeds
     # a faithful bundle's worst part reached 3.8 x the floor (an 11-layer Llama's logits part)
@@ -206,9 +209,9 @@ GRAPH_FILES_SCHEMA = {
 MODEL_SCHEMA = {
     "model": Field({
         "name": Field(str, pattern=NAME),
-        "slug": Field(str, pattern=r"[a-z0-9_]+", doc="file-name stem of the bins"),
+        "slug": Field(str, pattern=rf"[a-z0-9_]{{1,{MAX_NAME}}}", doc="file-name stem of the bins"),
         "description": Field(str, ""),
-        "default_plan": Field(str),
+        "default_plan": Field(str, pattern=NAME),
     }),
     "architecture": Field({
         "family": Field(str, "qwen2", choices=FAMILIES,
@@ -223,7 +226,8 @@ MODEL_SCHEMA = {
         "head_dim": Field(int, min=2, max=1024),
         "intermediate_size": Field(int, min=8, max=1 << 20),
         "vocab_size": Field(int, min=16, max=1 << 22),
-        "rope_theta": Field(float, min=1.0),
+        "rope_theta": Field(float, min=1.0, max=U32,
+                            doc="genie_config.json rope-theta: a 32-bit integer"),
         "rms_norm_eps": Field(float, min=0, max=1),
         # config.json's rope_scaling, as Hugging Face names it; left out: plain RoPE
         "rope_scaling": Field({
@@ -255,15 +259,16 @@ MODEL_SCHEMA = {
                                        "--quantize_full_type w8a16) or keep it float"),
     }),
     "tokenizer": Field({
-        "bos": Field(str, doc="content of the BOS special token in tokenizer.json"),
-        "eos": Field(str),
-        "eot": Field(str),
+        "bos": Field(str, pattern=NO_CONTROL,
+                     doc="content of the BOS special token in tokenizer.json"),
+        "eos": Field(str, pattern=NO_CONTROL),
+        "eot": Field(str, pattern=NO_CONTROL),
     }),
     "inputs": Field({
         "source": Field(str, choices=INPUT_SOURCES,
                         doc="generated; export (a flat dir of <graph>.onnx/.data/.encodings); "
                             "qai-hub-models (an export tree, written by `doit import_export`)"),
-        "seed": Field(int, 0, min=0, doc="generated inputs: random seed"),
+        "seed": Field(int, 0, min=0, max=U64, doc="generated inputs: random seed"),
         "dir": Field(str, "", doc="export inputs: the export's directory"),
         "how_to_export": Field(str, "", doc="printed when an export input is missing"),
         "layout": Field(str, "", doc="qai-hub-models: the layout the import found (a note)"),
@@ -285,12 +290,12 @@ MODEL_SCHEMA = {
     # writes (qai-hub-models 0.65.0 create_genie_config; tests/test_devices.py checks them
     # against its source).
     "genie": Field({
-        "max_num_tokens": Field(int, None, min=1,
+        "max_num_tokens": Field(int, None, min=1, max=U32,
                                 doc="tokens generated per answer at most; default: Qualcomm's "
                                     f"{QUALCOMM_MAX_NUM_TOKENS}, capped by graphs.context_length"),
-        "sampler_seed": Field(int, 42, min=0),
-        "temp": Field(float, 0.8, min=0),
-        "top_k": Field(int, 40, min=1),
+        "sampler_seed": Field(int, 42, min=0, max=U32, doc="Genie reads it as 32 bits"),
+        "temp": Field(float, 0.8, min=0, max=FLOAT32_MAX),
+        "top_k": Field(int, 40, min=1, max=U32),
         "top_p": Field(float, 0.95, min=0, max=1),
     }),
     "plans": Field({"*": Field(PLAN_SCHEMA)}, {}),
@@ -375,6 +380,10 @@ def container_settings(table: dict, where) -> ContainerSettings:
     """[container] (already validated by CONTAINER_SCHEMA) checked as a whole; `where(key)` says
     where a key was given (the file or the command line) for the message."""
     memory, tmp_size = size_bytes(table["memory"]), size_bytes(table["tmp_size"])
+    for key, value in (("memory", memory), ("tmp_size", tmp_size)):
+        if value > I64:   # docker takes bytes as an int64
+            raise ConfigError(f"{where(key)}: key 'container.{key}' is {table[key]!r}: more "
+                              "bytes than docker can hold (2**63 - 1); give a size such as 32g")
     if memory < MIN_STEP_MEMORY:
         raise ConfigError(f"{where('memory')}: key 'container.memory' is {table['memory']!r}: a "
                           "step needs at least 64m (a 7B model needs many GB: the default is 32g)")
@@ -384,6 +393,9 @@ def container_settings(table: dict, where) -> ContainerSettings:
                           f"container.memory ({table['memory']}): /tmp is a tmpfs, its pages count "
                           "in the step's memory")
     uid, gid = (int(n) for n in table["user"].split(":"))
+    if max(uid, gid) > U32 - 1:   # uid_t is 32 bits, and 2**32 - 1 is (uid_t) -1: "no change"
+        raise ConfigError(f"{where('user')}: key 'container.user' is {table['user']!r}: a uid "
+                          f"and gid are at most {U32 - 1}")
     if uid == 0 or gid == 0:
         raise ConfigError(f"{where('user')}: key 'container.user' is {table['user']!r}: steps "
                           "never run as root (uid or gid 0); give an unprivileged uid:gid, e.g. "
@@ -534,6 +546,7 @@ def context_lengths(g: dict, where: str) -> tuple:
 
 
 def make_plan(where: str, name: str, p: dict, arch: Architecture) -> Plan:
+    check_name(name, "[plans.*] table: the plan name", where)
     layers = tuple(p["layers_per_part"])
     key = f"plans.{name}.layers_per_part"
     if len(layers) < 2:

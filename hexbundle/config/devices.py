@@ -37,13 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hexbundle.config.layout import ProjectLayout
+from hexbundle.config.layout import DEVICE_NAME, NAME, ProjectLayout
 from hexbundle.config.runtime_files import TARGETS, target_for
-from hexbundle.config.schema import Field, read_toml, section_type, to_section
+from hexbundle.config.schema import U64, Field, read_toml, section_type, to_section
 from hexbundle.support.errors import ConfigError
 
-NAME = r"[a-z0-9][a-z0-9._-]*"
-DEVICE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"   # device=NAME: a name or alias, any case
 DSP_ARCH = r"v[0-9]{2}"
 # QNN's HTP backend targets Hexagon v68 and later ("S888 or SoC newer than S888"); v65/v66 chips
 # run QNN's DSP backend, which builds no Genie bundle (QAIRT docs, "Backend Library").
@@ -68,11 +66,11 @@ HTP_SETTINGS = {
 }
 RUNTIME_SETTINGS = {
     "n_threads": Field(int, None, min=1, max=64),
-    "cpu_mask": Field(str, None, pattern=r"0x[0-9a-fA-F]+"),
+    "cpu_mask": Field(str, None, pattern=r"0x[0-9a-fA-F]{1,16}", doc="64 CPUs at most"),
     "poll": Field(bool, None),
     "use_mmap": Field(bool, None, doc="weights paged in on demand"),
-    "mmap_budget": Field(int, None, min=0),
-    "spill_fill_bufsize": Field(int, None, min=0),
+    "mmap_budget": Field(int, None, min=0, max=U64),
+    "spill_fill_bufsize": Field(int, None, min=0, max=U64),
     "allow_async_init": Field(bool, None),
 }
 DEFAULT_HTP = ("perf_profile", "rpc_control_latency", "mem_type")   # the rest is per chipset

@@ -28,6 +28,7 @@ the next are the same string (doit matches them exactly).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,38 @@ MD5_DOIT_DB = "doit-db-md5.json"   # `doit bench` only: doit's stock checker kee
 RELEASE_PROVENANCE = "provenance.json"   # beside the release archive, wherever it is copied
 RELEASE_SUMS = "SHA256SUMS"
 GRAPH_FILE_SUFFIXES = (".onnx", ".data", ".encodings")
+# A name that becomes one component of a path hexbundle writes (a model, a board or chipset, a
+# plan, a graph, a slug): no separator, no leading dot (so never "." or ".."), lower case (two
+# names never share a directory on a case-insensitive disk), and short enough that every path
+# built from a few of them stays far below NAME_MAX (255) and PATH_MAX.
+MAX_NAME = 64
+NAME = rf"[a-z0-9][a-z0-9._-]{{0,{MAX_NAME - 1}}}"
+# device=NAME: a board or chipset by name or alias, any case (config.devices lowers it).
+DEVICE_NAME = rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME - 1}}}"
+
+
+def name_problem(name, pattern: str = NAME) -> str:
+    """Why `name` cannot be a path component, or '' when it can."""
+    if not isinstance(name, str):
+        return f"is {type(name).__name__} {name!r}, not a string"
+    if len(name) > MAX_NAME:
+        return f"is {len(name)} characters long; at most {MAX_NAME}"
+    if not re.fullmatch(pattern, name):
+        return (f"is {name!r}; it becomes a directory or file name: use lower-case letters, "
+                "digits, '.', '_' and '-', starting with a letter or digit")
+    return ""
+
+
+def check_name(name, what: str, where: str = "", pattern: str = NAME) -> str:
+    """`name` if it can be a path component, else ConfigError naming where it was given and what
+    it names (`what`: "plan", "model.name", ...). The one check of every name that becomes a
+    path, whatever its source (a config file, the command line, a task's argument)."""
+    problem = name_problem(name, pattern)
+    if problem:
+        shown = name if len(str(name)) <= 80 else f"{str(name)[:40]}...({len(name)} characters)"
+        problem = problem.replace(repr(name), repr(shown))
+        raise ConfigError(f"{where + ': ' if where else ''}{what} {problem}")
+    return name
 
 
 def dlc_name(graph: Graph) -> str:
@@ -162,7 +195,7 @@ class ProjectLayout:
         return self.configs_dir / "models"
 
     def model_config(self, name: str) -> Path:
-        return self.models_dir / f"{name}.toml"
+        return self.models_dir / f"{check_name(name, 'model')}.toml"
 
     @property
     def devices_table(self) -> Path:
@@ -184,7 +217,19 @@ class ProjectLayout:
 
     def generated_inputs_dir(self, model_name: str) -> Path:
         """Where a generated model's inputs go (device-independent)."""
-        return self.build_root / model_name / "inputs"
+        return self.in_build_root(("model", model_name)) / "inputs"
+
+    def in_build_root(self, *named: tuple, base: Path | None = None) -> Path:
+        """base (the build root) / name / name ..., from (what, name) pairs: each name checked
+        (check_name), and the path refused if it leaves the build root all the same. Every
+        directory named after a model, device, plan or backend is made here."""
+        base = self.build_root if base is None else base
+        path = base.joinpath(*(check_name(name, what) for what, name in named))
+        lexical = Path(os.path.normpath(path))
+        if self.build_root not in lexical.parents:
+            raise ConfigError(f"{path} is outside the build root {self.build_root}: hexbundle "
+                              "writes only under it; check the names in the path")
+        return path
 
     # hexbundle's state --------------------------------------------------------------------
     @property
@@ -208,7 +253,7 @@ class ProjectLayout:
 
     def model_doit_db(self, model_name: str, name: str = DOIT_DB) -> Path:
         """The DB of a model's own steps (inputs:*), whose files every variant of it shares."""
-        return self.db_dir / model_name / name
+        return self.in_build_root(("model", model_name), base=self.db_dir) / name
 
     def doit_dbs(self, name: str = DOIT_DB) -> list:
         """Every dependency DB of the build root (models' and variants'), sorted."""
@@ -327,7 +372,7 @@ class Layout(ProjectLayout):
     def model_dir(self) -> Path:
         """Everything a build step writes, bar the digest cache: generated or split inputs, and
         per variant DLCs, bins, the bundle, logs."""
-        return self.build_root / self.cfg.model.name
+        return self.in_build_root(("model", self.cfg.model.name))
 
     @property
     def variant(self) -> tuple:
@@ -338,13 +383,17 @@ class Layout(ProjectLayout):
         return cfg.model.name, cfg.device.name, cfg.plan.name, cfg.backend
 
     @property
+    def _named_variant(self) -> tuple:
+        return tuple(zip(("model", "device", "plan", "backend"), self.variant))
+
+    @property
     def build_dir(self) -> Path:
         """The variant's own directory, under its model's."""
-        return self.build_root.joinpath(*self.variant)
+        return self.in_build_root(*self._named_variant)
 
     def doit_db(self, name: str = DOIT_DB) -> Path:
         """This variant's dependency DB (`name`: doit-db-md5.json for `doit bench`)."""
-        return self.db_dir.joinpath(*self.variant, name)
+        return self.in_build_root(*self._named_variant, base=self.db_dir) / name
 
     def model_db(self, name: str = DOIT_DB) -> Path:
         """The dependency DB of this model's own steps (inputs:*)."""
@@ -445,7 +494,7 @@ class Layout(ProjectLayout):
         return self.dlc_dir / dlc_name(graph)
 
     def bin_name(self, part: Part) -> str:
-        return f"{self.cfg.model.slug}_{part.tag}.bin"
+        return f"{check_name(self.cfg.model.slug, 'model.slug')}_{part.tag}.bin"
 
     def bin(self, part: Part) -> Path:
         return self.bin_dir / self.bin_name(part)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from hexbundle.config.schema import PORT
 from hexbundle.support.errors import ConfigError
 
 
@@ -19,6 +20,11 @@ def parse_target(url: str) -> tuple:
     scheme, _, rest = url.partition("://")
     if scheme not in ("grpc", "grpcs") or not rest:
         raise ConfigError(f"remote_cache = {url!r}: expected grpc://HOST:PORT or grpcs://HOST:PORT")
+    port = rest.rpartition(":")[2]
+    if not port.isdigit() or not PORT[0] <= int(port) <= PORT[1]:
+        # gRPC would take 99999 modulo 65536 and call another port
+        raise ConfigError(f"remote_cache = {url!r}: port {port!r} is not a TCP port "
+                          f"({PORT[0]}-{PORT[1]})")
     return rest, scheme == "grpcs"
 
 

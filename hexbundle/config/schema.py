@@ -19,6 +19,18 @@ import tomli
 from hexbundle.support.errors import ConfigError
 
 
+# The ranges of the fields numbers end in (a config number gets its destination's: a value past
+# it would wrap, or be read as another number, where it lands).
+U32 = 2 ** 32 - 1            # Genie's counts and seeds (its parser reads them as 32-bit)
+U64 = 2 ** 64 - 1            # byte budgets; numpy's seeds
+I64 = 2 ** 63 - 1            # docker's byte sizes (int64)
+FLOAT32_MAX = 3.4028234663852886e38   # a float Genie or the backend holds in 32 bits
+PORT = (1, 65535)
+# A string with no control character (C0, DEL, C1): what a special token or a name printed in a
+# config may hold (a NUL in a token ends its string in C).
+NO_CONTROL = r"[^\x00-\x1f\x7f-\x9f]+"
+
+
 @dataclass(frozen=True)
 class Field:
     type: Any                      # bool, int, float, str, list (of `item`), or a dict schema
@@ -71,9 +83,15 @@ def _type_ok(value: Any, t: Any) -> bool:
     return False
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """repr(value) for a message, cut short: a 100 KB value is named, not printed."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit // 2]}... ({len(text)} characters)"
+
+
 def check_value(value: Any, f: Field, where: str, key: str) -> Any:
     if not _type_ok(value, f.type):
-        raise ConfigError(f"{where}: key '{key}' is {type(value).__name__} {value!r}; "
+        raise ConfigError(f"{where}: key '{key}' is {type(value).__name__} {shown(value)}; "
                           f"expected {_describe(f)}")
     if f.type is float:
         value = float(value)
@@ -87,12 +105,12 @@ def check_value(value: Any, f: Field, where: str, key: str) -> Any:
                      for i, v in enumerate(value)]
         return value
     if f.choices and value not in f.choices:
-        raise ConfigError(f"{where}: key '{key}' is {value!r}; allowed: "
+        raise ConfigError(f"{where}: key '{key}' is {shown(value)}; allowed: "
                           + ", ".join(repr(c) for c in f.choices))
     if f.min is not None and value < f.min or f.max is not None and value > f.max:
-        raise ConfigError(f"{where}: key '{key}' is {value!r}; expected {_describe(f)}")
+        raise ConfigError(f"{where}: key '{key}' is {shown(value)}; expected {_describe(f)}")
     if f.pattern and not re.fullmatch(f.pattern, value):
-        raise ConfigError(f"{where}: key '{key}' is {value!r}; expected {_describe(f)}")
+        raise ConfigError(f"{where}: key '{key}' is {shown(value)}; expected {_describe(f)}")
     return value
 
 

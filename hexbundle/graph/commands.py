@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import getopt
 import inspect
+import sys
 
 from doit import cmd_help, cmd_run
 from doit.cmdparse import CmdParseError
@@ -60,6 +61,13 @@ opt_explain = {
     "help": "one line per step: why it runs (the setting, input or code file that changed), "
             "or that it is up to date or fetched from the cache",
 }
+
+
+def _is_stdout(stream) -> bool:
+    try:
+        return stream.fileno() == 1
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 class Run(cmd_run.Run):
@@ -120,6 +128,8 @@ class Run(cmd_run.Run):
                  reporter="console", num_process=0, par_type="process", single=False,
                  auto_delayed_regex=False, force_verbosity=False, failure_verbosity=0,
                  pdb=False, dry_run=False, explain=False):
+        if outfile is None or not isinstance(outfile, str) and _is_stdout(outfile):
+            outfile = sys.stdout   # guarded (support.stdio); doit took it at import, unguarded
         chosen = self.reporters.get(reporter) if isinstance(reporter, str) else reporter
         console.configure(
             quiet=bool(force_verbosity and verbosity is not None and verbosity < 2),

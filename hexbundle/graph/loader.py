@@ -10,8 +10,11 @@ Nothing else differs from doit's DodoTaskLoader.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 from doit.cmd_base import DodoTaskLoader
+
+from hexbundle.support import stdio, testhooks
 
 
 def refuse_empty_arguments(args: list) -> None:
@@ -28,5 +31,32 @@ class Loader(DodoTaskLoader):
     of `python3 -m doit ...`: sys.argv), which is checked here."""
 
     def __init__(self):
+        stdio.guard()   # before anything is written (support.stdio)
         super().__init__()
         refuse_empty_arguments(sys.argv[1:])
+
+    # Start-up (reading dodo.py, its imports, the configs) may take seconds: Ctrl-C there stops
+    # the run with a line, not a KeyboardInterrupt traceback (nothing has been built yet).
+    def setup(self, opt_values):
+        with interrupted_at_start_up():
+            return super().setup(opt_values)
+
+    def load_doit_config(self):
+        with interrupted_at_start_up():
+            return super().load_doit_config()
+
+    def load_tasks(self, cmd, pos_args):
+        with interrupted_at_start_up():
+            testhooks.set_step(testhooks.START_UP)   # tests interrupt the start-up here
+            testhooks.pause_point()
+            testhooks.set_step(None)
+            return super().load_tasks(cmd, pos_args)
+
+
+@contextmanager
+def interrupted_at_start_up():
+    try:
+        yield
+    except KeyboardInterrupt:
+        sys.stderr.write("hexbundle: interrupted while starting up; nothing was run\n")
+        raise SystemExit(130) from None

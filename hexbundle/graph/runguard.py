@@ -46,7 +46,7 @@ from hexbundle.graph.db import pair_with_model, save_file
 from hexbundle.graph.variants import seeded, split_records
 from hexbundle.support.atomic import aside_name, atomic_output, discard, is_temp_name, put_back
 from hexbundle.support.errors import HexbundleError
-from hexbundle.support.files import LinkedStateError, open_state, read_state
+from hexbundle.support.files import LinkedStateError, open_state, read_state, require_own_file
 from hexbundle.support.run import run_id
 
 LOCK_TIMEOUT_ENV = "HEXBUNDLE_LOCK_TIMEOUT"
@@ -237,6 +237,13 @@ def hold_lock(path: Path, root: Path) -> None:
         raise HexbundleError(f"{path}: hexbundle keeps a file there (the build lock), but it is "
                              "a symbolic link: move it away or remove it, then run again") \
             from None
+    try:   # pid and run id are written into it: never into a file linked from elsewhere
+        require_own_file(fd, path)
+    except OSError as exc:
+        os.close(fd)
+        raise HexbundleError(f"{path}: hexbundle keeps its build lock there, but it is "
+                             f"{exc.strerror}: remove it (no run holds a lock in such a file), "
+                             "then run again") from None
     fh = os.fdopen(fd, "r+")
     timeout = lock_timeout()
     deadline = time.monotonic() + timeout

@@ -11,7 +11,7 @@ from pathlib import Path
 import doit
 
 from hexbundle.config.build import load_build
-from hexbundle.config.layout import DOIT_DB, Layout, ProjectLayout
+from hexbundle.config.layout import BUILD_ROOT_ENV, DOIT_DB, Layout, ProjectLayout
 from hexbundle.graph import codekey, runguard
 from hexbundle.graph.checker import XXH3Checker, comparison_checker
 from hexbundle.graph.db import BACKEND
@@ -79,9 +79,13 @@ def load(root: Path):
     layout = Layout(cfg)
     if runguard.command_writes(sys.argv):   # not list, help, info: those leave no trace
         try:   # the build lock, clean-up after a killed run, a crash-safe dependency DB
+            hashing.check_trace_file()
             runguard.guard_run(layout, sys.argv, checker_and_db()[1])
         except HexbundleError as exc:
             print(f"hexbundle: {exc}", file=sys.stderr)
+            sys.exit(3)
+        except OSError as exc:   # a build root that cannot be written (read-only, /proc, ...)
+            print(f"hexbundle: {build_root_problem(layout, exc)}", file=sys.stderr)
             sys.exit(3)
         hashing.use_cache(layout.digest_cache)   # else digests stay in memory
         codekey.use_cache(layout.code_imports_cache)   # else every run reads the sources
@@ -89,6 +93,15 @@ def load(root: Path):
         hashing.cache().with_sha256 = bool(cfg.remote.cache)
     set_banner(layout)
     return cfg, layout, overrides
+
+
+def build_root_problem(layout: Layout, exc: OSError) -> str:
+    """The message of a build root hexbundle cannot set up its state in: the file, the
+    operation, what to do."""
+    where = exc.filename or layout.state_dir
+    return (f"{where}: cannot create or write it ({exc.strerror or exc}) while setting up the "
+            f"build root {layout.build_root} (its lock and state, {layout.state_dir}): make the "
+            f"build root writable, or choose another with {BUILD_ROOT_ENV}=DIR")
 
 
 def checker_and_db() -> tuple:

@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from hexbundle.config.build import QUALCOMM_MAX_NUM_TOKENS
-from hexbundle.config.layout import GraphInputs, ProjectLayout
+from hexbundle.config.layout import GraphInputs, ProjectLayout, check_name
 from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
                                     part_graphs)
 from hexbundle.formats.encodings import load_encodings
@@ -85,8 +85,7 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
         raise InputError("import_export needs --dir PATH (the export) and --name NAME (the "
                          "model config to write), e.g. `doit import_export --dir ~/export "
                          "--name qwen2.5-7b-mine`")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
-        raise InputError(f"--name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
+    check_name(name, "--name")
     tree = scan_export(Path(dir).expanduser())
     for line in tree.describe():
         if not (tokenizer and line.startswith("tokenizer: missing")):

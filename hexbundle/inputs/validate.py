@@ -97,15 +97,51 @@ def unique_initializers(onnx_path: Path, model: onnx.ModelProto) -> None:
 
 def external_data_records(onnx_path: Path, model: onnx.ModelProto) -> None:
     """Each tensor kept in external data (initializers, Constant values) points at a window
-    that exists; nothing is read."""
+    that exists, in a data file (not the ONNX nor an encodings file), and no two tensors' windows
+    share a byte; nothing is read."""
+    windows = []
     for init in model.graph.initializer:
         if init.data_location == onnx.TensorProto.EXTERNAL:
-            initializer_values(init, onnx_path)
+            windows.append(initializer_values(init, onnx_path))
     for node in model.graph.node:
         for attribute in node.attribute:
             if (attribute.type == onnx.AttributeProto.TENSOR
                     and attribute.t.data_location == onnx.TensorProto.EXTERNAL):
-                initializer_values(attribute.t, onnx_path)
+                windows.append(initializer_values(attribute.t, onnx_path))
+    no_aliases(onnx_path, windows)
+
+
+# The files of a graph that hold something else than weights: external data read there would
+# be the graph's structure or its encodings taken for weights.
+NOT_DATA_SUFFIXES = (".onnx", ".encodings")
+
+
+def no_aliases(onnx_path: Path, windows: list) -> None:
+    """Refuse external data that aliases: a window in the ONNX itself or in an encodings file,
+    or two tensors reading one window or overlapping ones (the second would be a copy of the
+    first, or half of it). Inspect and convert both run this (structure_problems)."""
+    this = onnx_path.resolve()
+    by_file: dict = {}
+    for values in windows:
+        data = values.data_path.resolve()
+        if data == this or data.suffix in NOT_DATA_SUFFIXES:
+            what = "the ONNX itself" if data == this else "a graph's encodings file"
+            raise InputError(f"{onnx_path}: tensor '{values.name}' keeps its values in {data}, "
+                             f"{what}, not a data file: re-export the model (its external "
+                             "data goes in a .data file of its own)")
+        if values.nbytes:
+            by_file.setdefault(data, []).append((values.offset, values.offset + values.nbytes,
+                                                 values.name))
+    for data, spans in by_file.items():
+        spans.sort()
+        for (start, end, name), (next_start, next_end, next_name) in zip(spans, spans[1:]):
+            if next_start < end:
+                same = (start, end) == (next_start, next_end)
+                raise InputError(
+                    f"{onnx_path}: tensors '{name}' (bytes {start}..{end}) and '{next_name}' "
+                    f"(bytes {next_start}..{next_end}) of {data} "
+                    + ("read the same window" if same else "read overlapping windows")
+                    + ": each weight has bytes of its own in an export; re-export the model")
 
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,

@@ -2,6 +2,8 @@
 which steps' outputs came from a remote cache (server and instance; build-info.json)."""
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 from hexbundle import __version__
@@ -11,7 +13,7 @@ from hexbundle.config.schema import table_of
 from hexbundle.config.toolchain import load_toolchain
 from hexbundle.formats.manifest import read_build_info
 from hexbundle.support import hashing
-from hexbundle.support.errors import HexbundleError
+from hexbundle.support.errors import FormatError, HexbundleError
 from hexbundle.support.hashing import sha256_file
 
 
@@ -106,3 +108,88 @@ def provenance(layout: Layout, overrides: dict, source: dict, epoch: int,
             "runDetails": {"builder": {"id": BUILDER_ID, "version": {"hexbundle": __version__}}},
         },
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The reader: a provenance comes with a release, from anywhere; every value `verify_release`
+# uses is checked to its exact shape before it is used (a commit reaches `git`, a material's name
+# is a path that is hashed, the epoch goes into tar headers).
+
+GIT_COMMIT = re.compile(r"[0-9a-f]{40}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+# The release's file times: from 1980 (what zip and some tar tools can hold at least) to the
+# largest a ustar header holds (11 octal digits: 2242), so every tar tool reads them back.
+MIN_EPOCH, MAX_EPOCH = 315532800, 8 ** 11 - 1
+PARAMETERS = ("model", "device", "plan", "backend", "executor")
+
+
+def _at(doc, path: str, kind: type, where: str):
+    """doc's value at the dotted `path`, which must be a `kind`: FormatError naming the key."""
+    value = doc
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise FormatError(f"{where}: missing key '{path}'; not a hexbundle provenance "
+                              "statement (keep the release's files as `doit release` wrote them)")
+        value = value[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise FormatError(f"{where}: key '{path}' is {type(value).__name__}, expected "
+                          f"{kind.__name__}")
+    return value
+
+
+def read_provenance(path: Path) -> dict:
+    """The provenance statement at `path`, checked (check_provenance): FormatError naming the
+    file and the key otherwise."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:   # nested past the parser's depth, too
+        raise FormatError(f"{path}: not JSON ({str(exc)[:200] or 'nested too deeply'})") from None
+    return check_provenance(doc, str(path))
+
+
+def check_provenance(doc, where: str) -> dict:
+    """What verify_release reads of a statement, each value of its exact type and shape."""
+    for subject in _at(doc, "subject", list, where):
+        _at(subject, "name", str, f"{where}: subject")
+        if not SHA256.fullmatch(_at(subject, "digest.sha256", str, f"{where}: subject")):
+            raise FormatError(f"{where}: a subject's digest.sha256 is not 64 hex digits")
+    build = _at(doc, "predicate.buildDefinition", dict, where)
+    params = _at(build, "externalParameters", dict, where)
+    for key in PARAMETERS:
+        _at(params, key, str, f"{where}: externalParameters")
+    for key, value in _at(params, "compile", dict, f"{where}: externalParameters").items():
+        # each becomes `key=value` on the rebuild's command line: a setting's name, never an
+        # option (load_build then refuses a name it does not know)
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", key):
+            raise FormatError(f"{where}: externalParameters.compile has key {key[:80]!r}; "
+                              "expected a [compile] setting's name")
+        if not isinstance(value, (str, int, float, bool)):
+            raise FormatError(f"{where}: externalParameters.compile.{key} is "
+                              f"{type(value).__name__}; expected a value")
+    epoch = _at(params, "source_date_epoch", int, f"{where}: externalParameters")
+    if not MIN_EPOCH <= epoch <= MAX_EPOCH:
+        raise FormatError(f"{where}: externalParameters.source_date_epoch is {epoch}; expected "
+                          f"seconds in [{MIN_EPOCH}, {MAX_EPOCH}] (1980 to 2242)")
+    for dep in _at(build, "resolvedDependencies", list, where):
+        _check_dependency(dep, where)
+    return doc
+
+
+def _check_dependency(dep, where: str) -> None:
+    name = _at(dep, "name", str, f"{where}: resolvedDependencies")
+    here = f"{where}: resolvedDependencies {name[:80]!r}"
+    digest = _at(dep, "digest", dict, here)
+    if not all(isinstance(v, str) for v in digest.values()):
+        raise FormatError(f"{here}: every digest must be a string")
+    if "annotations" in dep:
+        _at(dep, "annotations", dict, here)
+    if name == "source" and "gitCommit" in digest \
+            and not GIT_COMMIT.fullmatch(digest["gitCommit"]):
+        raise FormatError(f"{here}: digest.gitCommit is {digest['gitCommit'][:80]!r}; expected "
+                          "a commit: 40 lower-case hex digits")
+    if "sha256" in digest and not SHA256.fullmatch(digest["sha256"]):
+        raise FormatError(f"{here}: digest.sha256 is not 64 hex digits")

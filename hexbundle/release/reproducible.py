@@ -25,7 +25,7 @@ from typing import Optional
 from hexbundle.config.build import REMOTE_ENV_PREFIX, BuildConfig, run_settings_given
 from hexbundle.config.layout import BUILD_ROOT_ENV, RELEASE_PROVENANCE, Layout
 from hexbundle.config.schema import table_of
-from hexbundle.release.provenance import provenance
+from hexbundle.release.provenance import MAX_EPOCH, provenance, read_provenance
 from hexbundle.support import hashing
 from hexbundle.support import table as tables
 from hexbundle.support.atomic import atomic_output, write_atomic
@@ -79,6 +79,9 @@ def release_epoch(source: dict) -> int:
     if epoch < MIN_ZIP_EPOCH:
         raise ReleaseError(f"SOURCE_DATE_EPOCH={epoch} is before 1980-01-01, which archive "
                            f"formats cannot all hold; use a value >= {MIN_ZIP_EPOCH}")
+    if epoch > MAX_EPOCH:
+        raise ReleaseError(f"SOURCE_DATE_EPOCH={epoch} is past what a tar header holds "
+                           f"({MAX_EPOCH}, in 2242); use the source's own time")
     return epoch
 
 
@@ -212,14 +215,10 @@ def _write_text(path: Path, text: str) -> None:
 def load_provenance(archive: Path) -> dict:
     path = archive.parent / RELEASE_PROVENANCE
     try:
-        doc = json.loads(path.read_text())
-        doc["predicate"]["buildDefinition"]["externalParameters"]["model"]
+        return read_provenance(path)
     except FileNotFoundError:
         raise ReleaseError(f"{path}: no provenance next to {archive.name}; keep the release "
                            "directory's files together") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ReleaseError(f"{path}: not a hexbundle provenance statement ({exc})") from None
-    return doc
 
 
 def source_tree_for(root: Path, recorded: dict, workdir: Path, log) -> Path:
@@ -238,7 +237,9 @@ def source_tree_for(root: Path, recorded: dict, workdir: Path, log) -> Path:
         return root
     src = workdir / "source"
     src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", commit],
+    # the commit was checked to be 40 hex digits (read_provenance); after "--" all the same, so
+    # that no value from a file is ever read by git as an option
+    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", commit, "--"],
                              capture_output=True)
     if archive.returncode != 0:
         raise ReleaseError(f"source commit {commit} is not in {root}: fetch it, then retry")
@@ -254,7 +255,12 @@ def check_materials(deps: list, root: Path, log) -> list:
         name, digest = dep.get("name", ""), dep.get("digest", {})
         if name == "source" or "sha256" not in digest or name.startswith("build/"):
             continue  # generated inputs are rebuilt; the rest is checked by the comparison
-        path = root / name
+        path = material_path(root, name)
+        if path is None:
+            problems.append(f"{name[:200]!r}: recorded in the provenance, but not a file of the "
+                            "source tree (an absolute path or one leading out of it); "
+                            "verify_release reads only the release's own files")
+            continue
         if not path.is_file():
             problems.append(f"{name}: recorded in the provenance but missing")
             continue
@@ -262,6 +268,17 @@ def check_materials(deps: list, root: Path, log) -> list:
         if got != digest["sha256"]:
             problems.append(f"{name}: sha256 {got} differs from the recorded {digest['sha256']}")
     return problems
+
+
+def material_path(root: Path, name: str) -> Optional[Path]:
+    """The file a material names, if it is one of the source tree's (relative, no "..", no
+    symlink leading out); None otherwise."""
+    relative = Path(name)
+    if not name or relative.is_absolute() or ".." in relative.parts or "\0" in name:
+        return None
+    path = root / relative
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return path if real.startswith(top + os.sep) else None
 
 
 def verify_release(root: Path, archive: Path, log=print) -> bool:

@@ -44,6 +44,10 @@ class OnnxGraph:
 
     def run(self, feeds: dict) -> dict:
         if self._session is None:
+            # onnxruntime's telemetry writes ~/.cache/Microsoft/DeveloperTools/.onnxruntime/
+            # (a device id, a database) and $TMPDIR/.ses when it is imported: files of the user's
+            # outside the build root, on every `doit verify`. Off unless the user turned it on.
+            os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
             try:
                 import onnxruntime
             except ImportError:

@@ -42,7 +42,7 @@ from hexbundle.config.toolchain import load_toolchain
 from hexbundle.support import progress
 from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import ContainerError, HexbundleError
-from hexbundle.support.files import open_in_place
+from hexbundle.support.files import open_in_place, require_own_file
 from hexbundle.support.run import LIFELINE_ENV, run_id
 from hexbundle.support.testhooks import PAUSE_AT_ENV, PAUSE_DIR_ENV
 from hexbundle.toolchain.docker import LONG_TIMEOUT_S, docker_client, find_image, require_sdk_image
@@ -189,16 +189,31 @@ def hand_over(layout: Layout, user: str) -> None:
 
 
 def _chown_if_there(path: Path, uid: int, gid: int) -> None:
+    """One of hexbundle's own files handed over through a descriptor, if it is one: a regular
+    file with one name (never a hard link planted to a file elsewhere)."""
     try:
-        os.chown(path, uid, gid, follow_symlinks=False)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:   # none yet, or replaced meanwhile by another step's rename
-        pass
+        return
+    try:
+        try:
+            require_own_file(fd, path)
+        except OSError as exc:
+            raise ContainerError(f"{path}: hexbundle keeps a file of its own there, but it is "
+                                 f"{exc.strerror}; remove it, then run again") from None
+        os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
 
 
 def _chown_tree(top: Path, uid: int, gid: int) -> None:
     """chown what is not already uid:gid under `top`, through directory descriptors and never
     following a symlink (a step of a parallel run writes here meanwhile: a name swapped for a
-    link must not send a root chown elsewhere)."""
+    link must not send a root chown elsewhere). A file is chowned through a descriptor opened
+    on it, and only if every name it has is in the tree (the bundle's bins are hard links of
+    bin/'s): a hard link planted to a file elsewhere (a setuid binary) is refused, as is
+    anything but a regular file, a directory or a symbolic link (a FIFO, a device)."""
+    names = _names_by_inode(top)
     for _, dirnames, filenames, dirfd in os.fwalk(top):
         st = os.fstat(dirfd)   # a directory is chowned through the descriptor fwalk checked
         if (st.st_uid, st.st_gid) != (uid, gid):
@@ -206,10 +221,47 @@ def _chown_tree(top: Path, uid: int, gid: int) -> None:
         for name in filenames + dirnames:   # files, and links (fwalk lists a link to a dir there)
             try:
                 st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-                if not stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) != (uid, gid):
+                if stat.S_ISDIR(st.st_mode) or (st.st_uid, st.st_gid) == (uid, gid):
+                    continue
+                if stat.S_ISLNK(st.st_mode):   # the link itself (lchown), never its target
                     os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+                    continue
+                _chown_own_file(name, dirfd, uid, gid, names, top)
             except FileNotFoundError:   # renamed away by a step running meanwhile
                 continue
+
+
+def _names_by_inode(top: Path) -> dict:
+    """(st_dev, st_ino) -> how many names the file has under `top`."""
+    count: dict = {}
+    for _, _, filenames, dirfd in os.fwalk(top):
+        for name in filenames:
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            key = (st.st_dev, st.st_ino)
+            count[key] = count.get(key, 0) + 1
+    return count
+
+
+def _chown_own_file(name: str, dirfd: int, uid: int, gid: int, names: dict, top: Path) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                 dir_fd=dirfd)
+    try:
+        st = os.fstat(fd)
+        where = os.path.join(os.readlink(f"/proc/self/fd/{dirfd}"), name)
+        if not stat.S_ISREG(st.st_mode):
+            raise ContainerError(f"{where}: not a regular file (hexbundle writes only files "
+                                 f"there); remove it from {top}, then run again")
+        if st.st_nlink > names.get((st.st_dev, st.st_ino), 0):
+            raise ContainerError(
+                f"{where}: it has {st.st_nlink} names, not all of them under {top}: a hard link "
+                "to a file elsewhere, which hexbundle, running as root, will not hand to the "
+                "step user; remove it, then run again")
+        os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------

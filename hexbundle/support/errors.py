@@ -1,4 +1,5 @@
 """Errors a user sees. Each message names the file, the key or tensor, and what to do."""
+import os
 
 
 class HexbundleError(Exception):
@@ -34,9 +35,16 @@ class OutputError(HexbundleError):
     is left behind, and the previous output stays in place."""
 
 
-def output_error(path, exc: OSError) -> OutputError:
-    """The user-facing form of a failed write: which file, why, what to do."""
+def output_error(path, exc: OSError) -> HexbundleError:
+    """The user-facing form of a failed write: which file, why, what to do. An error of another
+    file than the output (its temp file or a directory above it) is a read of an input while
+    the output was written (an export's .data streamed into a DLC): named as that."""
     why = exc.strerror or str(exc)
+    other = getattr(exc, "filename", None)
+    if other is not None and not _is_output(os.fspath(other), os.fspath(path)):
+        return InputError(f"{other}: cannot read it ({why}) while writing {path}; make it "
+                          "readable (its permissions, the disk it is on), then run the build "
+                          "again: nothing partial was kept")
     return OutputError(f"{path}: cannot write it ({why}); free disk space or raise the file-size "
                        "limit (ulimit -f), then run the build again: nothing partial was kept")
 
@@ -61,3 +69,13 @@ class ToolchainError(HexbundleError):
 class ContainerError(HexbundleError):
     """A step container could not be set up as configured ([container] in configs/build.toml),
     or one an interrupted run left could not be removed."""
+
+
+def _is_output(failed: str, output: str) -> bool:
+    """Whether the file an OSError names is the output written, its temp file (atomic's
+    ".<name>.<pid>.<token>" beside it) or a directory above it."""
+    failed, output = os.path.abspath(failed), os.path.abspath(output)
+    if failed == output or output.startswith(failed.rstrip(os.sep) + os.sep):
+        return True
+    return (os.path.dirname(failed) == os.path.dirname(output)
+            and os.path.basename(failed).startswith(f".{os.path.basename(output)}."))

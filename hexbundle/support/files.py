@@ -100,10 +100,31 @@ def open_in_place(path, mode: str = "w"):
     target is left as it is), and the file is opened O_NOFOLLOW, so a link put there meanwhile
     is refused, not followed. mode: "w" or "wb"."""
     assert mode in ("w", "wb")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    try:
-        fd = open_state(path, flags)
-    except LinkedStateError:
-        os.unlink(path)
-        fd = open_state(path, flags)
-    return os.fdopen(fd, mode)
+    # A new file every time (O_EXCL after removing the name): what was there -- a symbolic link,
+    # a hard link to a file elsewhere, a FIFO that would block the open, an old log -- loses its
+    # name and is never written (as root for the docker executor, writing through a planted
+    # hard link replaced a file outside the build root with a step's log).
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    for _ in range(3):   # a name made again meanwhile (a step of a parallel run): once more
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        try:
+            return os.fdopen(open_state(path, flags), mode)
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, "made again while it was being replaced", str(path))
+
+
+def require_own_file(fd: int, path) -> os.stat_result:
+    """The stat of an open file hexbundle made for itself: a regular file with one name. Another
+    name (a hard link planted to a file elsewhere) or another kind of file is refused, an OSError
+    naming the path; nothing has been written."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    if st.st_nlink != 1:
+        raise OSError(errno.EMLINK, f"a file with {st.st_nlink} names (a hard link to it is "
+                      "elsewhere), not hexbundle's own", str(path))
+    return st

@@ -25,6 +25,7 @@ from typing import Optional
 import xxhash
 
 from hexbundle.support.atomic import atomic_output, set_aside_link
+from hexbundle.support.errors import HexbundleError
 from hexbundle.support.files import LinkedStateError, read_state
 
 CHUNK = 1 << 20  # 1 MiB reads: xxh3 reaches ~15 GiB/s from page cache (8 KiB reads: ~4 GiB/s)
@@ -282,7 +283,7 @@ class DigestCache:
                     self._entries[key] = [stat_key(st), was[2], recorded, *was[3:]]
             self._save()
 
-    def _trace(self, key: str) -> None:
+    def _trace(self, key: str) -> None:   # the file was checked at start-up (check_trace_file)
         trace = os.environ.get(TRACE_ENV)
         if trace:
             with open(trace, "a") as fh:
@@ -375,3 +376,18 @@ def state_changed(path, st, state) -> bool:
     if st.st_size != state[0]:
         return True
     return _cache.digest(path, st) != state[-1]
+
+
+def check_trace_file(environ=None) -> None:
+    """$HEXBUNDLE_HASH_TRACE, when set, must be a file this run can append to: checked once at
+    start-up, so that a wrong one is a message naming it, not a traceback at the first hash."""
+    trace = (os.environ if environ is None else environ).get(TRACE_ENV)
+    if not trace:
+        return
+    try:
+        with open(trace, "a"):
+            pass
+    except OSError as exc:
+        raise HexbundleError(f"{TRACE_ENV}={trace}: cannot append to it "
+                             f"({exc.strerror or exc}); point it at a file you can write "
+                             "(e.g. /tmp/hashed.txt) or unset it") from None

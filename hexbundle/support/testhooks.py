@@ -7,6 +7,7 @@ a sleep-and-hope kill would be flaky. Each step has one pause point:
                      the topology and a weight, are in the temp file, the header is not): a kill
                      here leaves a partial temp file, and the step's progress meter has bytes
   bundle             the staging directory is complete, the swap into bundle/ has not happened
+  start-up           (not a step) doit's loader, before dodo.py's tasks are read
 
     HEXBUNDLE_TEST_PAUSE_AT=compile HEXBUNDLE_TEST_PAUSE_DIR=/tmp/p python3 -m doit bundle
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 PAUSE_AT_ENV = "HEXBUNDLE_TEST_PAUSE_AT"
 PAUSE_DIR_ENV = "HEXBUNDLE_TEST_PAUSE_DIR"
+START_UP = "start-up"
 
 _step = threading.local()      # steps of a parallel run (doit -n 2) run in separate threads
 _paused_once = threading.Event()
