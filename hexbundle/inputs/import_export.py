@@ -38,7 +38,12 @@ from hexbundle.inputs.validate import whole_model_part
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError, InputError
+from hexbundle.support.files import (TOKENIZER_MAX_BYTES, require_named_dir,
+                                     require_named_file)
 
+# --name: a file name (NAME.toml) and a directory of build/, nested in paths: far below
+# NAME_MAX (255 bytes), long enough for any model's name
+MAX_NAME = 100
 PAST_KEY = re.compile(r"past_key_(\d+)_in")
 LAYER_IN_NAME = re.compile(r"layers\.(\d+)[./]")
 HEAD_WEIGHT = re.compile(r"layers\.(\d+)\..*q_proj[a-z_]*\.(\d+)\.weight$")
@@ -76,6 +81,11 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
                          "--name qwen2.5-7b-mine`")
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
         raise InputError(f"--name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
+    if len(name) > MAX_NAME:
+        raise InputError(f"--name {name[:40]}...: {len(name)} characters, more than {MAX_NAME}: "
+                         "the name becomes a file name (configs/models/NAME.toml) and a "
+                         "directory of build/; choose a shorter one")
+    require_named_dir(Path(dir).expanduser(), "export directory", "--dir")
     tree = scan_export(Path(dir).expanduser())
     for line in tree.describe():
         if not (tokenizer and line.startswith("tokenizer: missing")):
@@ -161,10 +171,9 @@ def choose_split(tree: ExportTree, wanted: Optional[tuple]) -> tuple:
 
 def find_tokenizer(tree: ExportTree, given: str) -> Optional[Path]:
     if given:
-        path = Path(given).expanduser().resolve()
-        if not path.is_file():
-            raise InputError(f"--tokenizer {given}: no such file")
-        return path
+        require_named_file(Path(given).expanduser(), "tokenizer.json", TOKENIZER_MAX_BYTES,
+                           "--tokenizer")
+        return Path(given).expanduser().resolve()
     if tree.tokenizer:
         return tree.tokenizer
     if (tree.root / TOKENIZER_CONFIG).is_file():
