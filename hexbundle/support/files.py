@@ -38,8 +38,9 @@ def require_regular_file(path: Path, what: str) -> None:
 
 
 def kind_of(mode: int) -> str:
-    """What a file that is not a regular one is, for a message."""
-    return ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else
+    """What kind of file `mode` is, for a message."""
+    return ("a file" if stat.S_ISREG(mode) else
+            "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else
             "a directory" if stat.S_ISDIR(mode) else
             "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
             "a socket" if stat.S_ISSOCK(mode) else
