@@ -571,5 +571,5 @@ def check_bundle_command(root: str, path: str = "", model_config: str = "") -> N
     verdict = (f"{len(report.problems)} problem(s)" if report.problems else "no problem")
     print(f"check_bundle {path}: {verdict} ({len(report.checked)} checks)", flush=True)
     if report.problems:
-        raise HexbundleError(f"check_bundle: {path}: {len(report.problems)} problem(s), listed "
-                             "above")
+        raise HexbundleError(f"check_bundle --path {path}: {len(report.problems)} problem(s), "
+                             "listed above")

@@ -14,6 +14,7 @@ stopped before splitting) or another plan is asked for, the config says `split =
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections import Counter
@@ -38,7 +39,7 @@ from hexbundle.inputs.validate import whole_model_part
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError, InputError
-from hexbundle.support.files import (TOKENIZER_MAX_BYTES, require_named_dir,
+from hexbundle.support.files import (TOKENIZER_MAX_BYTES, about_argument, require_named_dir,
                                      require_named_file)
 
 # --name: a file name (NAME.toml) and a directory of build/, nested in paths: far below
@@ -85,12 +86,18 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
         raise InputError(f"--name {name[:40]}...: {len(name)} characters, more than {MAX_NAME}: "
                          "the name becomes a file name (configs/models/NAME.toml) and a "
                          "directory of build/; choose a shorter one")
+    # every path named on the command line, before the export is scanned (stats and one small
+    # read: a wrong one is named at once)
     require_named_dir(Path(dir).expanduser(), "export directory", "--dir")
-    tree = scan_export(Path(dir).expanduser())
+    hf = read_hf_config(Path(model_config)) if model_config else None
+    if tokenizer:
+        require_named_file(Path(tokenizer).expanduser(), "tokenizer.json", TOKENIZER_MAX_BYTES,
+                           "--tokenizer")
+    with about_argument("--dir", dir):
+        tree = scan_export(Path(dir).expanduser())
     for line in tree.describe():
         if not (tokenizer and line.startswith("tokenizer: missing")):
             say(f"  {line}")
-    hf = read_hf_config(Path(model_config)) if model_config else None
     if tree.problems:
         raise InputError(f"{tree.root}: the export is incomplete or inconsistent:\n"
                          + "\n".join(f"  - {p}" for p in tree.problems)
@@ -110,11 +117,12 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
                          "embedding)")
     check_plan(plan_layers, inferred.arch["num_layers"])
     tokenizer_path = find_tokenizer(tree, tokenizer)
-    if tokenizer_path and hf is not None:
-        inferred.specials = specials_from_config(hf, tokenizer_path, inferred.specials)
-        inferred.specials_from = f"{hf.path.name}'s bos/eos ids in {tokenizer_path.name}"
-    if tokenizer_path:
-        check_tokenizer(tokenizer_path, inferred.arch["vocab_size"], inferred.specials)
+    with about_argument("--tokenizer", tokenizer) if tokenizer else contextlib.nullcontext():
+        if tokenizer_path and hf is not None:
+            inferred.specials = specials_from_config(hf, tokenizer_path, inferred.specials)
+            inferred.specials_from = f"{hf.path.name}'s bos/eos ids in {tokenizer_path.name}"
+        if tokenizer_path:
+            check_tokenizer(tokenizer_path, inferred.arch["vocab_size"], inferred.specials)
     path = project.model_config(name)
     check_overwrite(path)
     text = model_toml(name, tree, split, inferred, plan_layers, tokenizer_path, project)

@@ -21,12 +21,13 @@ argument, instead of being read until memory runs out or waiting forever.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from pathlib import Path
 
-from hexbundle.support.errors import InputError
+from hexbundle.support.errors import HexbundleError, InputError
 
 
 def require_regular_file(path: Path, what: str) -> None:
@@ -129,6 +130,30 @@ def read_named_text(path, what: str, max_bytes: int, argument: str = "") -> str:
     except UnicodeDecodeError as exc:
         raise InputError(f"{named(path, argument)}: the {what} is not UTF-8 text (byte "
                          f"{exc.start})") from None
+
+
+@contextlib.contextmanager
+def about_argument(argument: str, value):
+    """A HexbundleError raised inside names the command-line argument it is about (`argument`:
+    an option, or a positional's name such as ARCHIVE), once: the user sees which of the paths
+    they gave is wrong, whatever the error is about within it."""
+    try:
+        yield
+    except HexbundleError as exc:
+        text = str(exc)
+        if text.startswith(argument):
+            raise
+        shown = f"{argument} {text}" if text.startswith(str(value)) else \
+            f"{named(value, argument)}: {text}"
+        raise type(exc)(shown) from None
+
+
+def require_named_path(path, what: str, argument: str = "") -> None:
+    """InputError unless a user-named path is a regular file or a directory (links followed)."""
+    mode = _stat_mode(path, what, named(path, argument))
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise InputError(f"{named(path, argument)}: the {what} is {kind_of(mode)}, not a file "
+                         "or a directory")
 
 
 def require_named_dir(path, what: str, argument: str = "") -> None:
