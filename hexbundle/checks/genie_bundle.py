@@ -37,26 +37,22 @@ Checks that need hexbundle-format bins (the reference backend's; QNN bins are op
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER
-from hexbundle.formats.genie_ranges import range_of
+from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER
+from hexbundle.formats.genie import bundle_entries, entry_problems, unlisted_problems
+from hexbundle.formats.genie_ranges import range_problems
 from hexbundle.formats.genie_schema import DIALOG, QAIRT_DEV_VERSION
 from hexbundle.formats.hf_config import read_hf_config
 from hexbundle.support.errors import HexbundleError, InputError
-from hexbundle.support.files import (JSON_CONFIG_MAX_BYTES, TOKENIZER_MAX_BYTES, kind_of,
-                                     link_target, read_named_text, require_named_dir)
+from hexbundle.support.files import (JSON_CONFIG_MAX_BYTES, TOKENIZER_MAX_BYTES,
+                                     read_named_text, require_named_dir)
 
 CONTEXT_LIMIT_BYTES = 4 << 30
 PART_NAME = re.compile(r"(\d+)_of_(\d+)")
-# What ai-hub-apps' manual_bundle.md copies beside the configs and bins: the Genie and QNN
-# libraries (libGenie.so, libQnnHtp*.so, the Hexagon skel libraries) and genie-t2t-run
-RUNTIME_FILE = re.compile(r"lib[\w.+-]*\.so(\.[\d.]+)?|genie-[\w-]+")
 FAILED = object()   # _read_json: the file could not be read (reported); JSON null is None
 
 @dataclass
@@ -111,35 +107,17 @@ def check_bundle(bundle: Path, chipsets: dict, model_config: Optional[Path] = No
 
 
 def _scan_entries(report: BundleReport) -> None:
-    """Every entry of the bundle, not followed: a symbolic link, a directory, a FIFO or a device
-    is a problem (and is never read); report.entries records what is there."""
+    """Every entry of the bundle, not followed (formats/genie.py judges them): a symbolic link,
+    a directory, a FIFO or a device is a problem, and is never read."""
     report.checked.append("entries")
-    with os.scandir(report.path) as found:
-        for entry in sorted(found, key=lambda e: e.name):
-            mode = entry.stat(follow_symlinks=False).st_mode
-            report.entries[entry.name] = None if stat.S_ISREG(mode) else kind_of(mode)
-            if stat.S_ISLNK(mode):
-                report.problem("entries", f"{entry.name}: a symbolic link (to "
-                                          f"{link_target(entry.path)}), not a file of the bundle: "
-                                          "a copied bundle lacks what it points to, a pushed one "
-                                          "carries it; put the file itself there")
-            elif not stat.S_ISREG(mode):
-                report.problem("entries", f"{entry.name}: {kind_of(mode)}, not a file; a Genie "
-                                          "bundle is one directory of files: remove it")
+    report.entries = bundle_entries(report.path)
+    for problem in entry_problems(report.path, report.entries):
+        report.problem("entries", problem)
 
 
 def _check_listed(report: BundleReport, dialog: dict) -> None:
-    """Nothing in the bundle that genie_config.json does not name (but manifest.json and the
-    runtime's own files): a stray file is pushed to the device with the rest."""
-    listed = {GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, _dig(dialog, "tokenizer", "path"),
-              _dig(dialog, "engine", "backend", "extensions")}
-    bins = _dig(dialog, "engine", "model", "binary", "ctx-bins")
-    listed |= {b for b in bins if isinstance(b, str)} if isinstance(bins, list) else set()
-    for name, kind in report.entries.items():
-        if kind is None and name not in listed and not name.endswith(".bin") \
-                and not RUNTIME_FILE.fullmatch(name):   # a stray .bin: the ctx-bins check's
-            report.problem("entries", f"{name}: in the bundle but named by nothing in "
-                                      f"{GENIE_CONFIG}: remove it (a bundle is pushed whole)")
+    for problem in unlisted_problems(report.entries, dialog):
+        report.problem("entries", problem)
 
 
 def _json_kind(value) -> str:
@@ -229,12 +207,8 @@ def _check_schema(report: BundleReport, value, node: dict, where: str) -> None:
         report.problem("genie", f"{GENIE_CONFIG}: '{where}' is {_short(value)}, expected "
                                 f"{_describe(node)}")
     elif node["type"] in ("int", "float", "ids"):
-        bounds = range_of(where)
-        for number in (value if isinstance(value, list) else [value]):
-            if not bounds.holds(number):
-                report.problem("genie", f"{GENIE_CONFIG}: '{where}' is {_short(number)}, outside "
-                                        f"its range ({bounds.describe()}): the device would "
-                                        "read another number")
+        for problem in range_problems(value, node, where):
+            report.problem("genie", f"{GENIE_CONFIG}: {problem}")
 
 
 def _short(value) -> str:

@@ -86,9 +86,38 @@ RANGES = {
 }
 
 
+def range_problems(value, node: dict = None, where: str = "dialog") -> list:
+    """'KEY is VALUE, outside its range (...)' for each number of a dialog (genie_config.json's
+    "dialog" object) outside its destination's range; values of another type are the schema
+    check's (checks/genie_bundle.py) and skipped here. The runtime's reader refuses these too."""
+    from hexbundle.formats.genie_schema import DIALOG
+    node = DIALOG if node is None else node
+    kind = node["type"]
+    if kind == "object" and isinstance(value, dict):
+        return [p for key, child in node["keys"].items() if key in value
+                for p in range_problems(value[key], child, f"{where}.{key}")]
+    if kind == "list" and isinstance(value, list):
+        return [p for i, item in enumerate(value)
+                for p in range_problems(item, node["item"], f"{where}[{i}]")]
+    if kind not in ("int", "float", "ids"):
+        return []
+    bounds = range_of(where)
+    return [f"'{where}' is {_short(n)}, outside its range ({bounds.describe()}): the device "
+            "would read another number"
+            for n in (value if isinstance(value, list) else [value])
+            if type(n) in (int, float) and not bounds.holds(n)]
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
 def range_of(where: str) -> Range:
     """The Range of a schema number at dotted path `where` (list indices as [])."""
     key = re.sub(r"\[\d+\]", "[]", where)
+    if key.endswith("-token[]"):   # an ids list's items: the key's range
+        key = key[:-2]
     if key.rsplit(".", 1)[-1] == "version":
         return VERSION
     return RANGES[key]
