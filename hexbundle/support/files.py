@@ -48,13 +48,13 @@ def kind_of(mode: int) -> str:
             "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file")
 
 
-def _stat_mode(path, what: str, shown: str) -> int:
+def _stat_mode(path, what: str, shown: str, missing: str = "") -> int:
     """os.stat's mode (links followed), or an InputError saying why there is none."""
     try:
         return os.stat(path).st_mode
     except FileNotFoundError:
         dangling = os.path.islink(path)
-        raise InputError(f"{shown}: {what} not found" + (
+        raise InputError(f"{shown}: {missing or 'no such file'}: {what} not found" + (
             f" (a symbolic link to {link_target(path)}, which does not exist)" if dangling
             else "")) from None
     except ValueError:   # a NUL in the name: no such file can exist
@@ -158,7 +158,7 @@ def require_named_path(path, what: str, argument: str = "") -> None:
 
 def require_named_dir(path, what: str, argument: str = "") -> None:
     """InputError unless a user-named path is a directory (links followed), naming it."""
-    mode = _stat_mode(path, what, named(path, argument))
+    mode = _stat_mode(path, what, named(path, argument), "no such directory")
     if not stat.S_ISDIR(mode):
         raise InputError(f"{named(path, argument)}: the {what} is {kind_of(mode)}, not a "
                          "directory")
