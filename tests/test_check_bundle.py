@@ -162,6 +162,72 @@ BROKEN = {
 }
 
 
+def relink(bundle, name, target=None):
+    """Replace bundle/name by a symbolic link: to `target`, or to the file moved out of the
+    bundle (beside it)."""
+    if target is None:
+        target = bundle.parent / f"moved-{name}"
+        os.replace(bundle / name, target)
+    else:
+        os.remove(bundle / name)
+    os.symlink(target, bundle / name)
+
+
+def set_number(*keys, value):
+    def edit(dialog):
+        node = dialog
+        for key in keys[:-1]:
+            node = node[key]
+        node[keys[-1]] = value
+    return lambda b: genie(b, edit)
+
+
+# Issue 36, item 1: what check_bundle passed. The seam test (test_check_bundle_and_the_host_
+# runtime_agree) has the host runtime refuse each too.
+ITEM1 = {
+    "genie_config.json a link out of the bundle": (
+        lambda b: relink(b, "genie_config.json"),
+        "genie_config.json: a symbolic link (to "),
+    "tokenizer.json a link to /etc/shadow": (
+        lambda b: relink(b, "tokenizer.json", "/etc/shadow"),
+        "tokenizer.json: a symbolic link (to /etc/shadow)"),
+    "a context binary a link out of the bundle": (
+        lambda b: relink(b, BINS[1]), f"{BINS[1]}: a symbolic link (to "),
+    "a context binary a link inside the bundle": (
+        lambda b: os.replace(b / BINS[1], b / "hidden.data") or os.symlink(
+            "hidden.data", b / BINS[1]), f"{BINS[1]}: a symbolic link (to hidden.data)"),
+    "a stray extra -> /etc": (lambda b: os.symlink("/etc", b / "extra"),
+                              "extra: a symbolic link (to /etc)"),
+    "a stray file": (lambda b: (b / "notes.txt").write_text("x"),
+                     "notes.txt: in the bundle but named by nothing"),
+    "a directory in the bundle": (lambda b: (b / "sub").mkdir(), "sub: a directory, not a file"),
+    "a FIFO in the bundle": (lambda b: os.mkfifo(b / "pipe"), "pipe: a named pipe (FIFO)"),
+    "genie_config.json null": (lambda b: (b / "genie_config.json").write_text("null"),
+                               "no top-level object 'dialog' (the file is a JSON null)"),
+    "max-num-tokens -1": (set_number("max-num-tokens", value=-1),
+                          "'dialog.max-num-tokens' is -1, outside its range"),
+    "n-vocab 10**30": (set_number("context", "n-vocab", value=10 ** 30),
+                       "'dialog.context.n-vocab' is 1000000000000000000000000000000, outside"),
+    "dialog.version -1": (set_number("version", value=-1),
+                          "'dialog.version' is -1, outside its range"),
+    "context.version 10**30": (set_number("context", "version", value=10 ** 30),
+                               "'dialog.context.version' is 1000000000000000000000000000000"),
+    "top-p 1.5": (set_number("sampler", "top-p", value=1.5),
+                  "'dialog.sampler.top-p' is 1.5, outside its range"),
+}
+BROKEN.update(ITEM1)
+# the numbers against the graphs (hexbundle-format bins): check_bundle's; the host runtime
+# takes the dimensions from the graphs themselves, so it runs these (the device would not)
+BROKEN.update({
+    "n-vocab not the logits' width": (set_number("context", "n-vocab", value=2048),
+                                      "'dialog.context.n-vocab' is 2048 but the bins' graphs say "
+                                      "1024 (the logits' width)"),
+    "kv-dim not the graphs'": (set_number("engine", "backend", "QnnHtp", "kv-dim", value=64),
+                               "'dialog.engine.backend.QnnHtp.kv-dim' is 64 but the bins' graphs "
+                               "say 32"),
+})
+
+
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_a_broken_bundle_is_refused_naming_the_problem(bundle, case):
     breaking, says = BROKEN[case]
@@ -187,6 +253,69 @@ def test_the_models_config_json_is_checked_when_given(bundle, tmp_path, field, v
         {field: {"rope_theta": 1000000.0, "vocab_size": dialog["context"]["n-vocab"]}[field]})
     config.write_text(json.dumps(model))
     assert problems(bundle, config) == []
+
+
+def test_every_number_of_the_schema_has_its_range():
+    """formats/genie_ranges.py gives each int, float and id of Qualcomm's schema a range, and
+    names no key the schema lacks: a schema regenerated with a new number fails here."""
+    from hexbundle.formats.genie_ranges import RANGES, range_of
+    from hexbundle.formats.genie_schema import DIALOG
+
+    def numbers(node, where):
+        if node["type"] == "object":
+            return [n for key, child in node["keys"].items() for n in numbers(child, f"{where}.{key}")]
+        if node["type"] == "list":
+            return numbers(node["item"], f"{where}[]")
+        return [where] if node["type"] in ("int", "float", "ids") else []
+    found = numbers(DIALOG, "dialog")
+    for where in found:
+        range_of(where)   # KeyError: a number without its range
+    assert set(RANGES) <= set(found)
+
+
+@pytest.mark.parametrize("case", sorted(ITEM1))
+def test_doit_check_bundle_refuses_each_bundle_it_passed(built, bundle, case):
+    """Issue 36, item 1, through `doit check_bundle`: each exited 0 ("no problem")."""
+    ITEM1[case][0](bundle)
+    run = built.doit("check_bundle", "--path", str(bundle), check=False)
+    assert run.code != 0 and ITEM1[case][1] in run.out, run.out + run.err
+    assert "Traceback" not in run.out + run.err
+
+
+def test_a_model_config_of_the_wrong_shape_is_named_not_a_traceback(built, bundle, tmp_path):
+    """`bos_token_id: [1, {"x": 2}]` ended in a TypeError traceback."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"vocab_size": 1024, "bos_token_id": [1, {"x": 2}]}))
+    run = built.doit("check_bundle", "--path", str(bundle), "--model-config", str(config),
+                     check=False)
+    assert run.code != 0 and "Traceback" not in run.out + run.err
+    assert f"--model-config {config}: bos_token_id is [1, {{\"x\": 2}}], expected a token id" \
+        in run.out, run.out
+
+
+def generate(project, bundle):
+    """scripts/generate.py: one prompt through the bundle on the host, as genie-t2t-run would."""
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "scripts/generate.py", "-p", "Hello there", "-n", "2",
+                           "--greedy", "--bundle", str(bundle)], cwd=project.root,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.heavy   # one host generation per mutation (~5 s each): the full suite
+def test_check_bundle_and_the_host_runtime_agree(built, bundle, tmp_path):
+    """The seam: a bundle check_bundle passes loads in the host runtime and runs a prompt; each
+    bundle of item 1 is refused by both, the runtime without a traceback."""
+    assert problems(bundle) == []
+    ok = generate(built, bundle)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for case, (breaking, _) in sorted(ITEM1.items()):
+        mutated = shutil.copytree(built.bundle(), tmp_path / case.replace(" ", "-") / "bundle")
+        breaking(mutated)
+        assert problems(mutated), case
+        run = generate(built, mutated)
+        assert run.returncode != 0, (case, run.stdout)
+        assert "Traceback" not in run.stdout + run.stderr, (case, run.stderr)
 
 
 def test_doit_check_bundle_lists_every_problem_and_exits_non_zero(built, bundle):

@@ -36,6 +36,9 @@ def imported(tmp_path_factory):
     return project, run, before
 
 
+LLAMA3 = json.loads(MODEL_CONFIG.read_text())["rope_scaling"]
+
+
 def test_without_config_json_a_llama_is_refused_by_name(tmp_path):
     project = copy_project(tmp_path / "proj")
     run = project.doit("import_export", "--dir", str(DATA), "--name", "llama32", check=False)
@@ -51,6 +54,20 @@ def test_without_config_json_a_llama_is_refused_by_name(tmp_path):
     ({"model_type": "gemma2"}, "model_type 'gemma2' is no family hexbundle knows"),
     ({"hidden_size": 128}, "hidden_size 128 (the graphs: 64)"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling of type 'yarn'"),
+    # issue 36, item 2: each key of the wrong shape named, never dropped nor coerced
+    ({"rope_scaling": [32.0, 1.0]}, "rope_scaling is [32.0, 1.0], expected an object"),
+    ({"rope_scaling": "llama3"}, 'rope_scaling is "llama3", expected an object'),
+    ({"rope_scaling": {**LLAMA3, "factor": True}},
+     "rope_scaling.factor is true, expected a positive finite number"),
+    ({"rope_scaling": {**LLAMA3, "rope_type": "llama4"}},
+     'rope_scaling.rope_type is "llama4", expected one of default, linear'),
+    ({"rope_theta": "500000"}, 'rope_theta is "500000", expected a positive finite number'),
+    ({"rms_norm_eps": True}, "rms_norm_eps is true, expected a positive finite number"),
+    ({"num_key_value_heads": 2.0}, "num_key_value_heads is 2.0, expected a positive integer"),
+    ({"tie_word_embeddings": "yes"}, 'tie_word_embeddings is "yes", expected true or false'),
+    ({"bos_token_id": [1, {"x": 2}]}, 'bos_token_id is [1, {"x": 2}], expected a token id'),
+    ({"eos_token_id": []}, "eos_token_id is [], expected a token id (an integer >= 0) or a "
+                           "non-empty list"),
 ])
 def test_a_config_json_that_does_not_fit_the_graphs_is_refused(tmp_path, edit, says):
     project = copy_project(tmp_path / "proj")

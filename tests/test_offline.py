@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,8 @@ def small_kit(tmp_path: Path, doc=None, files=None) -> Path:
     (kit / "source").mkdir(parents=True)
     (kit / "source" / "dodo.py").write_text("# project\n")
     (kit / WHEEL).parent.mkdir(parents=True)
-    (kit / WHEEL).write_bytes(b"stands for hexbundle's wheel")
+    with zipfile.ZipFile(kit / WHEEL, "w") as wheel:   # stands for hexbundle's wheel
+        wheel.writestr("hexbundle-0.1.0.dist-info/WHEEL", "Wheel-Version: 1.0\n")
     for rel, data in (files or {}).items():
         (kit / rel).parent.mkdir(parents=True, exist_ok=True)
         (kit / rel).write_bytes(data)
@@ -582,6 +584,29 @@ def test_a_host_wheel_that_is_not_a_wheel_is_refused(tmp_path, name):
     proc = run_loader(pack(kit), "--dest", tmp_path / "out", "--no-images")
     refused(proc, rf"wheels/host/{re.escape(name)}: not a wheel \(\.whl\) among the host "
                   "wheels: refused")
+
+
+def test_an_sdist_named_whl_is_refused_and_leaves_nothing_in_dest(tmp_path, project):
+    """Issue 36, item 5: a .whl that is really an sdist got past the name check; pip refused it
+    under --venv, after the kit had been unpacked into --dest, where it stayed (and the same
+    command run again refused to unpack over it). It is refused before the kit is named, as a
+    wheel must be a zip archive with a .dist-info/WHEEL, and --dest is left as it was."""
+    import io
+    sdist = io.BytesIO()
+    with tarfile.open(fileobj=sdist, mode="w:gz") as tar:
+        info = tarfile.TarInfo("hexbundle-0.1.0/setup.py")
+        body = b"import os  # would run under pip\n"
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    kit = small_kit(tmp_path, files={"wheels/host/extra-1.0-py3-none-any.whl": sdist.getvalue()})
+    dest = tmp_path / "out"
+    proc = run_loader(pack(kit), "--dest", dest, "--venv", tmp_path / "venv", "--no-images")
+    refused(proc, r"wheels/host/extra-1.0-py3-none-any.whl: named .whl but not a wheel")
+    assert not dest.exists() and not (tmp_path / "venv").exists()
+    run = project.doit("load_kit", str(pack(kit)), check=False)   # the same, through doit
+    assert run.code != 0 and "named .whl but not a wheel" in run.out + run.err, run.out + run.err
+    assert "Traceback" not in run.out + run.err
+    assert not (tmp_path / "offline-kit-unpacked").exists()   # doit's default --dest
 
 
 def test_a_source_archive_beside_the_wheels_is_refused(tmp_path):

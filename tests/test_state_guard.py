@@ -522,3 +522,20 @@ def test_own_files_are_never_opened_through_a_link(tmp_path, monkeypatch):
     with pytest.raises(HexbundleError, match="the build lock.*symbolic link"):
         runguard.hold_lock(lock, tmp_path)
     assert victim.read_bytes() == OUTSIDE
+
+
+VARIANT = Path("build") / "qwen2-tiny" / "iq9075" / "four" / "reference"
+
+
+@pytest.mark.parametrize("directory", [
+    "dlc", pytest.param("bin", marks=pytest.mark.heavy), pytest.param("logs", marks=pytest.mark.heavy)])
+def test_an_output_directory_that_is_a_file_is_a_message(built_copy, directory):
+    """Issue 36, item 4: dlc/ replaced by a regular file ended in convert's FileExistsError
+    traceback (bin/ in compile's). Refused before any step, as a symbolic link there is."""
+    _replace(built_copy.root / VARIANT / directory, lambda p: p.write_text("x"))
+    run = built_copy.doit("bundle", "--always-execute", check=False)   # convert would mkdir dlc/
+    no_traceback(run)
+    assert run.code != 0 and (f"{directory}: hexbundle keeps a directory there (its outputs), "
+                              "but it is a file: move it away or remove it") in run.out + run.err, \
+        run.out + run.err
+    assert (built_copy.root / VARIANT / directory).read_text() == "x"   # the user's, kept

@@ -34,6 +34,7 @@ from hexbundle.formats.qaihm import (AR_DIR, ASSET_ONNX, KIND_DIRS, GraphIO, gra
                                      load_structure, recorded_data_files, scan_export)
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.formats.hf_config import read_hf_config
+from hexbundle.support.files import about_argument, require_named_path
 from hexbundle.inputs.import_export import expected_graphs, expected_specials
 from hexbundle.inputs.validate import check_weight_values, io_problem, structure_problems
 from hexbundle.support import table as tables
@@ -113,12 +114,14 @@ def inspect_command(path: str = "", float_bitwidth: int = 16, model_config: str 
         raise InputError("inspect needs --path FILE_OR_DIR: an AIMET .encodings file, an .onnx, "
                          "or an export directory, e.g. `doit inspect --path ~/qwen-export`")
     hf = read_hf_config(Path(model_config)) if model_config else None
-    found = inspect_path(Path(path).expanduser(), float_bitwidth, hf)
-    for line in render(found):
-        say(line)
-    if found.problems:
-        raise InputError(f"{path}: {plural(len(found.problems), 'problem')} (listed above) "
-                         "that the build would refuse; fix them before building")
+    with about_argument("--path", path):
+        require_named_path(Path(path).expanduser(), "file or directory to inspect", "--path")
+        found = inspect_path(Path(path).expanduser(), float_bitwidth, hf)
+        for line in render(found):
+            say(line)
+        if found.problems:
+            raise InputError(f"{plural(len(found.problems), 'problem')} (listed above) that the "
+                             "build would refuse; fix them before building")
 
 
 def inspect_path(path: Path, float_bitwidth: int = 16, hf=None) -> Inspection:

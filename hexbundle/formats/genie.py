@@ -10,6 +10,9 @@ host runtime needs, as Genie would (`doit verify` runs the bundle with it).
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -17,8 +20,67 @@ from typing import Optional
 from hexbundle.config.build import DialogSettings
 from hexbundle.config.model import ROPE_SCALING_TYPES, RopeScaling
 from hexbundle.config.devices import DeviceOptions, RuntimeSettings
-from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER
-from hexbundle.support.errors import VerifyError
+from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER
+from hexbundle.formats.genie_ranges import range_problems
+from hexbundle.support.errors import InputError, VerifyError
+from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, kind_of, link_target, read_named_text
+
+# What ai-hub-apps' manual_bundle.md copies beside the configs and bins: the Genie and QNN
+# libraries (libGenie.so, libQnnHtp*.so, the Hexagon skel libraries) and genie-t2t-run
+RUNTIME_FILE = re.compile(r"lib[\w.+-]*\.so(\.[\d.]+)?|genie-[\w-]+")
+
+
+# ---------------------------------------------------------------------------------------------
+# a bundle as the device receives it: the one place its entries are judged (check_bundle lists
+# every problem, the host runtime's reader refuses the first)
+
+def bundle_entries(bundle: Path) -> dict:
+    """name -> None for a regular file, else what it is ("a symbolic link", "a directory", ...);
+    nothing is followed."""
+    entries = {}
+    with os.scandir(bundle) as found:
+        for entry in sorted(found, key=lambda e: e.name):
+            mode = entry.stat(follow_symlinks=False).st_mode
+            entries[entry.name] = None if stat.S_ISREG(mode) else kind_of(mode)
+    return entries
+
+
+def entry_problems(bundle: Path, entries: dict) -> list:
+    """A symbolic link (inside or out: a copied bundle lacks its target, a pushed one carries
+    it), a directory, a FIFO or a device among a bundle's entries."""
+    problems = []
+    for name, kind in entries.items():
+        if kind == "a symbolic link":
+            problems.append(f"{name}: a symbolic link (to {link_target(bundle / name)}), not a "
+                            "file of the bundle: a copied bundle lacks what it points to, a "
+                            "pushed one carries it; put the file itself there")
+        elif kind is not None:
+            problems.append(f"{name}: {kind}, not a file; a Genie bundle is one directory of "
+                            "files: remove it")
+    return problems
+
+
+def listed_names(dialog: dict) -> set:
+    """The files a dialog names, and those a bundle may hold beside them."""
+    def dig(*keys):
+        node = dialog
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node
+    bins = dig("engine", "model", "binary", "ctx-bins")
+    return {GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, dig("tokenizer", "path"),
+            dig("engine", "backend", "extensions")} | (
+        {b for b in bins if isinstance(b, str)} if isinstance(bins, list) else set())
+
+
+def unlisted_problems(entries: dict, dialog: dict) -> list:
+    """Files nothing in genie_config.json names (but manifest.json and the runtime's own): a
+    stray file is pushed to the device with the rest. A stray .bin: the ctx-bins check's."""
+    listed = listed_names(dialog)
+    return [f"{name}: in the bundle but named by nothing in {GENIE_CONFIG}: remove it (a "
+            "bundle is pushed whole)" for name, kind in entries.items()
+            if kind is None and name not in listed and not name.endswith(".bin")
+            and not RUNTIME_FILE.fullmatch(name)]
 
 
 @dataclass(frozen=True)
@@ -132,11 +194,24 @@ class GenieSettings:
 def read_genie_config(bundle_dir: Path) -> GenieSettings:
     path = Path(bundle_dir) / GENIE_CONFIG
     try:
-        dialog = json.loads(path.read_text())["dialog"]
-    except FileNotFoundError:
-        raise VerifyError(f"{path}: missing; build the bundle with `doit bundle`") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        entries = bundle_entries(Path(bundle_dir))
+    except OSError as exc:
+        raise VerifyError(f"{bundle_dir}: not a bundle directory ({exc.strerror})") from None
+    if GENIE_CONFIG not in entries:
+        raise VerifyError(f"{path}: missing; build the bundle with `doit bundle`")
+    problems = entry_problems(Path(bundle_dir), entries)
+    try:
+        if not problems:
+            dialog = json.loads(read_named_text(path, GENIE_CONFIG, JSON_CONFIG_MAX_BYTES))["dialog"]
+    except (InputError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise VerifyError(f"{path}: not a Genie dialog config ({exc}); rebuild the bundle") from None
+    if not problems and not isinstance(dialog, dict):
+        raise VerifyError(f"{path}: 'dialog' is not an object; rebuild the bundle")
+    problems = problems or unlisted_problems(entries, dialog) + range_problems(dialog)
+    if problems:   # what check_bundle refuses, the runtime does not load
+        raise VerifyError(f"{bundle_dir}: {problems[0]}" + (
+            f" (and {len(problems) - 1} more: `doit check_bundle --path {bundle_dir}` lists "
+            "them)" if len(problems) > 1 else ""))
 
     def get(*keys):
         node = dialog

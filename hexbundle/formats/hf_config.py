@@ -4,15 +4,23 @@ What an export's graphs cannot say (RoPE theta and scaling, the RMSNorm epsilon,
 head is tied, the family's name) comes from the model's own config.json, given as
 `--model-config` to `doit import_export` and `doit check_bundle`. Both the old layout
 (`rope_theta`, `rope_scaling`) and transformers >= 4.56's (`rope_parameters`) are read.
+
+Every key hexbundle reads is checked here, once, for its type and shape (KEYS): a key of the
+wrong shape is an error naming it and the shape expected, never dropped (a `rope_scaling` that
+is a list would build the model without its scaling) nor coerced (`factor: true` is not 1.0: a
+bool is no number here). Keys hexbundle does not read are left alone. `null` is taken as absent,
+as transformers writes unset keys.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from hexbundle.support.errors import InputError
+from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, named, read_named_text
 
 # config.json's model_type -> hexbundle's family (config.model.FAMILIES). Falcon 3 is a Llama
 # (its config.json says "llama"); Mistral's decoder is Llama's without RoPE scaling.
@@ -21,6 +29,73 @@ FAMILY_OF_MODEL_TYPE = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama",
 # config.json's llama3 rope_scaling keys, as config.model.RopeScaling names its fields
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                "original_max_position_embeddings")
+# The RoPE types transformers computes (modeling_rope_utils.ROPE_INIT_FUNCTIONS); hexbundle builds
+# "default" and "llama3" (inputs/import_export.py refuses the others by name)
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+
+
+# ------------------------------------------------------------------------- the keys' shapes
+
+def _count(value) -> bool:
+    return type(value) is int and value > 0   # bool is an int subclass: `true` is no count
+
+
+def _number(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value > 0
+
+
+def _token_id(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _token_ids(value) -> bool:
+    return _token_id(value) or (isinstance(value, list) and bool(value)
+                                and all(_token_id(v) for v in value))
+
+
+COUNT = (_count, "a positive integer")
+NUMBER = (_number, "a positive finite number (not true/false, not a string)")
+# key -> (test, the shape a message asks for); a scaling block's keys: SCALING_KEYS
+KEYS = {
+    "model_type": (lambda v: isinstance(v, str), 'a string such as "llama"'),
+    "vocab_size": COUNT, "hidden_size": COUNT, "num_attention_heads": COUNT,
+    "num_key_value_heads": COUNT, "num_hidden_layers": COUNT, "intermediate_size": COUNT,
+    "head_dim": COUNT, "max_position_embeddings": COUNT,
+    "rope_theta": NUMBER, "rms_norm_eps": NUMBER,
+    "tie_word_embeddings": (lambda v: isinstance(v, bool), "true or false"),
+    "bos_token_id": (_token_id, "a token id (an integer >= 0)"),
+    "pad_token_id": (_token_id, "a token id (an integer >= 0)"),
+    "eos_token_id": (_token_ids, "a token id (an integer >= 0) or a non-empty list of them"),
+    "rope_scaling": (lambda v: isinstance(v, dict),
+                     'an object such as {"rope_type": "llama3", "factor": 32.0, ...}'),
+    "rope_parameters": (lambda v: isinstance(v, dict),
+                        'an object such as {"rope_type": "default", "rope_theta": 10000.0}'),
+}
+SCALING_KEYS = {"factor": NUMBER, "low_freq_factor": NUMBER, "high_freq_factor": NUMBER,
+                "original_max_position_embeddings": COUNT, "rope_theta": NUMBER,
+                "rope_type": (lambda v: v in ROPE_TYPES, "one of " + ", ".join(ROPE_TYPES)),
+                "type": (lambda v: v in ROPE_TYPES, "one of " + ", ".join(ROPE_TYPES))}
+
+
+def _shown(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def config_problems(raw: dict) -> list:
+    """Each known key of the wrong type or shape: 'key is VALUE, expected SHAPE'."""
+    problems = []
+    for key, (test, shape) in KEYS.items():
+        value = raw.get(key)
+        if value is not None and not test(value):
+            problems.append(f"{key} is {_shown(value)}, expected {shape}")
+    for block in ("rope_scaling", "rope_parameters"):
+        value = raw.get(block)
+        if isinstance(value, dict):
+            for key, (test, shape) in SCALING_KEYS.items():
+                if value.get(key) is not None and not test(value[key]):
+                    problems.append(f"{block}.{key} is {_shown(value[key])}, expected {shape}")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -63,18 +138,20 @@ class HfConfig:
         return None if kind in (None, "default") else {**scaling, "rope_type": kind}
 
 
-def read_hf_config(path: Path) -> HfConfig:
+def read_hf_config(path: Path, argument: str = "--model-config") -> HfConfig:
+    """The model's config.json, every key hexbundle reads of its shape (InputError naming the
+    argument, the file and each bad key otherwise)."""
     path = Path(path).expanduser()
+    shown = named(path, argument)
+    text = read_named_text(path, "model's config.json", JSON_CONFIG_MAX_BYTES, argument)
     try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file; give the model's config.json (from its Hugging "
-                         "Face repository)") from None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InputError(f"{path}: not a readable JSON config ({exc}); give the model's "
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{shown}: not a readable JSON config ({exc}); give the model's "
                          "config.json") from None
     if not isinstance(raw, dict):
-        raise InputError(f"{path}: a JSON {type(raw).__name__}, not a model config object")
+        raise InputError(f"{shown}: a JSON {type(raw).__name__}, not a model config object; "
+                         "give the model's config.json")
     outer = raw.get("model_type") if isinstance(raw.get("model_type"), str) else None
     archs = raw.get("architectures")
     archs = tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
@@ -82,6 +159,10 @@ def read_hf_config(path: Path) -> HfConfig:
     text_config = raw.get("text_config")   # a multimodal config nests the language model's
     if isinstance(text_config, dict) and "num_attention_heads" not in raw:
         raw, wrapper = text_config, outer or "?"
+    problems = config_problems(raw)
+    if problems:
+        raise InputError(f"{shown}: " + "; ".join(problems) + ": fix config.json (the model's "
+                         "own, from its Hugging Face repository)")
     model_type = raw.get("model_type")
     return HfConfig(path, model_type if isinstance(model_type, str) else None, raw, wrapper,
                     archs)

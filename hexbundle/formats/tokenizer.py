@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from hexbundle.support.errors import InputError
-from hexbundle.support.files import require_regular_file
+from hexbundle.support.files import TOKENIZER_MAX_BYTES, read_named_file
 
 # The top-level keys tokenizers writes (tokenizers' TokenizerImpl serialization).
 KNOWN_KEYS = ("version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer",
@@ -80,11 +80,7 @@ def _read_text(tokenizer: Path) -> str:
     if not tokenizer.exists():
         raise InputError(f"{tokenizer}: tokenizer.json is missing; put the model's Hugging Face "
                          "tokenizer.json there")
-    require_regular_file(tokenizer, "tokenizer.json")
-    try:
-        raw = tokenizer.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{tokenizer}: cannot read it ({exc.strerror}); {REPLACE}") from None
+    raw = read_named_file(tokenizer, "tokenizer.json", TOKENIZER_MAX_BYTES)
     if raw.startswith(BOMS):
         raise InputError(f"{tokenizer}: starts with a byte-order mark, which a JSON reader "
                          "(Genie's included) takes for garbage; save it as UTF-8 without a BOM")

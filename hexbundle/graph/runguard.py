@@ -46,7 +46,8 @@ from hexbundle.graph.db import pair_with_model, save_file
 from hexbundle.graph.variants import seeded, split_records
 from hexbundle.support.atomic import aside_name, atomic_output, discard, is_temp_name, put_back
 from hexbundle.support.errors import HexbundleError
-from hexbundle.support.files import LinkedStateError, open_state, read_state, require_own_file
+from hexbundle.support.files import (LinkedStateError, kind_of, open_state, read_state,
+                                     require_own_file)
 from hexbundle.support.run import run_id
 
 LOCK_TIMEOUT_ENV = "HEXBUNDLE_LOCK_TIMEOUT"
@@ -421,7 +422,8 @@ def _record_ok(record) -> bool:
 def refuse_linked_output_dirs(layout) -> None:
     """The directories steps write into are inside the build root, every component of them: a
     symlink on the way (bin/ linked elsewhere, say) would send outputs outside it, where nothing
-    of hexbundle's clean-up or locking reaches. Named, with what to do; nothing is followed."""
+    of hexbundle's clean-up or locking reaches; and each is a directory (dlc/ a file: the step
+    could not make it). Named, with what to do; nothing is followed nor removed."""
     build = layout.build_root
     for directory in (layout.inputs_dir, layout.dlc_dir, layout.bin_dir, layout.logs_dir,
                       layout.origins_dir, layout.verify_report.parent):
@@ -437,6 +439,11 @@ def refuse_linked_output_dirs(layout) -> None:
                     f"{path}: a symbolic link (to {os.readlink(path)}) where hexbundle writes "
                     f"its outputs: they would land outside the build root {build}. Replace it "
                     "by a directory (or set HEXBUNDLE_BUILD_ROOT to the disk it points to)")
+            if os.path.lexists(path) and not path.is_dir():   # dlc/ a file: mkdir would fail
+                raise HexbundleError(
+                    f"{path}: hexbundle keeps a directory there (its outputs), but it is "
+                    f"{kind_of(os.lstat(path).st_mode)}: move it away or remove it, then run "
+                    "again")
 
 
 def set_aside_bundle_link(bundle: Path, root: Path) -> Optional[Path]:

@@ -14,6 +14,7 @@ stopped before splitting) or another plan is asked for, the config says `split =
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections import Counter
@@ -42,7 +43,11 @@ from hexbundle.inputs.validate import whole_model_part
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError, InputError
+from hexbundle.support.files import (TOKENIZER_MAX_BYTES, about_argument, require_named_dir,
+                                     require_named_file)
 
+# --name: a file name (NAME.toml) and a directory of build/, nested in paths: far below
+# NAME_MAX (255 bytes), long enough for any model's name
 PAST_KEY = re.compile(r"past_key_(\d+)_in")
 LAYER_IN_NAME = re.compile(r"layers\.(\d+)[./]")
 HEAD_WEIGHT = re.compile(r"layers\.(\d+)\..*q_proj[a-z_]*\.(\d+)\.weight$")
@@ -75,22 +80,29 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
                   model_id: str = "") -> None:
     """Scan the export at `dir`, infer the model, write configs/models/<name>.toml."""
     project = ProjectLayout(root)
-    if dir and is_checkpoint(Path(dir).expanduser()):
-        return import_checkpoint(project, Path(dir).expanduser().resolve(), name, plan,
-                                 tokenizer, rope_theta, model_config, context_length, model_id)
-    if context_length or model_id:
-        raise InputError(f"{dir}: --context-length and --model-id are for a quantize checkpoint "
-                         f"(a folder with {CKPT_GRAPH}); an export tree's graphs fix both")
     if not dir or not name:
         raise InputError("import_export needs --dir PATH (the export) and --name NAME (the "
                          "model config to write), e.g. `doit import_export --dir ~/export "
                          "--name qwen2.5-7b-mine`")
     check_name(name, "--name")
-    tree = scan_export(Path(dir).expanduser())
+    # every path named on the command line, before the export is scanned (stats and one small
+    # read: a wrong one is named at once)
+    require_named_dir(Path(dir).expanduser(), "export directory", "--dir")
+    hf = read_hf_config(Path(model_config)) if model_config else None
+    if tokenizer:
+        require_named_file(Path(tokenizer).expanduser(), "tokenizer.json", TOKENIZER_MAX_BYTES,
+                           "--tokenizer")
+    if is_checkpoint(Path(dir).expanduser()):
+        return import_checkpoint(project, Path(dir).expanduser().resolve(), name, plan,
+                                 tokenizer, rope_theta, model_config, context_length, model_id)
+    if context_length or model_id:
+        raise InputError(f"{dir}: --context-length and --model-id are for a quantize checkpoint "
+                         f"(a folder with {CKPT_GRAPH}); an export tree's graphs fix both")
+    with about_argument("--dir", dir):
+        tree = scan_export(Path(dir).expanduser())
     for line in tree.describe():
         if not (tokenizer and line.startswith("tokenizer: missing")):
             say(f"  {line}")
-    hf = read_hf_config(Path(model_config)) if model_config else None
     if tree.problems:
         raise InputError(f"{tree.root}: the export is incomplete or inconsistent:\n"
                          + "\n".join(f"  - {p}" for p in tree.problems)
@@ -116,11 +128,12 @@ def write_model(project: ProjectLayout, name: str, tree: ExportTree, split: str,
                 inferred: Inferred, plan_layers: tuple, hf, tokenizer: str) -> None:
     """The tokenizer found and checked, configs/models/<name>.toml written, notes printed."""
     tokenizer_path = find_tokenizer(tree, tokenizer)
-    if tokenizer_path and hf is not None:
-        inferred.specials = specials_from_config(hf, tokenizer_path, inferred.specials)
-        inferred.specials_from = f"{hf.path.name}'s bos/eos ids in {tokenizer_path.name}"
-    if tokenizer_path:
-        check_tokenizer(tokenizer_path, inferred.arch["vocab_size"], inferred.specials)
+    with about_argument("--tokenizer", tokenizer) if tokenizer else contextlib.nullcontext():
+        if tokenizer_path and hf is not None:
+            inferred.specials = specials_from_config(hf, tokenizer_path, inferred.specials)
+            inferred.specials_from = f"{hf.path.name}'s bos/eos ids in {tokenizer_path.name}"
+        if tokenizer_path:
+            check_tokenizer(tokenizer_path, inferred.arch["vocab_size"], inferred.specials)
     path = project.model_config(name)
     check_overwrite(path)
     text = model_toml(name, tree, split, inferred, plan_layers, tokenizer_path, project)
@@ -378,10 +391,9 @@ def choose_split(tree: ExportTree, wanted: Optional[tuple]) -> tuple:
 
 def find_tokenizer(tree: ExportTree, given: str) -> Optional[Path]:
     if given:
-        path = Path(given).expanduser().resolve()
-        if not path.is_file():
-            raise InputError(f"--tokenizer {given}: no such file")
-        return path
+        require_named_file(Path(given).expanduser(), "tokenizer.json", TOKENIZER_MAX_BYTES,
+                           "--tokenizer")
+        return Path(given).expanduser().resolve()
     if tree.tokenizer:
         return tree.tokenizer
     if (tree.root / TOKENIZER_CONFIG).is_file():

@@ -44,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
@@ -435,6 +436,17 @@ def _kit_file(where: str, value: str, listed: set, shown: Path, under: str = "")
     return rel
 
 
+def is_wheel(path: Path) -> bool:
+    """A wheel is a zip archive with a <name>.dist-info/WHEEL: a tar.gz renamed .whl is not."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(PurePosixPath(n).parent.name.endswith(".dist-info")
+                       and PurePosixPath(n).name == "WHEEL"
+                       and len(PurePosixPath(n).parts) == 2 for n in archive.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
 def read_kit_json(kit: Path, listed: set, shown: Path = None) -> dict:
     """kit.json, checked: every key of the right type, every path a verified file of the kit."""
     shown = shown or kit
@@ -457,6 +469,12 @@ def read_kit_json(kit: Path, listed: set, shown: Path = None) -> dict:
         raise KitError(f"{shown / KIT_JSON}: {', '.join(not_wheels)}: not a wheel (.whl) among "
                        f"the host wheels: refused (pip would build a source archive, running "
                        "code that came with the kit, possibly as root)")
+    fake = sorted(rel for rel in listed if rel.startswith(HOST_WHEELS + "/")
+                  and not is_wheel(kit / rel))
+    if fake:
+        raise KitError(f"{shown}: {', '.join(fake)}: named .whl but not a wheel (no zip archive "
+                       "with a .dist-info/WHEEL): refused (an sdist under a wheel's name); make "
+                       "the kit again with `doit offline_kit`")
     for i, entry in enumerate(_field("", doc, "images", list, shown)):
         _kit_file(f"images[{i}].file", _field(f"images[{i}].", entry, "file", str, shown),
                   listed, shown)

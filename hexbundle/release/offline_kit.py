@@ -17,6 +17,7 @@ from hexbundle.release.kit import (HOST_WHEELS, KitError, load_kit, sum_line, wr
 from hexbundle.support.atomic import output_path, staged_dir, temp_dir, write_atomic
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.files import require_named_path
 from hexbundle.support.hashing import sha256_file
 from hexbundle.toolchain.docker import docker_client
 from hexbundle.toolchain.image import read_record
@@ -210,7 +211,9 @@ def load_kit_command(kit: list, expect_sha256: str = "") -> None:
     if len(kit) != 1:
         raise HexbundleError("usage: doit load_kit [--expect-sha256 HEX] build/offline-kit.tar "
                              "(or an unpacked kit dir)")
+    require_named_path(Path(kit[0]), "kit (its .tar or the unpacked directory)", "KIT")
     try:
         load_kit(Path(kit[0]), log=say, expect_sha256=expect_sha256 or None)
     except KitError as exc:
-        raise HexbundleError(str(exc)) from None
+        shown = str(exc) if str(exc).startswith(kit[0]) else f"KIT {kit[0]}: {exc}"
+        raise HexbundleError(shown) from None

@@ -14,6 +14,7 @@ from hexbundle.config.toolchain import load_toolchain
 from hexbundle.formats.manifest import read_build_info
 from hexbundle.support import hashing
 from hexbundle.support.errors import FormatError, HexbundleError
+from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, read_named_text
 from hexbundle.support.hashing import sha256_file
 
 
@@ -140,8 +141,8 @@ def _at(doc, path: str, kind: type, where: str):
 def read_provenance(path: Path) -> dict:
     """The provenance statement at `path`, checked (check_provenance): FormatError naming the
     file and the key otherwise."""
-    try:
-        doc = json.loads(path.read_bytes())
+    try:   # only a regular file, and never past a config's size (support.files)
+        doc = json.loads(read_named_text(path, "provenance statement", JSON_CONFIG_MAX_BYTES))
     except FileNotFoundError:
         raise
     except OSError as exc:

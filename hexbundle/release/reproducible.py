@@ -30,9 +30,12 @@ from hexbundle.support import hashing
 from hexbundle.support import table as tables
 from hexbundle.support.atomic import atomic_output, write_atomic
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.files import about_argument, require_named_file
 from hexbundle.support.hashing import sha256_file
 
 REMOTE_CACHE_ENV = REMOTE_ENV_PREFIX + "REMOTE_CACHE"
+# A release archive is a bundle, tar.gz: a 7B model's is ~5 GB; a file past this is no release
+RELEASE_MAX_BYTES = 64 << 30
 MIN_ZIP_EPOCH = 315532800  # 1980-01-01: the earliest time zip and some tar tools can hold
 
 
@@ -214,11 +217,10 @@ def _write_text(path: Path, text: str) -> None:
 
 def load_provenance(archive: Path) -> dict:
     path = archive.parent / RELEASE_PROVENANCE
-    try:
-        return read_provenance(path)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise ReleaseError(f"{path}: no provenance next to {archive.name}; keep the release "
-                           "directory's files together") from None
+                           "directory's files together")
+    return read_provenance(path)   # a FIFO or a device there is refused, not read
 
 
 def source_tree_for(root: Path, recorded: dict, workdir: Path, log) -> Path:
@@ -282,9 +284,8 @@ def material_path(root: Path, name: str) -> Optional[Path]:
 
 
 def verify_release(root: Path, archive: Path, log=print) -> bool:
+    require_named_file(archive, "release archive", RELEASE_MAX_BYTES)
     archive = archive.resolve()
-    if not archive.is_file():
-        raise ReleaseError(f"{archive}: no such release archive")
     doc = load_provenance(archive)
     want = {s["name"]: s["digest"]["sha256"] for s in doc["subject"]}
     if want.get(archive.name) != sha256_file(archive):
@@ -345,5 +346,7 @@ def verify_release_command(root: Path, archive: list) -> None:
     """`doit verify_release ARCHIVE`: ReleaseError unless the release reproduces."""
     if len(archive) != 1:
         raise ReleaseError("usage: doit verify_release build/release/<name>.tar.gz")
-    if not verify_release(root, Path(archive[0])):
+    with about_argument("ARCHIVE", archive[0]):
+        reproduces = verify_release(root, Path(archive[0]))
+    if not reproduces:
         raise ReleaseError("the release does not reproduce: see the table above")
