@@ -292,24 +292,8 @@ def test_a_real_checkpoint_splits_as_qai_hub_models_does(tmp_path, name):
                 assert _entries(mine[key]) == _entries(enc[key]), (graph_name, key)
 
 
-# Measured 2026-12-06 (reference backend): verify's gate min_cosine_prompt_vs_token 0.9999 is
-# missed by these checkpoints' own quantized models in onnxruntime as much as by the bundles
-# (Llama 3.2 part 2: reference token vs prompt hidden 0.999882, kv 0.999824, the bundle 0.999888,
-# 0.999818, end to end the bundle vs the reference 0.999979; SmolLM2 part 2: reference kv
-# 0.999871, the bundle 0.999873). The gate is verify's business (being rewritten): recorded
-# here, not loosened; strict, so a passing verify flags these marks.
-VERIFY_KNOWN = {
-    "llama_v3_2_1b_instruct-0.65.0": "verify's token-vs-prompt gate 0.9999: the checkpoint's "
-                                     "own quantized reference gives 0.999882 (hidden), 0.999824 "
-                                     "(kv)",
-    "smollm2_1_7b_it-0.65.0": "verify's token-vs-prompt gate 0.9999: the checkpoint's own "
-                              "quantized reference gives 0.999871 (kv)"}
-
-
 @pytest.mark.heavy   # an import, a build, a verify and a lint of the bundle: > 30 s each
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=VERIFY_KNOWN[n]))
-    if n in VERIFY_KNOWN else n for n in REAL])
+@pytest.mark.parametrize("name", REAL)   # verify's gates are relative (issue 34): all pass
 def test_a_real_checkpoint_builds_verifies_and_lints(tmp_path, name):
     expected = _expected(name)
     ckpt = CKPT_DATA / name
