@@ -251,11 +251,13 @@ def task_verify_release():
 def task_verify():
     """Run the bundle on the CPU as Genie chains it; compare with the export's quantized model.
 
-    The bins in ctx-bins order, prefill in AR-128 chunks, then AR-1 decode with the KV cache,
-    every activation encoding applied, vs the export's ONNX with its encodings applied (in
-    onnxruntime) on the same tokens, and the float ONNX for the drift: a table per part and end
-    to end (encodings, cosine, max error in LSBs, top-1); fails naming the first part that
-    diverges. Thresholds: the model config's [verify] table (docs/verify.md)."""
+    Exact where the build is exact: every weight, encoding and graph of every bin against the
+    export (checks/exact.py). Then the bins in ctx-bins order, prefill in AR-128 chunks, AR-1
+    decode with the KV cache, every activation encoding applied, vs the export's ONNX with its
+    encodings applied (in onnxruntime) on the same tokens, gated against a noise floor the run
+    measures (a second reference with AIMET's rounding), and the float ONNX for the drift: a
+    table per part and end to end (value, floor, ratio, limit); fails naming the first part
+    that diverges. Settings: the model config's [verify] table (docs/verify.md)."""
     options = verify_options(CFG)
     return task(Step("verify", "verify", "", options,
                      inputs=list(LAYOUT.bundle_files()) + list(LAYOUT.all_inputs())
