@@ -44,11 +44,16 @@ ARGUMENTS = {
                                     ["--path", "BUNDLE"]),
     "verify_release ARCHIVE": ("verify_release", None, "file", []),
     "load_kit KIT": ("load_kit", None, "file", []),
+    "deploy --path": ("deploy", "--path", "dir", ["--to", "ssh://nobody@127.0.0.1:1/x"]),
+    "deploy --ssh-config": ("deploy", "--ssh-config", "file",
+                            ["--to", "ssh://nobody@127.0.0.1:1/x", "--path", "BUNDLE"]),
 }
 # the arguments of dodo.py's tasks that name no path (tested elsewhere: config/build's ranges)
 NOT_PATHS = {("import_export", "plan"), ("import_export", "rope_theta"), ("image", "base"),
+             ("import_export", "context_length"), ("import_export", "model_id"),
              ("image", "network"), ("gen_inputs", "part"), ("bench", "small"),
-             ("bench", "keep"), ("bench", "rows"), ("load_kit", "expect_sha256")}
+             ("bench", "keep"), ("bench", "rows"), ("load_kit", "expect_sha256"),
+             ("deploy", "to"), ("deploy", "run"), ("deploy", "push_first")}
 
 SHAPES = ("symlink out of the tree", "dangling symlink", "FIFO", "/dev/zero", "the other kind",
           "name too long", "unreadable", "empty", "huge")
@@ -61,13 +66,20 @@ FAST = {("import_export --model-config", "/dev/zero"), ("import_export --model-c
         ("inspect --model-config", "dangling symlink"), ("check_bundle --path", "FIFO"),
         ("check_bundle --model-config", "symlink out of the tree"),
         ("check_bundle --model-config", "empty"), ("verify_release ARCHIVE", "name too long"),
-        ("load_kit KIT", "/dev/zero"), ("import_export --dir", "unreadable")}
+        ("load_kit KIT", "/dev/zero"), ("import_export --dir", "unreadable"),
+        ("deploy --path", "FIFO"), ("deploy --ssh-config", "/dev/zero")}
+
+
+# shapes that are a valid value of the argument: an empty ssh config is one ssh accepts
+VALID = {("deploy --ssh-config", "empty")}
 
 
 def cases():
     for argument, (_, _, kind, _) in ARGUMENTS.items():
         for shape in SHAPES:
             if kind == "name" and shape not in NAME_SHAPES:
+                continue
+            if (argument, shape) in VALID:
                 continue
             marks = () if (argument, shape) in FAST else (pytest.mark.heavy,)
             yield pytest.param(argument, shape, marks=marks, id=f"{argument}-{shape}")

@@ -30,6 +30,8 @@ from hexbundle.config.layout import MANIFEST
 from hexbundle.formats.genie_profile import read_profile
 from hexbundle.formats.manifest import verify_bundle_files
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.files import (JSON_CONFIG_MAX_BYTES, about_argument, require_named_dir,
+                                     require_named_file)
 from hexbundle.support.hashing import cached_sha256
 from hexbundle.support import testhooks
 from hexbundle.support.progress import duration, size
@@ -333,13 +335,39 @@ def run_on_board(target: Target, ssh_config: str, prompt: str, script: str,
     return result
 
 
+def check_ssh_config(path: Path) -> None:
+    """The ssh config as ssh itself reads it (`ssh -G`: parse and print, connect to nothing):
+    a file that is no ssh config is named now, not after the bundle's digests are taken."""
+    try:
+        proc = subprocess.run(["ssh", "-G", "-F", str(path), "--", "hexbundle-config-check"],
+                              capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise DeployError("deploy: no `ssh` on PATH: install the OpenSSH client "
+                          "(apt-get install openssh-client)") from None
+    except subprocess.TimeoutExpired:
+        raise DeployError(f"--ssh-config {path}: `ssh -G` did not finish reading it in 30 s") \
+            from None
+    if proc.returncode != 0:
+        first = next((line for line in proc.stderr.splitlines() if line.strip()), "")
+        raise DeployError(f"--ssh-config {path}: ssh cannot use it as a config file "
+                          f"({first.strip()[:200]}); give your ssh config (ssh -F FILE)")
+
+
 def deploy_command(bundle: str, to: str, run: str = "", ssh_config: str = "",
                    push_first: bool = True) -> None:
     if not to:
         raise DeployError("deploy: give the board: --to ssh://USER@HOST[:PORT]/DIR")
     target = parse_target(to)
-    path = Path(bundle)
-    doc = _check_deployable(path)
+    path = Path(bundle).expanduser()
+    # the paths named on the command line, before anything is read or sent (support.files)
+    require_named_dir(path, "bundle directory", "--path")
+    if ssh_config:
+        require_named_file(Path(ssh_config).expanduser(), "ssh config", JSON_CONFIG_MAX_BYTES,
+                           "--ssh-config")
+        check_ssh_config(Path(ssh_config).expanduser())
+    with about_argument("--path", bundle):
+        doc = _check_deployable(path)
 
     def say(line: str) -> None:
         print(line, flush=True)
