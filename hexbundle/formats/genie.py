@@ -21,6 +21,7 @@ from hexbundle.config.build import DialogSettings
 from hexbundle.config.model import ROPE_SCALING_TYPES, RopeScaling
 from hexbundle.config.devices import DeviceOptions, RuntimeSettings
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER
+from hexbundle.config.runtime_files import BIN, DSP, LIB, TARGETS, script_name
 from hexbundle.formats.genie_ranges import range_problems
 from hexbundle.support.errors import InputError, VerifyError
 from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, kind_of, link_target, read_named_text
@@ -28,6 +29,10 @@ from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, kind_of, link_target,
 # What ai-hub-apps' manual_bundle.md copies beside the configs and bins: the Genie and QNN
 # libraries (libGenie.so, libQnnHtp*.so, the Hexagon skel libraries) and genie-t2t-run
 RUNTIME_FILE = re.compile(r"lib[\w.+-]*\.so(\.[\d.]+)?|genie-[\w-]+")
+# What a qairt bundle carries of the compiling SDK (config/runtime_files.py): its runtime's
+# directories, each of files only, and the launcher (checks/runtime_check.py judges their bytes)
+RUNTIME_DIRS = (LIB, DSP, BIN)
+LAUNCHERS = frozenset(script_name(t) for t in TARGETS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,9 +59,26 @@ def entry_problems(bundle: Path, entries: dict) -> list:
             problems.append(f"{name}: a symbolic link (to {link_target(bundle / name)}), not a "
                             "file of the bundle: a copied bundle lacks what it points to, a "
                             "pushed one carries it; put the file itself there")
+        elif kind == "a directory" and name in RUNTIME_DIRS:
+            problems += runtime_dir_problems(bundle, name)
         elif kind is not None:
             problems.append(f"{name}: {kind}, not a file; a Genie bundle is one directory of "
-                            "files: remove it")
+                            "files (and the runtime's lib/, dsp/ and bin/): remove it")
+    return problems
+
+
+def runtime_dir_problems(bundle: Path, name: str) -> list:
+    """The runtime's own directory: regular files only, nothing followed, nothing nested."""
+    problems = []
+    with os.scandir(bundle / name) as found:
+        for entry in sorted(found, key=lambda e: e.name):
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISLNK(mode):
+                problems.append(f"{name}/{entry.name}: a symbolic link (to "
+                                f"{link_target(bundle / name / entry.name)}), not a file of the "
+                                "bundle: put the file itself there")
+            elif not stat.S_ISREG(mode):
+                problems.append(f"{name}/{entry.name}: {kind_of(mode)}, not a file: remove it")
     return problems
 
 
@@ -80,7 +102,7 @@ def unlisted_problems(entries: dict, dialog: dict) -> list:
     return [f"{name}: in the bundle but named by nothing in {GENIE_CONFIG}: remove it (a "
             "bundle is pushed whole)" for name, kind in entries.items()
             if kind is None and name not in listed and not name.endswith(".bin")
-            and not RUNTIME_FILE.fullmatch(name)]
+            and not RUNTIME_FILE.fullmatch(name) and name not in LAUNCHERS]
 
 
 @dataclass(frozen=True)
