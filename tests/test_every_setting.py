@@ -50,6 +50,8 @@ NOT_BUILD_INPUTS = {
     "HEXBUNDLE_LIFELINE": "the step runner's parent watch (set by the executor itself)",
     "HEXBUNDLE_KIT_INCLUDE_INPUTS": "doit offline_kit only",
     "HEXBUNDLE_KIT_INCLUDE_SDK": "doit offline_kit only",
+    "HEXBUNDLE_FASTRPC_NODE": "read by the bundle's run.sh on the board (which fastrpc node "
+                              "its preflight checks), never by the build",
     "HEXBUNDLE_REMOTE_": "the prefix of the remote_* settings (covered as build settings)",
 }
 ENV_VALUES = {

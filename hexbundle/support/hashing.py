@@ -384,10 +384,17 @@ def check_trace_file(environ=None) -> None:
     trace = (os.environ if environ is None else environ).get(TRACE_ENV)
     if not trace:
         return
-    try:
-        with open(trace, "a"):
-            pass
-    except OSError as exc:
-        raise HexbundleError(f"{TRACE_ENV}={trace}: cannot append to it "
-                             f"({exc.strerror or exc}); point it at a file you can write "
-                             "(e.g. /tmp/hashed.txt) or unset it") from None
+    # checked without creating it: a run that hashes nothing leaves no trace file (what the
+    # bench and the tests count on)
+    path, problem = Path(trace), ""
+    if path.exists():
+        try:   # it exists: opening it to append creates nothing
+            with open(path, "a"):
+                pass
+        except OSError as exc:
+            problem = f"cannot append to it ({exc.strerror or exc})"
+    elif not (path.parent.is_dir() and os.access(path.parent, os.W_OK | os.X_OK)):
+        problem = f"cannot append to it (its directory {path.parent} cannot take a new file)"
+    if problem:
+        raise HexbundleError(f"{TRACE_ENV}={trace}: {problem}; point it at a file you can write "
+                             "(e.g. /tmp/hashed.txt) or unset it")
