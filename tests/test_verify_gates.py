@@ -201,3 +201,24 @@ def test_aimet_quantize_rounds_half_up_and_reports_the_ties():
     # a fractional (shifted) offset: rounding after it
     q, tie = aimet_quantize(np.array([1.0], np.float32), np.float32(1.0), np.float32(-7.5), 4)
     assert q.tolist() == [9] and tie.tolist() == [True]
+
+
+def test_a_second_reference_that_is_not_finite_leaves_the_parts_to_the_backstop_and_says_so():
+    rng = np.random.default_rng(6)
+    v = settings()
+    ref = signal(rng)
+    broken = ref.copy()
+    broken[0, 0] = np.nan
+    rows = [make_row("part 2", 2, "prefill vs reference", off_by(ref, 300, rng), ref, False,
+                     scale=SCALE),
+            make_row("part 2", 2, "reference vs reference (AIMET rounding)", broken, ref, False,
+                     scale=SCALE)]
+    floor, where = noise_floor(rows, v)
+    assert np.isnan(floor) and where.startswith("not measurable: the second reference is not "
+                                                "finite in part 2")
+    gate_against_floor(rows, floor, v)
+    assert rows[0].limit == "cos >= 0.9999" and rows[0].ok
+    assert "noise floor not measurable" in rows[0].notes[0]
+    rows[0] = make_row("part 2", 2, "prefill vs reference", signal(rng), ref, False, scale=SCALE)
+    gate_against_floor(rows, floor, v)
+    assert rows[0].limit == "cos >= 0.9999"

@@ -16,7 +16,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, IoSpec, QuantParams,
+from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, SMALL_CONSTANT_ELEMENTS,
+                                         GraphInfo, IoSpec, QuantParams,
                                          activation_encodings_json)
 from hexbundle.formats.encodings import Encodings, ParamEncoding, load_encodings
 from hexbundle.formats.onnxfile import load_structure
@@ -24,9 +25,6 @@ from hexbundle.support.errors import EncodingsError, InputError
 
 # Inputs through which an initializer acts as a layer weight (op type -> input indices).
 LINEAR_WEIGHT_INPUTS = {"MatMul": (0, 1), "Gemm": (0, 1), "Gather": (0,), "Conv": (1,)}
-# Float initializers up to this many elements without an encoding are constants (eps, scalars,
-# small biases): they stay inside the topology proto. Larger ones are weights (own blob).
-SMALL_CONSTANT_ELEMENTS = 64
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                onnx.TensorProto.BFLOAT16}
 

@@ -191,8 +191,11 @@ def check_encodings(reader, g: PartGraph, model, spec, result: ExactCheck) -> No
             continue
         q = reader.quant_params(g.name, name)
         if not enc.is_int:
+            # a float16 encoding is float16; a float32 one is stored at the build's float
+            # precision (float_precision), either float width
             stored_dtype = reader.record(g.name, name).dtype
-            if q is not None or stored_dtype != f"float{enc.bitwidth}":
+            allowed = ("float16",) if enc.bitwidth == 16 else ("float16", "float32")
+            if q is not None or stored_dtype not in allowed:
                 result.problems.append(f"{g.name}: weight '{name}': stored as {stored_dtype}, "
                                        f"float{enc.bitwidth} in {where}")
             continue

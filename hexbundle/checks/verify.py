@@ -315,6 +315,7 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
         if grid is not None:
             theirs.value, theirs.unit = _max_lsb(rg, rw, grid), "LSB"
             refs = max(_max_lsb(qg, rg, grid), _max_lsb(qw, rw, grid))
+            refs = refs if math.isfinite(refs) else 0.0   # a broken second reference: no say
             floor = max(theirs.value, refs, float(v.min_floor_lsb))
             ours.value, ours.unit, ours.floor = _max_lsb(bg, bw, grid), "LSB", floor
             ours.ratio = ours.value / floor
@@ -326,7 +327,8 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
                 ours.problems.append(f"{ours.value:.1f} LSB > {v.token_vs_prompt_factor:g} x "
                                      f"the floor {floor:.1f} LSB (token_vs_prompt_factor)")
         else:
-            floor = max(1 - theirs.cos_min, 1 - compare(qg, rg, False)["cos_min"])
+            second = 1 - compare(qg, rg, False)["cos_min"]
+            floor = max(1 - theirs.cos_min, second if math.isfinite(second) else 0.0)
             allowed = v.token_vs_prompt_factor * floor + 1e-12
             ours.value, ours.unit, ours.floor = 1 - ours.cos_min, "1-cos", floor
             ours.ratio = ours.value / floor if floor > 0 else None
@@ -343,6 +345,10 @@ def noise_floor(rows: list, v: VerifySettings) -> tuple:
     LSBs of the part's output encoding, and at least min_floor_lsb."""
     measured = [(r.lsb, r.part) for r in rows
                 if r.check == "reference vs reference (AIMET rounding)" and r.lsb is not None]
+    broken = [part for lsb, part in measured if not math.isfinite(lsb)]
+    if broken:   # said in the table's header and on every row it leaves to the backstop
+        return math.nan, (f"not measurable: the second reference is not finite in {broken[0]}; "
+                          "the parts are judged by the cosine backstop alone")
     worst = max(measured, default=(0.0, "no part"))
     if worst[0] >= v.min_floor_lsb:
         return worst[0], f"{worst[1]}, reference vs reference"
@@ -354,10 +360,12 @@ def gate_against_floor(rows: list, floor: float, v: VerifySettings) -> None:
     limit = v.floor_multiplier * floor
     for row in rows:
         if row.part_index and row.check in ("prefill vs reference", "decode vs reference"):
-            if row.lsb is None:    # a float output: only the cosine backstop judges it
+            if row.lsb is None or not math.isfinite(floor):   # only the backstop judges it
                 row.limit = f"cos >= {v.min_cosine_reference}"
                 row.value, row.unit = row.cos_min, "cos"
-                row.notes.append("no int output encoding: gated by the cosine backstop only")
+                row.notes.append("no int output encoding: gated by the cosine backstop only"
+                                 if row.lsb is None else "noise floor not measurable: gated "
+                                 "by the cosine backstop only")
                 continue
             row.value, row.unit, row.floor, row.ratio = row.lsb, "LSB", floor, row.lsb / floor
             row.limit = f"<= {v.floor_multiplier:g} x floor = {limit:.1f} LSB"
@@ -489,11 +497,11 @@ class Report:
 
 
 def _run_reference(bp, layout: Layout, cl: int, scratch: Path, rounding: str, x_same,
-                   x_chain, n_prompt: int) -> tuple:
+                   x_chain, n_prompt: int, float_bitwidth: int) -> tuple:
     """(fed the bundle's input, chained on its own) through the part's reference with
     `rounding`; its scratch files removed after."""
     cfg = layout.cfg
-    graphs = reference_graphs(bp.part, layout, cl, scratch, rounding)
+    graphs = reference_graphs(bp.part, layout, cl, scratch, rounding, float_bitwidth)
     try:
         same = run_sequence(reference_session(bp.part, cfg, graphs), x_same, n_prompt)
         chained = same if x_chain is x_same else run_sequence(
@@ -549,9 +557,9 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                     # and the float's weights (the peak RSS): drop them, keeping the mmap
                     bp.reader.release_pages()
                     same, chained = _run_reference(bp, layout, cl, scratch, HALF_EVEN, x_bundle,
-                                                   x_ref, n_prompt)
+                                                   x_ref, n_prompt, options.float_bitwidth)
                     same2, chained2 = _run_reference(bp, layout, cl, scratch, AIMET, x_bundle,
-                                                     x_ref2, n_prompt)
+                                                     x_ref2, n_prompt, options.float_bitwidth)
                     f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt)
                     rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
                                       PartRuns(b, same, same2, f), v, scales[cl], kv_scales)

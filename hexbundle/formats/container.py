@@ -614,6 +614,12 @@ def tensor_values(record: TensorRecord, blob: np.ndarray) -> np.ndarray:
     return raw.view(STORAGE_DTYPES[record.dtype]).reshape(record.shape)
 
 
+# Float initializers up to this many elements without an int encoding are constants (eps,
+# scalars, small biases): a backend keeps them inside the topology as they are; larger ones are
+# weights with a blob of their own, stored at the build's float precision (float_precision).
+SMALL_CONSTANT_ELEMENTS = 64
+
+
 def tensor_blocks(record: TensorRecord, blob: np.ndarray, block_elements: int) -> Iterator[np.ndarray]:
     """Stored elements in flat order, `block_elements` at a time (packed 4-bit unpacked one block
     at a time): a reader that compares a large tensor never holds it whole."""

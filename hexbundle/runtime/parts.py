@@ -113,7 +113,7 @@ def onnx_session(part, layout: Layout, context_length: Optional[int] = None) -> 
 
 
 def reference_graphs(part, layout: Layout, context_length: int, scratch: Path,
-                     rounding: str = "half-even") -> dict:
+                     rounding: str = "half-even", float_bitwidth: int = 32) -> dict:
     """The export's quantized reference of a part's graphs at one context length (runtime.qdq:
     its ONNX with its encodings applied, with `rounding`), written under scratch/cl<C>-<rounding>/
     (one weights file)."""
@@ -122,7 +122,7 @@ def reference_graphs(part, layout: Layout, context_length: int, scratch: Path,
     store = WeightStore(directory)   # the part's graphs share their weights: written once
     try:
         return {g.kind: qdq_graph(layout.onnx(g), layout.encodings(g), directory, store, g.kind,
-                                  rounding)
+                                  rounding, float_bitwidth)
                 for g in layout.cfg.model.graphs(part, context_length)}
     finally:
         store.close()

@@ -19,8 +19,11 @@ consumer's: the output channels of a MatMul's second input (last axis), a Gemm's
 a Conv's weight (axis 0) and a Gather's table (axis 0) -- read here from the graph, not taken
 from the backend's weight plan, so the reference does not share the build's decisions.
 
-Weights without an encoding stay float32 (the build's unencoded_weights policy is not the
-export's specification; verify's float-drift row shows its effect).
+Weights without an int encoding are float weights: those larger than the containers' small
+constants are stored at the build's float precision (`float_bitwidth`, 16 by default: QAIRT's
+float_precision), so the reference rounds them to float16 too; small constants stay float32, as
+in the topology. (The build's unencoded_weights = "int8" policy is not the export's
+specification: the reference keeps those float, and verify's float-drift row shows its effect.)
 
 Two roundings, two correct references: `HALF_EVEN` (numpy's and onnxruntime's QuantizeLinear,
 round half to even) and `AIMET` (AIMET's quantizer, floor(x / s - o + 0.5): half up), for
@@ -35,6 +38,7 @@ from typing import Optional
 
 import numpy as np
 
+from hexbundle.formats.container import SMALL_CONSTANT_ELEMENTS
 from hexbundle.formats.encodings import load_encodings
 from hexbundle.formats.onnxfile import initializer_values, load_structure
 from hexbundle.runtime.onnx_graph import OnnxGraph
@@ -227,17 +231,29 @@ class WeightStore:
         self._file.close()
 
 
-def _source_key(init, values, enc, rounding: str) -> tuple:
+def _source_key(init, values, enc, rounding: str, float_bitwidth: int) -> tuple:
     where = (str(values.data_path), values.offset) if values.inline is None else \
         values.inline.tobytes()
     encoding = None if enc is None else (enc.bitwidth, enc.dtype, enc.scale.tobytes(),
                                          enc.offset.tobytes(), enc.block_size, enc.axis)
-    return init.name, where, encoding, rounding
+    return init.name, where, encoding, rounding, float_bitwidth
+
+
+def _stored_float(block: np.ndarray, float_bitwidth: int) -> np.ndarray:
+    """A float weight as the build stores it: float16 at float_bitwidth 16, else as it is."""
+    return block.astype(np.float16).astype(block.dtype) if float_bitwidth == 16 else block
+
+
+def _float_weight(init, values, e) -> bool:
+    """A float weight with a blob of its own and no int encoding (a float one, or none)."""
+    count = int(np.prod(values.shape, dtype=np.int64))
+    return (e is None or (not e.is_int and e.bitwidth == 32)) \
+        and count > SMALL_CONSTANT_ELEMENTS
 
 
 def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
                     store: Optional[WeightStore] = None, name: str = "model",
-                    rounding: str = HALF_EVEN) -> Path:
+                    rounding: str = HALF_EVEN, float_bitwidth: int = 32) -> Path:
     """The QDQ model of one graph (module docstring), written to out_dir/<name>.onnx with its
     weights in out_dir/weights.data (`store`: shared with other graphs in out_dir), streamed a
     block of rows at a time: memory stays near one block, not the largest weight."""
@@ -257,22 +273,26 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
                           "uint64_data", "string_data"):
                 init.ClearField(field)
             del init.external_data[:]
+            narrow = floating and _float_weight(init, values, e)
             if values.nbytes <= INLINE_BYTES:   # shape constants: onnxruntime infers from them
                 whole = values.whole()
                 data = _encoded(whole.astype(np.float32), e, e.is_int and weight_grid(
                     e, graph, init.name, whole.shape), slice(None), rounding).astype(whole.dtype) \
                     if floating and e is not None else whole
+                data = _stored_float(data, float_bitwidth) if narrow else data
                 init.data_location = TensorProto.DEFAULT
                 init.raw_data = np.ascontiguousarray(data).tobytes()
                 continue
             if floating:
                 grid = weight_grid(e, graph, init.name, values.shape) \
                     if e is not None and e.is_int else None
-                blocks = (_encoded(block, e, grid, rows, rounding).astype(values.dtype)
+                blocks = ((_stored_float(block, float_bitwidth) if narrow else
+                           _encoded(block, e, grid, rows, rounding)).astype(values.dtype)
                           for rows, block in values.rows())
             else:
                 blocks = iter([values.whole()])
-            offset, length = store.put(_source_key(init, values, e, rounding), blocks)
+            offset, length = store.put(_source_key(init, values, e, rounding, float_bitwidth),
+                                       blocks)
             init.data_location = TensorProto.EXTERNAL
             for key, value in (("location", DATA_FILE), ("offset", str(offset)),
                                ("length", str(length))):
@@ -291,7 +311,8 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
 
 def qdq_graph(onnx_path: Path, encodings_path: Path, out_dir: Path,
               store: Optional[WeightStore] = None, name: str = "model",
-              rounding: str = HALF_EVEN) -> OnnxGraph:
+              rounding: str = HALF_EVEN, float_bitwidth: int = 32) -> OnnxGraph:
     """The reference of one graph, as a part session's graph executor."""
-    return OnnxGraph(write_qdq_model(onnx_path, encodings_path, out_dir, store, name, rounding),
+    return OnnxGraph(write_qdq_model(onnx_path, encodings_path, out_dir, store, name, rounding,
+                                     float_bitwidth),
                      optimize=False, source=onnx_path)

@@ -79,6 +79,7 @@ class VerifyOptions:
     backend: str
     settings: VerifySettings          # the model's [verify] table
     context_lengths: tuple
+    float_bitwidth: int = 32          # how the build stores float weights (the reference too)
 
 
 def generate_options(cfg: BuildConfig) -> GenerateOptions:
@@ -137,4 +138,5 @@ def bundle_options(cfg: BuildConfig) -> BundleOptions:
 
 
 def verify_options(cfg: BuildConfig) -> VerifyOptions:
-    return VerifyOptions(cfg.backend, cfg.verify, tuple(cfg.model.context_lengths))
+    return VerifyOptions(cfg.backend, cfg.verify, tuple(cfg.model.context_lengths),
+                         cfg.compile.float_bitwidth)
