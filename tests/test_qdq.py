@@ -75,3 +75,24 @@ def test_the_reference_equals_the_formula_on_every_encoded_tensor(tmp_path, offs
     want = aimet(np.maximum(h, 0), np.float32(7e-4), offset, 16)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     assert np.abs(got - x @ w).max() > 1e-3   # the quantization is really there
+
+
+@pytest.mark.parametrize("offset,rounding", [(-32768.0, "half-even"), (-32767.5, "half-even"),
+                                             (-32768.0, "aimet"), (-32767.5, "aimet")])
+def test_a_nan_lands_on_the_grids_bottom_in_every_qdq_form(tmp_path, offset, rounding):
+    """QuantizeLinear saturates NaN to the grid's bottom; the float-op forms (a shifted zero point,
+    AIMET's rounding) must do the same, or a NaN of a zero padding row (RMSNorm's eps quantized
+    away: 0 / 0) reaches the real rows through attention in one reference and not the other
+    (the second reference of tests/test_aimet_encodings' builds was not finite)."""
+    path, enc_path, w, w_scale = write_model(tmp_path, act_offset=offset)
+    qdq = write_qdq_model(path, enc_path, tmp_path / "qdq", rounding=rounding)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(str(qdq), options, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    x[1] = np.nan
+    got = session.run(None, {"x": x})[0]
+    assert np.isfinite(got).all()
+    # row 1: h is NaN -> h's grid bottom (negative) -> Relu 0 -> y's grid point nearest 0
+    want_row = aimet(np.zeros(6, np.float32), np.float32(7e-4), offset, 16)
+    np.testing.assert_allclose(got[1], want_row, rtol=0, atol=1e-6)

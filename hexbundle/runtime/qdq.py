@@ -169,10 +169,16 @@ def _qdq_nodes(source: str, target: str, enc, graph, rounding: str = HALF_EVEN) 
         graph.initializer.append(numpy_helper.from_array(np.float32(0.5), half))
         to_grid = [helper.make_node("Add", [t + "__u", half], [t + "__h"]),
                    helper.make_node("Floor", [t + "__h"], [t + "__r"])]
+    # NaN saturates to the grid's bottom, as QuantizeLinear (and a fixed-point unit) has it: an
+    # RMSNorm of a zero padding row quantizes its eps away (0 / 0), and a NaN kept here reaches
+    # the real rows through attention (masked weight 0 x NaN), so the two references would differ
+    # by that, not by their rounding
     return [helper.make_node("Div", [source, s_name], [t + "__d"]),
             helper.make_node("Sub", [t + "__d", o_name], [t + "__u"]),
             *to_grid,
-            helper.make_node("Clip", [t + "__r", lo, hi], [t + "__c"]),
+            helper.make_node("IsNaN", [t + "__r"], [t + "__nan"]),
+            helper.make_node("Where", [t + "__nan", lo, t + "__r"], [t + "__n"]),
+            helper.make_node("Clip", [t + "__n", lo, hi], [t + "__c"]),
             helper.make_node("Add", [t + "__c", o_name], [t + "__a"]),
             helper.make_node("Mul", [t + "__a", s_name], [t])]
 
