@@ -99,3 +99,25 @@ def test_every_number_has_its_destinations_range(tmp_path, setup, named):
 def test_the_largest_value_each_destination_holds_is_taken(tmp_path, setup):
     copy_project(tmp_path, ("configs",))
     load_build(tmp_path, setup(tmp_path))
+
+
+# each [genie] setting -> the genie_config.json key it is written to (formats/genie.py)
+GENIE_DESTINATIONS = {"max_num_tokens": "dialog.max-num-tokens",
+                      "sampler_seed": "dialog.sampler.seed", "temp": "dialog.sampler.temp",
+                      "top_k": "dialog.sampler.top-k", "top_p": "dialog.sampler.top-p"}
+
+
+def test_every_genie_setting_is_bounded_within_what_check_bundle_accepts_where_it_lands():
+    """The config's range of a [genie] number and check_bundle's range of the key it lands in
+    agree: a value the config takes is never one check_bundle refuses (nor a value past the
+    destination taken by the config and then refused on the bundle)."""
+    from hexbundle.config.build import MODEL_SCHEMA
+    from hexbundle.formats.genie_ranges import RANGES
+    genie = MODEL_SCHEMA["genie"].type
+    assert set(genie) == set(GENIE_DESTINATIONS), "a [genie] setting without its destination here"
+    for key, destination in GENIE_DESTINATIONS.items():
+        field, accepted = genie[key], RANGES[destination]
+        assert field.min is not None and field.max is not None, key
+        assert accepted.holds(field.min) and accepted.holds(field.max), (
+            f"genie.{key} takes {field.min}..{field.max}; check_bundle accepts {destination} "
+            f"{accepted.describe()}")

@@ -17,9 +17,11 @@ import math
 import re
 from dataclasses import dataclass
 
-U32 = 2 ** 32 - 1
+# the same constants the configs' schema bounds its numbers with (one source: a [genie] setting
+# and the key it is written to hold one range; tests/test_number_ranges.py checks each pair)
+from hexbundle.config.schema import U32, U64
+
 I32 = 2 ** 31 - 1
-U64 = 2 ** 64 - 1
 
 
 @dataclass(frozen=True)
