@@ -339,3 +339,87 @@ def test_each_context_length_is_its_own_pinned_graph(tmp_path):
             assert shapes["past_value_0_in"] == [kv, 1, cl - ar, head_dim]
             outputs = dict(_onnx_io(graph.output))
             assert outputs["past_key_0_out"] == [kv, 1, head_dim, ar]
+
+
+# ============================================================================ 0.55's static checkpoint
+# tests/data/qaihm-ckpt/llama_v3_2_3b_instruct-0.55.0/: what qai-hub-models 0.55.0's own quantize
+# wrote (model_seqlen128_cl256.onnx and model_seqlen1_cl256.onnx sharing model.data; fixed
+# shapes, context length 256). Its expected split is tests/data/qaihm/export-llama32/: 0.55.0's
+# own export of this very checkpoint (make_checkpoints.py llama3_2_static rebuilt that tree byte
+# for byte from it). No 0.57-0.59 release writes a static checkpoint: each text LLM's quantize
+# passes a dynamic PreSplit class (tests/data/qaihm-ckpt/README.md).
+
+STATIC = CKPT_DATA / "llama_v3_2_3b_instruct-0.55.0"
+STATIC_EXPORT = QAIHM / "export-llama32"
+STATIC_STEM = "llama_v3_2_3b_instruct_w4a16_ar{ar}_cl256_{i}_of_{n}"
+
+
+def _import_static(project, ckpt: Path, *extra):
+    return project.doit("import_export", "--dir", str(ckpt), "--name", "static",
+                        "--model-id", "llama_v3_2_3b_instruct", *extra, check=False)
+
+
+def test_a_static_055_checkpoint_splits_as_its_own_export(tmp_path):
+    """Imported as it comes (its graphs' context length, no --context-length), split by the
+    `inputs` step, each graph equal to the part 0.55.0's export wrote from the same checkpoint:
+    nodes, inputs and outputs with their shapes, initializers, per-part encodings."""
+    project = copy_project(tmp_path / "proj")
+    run = _import_static(project, STATIC)
+    assert run.code == 0, run.out + run.err
+    assert "format: qai-hub-models 0.55 static quantize checkpoint" in run.out, run.out
+    assert "release: 0.55 (static model_seqlen<S>_cl<C>.onnx" in run.out, run.out
+    assert ("graphs: model_seqlen128_cl256.onnx, model_seqlen1_cl256.onnx (static: context "
+            "length 256), weights model.data") in run.out, run.out
+    assert "at context length 256 (the static graphs' own)" in run.out, run.out
+    project.doit("inputs", "model=static")
+    inputs = project.root / "build" / "static" / "inputs"
+    count = 3   # llama_v3_2_3b_instruct's NUM_SPLITS
+    for kind, ar in (("prompt", 128), ("token", 1)):
+        for index in range(1, count + 1):
+            stem = STATIC_STEM.format(ar=ar, i=index, n=count)
+            theirs_dir = STATIC_EXPORT / f"ar{ar}_cl256" / f"{stem}.aimet"
+            theirs = onnx.load(str(theirs_dir / f"{stem}.onnx"), load_external_data=False).graph
+            name = f"{kind}_ar{ar}_cl256_{index}_of_{count}"
+            mine = onnx.load(str(inputs / f"{name}.onnx"), load_external_data=False).graph
+            assert [n.output[0] for n in mine.node] == [n.output[0] for n in theirs.node], name
+            assert _onnx_io(mine.input) == _onnx_io(theirs.input), name
+            assert _onnx_io(mine.output) == _onnx_io(theirs.output), name
+            assert sorted(t.name for t in mine.initializer) == sorted(
+                t.name for t in theirs.initializer), name
+            enc = json.loads((inputs / f"{name}.encodings").read_text())
+            expected = json.loads((theirs_dir / f"{stem}.encodings").read_text())
+            for key in ("activation_encodings", "param_encodings"):
+                assert _entries(enc[key]) == _entries(expected[key]), (name, key)
+
+
+@pytest.mark.heavy   # an import, a build, a verify and a lint of the bundle
+def test_a_static_055_checkpoint_builds_verifies_and_lints(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    run = _import_static(project, STATIC, "--context-length", "256")
+    assert run.code == 0, run.out + run.err
+    bundle = project.doit("bundle", "model=static", check=False)
+    assert bundle.code == 0, bundle.out + bundle.err
+    assert len(project.manifest("static")["graphs"]) == 2 * 3
+    verify = project.doit("verify", "model=static", check=False)
+    assert verify.code == 0, verify.out + verify.err
+    lint = project.doit("check_bundle", "--path", str(project.bundle("static")),
+                        "--model-config", str(STATIC / "config.json"), check=False)
+    assert lint.code == 0, lint.out + lint.err
+
+
+def test_a_static_checkpoint_at_another_context_length_is_refused(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    _refused(_import_static(project, STATIC, "--context-length", "256,512"),
+             str(STATIC), "model_seqlen128_cl256.onnx", "fixed to context length 256",
+             "--context-length 512 has no graph", "re-run the 0.55 quantize with "
+             "--context-length 512", "model_dynamic.onnx serves every context length")
+    assert not (project.root / "configs" / "models" / "static.toml").exists()
+
+
+def test_a_static_checkpoint_without_its_token_graph_is_refused(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(STATIC, ckpt)
+    (ckpt / "model_seqlen1_cl256.onnx").unlink()
+    _refused(_import_static(project, ckpt), "static graphs model_seqlen128_cl256.onnx",
+             "model_seqlen1_cl<C>.onnx (token)", "copy the whole folder the quantize wrote")

@@ -177,8 +177,8 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
     hf = read_hf_config(config)
     family = checkpoint_family(hf)
     model_id, spec = checkpoint_model(hf, model_id)
-    lengths = parse_context_lengths(context_length) or spec.context_lengths
-    tree = scan_checkpoint(root, model_id, tuple(sorted(set(lengths))))
+    lengths = parse_context_lengths(context_length)
+    tree = scan_checkpoint(root, model_id, tuple(sorted(set(lengths))), spec.context_lengths)
     say(f"  format: {tree.layout}")
     for line in tree.describe()[1:]:
         if not (tokenizer and line.startswith("tokenizer: missing")):
@@ -212,7 +212,8 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
     say(f"  graphs: AR {CKPT_PROMPT_AR} (prompt) and AR {CKPT_TOKEN_AR} (token) at context "
         f"length{'s' if len(inferred.context_lengths) > 1 else ''} "
         f"{', '.join(map(str, inferred.context_lengths))}"
-        + ("" if context_length else f" (qai-hub-models' default for {model_id})"))
+        + ("" if context_length else " (the static graphs' own)" if not tree.dynamic else
+           f" (qai-hub-models' default for {model_id})"))
     say_settings(inferred)
     write_model(project, name, tree, "local", inferred, plan_layers, hf, tokenizer)
 
@@ -772,9 +773,11 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
         "[inputs]", 'source = "qai-hub-models"', f"dir = {_s(_dir_value(tree.root, project))}",
         f"layout = {_s(tree.layout)}", f"split = {_s(split)}"] + (
         ['cut = "qaihm"   # qai-hub-models 0.65\'s split_onnx rule, each graph pinned from the '
-         'dynamic one'] if tree.dynamic else []) + [
+         'dynamic one'] if tree.dynamic else
+        ['cut = "qaihm"   # qai-hub-models\' split_onnx rule (0.55\'s and 0.65\'s) on the '
+         'static graphs'] if tree.checkpoint else []) + [
         f"tokenizer = {_s(tree.rel(tokenizer) if tokenizer else TOKENIZER)}",
-        "how_to_export = " + _s(("re-run the qai-hub-models quantize" if tree.dynamic else
+        "how_to_export = " + _s(("re-run the qai-hub-models quantize" if tree.checkpoint else
                                  "re-run the qai-hub-models export") + " (docs/exports.md), "
                                 "then `doit import_export` again"),
         "",
