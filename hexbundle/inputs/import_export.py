@@ -626,7 +626,8 @@ def infer_architecture(protos: list, ios: list, graphs: list, num_layers: int) -
     heads = count_heads(dims, head_dim, hidden)
     return {"num_layers": num_layers, "hidden_size": hidden, "num_attention_heads": heads,
             "num_kv_heads": kv_heads, "head_dim": head_dim,
-            "intermediate_size": intermediate_size(dims, hidden, vocab, heads * head_dim),
+            "intermediate_size": intermediate_size(dims, hidden, vocab,
+                                                   (heads * head_dim, kv_heads * head_dim)),
             "vocab_size": vocab, "embedding": table}
 
 
@@ -658,14 +659,17 @@ def count_heads(dims: dict, head_dim: int, hidden: int) -> int:
     return hidden // head_dim
 
 
-def intermediate_size(dims: dict, hidden: int, vocab: int, q_width: int) -> int:
-    """The MLP width: the up/gate weights [hidden, ff] (MatMul) or down [hidden, ff, 1, 1]."""
+def intermediate_size(dims: dict, hidden: int, vocab: int, attention_widths: tuple) -> int:
+    """The MLP width: the up/gate weights [hidden, ff] (MatMul) or down [hidden, ff, 1, 1].
+    attention_widths: the q and the k/v projections' widths, set aside (a MatMul graph's k and
+    v weights [hidden, kv width] are as many as its gate and up weights)."""
     widths = Counter()
     for shape in dims.values():
-        if len(shape) == 2 and shape[0] == hidden and shape[1] not in (hidden, vocab, q_width):
+        if len(shape) == 2 and shape[0] == hidden \
+                and shape[1] not in (hidden, vocab, *attention_widths):
             widths[shape[1]] += 1
         if len(shape) == 4 and shape[0] == hidden and shape[2:] == (1, 1) \
-                and shape[1] not in (hidden, q_width):
+                and shape[1] not in (hidden, *attention_widths):
             widths[shape[1]] += 1
     if not widths:
         raise InputError("no MLP weight [hidden, intermediate] found in the graphs; cannot tell "
