@@ -170,9 +170,10 @@ def _off_by_one(key: str) -> tuple:
      ["model_type 'phi3'", "no qai-hub-models quantize checkpoint hexbundle knows",
       "Qwen3 (model_type qwen3"]),
     _off_by_one("num_hidden_layers"),
+    _off_by_one("num_attention_heads"),
     _off_by_one("num_key_value_heads"),
     _off_by_one("vocab_size"),
-], ids=["gemma4", "qwen3.5", "vlm", "phi3", "layers", "kv-heads", "vocab"])
+], ids=["gemma4", "qwen3.5", "vlm", "phi3", "layers", "heads", "kv-heads", "vocab"])
 def test_a_bad_config_json_is_refused_by_name(tmp_path, change, needles):
     project = copy_project(tmp_path / "proj")
     ckpt = make_checkpoint(tmp_path / "ckpt", change)
@@ -423,3 +424,29 @@ def test_a_static_checkpoint_without_its_token_graph_is_refused(tmp_path):
     (ckpt / "model_seqlen1_cl256.onnx").unlink()
     _refused(_import_static(project, ckpt), "static graphs model_seqlen128_cl256.onnx",
              "model_seqlen1_cl<C>.onnx (token)", "copy the whole folder the quantize wrote")
+
+
+def test_a_static_graph_renamed_to_another_context_length_is_refused(tmp_path):
+    """The file name is what the import pairs the graphs by; a graph whose inputs say other
+    lengths than its name is named, not built at the wrong length."""
+    project = copy_project(tmp_path / "proj")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(STATIC, ckpt)
+    for ar in (128, 1):
+        (ckpt / f"model_seqlen{ar}_cl256.onnx").rename(ckpt / f"model_seqlen{ar}_cl512.onnx")
+    _refused(_import_static(project, ckpt), "model_seqlen128_cl512.onnx",
+             "sequence length 128 and context length 256 (attention_mask), but its name says "
+             "128 and 512", "restore the files the quantize wrote")
+
+
+def test_a_static_checkpoints_truncated_model_data_is_refused(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(STATIC, ckpt)
+    data = (ckpt / "model.data").read_bytes()
+    (ckpt / "model.data").write_bytes(data[: len(data) // 3])
+    _refused(_import_static(project, ckpt), "model_seqlen128_cl256.onnx", "model.data",
+             "copy it again from the quantize output")
+    (ckpt / "model.data").unlink()
+    _refused(_import_static(project, ckpt), "model_seqlen128_cl256.onnx", "'model.data'",
+             "does not exist")

@@ -535,6 +535,14 @@ def _scan_static(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
         for cl in context_lengths or exported:
             onnx_path = found[(ar, cl)]
             model = load_structure(onnx_path)
+            shown = graph_io(model).sequence_and_context(onnx_path)
+            if shown != (ar, cl):
+                raise InputError(
+                    f"{onnx_path}: its inputs are of sequence length {shown[0]} and context "
+                    f"length {shown[1]} (attention_mask), but its name says {ar} and {cl}: the "
+                    "file was renamed or another graph put in its place; restore the files the "
+                    "quantize wrote (model_seqlen<S>_cl<C>.onnx as the graph's own lengths), "
+                    "or re-run it")
             data = recorded_data_files(onnx_path, model)
             check_external_windows(onnx_path, model)
             external = external or bool(data)
