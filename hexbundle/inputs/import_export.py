@@ -456,6 +456,7 @@ QK_NORM = re.compile(r"(^|[^a-z])[qk]_(norm|layernorm)", re.I)   # not "seq_norm
 QKV_BIAS = re.compile(r"(^|[^a-z])[qkv]_proj.*bias$", re.I)
 QKV_PROJ = re.compile(r"(^|[^a-z])[qkv]_proj", re.I)
 TIED_SAMPLES = 16
+TIED_HIDDEN_SAMPLES = 64
 # The chat special tokens of each family, as its tokenizer names them (Genie's bos/eos/eot)
 FAMILY_SPECIALS = {"qwen2": QWEN2_SPECIALS, "qwen3": QWEN2_SPECIALS,
                    "llama": {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>",
@@ -495,8 +496,11 @@ def family_from_graphs(protos: list, graphs: list) -> tuple:
 
 def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
     """Whether the LM head holds the embedding's values (a tied model: the export keeps a copy),
-    compared on TIED_SAMPLES vocabulary entries spread over the vocabulary (a few pages of a
-    7B model's 2 GB tables, not their whole); None where no head weight is found."""
+    compared on TIED_SAMPLES vocabulary entries spread over the vocabulary, each at
+    TIED_HIDDEN_SAMPLES positions of the hidden size: single elements of the mapped tables, so
+    a head stored [hidden, vocab] (a MatMul's, as Qwen3 checkpoints hold it) is not read whole
+    to gather its columns (a 7B model's 2.5 GB table was, at the import's peak RSS); None where
+    no head weight is found."""
     vocab, hidden = arch["vocab_size"], arch["hidden_size"]
     found = {}
     for proto, graph in zip(protos, graphs):
@@ -508,11 +512,15 @@ def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
                 found.setdefault("head", (init, graph.onnx))
     if len(found) < 2:
         return None
-    ids = np.unique(np.linspace(0, vocab - 1, TIED_SAMPLES).astype(np.int64))
+    ids = np.unique(np.linspace(0, vocab - 1, TIED_SAMPLES).astype(np.int64))[:, None]
+    at = np.unique(np.linspace(0, hidden - 1, TIED_HIDDEN_SAMPLES).astype(np.int64))[None, :]
     embedding = initializer_values(*found["embedding"]).mapped()
     head = initializer_values(*found["head"]).mapped()
-    rows = head[:, ids].T if head.shape == (hidden, vocab) else head[ids].reshape(len(ids), -1)
-    return bool(np.array_equal(np.asarray(embedding[ids], np.float32),
+    if head.shape == (hidden, vocab):
+        rows = head[at, ids]
+    else:
+        rows = head[(ids, at) + (0,) * (head.ndim - 2)]
+    return bool(np.array_equal(np.asarray(embedding[ids, at], np.float32),
                                np.asarray(rows, np.float32)))
 
 
