@@ -791,8 +791,8 @@ def write_checkpoint(model, out: Path, seed: int = 0) -> dict:
 def row_checkpoint(ck: dict) -> dict:
     return {"id": 11, "what": f"`import_export` of a {ck['layers']}-layer quantize checkpoint "
                               f"(hidden {ck['hidden_size']}, vocab {ck['vocab_size']}; "
-                              f"model.data {ck['data_bytes'] / GIB:.1f} GiB, encodings "
-                              f"{ck['encodings_bytes'] / 2**20:.0f} MiB)",
+                              f"model.data {ck['data_bytes'] / GIB:.2f} GiB, encodings "
+                              f"{ck['encodings_bytes'] / 2**20:.1f} MiB)",
             "ours": f"{ck['seconds']:.2f} s, peak RSS {ck['peak_rss_bytes'] / GIB:.2f} GiB",
             "baseline": "-", "ratio": "-", "target": "peak RSS <= 3 GiB",
             "met": ck["peak_rss_bytes"] <= CHECKPOINT_RSS_GOAL, "detail": ck}
