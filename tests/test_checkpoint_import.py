@@ -220,8 +220,7 @@ def test_a_dynamic_dim_where_a_fixed_one_belongs_is_refused(tmp_path):
 
 
 def test_a_graph_qai_hub_models_never_writes_is_refused(tmp_path):
-    """No residual Add: every Add's operands made independent of each other (the second one
-    from a graph input) -- no layer boundary qai-hub-models' splitter could find."""
+    """No past_key_<L>_in inputs: not the KV-cache decoder graph qai-hub-models writes."""
     project = copy_project(tmp_path / "proj")
     ckpt = make_checkpoint(tmp_path / "ckpt")
     proto = onnx.load(str(ckpt / "model_dynamic.onnx"), load_external_data=False)
@@ -450,3 +449,18 @@ def test_a_static_checkpoints_truncated_model_data_is_refused(tmp_path):
     (ckpt / "model.data").unlink()
     _refused(_import_static(project, ckpt), "model_seqlen128_cl256.onnx", "'model.data'",
              "does not exist")
+
+
+def test_a_graph_without_residual_adds_is_refused(tmp_path):
+    """Every Add written as the equivalent two-input Sum: the same model, but no residual Add,
+    hence no layer boundary qai-hub-models' splitter (get_split_tensors) could cut at."""
+    project = copy_project(tmp_path / "proj")
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    proto = onnx.load(str(ckpt / "model_dynamic.onnx"), load_external_data=False)
+    for node in proto.graph.node:
+        if node.op_type == "Add":
+            node.op_type = "Sum"
+    onnx.save(proto, str(ckpt / "model_dynamic.onnx"))
+    _refused(_import(project, ckpt), "model_dynamic.onnx", "no residual Add",
+             "not a decoder graph qai-hub-models writes")
+    assert not (project.root / "configs" / "models" / "ckpt.toml").exists()
