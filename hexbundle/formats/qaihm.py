@@ -330,7 +330,10 @@ def scan_export(root: Path) -> ExportTree:
     elif assets:
         tree = _scan_asset(root, assets)
     elif is_checkpoint(root):
-        raise InputError(f"{root}: a qai-hub-models 0.57-0.65 quantize checkpoint ({CKPT_GRAPH}); "
+        kind = (f"a qai-hub-models 0.57-0.65 quantize checkpoint ({CKPT_GRAPH})"
+                if (root / CKPT_GRAPH).is_file() else
+                "a qai-hub-models 0.55 static quantize checkpoint (model_seqlen<S>_cl<C>.onnx)")
+        raise InputError(f"{root}: {kind}; "
                          f"`doit import_export --dir {root} --name NAME` reads it")
     else:
         raise InputError(
