@@ -366,8 +366,8 @@ def test_a_static_055_checkpoint_splits_as_its_own_export(tmp_path):
     project = copy_project(tmp_path / "proj")
     run = _import_static(project, STATIC)
     assert run.code == 0, run.out + run.err
-    assert "format: qai-hub-models 0.55 static quantize checkpoint" in run.out, run.out
-    assert "release: 0.55 (static model_seqlen<S>_cl<C>.onnx" in run.out, run.out
+    assert "format: qai-hub-models 0.55-0.56 static quantize checkpoint" in run.out, run.out
+    assert "release: 0.55-0.56 (static model_seqlen<S>_cl<C>.onnx" in run.out, run.out
     assert ("graphs: model_seqlen128_cl256.onnx, model_seqlen1_cl256.onnx (static: context "
             "length 256), weights model.data") in run.out, run.out
     assert "at context length 256 (the static graphs' own)" in run.out, run.out
@@ -411,7 +411,7 @@ def test_a_static_checkpoint_at_another_context_length_is_refused(tmp_path):
     project = copy_project(tmp_path / "proj")
     _refused(_import_static(project, STATIC, "--context-length", "256,512"),
              str(STATIC), "model_seqlen128_cl256.onnx", "fixed to context length 256",
-             "--context-length 512 has no graph", "re-run the 0.55 quantize with "
+             "--context-length 512 has no graph", "re-run the 0.55-0.56 quantize with "
              "--context-length 512", "model_dynamic.onnx serves every context length")
     assert not (project.root / "configs" / "models" / "static.toml").exists()
 

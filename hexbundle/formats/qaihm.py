@@ -21,8 +21,10 @@ Layouts (<slug> the model's file-name stem, e.g. qwen2_5_7b_instruct; N parts):
               (symbolic sequence and context dims) + DIR/model.encodings + DIR/config.json
               [+ DIR/model.data when the model is >= 2 GiB] [+ DIR/args.json] + tokenizer files;
               the one dynamic graph serves every (AR, context length), pinned per graph
-  static checkpoint  qai-hub-models 0.55's quantize (its non-PreSplit classes, the default
-              use_dynamic_shapes off): DIR/model_seqlen<S>_cl<C>.onnx per sequence length (128
+  static checkpoint  qai-hub-models 0.55's quantize, and 0.56's for its non-PreSplit models
+              (falcon_v3_7b, llama_v3_1_8b, llama_v3_8b and fine-tunes, qwen3_4b: the static
+              `Model` class, use_dynamic_shapes off by default; its Llama 3.2 ones are dynamic):
+              DIR/model_seqlen<S>_cl<C>.onnx per sequence length (128
               and 1, the export's, and the calibration's), all recording ONE DIR/model.data,
               + DIR/model.encodings + config.json; fixed shapes, one context length. No release
               0.57-0.59 writes it (each text LLM's quantize module passes a dynamic PreSplit
@@ -332,7 +334,7 @@ def scan_export(root: Path) -> ExportTree:
     elif is_checkpoint(root):
         kind = (f"a qai-hub-models 0.57-0.65 quantize checkpoint ({CKPT_GRAPH})"
                 if (root / CKPT_GRAPH).is_file() else
-                "a qai-hub-models 0.55 static quantize checkpoint (model_seqlen<S>_cl<C>.onnx)")
+                "a qai-hub-models 0.55-0.56 static quantize checkpoint (model_seqlen<S>_cl<C>.onnx)")
         raise InputError(f"{root}: {kind}; "
                          f"`doit import_export --dir {root} --name NAME` reads it")
     else:
@@ -523,15 +525,15 @@ def _scan_static(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
     other = [cl for cl in context_lengths if cl not in exported]
     if other:
         raise InputError(
-            f"{root}: a qai-hub-models 0.55 static checkpoint ({names}): its graphs are fixed "
+            f"{root}: a qai-hub-models 0.55-0.56 static checkpoint ({names}): its graphs are fixed "
             f"to context length {', '.join(map(str, exported))}, and a static graph cannot be "
             f"pinned to another, so --context-length {', '.join(map(str, other))} has no graph. "
             f"Import with --context-length {','.join(map(str, exported))} (or without it), "
-            f"re-run the 0.55 quantize with --context-length {other[0]} (it writes "
+            f"re-run the 0.55-0.56 quantize with --context-length {other[0]} (it writes "
             f"model_seqlen{CKPT_PROMPT_AR}_cl{other[0]}.onnx and "
             f"model_seqlen{CKPT_TOKEN_AR}_cl{other[0]}.onnx), or quantize with qai-hub-models "
             "0.57 or later, whose model_dynamic.onnx serves every context length")
-    tree = ExportTree(root, "qai-hub-models 0.55 static quantize checkpoint", slug=slug,
+    tree = ExportTree(root, "qai-hub-models 0.55-0.56 static quantize checkpoint", slug=slug,
                       checkpoint=True)
     external = False
     for ar in (CKPT_PROMPT_AR, CKPT_TOKEN_AR):
@@ -551,7 +553,7 @@ def _scan_static(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
             external = external or bool(data)
             tree.unsplit[(ar, cl)] = GraphInputs(onnx_path, data, root / CKPT_ENCODINGS)
     header = encodings_header(root / CKPT_ENCODINGS)
-    tree.release = (f"0.55 (static model_seqlen<S>_cl<C>.onnx, encodings "
+    tree.release = (f"0.55-0.56 (static model_seqlen<S>_cl<C>.onnx, encodings "
                     f"{header.get('version', '?')}); "
                     + ("weights in model.data, shared by the graphs" if external
                        else "weights inline"))
