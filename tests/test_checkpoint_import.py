@@ -341,7 +341,7 @@ def test_each_context_length_is_its_own_pinned_graph(tmp_path):
             assert outputs["past_key_0_out"] == [kv, 1, head_dim, ar]
 
 
-# ============================================================================ 0.55's static checkpoint
+# ======================================================================= 0.55's static checkpoint
 # tests/data/qaihm-ckpt/llama_v3_2_3b_instruct-0.55.0/: what qai-hub-models 0.55.0's own quantize
 # wrote (model_seqlen128_cl256.onnx and model_seqlen1_cl256.onnx sharing model.data; fixed
 # shapes, context length 256). Its expected split is tests/data/qaihm/export-llama32/: 0.55.0's

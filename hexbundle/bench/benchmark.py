@@ -472,7 +472,8 @@ class Bench:
              str(model.context_lengths[-1])], self.root, self.env())
         shutil.rmtree(ckpt.parent, ignore_errors=True)
         if rc:
-            raise BenchError(f"import_export of the checkpoint failed: {(out + err).strip()[-2000:]}")
+            raise BenchError("import_export of the checkpoint failed: "
+                             + (out + err).strip()[-2000:])
         return {"seconds": round(seconds, 2), "peak_rss_bytes": rss, **facts}
 
     def cache_row(self, full: Run) -> dict:

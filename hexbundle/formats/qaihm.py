@@ -333,8 +333,8 @@ def scan_export(root: Path) -> ExportTree:
         tree = _scan_asset(root, assets)
     elif is_checkpoint(root):
         kind = (f"a qai-hub-models 0.57-0.65 quantize checkpoint ({CKPT_GRAPH})"
-                if (root / CKPT_GRAPH).is_file() else
-                "a qai-hub-models 0.55-0.56 static quantize checkpoint (model_seqlen<S>_cl<C>.onnx)")
+                if (root / CKPT_GRAPH).is_file() else "a qai-hub-models 0.55-0.56 static "
+                "quantize checkpoint (model_seqlen<S>_cl<C>.onnx)")
         raise InputError(f"{root}: {kind}; "
                          f"`doit import_export --dir {root} --name NAME` reads it")
     else:
@@ -507,7 +507,7 @@ def scan_checkpoint(root: Path, slug: str, context_lengths: tuple,
 
 
 def _scan_static(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
-    """0.55's static checkpoint: model_seqlen128_cl<C>.onnx (prompt) and model_seqlen1_cl<C>.onnx
+    """0.55-0.56's static checkpoint: model_seqlen128_cl<C>.onnx (prompt) and model_seqlen1_cl<C>.onnx
     (token), the graphs 0.55's export reads, for each context length asked for; a length no
     pair was exported with is refused (a fixed graph cannot be pinned to another)."""
     from hexbundle.formats.encodings import encodings_header
@@ -525,8 +525,8 @@ def _scan_static(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
     other = [cl for cl in context_lengths if cl not in exported]
     if other:
         raise InputError(
-            f"{root}: a qai-hub-models 0.55-0.56 static checkpoint ({names}): its graphs are fixed "
-            f"to context length {', '.join(map(str, exported))}, and a static graph cannot be "
+            f"{root}: a qai-hub-models 0.55-0.56 static checkpoint ({names}): its graphs are "
+            f"fixed to context length {', '.join(map(str, exported))}, and a static graph cannot be "
             f"pinned to another, so --context-length {', '.join(map(str, other))} has no graph. "
             f"Import with --context-length {','.join(map(str, exported))} (or without it), "
             f"re-run the 0.55-0.56 quantize with --context-length {other[0]} (it writes "
