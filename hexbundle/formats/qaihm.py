@@ -507,9 +507,10 @@ def scan_checkpoint(root: Path, slug: str, context_lengths: tuple,
 
 
 def _scan_static(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
-    """0.55-0.56's static checkpoint: model_seqlen128_cl<C>.onnx (prompt) and model_seqlen1_cl<C>.onnx
-    (token), the graphs 0.55's export reads, for each context length asked for; a length no
-    pair was exported with is refused (a fixed graph cannot be pinned to another)."""
+    """0.55-0.56's static checkpoint: model_seqlen128_cl<C>.onnx (prompt) and
+    model_seqlen1_cl<C>.onnx (token), the graphs 0.55's export reads, for each context length
+    asked for; a length no pair was exported with is refused (a fixed graph cannot be pinned to
+    another)."""
     from hexbundle.formats.encodings import encodings_header
     found = static_graphs(root)
     names = ", ".join(p.name for p in found.values())
@@ -526,8 +527,8 @@ def _scan_static(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
     if other:
         raise InputError(
             f"{root}: a qai-hub-models 0.55-0.56 static checkpoint ({names}): its graphs are "
-            f"fixed to context length {', '.join(map(str, exported))}, and a static graph cannot be "
-            f"pinned to another, so --context-length {', '.join(map(str, other))} has no graph. "
+            f"fixed to context length {', '.join(map(str, exported))}, and a static graph "
+            f"cannot be pinned to another, so --context-length {', '.join(map(str, other))} has no graph. "
             f"Import with --context-length {','.join(map(str, exported))} (or without it), "
             f"re-run the 0.55-0.56 quantize with --context-length {other[0]} (it writes "
             f"model_seqlen{CKPT_PROMPT_AR}_cl{other[0]}.onnx and "
