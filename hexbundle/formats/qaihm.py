@@ -528,7 +528,8 @@ def _scan_static(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
         raise InputError(
             f"{root}: a qai-hub-models 0.55-0.56 static checkpoint ({names}): its graphs are "
             f"fixed to context length {', '.join(map(str, exported))}, and a static graph "
-            f"cannot be pinned to another, so --context-length {', '.join(map(str, other))} has no graph. "
+            "cannot be pinned to another, so --context-length "
+            f"{', '.join(map(str, other))} has no graph. "
             f"Import with --context-length {','.join(map(str, exported))} (or without it), "
             f"re-run the 0.55-0.56 quantize with --context-length {other[0]} (it writes "
             f"model_seqlen{CKPT_PROMPT_AR}_cl{other[0]}.onnx and "
