@@ -27,7 +27,7 @@ def test_small_bench_runs_and_prints_one_table(small_bench):
     table = [line for line in run.out.splitlines() if line.startswith("|")]
     assert [c.strip() for c in table[0].split("|")[1:-1]] == [
         "#", "measured", "hexbundle", "baseline", "ratio", "target", "met"]
-    assert [line.split("|")[1].strip() for line in table[2:]] == [str(i) for i in range(1, 11)]
+    assert [line.split("|")[1].strip() for line in table[2:]] == [str(i) for i in range(1, 12)]
     assert "machine:" in run.out
     assert not (project.root / "build" / "bench" / "small-tree").exists()   # cleaned up
 
@@ -39,7 +39,7 @@ def test_results_json_is_well_formed(small_bench):
     assert results["mode"] == "small" and results["model"] == "qwen2-tiny"
     assert {"cpu", "cores", "ram_gib", "os", "python", "doit", "numpy"} <= set(results["machine"])
     rows = results["rows"]
-    assert [r["id"] for r in rows] == list(range(1, 11))
+    assert [r["id"] for r in rows] == list(range(1, 12))
     for row in rows:
         assert ROW_KEYS <= set(row), row
         assert row["met"] in (True, False, None)
@@ -58,6 +58,9 @@ def test_results_json_is_well_formed(small_bench):
     assert rows[7]["detail"]["import_seconds"] > 0 and rows[7]["detail"]["list_seconds"] > 0
     verify = rows[9]["detail"]   # doit verify of the built bundle, its own process
     assert verify["seconds"] > 0 and verify["peak_rss_bytes"] > 0 and rows[9]["met"] is None
+    checkpoint = rows[10]["detail"]   # import_export of a quantize checkpoint, its own process
+    assert checkpoint["seconds"] > 0 and checkpoint["peak_rss_bytes"] > 0
+    assert checkpoint["data_bytes"] > 0 and rows[10]["met"] in (True, False)
 
 
 def test_touch_rows_count_what_each_checker_hashed(small_bench):

@@ -170,9 +170,10 @@ def _off_by_one(key: str) -> tuple:
      ["model_type 'phi3'", "no qai-hub-models quantize checkpoint hexbundle knows",
       "Qwen3 (model_type qwen3"]),
     _off_by_one("num_hidden_layers"),
+    _off_by_one("num_attention_heads"),
     _off_by_one("num_key_value_heads"),
     _off_by_one("vocab_size"),
-], ids=["gemma4", "qwen3.5", "vlm", "phi3", "layers", "kv-heads", "vocab"])
+], ids=["gemma4", "qwen3.5", "vlm", "phi3", "layers", "heads", "kv-heads", "vocab"])
 def test_a_bad_config_json_is_refused_by_name(tmp_path, change, needles):
     project = copy_project(tmp_path / "proj")
     ckpt = make_checkpoint(tmp_path / "ckpt", change)
@@ -219,8 +220,7 @@ def test_a_dynamic_dim_where_a_fixed_one_belongs_is_refused(tmp_path):
 
 
 def test_a_graph_qai_hub_models_never_writes_is_refused(tmp_path):
-    """No residual Add: every Add's operands made independent of each other (the second one
-    from a graph input) -- no layer boundary qai-hub-models' splitter could find."""
+    """No past_key_<L>_in inputs: not the KV-cache decoder graph qai-hub-models writes."""
     project = copy_project(tmp_path / "proj")
     ckpt = make_checkpoint(tmp_path / "ckpt")
     proto = onnx.load(str(ckpt / "model_dynamic.onnx"), load_external_data=False)
@@ -339,3 +339,128 @@ def test_each_context_length_is_its_own_pinned_graph(tmp_path):
             assert shapes["past_value_0_in"] == [kv, 1, cl - ar, head_dim]
             outputs = dict(_onnx_io(graph.output))
             assert outputs["past_key_0_out"] == [kv, 1, head_dim, ar]
+
+
+# ======================================================================= 0.55's static checkpoint
+# tests/data/qaihm-ckpt/llama_v3_2_3b_instruct-0.55.0/: what qai-hub-models 0.55.0's own quantize
+# wrote (model_seqlen128_cl256.onnx and model_seqlen1_cl256.onnx sharing model.data; fixed
+# shapes, context length 256). Its expected split is tests/data/qaihm/export-llama32/: 0.55.0's
+# own export of this very checkpoint (make_checkpoints.py llama3_2_static rebuilt that tree byte
+# for byte from it). No 0.57-0.59 release writes a static checkpoint: each text LLM's quantize
+# passes a dynamic PreSplit class (tests/data/qaihm-ckpt/README.md).
+
+STATIC = CKPT_DATA / "llama_v3_2_3b_instruct-0.55.0"
+STATIC_EXPORT = QAIHM / "export-llama32"
+STATIC_STEM = "llama_v3_2_3b_instruct_w4a16_ar{ar}_cl256_{i}_of_{n}"
+
+
+def _import_static(project, ckpt: Path, *extra):
+    return project.doit("import_export", "--dir", str(ckpt), "--name", "static",
+                        "--model-id", "llama_v3_2_3b_instruct", *extra, check=False)
+
+
+def test_a_static_055_checkpoint_splits_as_its_own_export(tmp_path):
+    """Imported as it comes (its graphs' context length, no --context-length), split by the
+    `inputs` step, each graph equal to the part 0.55.0's export wrote from the same checkpoint:
+    nodes, inputs and outputs with their shapes, initializers, per-part encodings."""
+    project = copy_project(tmp_path / "proj")
+    run = _import_static(project, STATIC)
+    assert run.code == 0, run.out + run.err
+    assert "format: qai-hub-models 0.55-0.56 static quantize checkpoint" in run.out, run.out
+    assert "release: 0.55-0.56 (static model_seqlen<S>_cl<C>.onnx" in run.out, run.out
+    assert ("graphs: model_seqlen128_cl256.onnx, model_seqlen1_cl256.onnx (static: context "
+            "length 256), weights model.data") in run.out, run.out
+    assert "at context length 256 (the static graphs' own)" in run.out, run.out
+    project.doit("inputs", "model=static")
+    inputs = project.root / "build" / "static" / "inputs"
+    count = 3   # llama_v3_2_3b_instruct's NUM_SPLITS
+    for kind, ar in (("prompt", 128), ("token", 1)):
+        for index in range(1, count + 1):
+            stem = STATIC_STEM.format(ar=ar, i=index, n=count)
+            theirs_dir = STATIC_EXPORT / f"ar{ar}_cl256" / f"{stem}.aimet"
+            theirs = onnx.load(str(theirs_dir / f"{stem}.onnx"), load_external_data=False).graph
+            name = f"{kind}_ar{ar}_cl256_{index}_of_{count}"
+            mine = onnx.load(str(inputs / f"{name}.onnx"), load_external_data=False).graph
+            assert [n.output[0] for n in mine.node] == [n.output[0] for n in theirs.node], name
+            assert _onnx_io(mine.input) == _onnx_io(theirs.input), name
+            assert _onnx_io(mine.output) == _onnx_io(theirs.output), name
+            assert sorted(t.name for t in mine.initializer) == sorted(
+                t.name for t in theirs.initializer), name
+            enc = json.loads((inputs / f"{name}.encodings").read_text())
+            expected = json.loads((theirs_dir / f"{stem}.encodings").read_text())
+            for key in ("activation_encodings", "param_encodings"):
+                assert _entries(enc[key]) == _entries(expected[key]), (name, key)
+
+
+@pytest.mark.heavy   # an import, a build, a verify and a lint of the bundle
+def test_a_static_055_checkpoint_builds_verifies_and_lints(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    run = _import_static(project, STATIC, "--context-length", "256")
+    assert run.code == 0, run.out + run.err
+    bundle = project.doit("bundle", "model=static", check=False)
+    assert bundle.code == 0, bundle.out + bundle.err
+    assert len(project.manifest("static")["graphs"]) == 2 * 3
+    verify = project.doit("verify", "model=static", check=False)
+    assert verify.code == 0, verify.out + verify.err
+    lint = project.doit("check_bundle", "--path", str(project.bundle("static")),
+                        "--model-config", str(STATIC / "config.json"), check=False)
+    assert lint.code == 0, lint.out + lint.err
+
+
+def test_a_static_checkpoint_at_another_context_length_is_refused(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    _refused(_import_static(project, STATIC, "--context-length", "256,512"),
+             str(STATIC), "model_seqlen128_cl256.onnx", "fixed to context length 256",
+             "--context-length 512 has no graph", "re-run the 0.55-0.56 quantize with "
+             "--context-length 512", "model_dynamic.onnx serves every context length")
+    assert not (project.root / "configs" / "models" / "static.toml").exists()
+
+
+def test_a_static_checkpoint_without_its_token_graph_is_refused(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(STATIC, ckpt)
+    (ckpt / "model_seqlen1_cl256.onnx").unlink()
+    _refused(_import_static(project, ckpt), "static graphs model_seqlen128_cl256.onnx",
+             "model_seqlen1_cl<C>.onnx (token)", "copy the whole folder the quantize wrote")
+
+
+def test_a_static_graph_renamed_to_another_context_length_is_refused(tmp_path):
+    """The file name is what the import pairs the graphs by; a graph whose inputs say other
+    lengths than its name is named, not built at the wrong length."""
+    project = copy_project(tmp_path / "proj")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(STATIC, ckpt)
+    for ar in (128, 1):
+        (ckpt / f"model_seqlen{ar}_cl256.onnx").rename(ckpt / f"model_seqlen{ar}_cl512.onnx")
+    _refused(_import_static(project, ckpt), "model_seqlen128_cl512.onnx",
+             "sequence length 128 and context length 256 (attention_mask), but its name says "
+             "128 and 512", "restore the files the quantize wrote")
+
+
+def test_a_static_checkpoints_truncated_model_data_is_refused(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(STATIC, ckpt)
+    data = (ckpt / "model.data").read_bytes()
+    (ckpt / "model.data").write_bytes(data[: len(data) // 3])
+    _refused(_import_static(project, ckpt), "model_seqlen128_cl256.onnx", "model.data",
+             "copy it again from the quantize output")
+    (ckpt / "model.data").unlink()
+    _refused(_import_static(project, ckpt), "model_seqlen128_cl256.onnx", "'model.data'",
+             "does not exist")
+
+
+def test_a_graph_without_residual_adds_is_refused(tmp_path):
+    """Every Add written as the equivalent two-input Sum: the same model, but no residual Add,
+    hence no layer boundary qai-hub-models' splitter (get_split_tensors) could cut at."""
+    project = copy_project(tmp_path / "proj")
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    proto = onnx.load(str(ckpt / "model_dynamic.onnx"), load_external_data=False)
+    for node in proto.graph.node:
+        if node.op_type == "Add":
+            node.op_type = "Sum"
+    onnx.save(proto, str(ckpt / "model_dynamic.onnx"))
+    _refused(_import(project, ckpt), "model_dynamic.onnx", "no residual Add",
+             "not a decoder graph qai-hub-models writes")
+    assert not (project.root / "configs" / "models" / "ckpt.toml").exists()

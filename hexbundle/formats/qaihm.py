@@ -21,6 +21,14 @@ Layouts (<slug> the model's file-name stem, e.g. qwen2_5_7b_instruct; N parts):
               (symbolic sequence and context dims) + DIR/model.encodings + DIR/config.json
               [+ DIR/model.data when the model is >= 2 GiB] [+ DIR/args.json] + tokenizer files;
               the one dynamic graph serves every (AR, context length), pinned per graph
+  static checkpoint  qai-hub-models 0.55's quantize, and 0.56's for its non-PreSplit models
+              (falcon_v3_7b, llama_v3_1_8b, llama_v3_8b and fine-tunes, qwen3_4b: the static
+              `Model` class, use_dynamic_shapes off by default; its Llama 3.2 ones are dynamic):
+              DIR/model_seqlen<S>_cl<C>.onnx per sequence length (128
+              and 1, the export's, and the calibration's), all recording ONE DIR/model.data,
+              + DIR/model.encodings + config.json; fixed shapes, one context length. No release
+              0.57-0.59 writes it (each text LLM's quantize module passes a dynamic PreSplit
+              class; 0.59's quantize() asserts it)
 A tokenizer.json, when the user put one there, sits at DIR's top level.
 
 The .data of a graph is what its ONNX records (every external initializer's `location`,
@@ -71,6 +79,7 @@ SLUG_OF_CLASS = {cls: slug for slug, (cls, _, _) in QAIHM_LLMS.items()}
 CKPT_GRAPH, CKPT_DATA, CKPT_ENCODINGS = "model_dynamic.onnx", "model.data", "model.encodings"
 CKPT_CONFIG, CKPT_ARGS = "config.json", "args.json"
 CKPT_PROMPT_AR, CKPT_TOKEN_AR = 128, 1   # the compile's input specs: AR 128 prompt, AR 1 token
+CKPT_STATIC = re.compile(r"model_seqlen(?P<ar>\d+)_cl(?P<cl>\d+)\.onnx")   # 0.55's static graphs
 DEFAULT_CONTEXT_LENGTH = 4096            # templates/llm/model.py DEFAULT_EXPORT_CONTEXT_LENGTHS
 
 
@@ -186,6 +195,7 @@ class ExportTree:
     tokenizer: Optional[Path] = None
     problems: list = field(default_factory=list)    # what is missing or inconsistent
     dynamic: bool = False    # a checkpoint: one dynamic graph for every (AR, context length)
+    checkpoint: bool = False  # a quantize checkpoint (dynamic, or 0.55's static graphs)
     release: str = ""        # a checkpoint: which qai-hub-models releases write what was read
 
     @property
@@ -209,12 +219,15 @@ class ExportTree:
     def describe(self) -> list:
         """Lines saying what was found, for the import's printout."""
         lengths = ", ".join(map(str, self.context_lengths))
-        if self.dynamic:
-            graph = next(iter(self.unsplit.values()))
+        if self.checkpoint:
+            graphs = list(dict.fromkeys(self.unsplit.values()))
+            data = list(dict.fromkeys(d for g in graphs for d in g.data))
             return [f"format: {self.layout}", f"release: {self.release}",
-                    f"graph: {self.rel(graph.onnx)} (dynamic), weights "
-                    + (", ".join(self.rel(d) for d in graph.data) or "inline")
-                    + f", encodings {self.rel(graph.encodings)}",
+                    "graph" + ("s" if len(graphs) > 1 else "") + ": "
+                    + ", ".join(self.rel(g.onnx) for g in graphs)
+                    + (" (dynamic)" if self.dynamic else f" (static: context length {lengths})")
+                    + ", weights " + (", ".join(self.rel(d) for d in data) or "inline")
+                    + f", encodings {self.rel(graphs[0].encodings)}",
                     f"tokenizer: {self.rel(self.tokenizer) if self.tokenizer else 'missing'}"]
         lines = [f"layout: {self.layout}; slug {self.slug!r}"
                  + (f", precision {self.precision}" if self.precision else "")
@@ -319,7 +332,10 @@ def scan_export(root: Path) -> ExportTree:
     elif assets:
         tree = _scan_asset(root, assets)
     elif is_checkpoint(root):
-        raise InputError(f"{root}: a qai-hub-models 0.57-0.65 quantize checkpoint ({CKPT_GRAPH}); "
+        kind = (f"a qai-hub-models 0.57-0.65 quantize checkpoint ({CKPT_GRAPH})"
+                if (root / CKPT_GRAPH).is_file() else "a qai-hub-models 0.55-0.56 static "
+                "quantize checkpoint (model_seqlen<S>_cl<C>.onnx)")
+        raise InputError(f"{root}: {kind}; "
                          f"`doit import_export --dir {root} --name NAME` reads it")
     else:
         raise InputError(
@@ -445,32 +461,104 @@ def _check_parts_complete(tree: ExportTree) -> None:
 
 # ============================================================================ a quantize checkpoint
 
+def static_graphs(root: Path) -> dict:
+    """(AR, context length) -> a 0.55 static checkpoint's model_seqlen<S>_cl<C>.onnx."""
+    found = {}
+    for path in sorted(Path(root).glob("model_seqlen*_cl*.onnx")):
+        m = CKPT_STATIC.fullmatch(path.name)
+        if m and path.is_file():
+            found[(int(m["ar"]), int(m["cl"]))] = path
+    return found
+
+
 def is_checkpoint(root: Path) -> bool:
-    return (Path(root) / CKPT_GRAPH).is_file()
+    return (Path(root) / CKPT_GRAPH).is_file() or bool(static_graphs(root))
 
 
-def scan_checkpoint(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
+def scan_checkpoint(root: Path, slug: str, context_lengths: tuple,
+                    default_lengths: tuple = (DEFAULT_CONTEXT_LENGTH,)) -> ExportTree:
     """A quantize checkpoint as an export tree of unsplit graphs: the one dynamic graph (its
-    recorded model.data, its model.encodings) in every (AR, context length) slot. The external
-    data is checked against the file (present, long enough) without reading it."""
+    recorded model.data, its model.encodings) in every (AR, context length) slot, at the
+    context lengths asked for (else default_lengths); or 0.55's static graphs, each in its own
+    slot, at the one context length they were exported with. The external data is checked
+    against the file (present, long enough) without reading it."""
     from hexbundle.formats.encodings import encodings_header
     root = Path(root).resolve()
-    onnx_path = root / CKPT_GRAPH
-    tree = ExportTree(root, "qai-hub-models 0.57-0.65 quantize checkpoint", slug=slug,
-                      dynamic=True)
     for name, what in ((CKPT_ENCODINGS, "its AIMET encodings (quant_sim.export writes it)"),
                        (CKPT_CONFIG, "the model's config.json (the quantize CLI copies it)")):
         if not (root / name).is_file():
             raise InputError(f"{root / name}: missing, {what}; copy the whole folder the "
                              "quantize command wrote (--output-dir), or re-run it")
+    if not (root / CKPT_GRAPH).is_file():
+        return _scan_static(root, slug, context_lengths)
+    onnx_path = root / CKPT_GRAPH
+    tree = ExportTree(root, "qai-hub-models 0.57-0.65 quantize checkpoint", slug=slug,
+                      dynamic=True, checkpoint=True)
     model = load_structure(onnx_path)
     data = recorded_data_files(onnx_path, model)
     check_external_windows(onnx_path, model)
     files = GraphInputs(onnx_path, data, root / CKPT_ENCODINGS)
     for ar in (CKPT_PROMPT_AR, CKPT_TOKEN_AR):
-        for cl in context_lengths:
+        for cl in context_lengths or default_lengths:
             tree.unsplit[(ar, cl)] = files
     tree.release = checkpoint_release(encodings_header(root / CKPT_ENCODINGS), bool(data))
+    tree.tokenizer = root / TOKENIZER if (root / TOKENIZER).is_file() else None
+    return tree
+
+
+def _scan_static(root: Path, slug: str, context_lengths: tuple) -> ExportTree:
+    """0.55-0.56's static checkpoint: model_seqlen128_cl<C>.onnx (prompt) and
+    model_seqlen1_cl<C>.onnx (token), the graphs 0.55's export reads, for each context length
+    asked for; a length no pair was exported with is refused (a fixed graph cannot be pinned to
+    another)."""
+    from hexbundle.formats.encodings import encodings_header
+    found = static_graphs(root)
+    names = ", ".join(p.name for p in found.values())
+    exported = sorted({cl for _, cl in found
+                       if (CKPT_PROMPT_AR, cl) in found and (CKPT_TOKEN_AR, cl) in found})
+    if not exported:
+        raise InputError(
+            f"{root}: static graphs {names}, but no context length has both "
+            f"model_seqlen{CKPT_PROMPT_AR}_cl<C>.onnx (prompt) and "
+            f"model_seqlen{CKPT_TOKEN_AR}_cl<C>.onnx (token), which qai-hub-models 0.55's "
+            "quantize writes for its export: copy the whole folder the quantize wrote, or "
+            "re-run it")
+    other = [cl for cl in context_lengths if cl not in exported]
+    if other:
+        raise InputError(
+            f"{root}: a qai-hub-models 0.55-0.56 static checkpoint ({names}): its graphs are "
+            f"fixed to context length {', '.join(map(str, exported))}, and a static graph "
+            "cannot be pinned to another, so --context-length "
+            f"{', '.join(map(str, other))} has no graph. "
+            f"Import with --context-length {','.join(map(str, exported))} (or without it), "
+            f"re-run the 0.55-0.56 quantize with --context-length {other[0]} (it writes "
+            f"model_seqlen{CKPT_PROMPT_AR}_cl{other[0]}.onnx and "
+            f"model_seqlen{CKPT_TOKEN_AR}_cl{other[0]}.onnx), or quantize with qai-hub-models "
+            "0.57 or later, whose model_dynamic.onnx serves every context length")
+    tree = ExportTree(root, "qai-hub-models 0.55-0.56 static quantize checkpoint", slug=slug,
+                      checkpoint=True)
+    external = False
+    for ar in (CKPT_PROMPT_AR, CKPT_TOKEN_AR):
+        for cl in context_lengths or exported:
+            onnx_path = found[(ar, cl)]
+            model = load_structure(onnx_path)
+            shown = graph_io(model).sequence_and_context(onnx_path)
+            if shown != (ar, cl):
+                raise InputError(
+                    f"{onnx_path}: its inputs are of sequence length {shown[0]} and context "
+                    f"length {shown[1]} (attention_mask), but its name says {ar} and {cl}: the "
+                    "file was renamed or another graph put in its place; restore the files the "
+                    "quantize wrote (model_seqlen<S>_cl<C>.onnx as the graph's own lengths), "
+                    "or re-run it")
+            data = recorded_data_files(onnx_path, model)
+            check_external_windows(onnx_path, model)
+            external = external or bool(data)
+            tree.unsplit[(ar, cl)] = GraphInputs(onnx_path, data, root / CKPT_ENCODINGS)
+    header = encodings_header(root / CKPT_ENCODINGS)
+    tree.release = (f"0.55-0.56 (static model_seqlen<S>_cl<C>.onnx, encodings "
+                    f"{header.get('version', '?')}); "
+                    + ("weights in model.data, shared by the graphs" if external
+                       else "weights inline"))
     tree.tokenizer = root / TOKENIZER if (root / TOKENIZER).is_file() else None
     return tree
 

@@ -177,8 +177,8 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
     hf = read_hf_config(config)
     family = checkpoint_family(hf)
     model_id, spec = checkpoint_model(hf, model_id)
-    lengths = parse_context_lengths(context_length) or spec.context_lengths
-    tree = scan_checkpoint(root, model_id, tuple(sorted(set(lengths))))
+    lengths = parse_context_lengths(context_length)
+    tree = scan_checkpoint(root, model_id, tuple(sorted(set(lengths))), spec.context_lengths)
     say(f"  format: {tree.layout}")
     for line in tree.describe()[1:]:
         if not (tokenizer and line.startswith("tokenizer: missing")):
@@ -212,7 +212,8 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
     say(f"  graphs: AR {CKPT_PROMPT_AR} (prompt) and AR {CKPT_TOKEN_AR} (token) at context "
         f"length{'s' if len(inferred.context_lengths) > 1 else ''} "
         f"{', '.join(map(str, inferred.context_lengths))}"
-        + ("" if context_length else f" (qai-hub-models' default for {model_id})"))
+        + ("" if context_length else " (the static graphs' own)" if not tree.dynamic else
+           f" (qai-hub-models' default for {model_id})"))
     say_settings(inferred)
     write_model(project, name, tree, "local", inferred, plan_layers, hf, tokenizer)
 
@@ -455,6 +456,7 @@ QK_NORM = re.compile(r"(^|[^a-z])[qk]_(norm|layernorm)", re.I)   # not "seq_norm
 QKV_BIAS = re.compile(r"(^|[^a-z])[qkv]_proj.*bias$", re.I)
 QKV_PROJ = re.compile(r"(^|[^a-z])[qkv]_proj", re.I)
 TIED_SAMPLES = 16
+TIED_HIDDEN_SAMPLES = 64
 # The chat special tokens of each family, as its tokenizer names them (Genie's bos/eos/eot)
 FAMILY_SPECIALS = {"qwen2": QWEN2_SPECIALS, "qwen3": QWEN2_SPECIALS,
                    "llama": {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>",
@@ -494,8 +496,11 @@ def family_from_graphs(protos: list, graphs: list) -> tuple:
 
 def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
     """Whether the LM head holds the embedding's values (a tied model: the export keeps a copy),
-    compared on TIED_SAMPLES vocabulary entries spread over the vocabulary (a few pages of a
-    7B model's 2 GB tables, not their whole); None where no head weight is found."""
+    compared on TIED_SAMPLES vocabulary entries spread over the vocabulary, each at
+    TIED_HIDDEN_SAMPLES positions of the hidden size: single elements of the mapped tables, so
+    a head stored [hidden, vocab] (a MatMul's, as Qwen3 checkpoints hold it) is not read whole
+    to gather its columns (a 7B model's 2.5 GB table was, at the import's peak RSS); None where
+    no head weight is found."""
     vocab, hidden = arch["vocab_size"], arch["hidden_size"]
     found = {}
     for proto, graph in zip(protos, graphs):
@@ -507,11 +512,15 @@ def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
                 found.setdefault("head", (init, graph.onnx))
     if len(found) < 2:
         return None
-    ids = np.unique(np.linspace(0, vocab - 1, TIED_SAMPLES).astype(np.int64))
+    ids = np.unique(np.linspace(0, vocab - 1, TIED_SAMPLES).astype(np.int64))[:, None]
+    at = np.unique(np.linspace(0, hidden - 1, TIED_HIDDEN_SAMPLES).astype(np.int64))[None, :]
     embedding = initializer_values(*found["embedding"]).mapped()
     head = initializer_values(*found["head"]).mapped()
-    rows = head[:, ids].T if head.shape == (hidden, vocab) else head[ids].reshape(len(ids), -1)
-    return bool(np.array_equal(np.asarray(embedding[ids], np.float32),
+    if head.shape == (hidden, vocab):
+        rows = head[at, ids]
+    else:
+        rows = head[(ids, at) + (0,) * (head.ndim - 2)]
+    return bool(np.array_equal(np.asarray(embedding[ids, at], np.float32),
                                np.asarray(rows, np.float32)))
 
 
@@ -625,7 +634,8 @@ def infer_architecture(protos: list, ios: list, graphs: list, num_layers: int) -
     heads = count_heads(dims, head_dim, hidden)
     return {"num_layers": num_layers, "hidden_size": hidden, "num_attention_heads": heads,
             "num_kv_heads": kv_heads, "head_dim": head_dim,
-            "intermediate_size": intermediate_size(dims, hidden, vocab, heads * head_dim),
+            "intermediate_size": intermediate_size(dims, hidden, vocab,
+                                                   (heads * head_dim, kv_heads * head_dim)),
             "vocab_size": vocab, "embedding": table}
 
 
@@ -657,14 +667,17 @@ def count_heads(dims: dict, head_dim: int, hidden: int) -> int:
     return hidden // head_dim
 
 
-def intermediate_size(dims: dict, hidden: int, vocab: int, q_width: int) -> int:
-    """The MLP width: the up/gate weights [hidden, ff] (MatMul) or down [hidden, ff, 1, 1]."""
+def intermediate_size(dims: dict, hidden: int, vocab: int, attention_widths: tuple) -> int:
+    """The MLP width: the up/gate weights [hidden, ff] (MatMul) or down [hidden, ff, 1, 1].
+    attention_widths: the q and the k/v projections' widths, set aside (a MatMul graph's k and
+    v weights [hidden, kv width] are as many as its gate and up weights)."""
     widths = Counter()
     for shape in dims.values():
-        if len(shape) == 2 and shape[0] == hidden and shape[1] not in (hidden, vocab, q_width):
+        if len(shape) == 2 and shape[0] == hidden \
+                and shape[1] not in (hidden, vocab, *attention_widths):
             widths[shape[1]] += 1
         if len(shape) == 4 and shape[0] == hidden and shape[2:] == (1, 1) \
-                and shape[1] not in (hidden, q_width):
+                and shape[1] not in (hidden, *attention_widths):
             widths[shape[1]] += 1
     if not widths:
         raise InputError("no MLP weight [hidden, intermediate] found in the graphs; cannot tell "
@@ -772,9 +785,11 @@ def model_toml(name: str, tree: ExportTree, split: str, inferred: Inferred, plan
         "[inputs]", 'source = "qai-hub-models"', f"dir = {_s(_dir_value(tree.root, project))}",
         f"layout = {_s(tree.layout)}", f"split = {_s(split)}"] + (
         ['cut = "qaihm"   # qai-hub-models 0.65\'s split_onnx rule, each graph pinned from the '
-         'dynamic one'] if tree.dynamic else []) + [
+         'dynamic one'] if tree.dynamic else
+        ['cut = "qaihm"   # qai-hub-models\' split_onnx rule (0.55\'s and 0.65\'s) on the '
+         'static graphs'] if tree.checkpoint else []) + [
         f"tokenizer = {_s(tree.rel(tokenizer) if tokenizer else TOKENIZER)}",
-        "how_to_export = " + _s(("re-run the qai-hub-models quantize" if tree.dynamic else
+        "how_to_export = " + _s(("re-run the qai-hub-models quantize" if tree.checkpoint else
                                  "re-run the qai-hub-models export") + " (docs/exports.md), "
                                 "then `doit import_export` again"),
         "",

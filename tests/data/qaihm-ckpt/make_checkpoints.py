@@ -442,8 +442,54 @@ def run_one(name: str) -> None:
     shutil.rmtree(src)
 
 
+# qai-hub-models 0.55's static checkpoint: its quantize (non-PreSplit classes, use_dynamic_shapes
+# off, the default) writes model_seqlen{S}_cl{C}.onnx per sequence length, sharing one
+# model.data. tests/data/qaihm/make_export_llama32.py runs that quantize (step 1) and then 0.55's
+# own export of the checkpoint (step 2: its split, committed as tests/data/qaihm/export-llama32/,
+# the expected split); this keeps step 1's output. Run with the 0.55.0 venv (/work/venvs/qaihm,
+# make_export.py's docstring).
+STATIC_055 = {"llama3_2_static": ("llama_v3_2_3b_instruct-0.55.0", "export-llama32")}
+
+
+def run_static_055(name: str) -> None:
+    """make_export_llama32's recipe into a scratch export dir; the quantize output (the static
+    checkpoint) copied here untouched; the export compared byte for byte with the committed
+    tree, which is that checkpoint's expected split."""
+    import filecmp
+    import importlib.metadata
+
+    version = importlib.metadata.version("qai-hub-models")
+    assert version == "0.55.0", f"{name} needs qai-hub-models 0.55.0, this venv has {version}"
+    folder, tree = STATIC_055[name]
+    qaihm = HERE.parent / "qaihm"
+    sys.path.insert(0, str(qaihm))
+    import make_export_llama32 as recipe
+
+    scratch = Path(tempfile.mkdtemp(prefix="static055_"))
+    work = recipe.WORK
+    recipe.build(scratch / tree, scratch / "config.json", work, recipe.TINY_CONFIG, recipe.SEED)
+    out = HERE / folder
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(work / "quantized_checkpoint", out)
+    differ = []
+
+    def walk(cmp, prefix=""):
+        differ.extend(prefix + n for n in cmp.diff_files + cmp.left_only + cmp.right_only)
+        for sub, c in cmp.subdirs.items():
+            walk(c, f"{prefix}{sub}/")
+    walk(filecmp.dircmp(scratch / tree, qaihm / tree))
+    print(f"{folder}: {sorted(p.name for p in out.iterdir())}")
+    print(f"0.55 export of it vs tests/data/qaihm/{tree}: "
+          + (f"DIFFERS in {differ}" if differ else "identical"))
+    shutil.rmtree(scratch)
+
+
 def main(argv: list[str]) -> int:
     names = argv or list(SPECS)
+    if len(names) == 1 and names[0] in STATIC_055:
+        run_static_055(names[0])
+        return 0
     if len(names) == 1 and os.environ.get("QAIHM_CKPT_CHILD") == "1":
         run_one(names[0])
         return 0
