@@ -18,7 +18,7 @@ import os
 
 from hexbundle.config.layout import MANIFEST, Layout
 from hexbundle.config.schema import table_of
-from hexbundle.formats.manifest import BundleIntegrityError, verify_bundle_files
+from hexbundle.formats.manifest import BundleIntegrityError, manifest_image, verify_bundle_files
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import file_digest
 
@@ -61,6 +61,25 @@ def check_manifest_fields(layout: Layout, doc: dict) -> None:
                 f"build; {REBUILD}")
     if doc["deployable"] != (doc["backend"] == "qairt"):   # also holds for the fields themselves
         raise BundleIntegrityError(f"{where}: 'deployable' disagrees with 'backend'; {REBUILD}")
+    check_image(layout, doc, where)
+
+
+def check_image(layout: Layout, doc: dict, where: str) -> None:
+    """The manifest's `image` against the build: null for the local executor; under docker an
+    image ID, the one `doit image` recorded when there is a record (no engine is asked)."""
+    image = manifest_image(doc, where)
+    if layout.cfg.executor != "docker":
+        want, how = None, "executor local runs no image"
+    else:
+        from hexbundle.config.toolchain import load_toolchain, recorded_image_id
+        want = recorded_image_id(layout.root, load_toolchain(layout.root).image_tag) or image
+        how = "the toolchain image `doit image` recorded (build/image/image-id.txt)"
+        if image is None:
+            want = "an image ID"
+    if image != want:
+        raise BundleIntegrityError(f"{where}: 'image' is {json.dumps(image)}, but this build "
+                                   f"runs {json.dumps(want)} ({how}): the manifest was changed "
+                                   f"or the bundle is from another build; {REBUILD}")
 
 
 def check_bins(layout: Layout, doc: dict) -> None:

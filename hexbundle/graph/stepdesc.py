@@ -24,7 +24,8 @@ from typing import Callable, Optional
 
 from hexbundle.config.layout import Layout
 from hexbundle.graph.actions import step_action
-from hexbundle.graph.keys import pinned, sdk_runtime_key, step_code, step_key, toolchain_key
+from hexbundle.graph.keys import (image_id, pinned, sdk_runtime_key, step_code, step_key,
+                                  toolchain_key)
 from hexbundle.graph.targets import targets_unchanged
 
 RUN_STEP = "hexbundle.steps.executor:run_step"
@@ -64,6 +65,8 @@ def key(step: Step, layout: Layout) -> step_key:
     if step.toolchain:
         document["toolchain"] = lambda: {"backend": cfg.backend,
                                          "version": _version(cfg, step.copies_runtime)}
+    elif step.action is None and cfg.executor == "docker":   # runs in the image all the same
+        document["image"] = lambda: image_id(cfg.root) or "(unavailable)"
     return step_key(step.step, document)
 
 
