@@ -68,7 +68,11 @@ def test_the_manifest_names_the_image_the_steps_ran_in(known_good):
 
 
 def test_a_tag_moved_to_a_rebuilt_image_is_refused_before_any_step_runs(engine, known_good):  # noqa: F811
+    from hexbundle.config.toolchain import read_image_record, write_image_record
     proj, image_id, good = known_good
+    record = read_image_record(proj.root)
+    status = proj.doit("list", "--all", "--status", "executor=docker").out
+    assert "U inputs:tokenizer" in status and "U convert:part_1_of_4_prompt" in status
     # rebuilt under the tag: the toolchain image with one more file, as an injected
     # sitecustomize.py would be (labels and all inherited)
     dockerfile = f"FROM {TAG}\nRUN echo 'import os' > /tmp/sitecustomize.py\n".encode()
@@ -84,7 +88,12 @@ def test_a_tag_moved_to_a_rebuilt_image_is_refused_before_any_step_runs(engine, 
         assert "Traceback" not in text
         assert not step_containers(engine, proj)
         assert snapshot(proj.bundle()) == good
+        # had `doit image` recorded that image, every step would rerun: the input steps too
+        write_image_record(proj.root, {**record, "id": other.id})
+        status = proj.doit("list", "--all", "--status", "executor=docker").out
+        assert "R inputs:tokenizer" in status and "R convert:part_1_of_4_prompt" in status
     finally:
+        write_image_record(proj.root, record)
         retag(engine, image_id)
         engine.images.remove(other.id, force=True, noprune=False)
     rerun_gives_the_known_good_bundle(proj, good)

@@ -6,10 +6,11 @@ input and output files, and whether it runs through the backend (the toolchain).
 
   doit task     file_dep = inputs, targets = outputs, uptodate = [its step key, the recorded
                 outputs unchanged (check_outputs), its own extra checks];
-  step key      {"step", "arguments", "options", "code", "pins", "toolchain"?}: canonical
+  step key      {"step", "arguments", "options", "code", "pins", "toolchain"? | "image"?}: canonical
                 typed JSON (formats.stepkey, docs/step-key.md); the pins are those of its
                 inputs (config [inputs.pins]); "toolchain" is {"backend", "version"} for a
-                step that runs through the backend;
+                step that runs through the backend; "image" (executor=docker) the toolchain
+                image's ID for one that runs in the container otherwise (the input steps);
   REAPI Action  the same document as the Command's options, inputs as the input root, outputs
                 as its output paths (graph.remote_steps, remote.action);
   --explain     the stored key and code files against the current ones (graph.explain).
