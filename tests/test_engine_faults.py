@@ -2,6 +2,7 @@
 that accepts connections and never answers is a unix socket this test listens on and never
 answers from; how a step's container ended is judged from the engine's own State record."""
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -162,3 +163,29 @@ def test_a_python_without_the_toolchain_says_this_is_not_the_toolchain_image():
     assert run.stdout.startswith("error: this is not the toolchain image: hexbundle's step "
                                  "runner cannot import ")
     assert "Traceback" not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("executor, image, problem", [
+    ("local", None, ""),
+    ("local", "sha256:" + "11" * 32, ""),               # the recorded image: a docker bundle
+    ("docker", "sha256:" + "11" * 32, ""),
+    ("docker", None, "'image' is null (a build without containers)"),
+    ("docker", "sha256:" + "22" * 32, "the bundle was built in another image"),
+    ("local", "sha256:" + "22" * 32, "the bundle was built in another image"),
+    ("docker", "hexbundle/toolchain:local", "not an image ID"),
+])
+def test_check_sizes_judges_the_manifest_image_by_the_recorded_one(tmp_path, executor, image,
+                                                                   problem):
+    from conftest import copy_project
+    from hexbundle.checks.integrity import check_image
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.config.toolchain import load_toolchain, write_image_record
+    root = copy_project(tmp_path / "p", ("configs",)).root
+    write_image_record(root, {"id": "sha256:" + "11" * 32, "tag": load_toolchain(root).image_tag})
+    layout = Layout(load_build(root, {"executor": executor}))
+    if not problem:
+        check_image(layout, {"image": image}, "manifest.json")
+        return
+    with pytest.raises(BundleIntegrityError, match=re.escape(problem)):
+        check_image(layout, {"image": image}, "manifest.json")

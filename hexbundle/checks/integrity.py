@@ -65,21 +65,23 @@ def check_manifest_fields(layout: Layout, doc: dict) -> None:
 
 
 def check_image(layout: Layout, doc: dict, where: str) -> None:
-    """The manifest's `image` against the build: null for the local executor; under docker an
-    image ID, the one `doit image` recorded when there is a record (no engine is asked)."""
+    """The manifest's `image` against the build: an image ID is the one `doit image` recorded
+    (when there is a record: no engine is asked); null (a local build) is no bundle of
+    executor=docker."""
     image = manifest_image(doc, where)
-    if layout.cfg.executor != "docker":
-        want, how = None, "executor local runs no image"
-    else:
-        from hexbundle.config.toolchain import load_toolchain, recorded_image_id
-        want = recorded_image_id(layout.root, load_toolchain(layout.root).image_tag) or image
-        how = "the toolchain image `doit image` recorded (build/image/image-id.txt)"
-        if image is None:
-            want = "an image ID"
-    if image != want:
-        raise BundleIntegrityError(f"{where}: 'image' is {json.dumps(image)}, but this build "
-                                   f"runs {json.dumps(want)} ({how}): the manifest was changed "
-                                   f"or the bundle is from another build; {REBUILD}")
+    if image is None:
+        if layout.cfg.executor == "docker":
+            raise BundleIntegrityError(f"{where}: 'image' is null (a build without containers), "
+                                       f"but this build runs its steps in the toolchain image; "
+                                       f"{REBUILD} with executor=docker")
+        return
+    from hexbundle.config.toolchain import load_toolchain, recorded_image_id
+    want = recorded_image_id(layout.root, load_toolchain(layout.root).image_tag)
+    if want and image != want:
+        raise BundleIntegrityError(
+            f"{where}: 'image' is {image}, but the toolchain image `doit image` recorded is "
+            f"{want} (build/image/image-id.txt): the bundle was built in another image; "
+            f"{REBUILD} with executor=docker")
 
 
 def check_bins(layout: Layout, doc: dict) -> None:
