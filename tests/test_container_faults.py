@@ -11,17 +11,29 @@ import io
 import os
 import signal
 import stat
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import copy_project, snapshot
+from conftest import ROOT, copy_project, snapshot
 from test_container import (HeldRun, docker_errors, engine, step_containers,  # noqa: F401
                             toolchain_image, wait_until)
 
 pytestmark = pytest.mark.heavy   # a Docker engine and the toolchain image: `pytest --full`
 
 TAG = f"hexbundle/toolchain:test-faults-{os.getpid()}"
-ENGINE_PID_ENV = "HEXBUNDLE_TEST_ENGINE_PID"   # .ci/run: the dockerd it started (may be frozen)
+# .ci/run: the file with the pid of the dockerd it started, which these tests may freeze, or kill
+# and start again (scripts/docker_engine.sh writes the new pid there)
+ENGINE_PID_FILE_ENV = "HEXBUNDLE_TEST_ENGINE_PID_FILE"
+own_engine = pytest.mark.skipif(
+    not os.environ.get(ENGINE_PID_FILE_ENV),
+    reason=f"{ENGINE_PID_FILE_ENV} names no dockerd this test may freeze or kill (.ci/run sets it "
+           "to the engine it started)")
+
+
+def engine_pid() -> int:
+    return int(Path(os.environ[ENGINE_PID_FILE_ENV]).read_text().split()[0])
 
 
 def set_tag(proj, tag: str) -> None:
@@ -158,14 +170,12 @@ def test_a_step_container_killed_from_outside_is_reported_as_killed(engine, know
     rerun_gives_the_known_good_bundle(proj, good)
 
 
-@pytest.mark.skipif(not os.environ.get(ENGINE_PID_ENV),
-                    reason=f"{ENGINE_PID_ENV} names no dockerd this test may freeze (.ci/run "
-                           "sets it to the engine it started)")
+@own_engine
 def test_an_engine_frozen_mid_step_fails_in_bounded_time(engine, known_good, tmp_path,  # noqa: F811
                                                           monkeypatch):
     proj, _, good = known_good
     proj.doit("forget", "bundle")
-    pid = int(os.environ[ENGINE_PID_ENV])
+    pid = engine_pid()
     monkeypatch.setenv("HEXBUNDLE_ENGINE_TIMEOUT", "5")
     held = HeldRun(proj, ["bundle", "executor=docker"], "bundle", tmp_path / "held")
     try:
@@ -230,4 +240,27 @@ def test_hard_links_planted_in_the_build_root_are_not_followed_as_root(known_goo
     assert run.code != 0 and "Traceback" not in run.out + run.err
     untouched()
     lock.unlink()
+    rerun_gives_the_known_good_bundle(proj, good)
+
+
+@own_engine
+def test_an_engine_killed_mid_step_is_said_so_and_a_rerun_recovers(engine, known_good,  # noqa: F811
+                                                                     tmp_path):
+    proj, _, good = known_good
+    proj.doit("forget", "bundle")
+    held = HeldRun(proj, ["bundle", "executor=docker"], "bundle", tmp_path / "held")
+    try:
+        held.wait_paused()
+        pid = engine_pid()
+        os.kill(pid, signal.SIGKILL)
+        code = held.proc.wait(timeout=120)
+    finally:
+        held.stop()
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), "dockerd gone")
+        subprocess.run(["bash", str(ROOT / "scripts" / "docker_engine.sh"), "--pid-file",
+                        os.environ[ENGINE_PID_FILE_ENV]], check=True, timeout=300)
+    text = held.text()
+    assert code != 0
+    assert "the Docker engine at" in text and "went away (" in text, text
+    assert "Traceback" not in text and snapshot(proj.bundle()) == good
     rerun_gives_the_known_good_bundle(proj, good)
