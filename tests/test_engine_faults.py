@@ -64,6 +64,10 @@ def test_an_engine_that_never_answers_fails_in_bounded_time_saying_so(silent_eng
     assert f"the Docker engine at unix://{silent_engine.path} did not answer within" in message
     assert "HEXBUNDLE_ENGINE_TIMEOUT" in message and "executor = \"local\"" in message
     assert "waiting for the Docker engine at unix://" in capsys.readouterr().err   # progress
+    # the run waits once: its next steps fail at once, with the same message
+    with pytest.raises(ToolchainError) as again:
+        engine.docker_client()
+    assert str(again.value) == message and "waiting" not in capsys.readouterr().err
 
 
 def test_an_engine_that_stops_answering_mid_call_fails_in_bounded_time(silent_engine):

@@ -28,6 +28,9 @@ FIRST_NOTICE_S = 5.0       # a healthy engine answers well within this: only the
 NOTICE_EVERY_S = 15.0
 LONG_TIMEOUT_S = 24 * 3600  # the output streams of a step and of an image build
 DEFAULT_HOST = "unix:///var/run/docker.sock"
+# Engines that did not answer a connection within the bound in this process, by address: a run
+# waits once, not once per step (a build is one process; the next run asks again).
+_UNANSWERED: dict = {}
 # Labels `doit image` gives the toolchain image (toolchain/image.py: labels): an image without
 # them was not made by it.
 TOOLCHAIN_LABELS = ("hexbundle.lock.sha256", "hexbundle.python", "hexbundle.context.sha256")
@@ -54,7 +57,7 @@ def engine_timeout() -> float:
 
 
 def what_to_do() -> str:
-    return ("check it (docker info), restart it (as root: systemctl restart docker, or "
+    return ("Check it (docker info), restart it (as root: systemctl restart docker, or "
             "scripts/docker_engine.sh), or point DOCKER_HOST at an engine that answers; "
             f"{ENGINE_TIMEOUT_ENV}=SECONDS waits longer; or build without containers: "
             "executor = \"local\" (configs/build.toml, or `doit bundle executor=local`). Then "
@@ -141,6 +144,8 @@ def docker_client(timeout: float = 0):
                              "or build with executor = \"local\"") from None
     bound = engine_timeout()
     where = engine_address()
+    if where in _UNANSWERED:
+        raise _UNANSWERED[where]
 
     def connect():
         client = docker.from_env(timeout=timeout or bound + 1)
@@ -148,6 +153,9 @@ def docker_client(timeout: float = 0):
         return client
     try:
         return engine_call("connecting", connect)
+    except ToolchainError as exc:
+        _UNANSWERED[where] = exc
+        raise
     except DockerException as exc:
         ssh = ("; an ssh:// DOCKER_HOST needs the paramiko package (pip install paramiko)"
                if "paramiko" in str(exc) else "")
