@@ -20,7 +20,12 @@ from conftest import ROOT, copy_project, snapshot
 from test_container import (HeldRun, docker_errors, engine, step_containers,  # noqa: F401
                             toolchain_image, wait_until)
 
-pytestmark = pytest.mark.heavy   # a Docker engine and the toolchain image: `pytest --full`
+# A Docker engine and the toolchain image: `pytest --full`. .ci/run runs this module alone,
+# before the suite (two of its tests freeze and restart the engine), then sets
+# HEXBUNDLE_TEST_ENGINE_FAULTS_RAN for the suite, which skips it.
+pytestmark = [pytest.mark.heavy, pytest.mark.skipif(
+    bool(os.environ.get("HEXBUNDLE_TEST_ENGINE_FAULTS_RAN")),
+    reason="run alone by .ci/run before the suite (it freezes and restarts the engine)")]
 
 TAG = f"hexbundle/toolchain:test-faults-{os.getpid()}"
 # .ci/run: the file with the pid of the dockerd it started, which these tests may freeze, or kill
@@ -139,12 +144,12 @@ def test_an_engine_that_never_answers_fails_in_bounded_time(known_good, tmp_path
     try:
         run = proj.doit("bundle", "executor=docker", check=False,
                         env={"DOCKER_HOST": f"unix://{silent.path}",
-                             "HEXBUNDLE_ENGINE_TIMEOUT": "3"})
+                             "HEXBUNDLE_ENGINE_TIMEOUT": "2"})
     finally:
         silent.stop()
     text = run.out + run.err
     assert run.code != 0
-    assert f"the Docker engine at unix://{silent.path} did not answer within 3s" in text, text
+    assert f"the Docker engine at unix://{silent.path} did not answer within 2s" in text, text
     assert "Traceback" not in text and snapshot(proj.bundle()) == good
     rerun_gives_the_known_good_bundle(proj, good)
 
