@@ -59,7 +59,19 @@ for options in "" "--storage-driver=vfs" "--storage-driver=vfs --iptables=false 
     pid=$!
     if wait_for_engine "$pid" 60; then
         [ -z "$PID_FILE" ] || echo "$pid" > "$PID_FILE"
-        echo "== dockerd $pid answers (storage driver: $(docker info --format '{{.Driver}}'))"
+        driver="$(docker info --format '{{.Driver}}')"
+        echo "== dockerd $pid answers (storage driver: $driver)"
+        if [ -n "$options" ]; then
+            # Each storage driver keeps its own images: the ones made under the first driver are
+            # still on disk, but this engine does not see them. Say so, loudly.
+            cat >&2 <<EOM
+docker_engine: WARNING: dockerd came up only with '$options' (storage driver $driver),
+docker_engine: WARNING: not with its default driver (see $LOG). Images made under another
+docker_engine: WARNING: driver are NOT visible to this engine (they are not lost): build them
+docker_engine: WARNING: again (scripts/make_base_image.sh, then \`doit image\`), or fix the default
+docker_engine: WARNING: driver and restart dockerd to see them again.
+EOM
+        fi
         exit 0
     fi
     echo "   dockerd $options did not come up; last log lines:" >&2

@@ -5,7 +5,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, as mounted
 
-from hexbundle.steps.runner import main  # noqa: E402
+try:
+    from hexbundle.steps.runner import main  # noqa: E402
+except ImportError as exc:   # a module the toolchain image installs is missing: another image
+    print(f"error: this is not the toolchain image: hexbundle's step runner cannot import "
+          f"{exc.name or exc} in {sys.executable} ({exc}). Run `doit image` to build it (it "
+          "installs requirements/container.lock), and check configs/toolchain.toml [image] tag",
+          flush=True)
+    sys.exit(3)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -189,6 +189,20 @@ def docker_bundle(tmp_path, name):
     return proj
 
 
+def same_but_the_image(in_docker: Path, local: Path, image_id: str) -> None:
+    """A docker bundle and a local one: the same files, byte for byte, but for the manifest's
+    "image" (the image the steps ran in; null for the local build)."""
+    names = sorted(p.name for p in local.iterdir())
+    assert sorted(p.name for p in in_docker.iterdir()) == names
+    for name in names:
+        if name == "manifest.json":
+            docker_doc, local_doc = (json.loads((d / name).read_text()) for d in (in_docker, local))
+            assert (docker_doc.pop("image"), local_doc.pop("image")) == (image_id, None)
+            assert docker_doc == local_doc
+            continue
+        assert (in_docker / name).read_bytes() == (local / name).read_bytes(), name
+
+
 # --- the image -------------------------------------------------------------------------------
 
 def test_the_image_says_what_it_carries(engine, toolchain_image):
@@ -248,11 +262,7 @@ def test_a_docker_bundle_is_byte_identical_to_a_local_one(engine, toolchain_imag
     docker_proj = docker_bundle(tmp_path, "docker")
     local_proj = copy_project(tmp_path / "local")
     local_proj.doit("bundle")
-    in_docker, local = docker_proj.bundle(), local_proj.bundle()
-    names = sorted(p.name for p in local.iterdir())
-    assert sorted(p.name for p in in_docker.iterdir()) == names
-    for name in names:   # the manifest too: how a bundle was built is recorded beside it
-        assert (in_docker / name).read_bytes() == (local / name).read_bytes(), name
+    same_but_the_image(docker_proj.bundle(), local_proj.bundle(), record["id"])
     info = json.loads((docker_proj.build_dir() / "build-info.json").read_text())
     assert (info["executor"], info["image"]) == ("docker", record["id"])
     assert {o["origin"] for o in info["steps"].values()} == {"local"}   # no remote cache
@@ -686,9 +696,6 @@ def test_an_export_outside_the_project_is_split_and_built_in_the_container(engin
         proj.doit("import_export", "--dir", str(export), "--name", "mine", "--plan", "0,3,3,3")
         proj.doit("bundle", "model=mine", f"executor={executor}")
         bundles[executor] = proj.bundle("mine")
-    names = sorted(p.name for p in bundles["local"].iterdir())
-    assert sorted(p.name for p in bundles["docker"].iterdir()) == names
-    for name in names:
-        assert (bundles["docker"] / name).read_bytes() == (bundles["local"] / name).read_bytes(), name
+    same_but_the_image(bundles["docker"], bundles["local"], toolchain_image[1]["id"])
     log = projects["docker"].build_dir("mine") / "logs" / "inputs__part_2_of_4.log"
     assert log.read_text().startswith("# container: image hexbundle/toolchain:local")

@@ -53,6 +53,8 @@ NOT_BUILD_INPUTS = {
     "HEXBUNDLE_FASTRPC_NODE": "read by the bundle's run.sh on the board (which fastrpc node "
                               "its preflight checks), never by the build",
     "HEXBUNDLE_REMOTE_": "the prefix of the remote_* settings (covered as build settings)",
+    "HEXBUNDLE_ENGINE_TIMEOUT": "how long one call may wait for the Docker engine, never what "
+                                "a step writes",
 }
 ENV_VALUES = {
     "HEXBUNDLE_BUILD_ROOT": "{root}/elsewhere",

@@ -27,6 +27,7 @@ Checks that work on any bundle (QNN context binaries from any tool):
                chipset table (configs/devices.toml, generated from qai-hub-models' files)
   sizes        each context binary <= 4 GiB (the HTP's 32-bit address space per context: why
                7B models are split), and the total
+  image        from manifest.json: the toolchain image's ID (sha256:...) or null (local build)
   runtime      from manifest.json: the QAIRT runtime a qairt bundle carries (CPU and Hexagon
                versions of its files, run.sh's library paths, digests) or the QAIRT version
                the board needs (runtime = "board"); checks/runtime_check.py
@@ -45,12 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, TOKENIZER
+from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER
 from hexbundle.formats.genie import bundle_entries, entry_problems, unlisted_problems
 from hexbundle.formats.genie_ranges import range_problems
 from hexbundle.formats.genie_schema import DIALOG, QAIRT_DEV_VERSION
 from hexbundle.checks.runtime_check import check_runtime
 from hexbundle.formats.hf_config import read_hf_config
+from hexbundle.formats.manifest import manifest_image
 from hexbundle.support.errors import HexbundleError, InputError
 from hexbundle.support.files import (JSON_CONFIG_MAX_BYTES, TOKENIZER_MAX_BYTES,
                                      read_named_text, require_named_dir)
@@ -105,7 +107,27 @@ def check_bundle(bundle: Path, chipsets: dict, model_config: Optional[Path] = No
         _check_device(report, htp, chipsets)
     _check_sizes(report)
     check_runtime(report, htp)
+    _check_image(report)
     return report
+
+
+def _check_image(report: BundleReport) -> None:
+    """manifest.json's `image` (hexbundle's bundles): the toolchain image's ID the steps ran in,
+    or null (the local executor); anything else is a changed manifest."""
+    try:
+        manifest = json.loads((report.path / MANIFEST).read_text())
+    except (OSError, ValueError):   # check_runtime said so
+        return
+    if not isinstance(manifest, dict) or "image" not in manifest:
+        return
+    try:
+        image = manifest_image(manifest, MANIFEST)
+    except HexbundleError as exc:
+        report.problem("image", str(exc))
+        return
+    report.checked.append("image")
+    report.notes.append(f"image: built in the toolchain image {image}" if image else
+                        "image: built without a container (executor local)")
 
 
 # ============================================================================ files and schema

@@ -18,7 +18,7 @@ import os
 
 from hexbundle.config.layout import MANIFEST, Layout
 from hexbundle.config.schema import table_of
-from hexbundle.formats.manifest import BundleIntegrityError, verify_bundle_files
+from hexbundle.formats.manifest import BundleIntegrityError, manifest_image, verify_bundle_files
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import file_digest
 
@@ -61,6 +61,27 @@ def check_manifest_fields(layout: Layout, doc: dict) -> None:
                 f"build; {REBUILD}")
     if doc["deployable"] != (doc["backend"] == "qairt"):   # also holds for the fields themselves
         raise BundleIntegrityError(f"{where}: 'deployable' disagrees with 'backend'; {REBUILD}")
+    check_image(layout, doc, where)
+
+
+def check_image(layout: Layout, doc: dict, where: str) -> None:
+    """The manifest's `image` against the build: an image ID is the one `doit image` recorded
+    (when there is a record: no engine is asked); null (a local build) is no bundle of
+    executor=docker."""
+    image = manifest_image(doc, where)
+    if image is None:
+        if layout.cfg.executor == "docker":
+            raise BundleIntegrityError(f"{where}: 'image' is null (a build without containers), "
+                                       f"but this build runs its steps in the toolchain image; "
+                                       f"{REBUILD} with executor=docker")
+        return
+    from hexbundle.config.toolchain import load_toolchain, recorded_image_id
+    want = recorded_image_id(layout.root, load_toolchain(layout.root).image_tag)
+    if want and image != want:
+        raise BundleIntegrityError(
+            f"{where}: 'image' is {image}, but the toolchain image `doit image` recorded is "
+            f"{want} (build/image/image-id.txt): the bundle was built in another image; "
+            f"{REBUILD} with executor=docker")
 
 
 def check_bins(layout: Layout, doc: dict) -> None:

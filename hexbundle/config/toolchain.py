@@ -10,6 +10,7 @@ three questions without docker or the SDK installed:
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -17,7 +18,9 @@ from pathlib import Path
 
 from hexbundle.config.layout import ProjectLayout
 from hexbundle.config.schema import Field, read_toml
+from hexbundle.support.atomic import write_atomic
 from hexbundle.support.errors import ToolchainError
+from hexbundle.support.files import read_state
 from hexbundle.support.hashing import sha256_file
 
 SHA256 = r"(|[0-9a-f]{64})"
@@ -92,6 +95,33 @@ def _inside(root: Path, where: Path, key: str, value: str) -> Path:
         raise ToolchainError(f"{where}: key '{key}' = {value!r} points outside the project "
                              f"({root}); give a path relative to it")
     return path
+
+
+def read_image_record(root: Path) -> dict | None:
+    """build/image/image.json, the image `doit image` built (toolchain/image.py); None if there is
+    none or it is not a JSON object."""
+    try:
+        record = json.loads(read_state(ProjectLayout(root).image_record))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write_image_record(root: Path, record: dict) -> None:
+    """image.json, and image-id.txt with the ID alone (for scripts)."""
+    project = ProjectLayout(root)
+    write_atomic(project.image_record,
+                 (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(project.image_id_file, (record["id"] + "\n").encode())
+
+
+def recorded_image_id(root: Path, tag: str) -> str:
+    """The image ID `doit image` recorded for `tag`; "" if none (or recorded for another tag)."""
+    record = read_image_record(root) or {}
+    image_id = record.get("id")
+    if record.get("tag") != tag or not isinstance(image_id, str):
+        return ""
+    return image_id
 
 
 def pinned_sdk_version(root: Path | None = None) -> str:

@@ -1,10 +1,13 @@
 """The bundle's records. manifest.json, its table of contents: writer (`bundle_manifest`) and
-reader (`verify_bundle_files`). build-info.json, beside the bundle: how it was built (executor,
-toolchain image, which steps came from a remote cache), kept out of the bundle so its bytes do not depend on the executor:
-`write_build_info`, `read_build_info`."""
+reader (`verify_bundle_files`, `manifest_image`). It names the toolchain image the steps ran in
+(`"image"`: its ID under executor = "docker", null with the local executor): the one thing in a
+bundle that depends on the executor, since what an image holds decides what the bundle holds.
+build-info.json, beside the bundle: how it was built (executor, toolchain image, which steps came
+from a remote cache): `write_build_info`, `read_build_info`."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from hexbundle.config.layout import MANIFEST, Layout
@@ -17,6 +20,7 @@ from hexbundle.support.files import read_state
 from hexbundle.support.hashing import file_digest
 
 MANIFEST_FORMAT = 1
+IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def bundle_files(bundle_dir: Path) -> list:
@@ -27,10 +31,11 @@ def bundle_files(bundle_dir: Path) -> list:
 
 
 def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
-                    sizes_expected: dict, unencoded: dict = None, runtime: dict = None) -> dict:
-    """What the bundle holds. It says nothing about HOW it was built (executor, image, host):
-    that goes to build-info.json and a release's provenance, so the bundle's bytes do not depend
-    on the executor."""
+                    sizes_expected: dict, unencoded: dict = None, runtime: dict = None,
+                    image: str = "") -> dict:
+    """What the bundle holds, and the toolchain image its steps ran in (`image`, "" for none:
+    the local executor). Nothing else of HOW it was built (host, times, remote cache): that
+    goes to build-info.json and a release's provenance."""
     cfg = layout.cfg
     files = {}
     for name in bundle_files(bundle_dir):
@@ -45,6 +50,7 @@ def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
         "backend": cfg.backend,
         "deployable": cfg.backend == "qairt",
         "toolchain": backend_version,
+        "image": image or None,
         "compile": table_of(cfg.compile),
         "files": files,
         "total_bytes": sum(f["size"] for f in files.values()),
@@ -82,6 +88,16 @@ def graph_sources(layout: Layout) -> dict:
 
 class BundleIntegrityError(HexbundleError):
     """A bundle file differs from what its manifest.json records."""
+
+
+def manifest_image(doc: dict, where: str):
+    """The manifest's `image`: an image ID (sha256:<64 hex>) or None (local executor)."""
+    image = doc.get("image")
+    if image is None or (isinstance(image, str) and IMAGE_ID.fullmatch(image)):
+        return image
+    raise BundleIntegrityError(f"{where}: 'image' is {json.dumps(image)[:100]}, not an image ID "
+                               "(sha256: and 64 hex digits) or null; run `doit bundle` to "
+                               "rebuild it")
 
 
 def verify_bundle_files(bundle: Path, where=str) -> int:

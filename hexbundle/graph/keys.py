@@ -95,11 +95,12 @@ def _toolchain_key(backend: str, executor: str, root: Path) -> str:
 
 @functools.lru_cache(maxsize=None)
 def image_id(root: Path) -> str:
-    """The toolchain image's ID ("" when the engine or the image is not there: the step itself
-    then fails, saying why). Asked of the engine once per run."""
+    """The toolchain image's ID, as pinned for the steps (toolchain.docker.pinned_image: the one
+    `doit image` recorded; "" when the engine or that image is not there, or its tag was moved:
+    the step itself then fails, saying why). Asked of the engine once per run."""
     try:
-        from hexbundle.toolchain.docker import docker_client, find_image
-        return find_image(docker_client(), load_toolchain(root)).id
+        from hexbundle.toolchain.docker import docker_client, pinned_image
+        return pinned_image(docker_client(), load_toolchain(root), root).id
     except HexbundleError:
         return ""
 

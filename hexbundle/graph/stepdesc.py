@@ -6,10 +6,11 @@ input and output files, and whether it runs through the backend (the toolchain).
 
   doit task     file_dep = inputs, targets = outputs, uptodate = [its step key, the recorded
                 outputs unchanged (check_outputs), its own extra checks];
-  step key      {"step", "arguments", "options", "code", "pins", "toolchain"?}: canonical
+  step key      {"step", "arguments", "options", "code", "pins", "toolchain"? | "image"?}: canonical
                 typed JSON (formats.stepkey, docs/step-key.md); the pins are those of its
                 inputs (config [inputs.pins]); "toolchain" is {"backend", "version"} for a
-                step that runs through the backend;
+                step that runs through the backend; "image" (executor=docker) the toolchain
+                image's ID for one that runs in the container otherwise (the input steps);
   REAPI Action  the same document as the Command's options, inputs as the input root, outputs
                 as its output paths (graph.remote_steps, remote.action);
   --explain     the stored key and code files against the current ones (graph.explain).
@@ -24,7 +25,8 @@ from typing import Callable, Optional
 
 from hexbundle.config.layout import Layout
 from hexbundle.graph.actions import step_action
-from hexbundle.graph.keys import pinned, sdk_runtime_key, step_code, step_key, toolchain_key
+from hexbundle.graph.keys import (image_id, pinned, sdk_runtime_key, step_code, step_key,
+                                  toolchain_key)
 from hexbundle.graph.targets import targets_unchanged
 
 RUN_STEP = "hexbundle.steps.executor:run_step"
@@ -64,6 +66,8 @@ def key(step: Step, layout: Layout) -> step_key:
     if step.toolchain:
         document["toolchain"] = lambda: {"backend": cfg.backend,
                                          "version": _version(cfg, step.copies_runtime)}
+    elif step.action is None and cfg.executor == "docker":   # runs in the image all the same
+        document["image"] = lambda: image_id(cfg.root) or "(unavailable)"
     return step_key(step.step, document)
 
 

@@ -39,9 +39,10 @@ def assemble_bundle(layout: Layout, spec: dict, log) -> None:
             f"unencoded_weights = {options.convert.unencoded_weights!r}: "
             + ", ".join(f"{n} ({d})" for n, d in sorted(unencoded.items())[:8])
             + (" ..." if len(unencoded) > 8 else ""))
+    image = spec.get("image", "")   # set by the docker executor: the image's ID
     final = assemble(layout, options, get_backend(options.backend).toolchain_version(), expected,
-                     log, unencoded)
-    write_build_info(layout, options.executor, spec.get("image", ""))   # set by the docker executor
+                     log, unencoded, image)
+    write_build_info(layout, options.executor, image)
     log(f"bundle ready: {layout.rel(final)}")
 
 
@@ -84,7 +85,7 @@ def qairt_runtime(options: BundleOptions, bins: list, staging: Path, log) -> dic
 
 
 def assemble(layout: Layout, options: BundleOptions, backend_version: str,
-             sizes_expected: dict, log, unencoded: dict = None) -> Path:
+             sizes_expected: dict, log, unencoded: dict = None, image: str = "") -> Path:
     cfg = layout.cfg
     bins = [layout.bin(p) for p in cfg.plan.parts()]
     for b in bins:
@@ -111,7 +112,8 @@ def assemble(layout: Layout, options: BundleOptions, backend_version: str,
         runtime = qairt_runtime(options, bins, staging, log) if options.backend == "qairt" \
             else None
         write_json(staging / MANIFEST, bundle_manifest(layout, staging, backend_version,
-                                                       sizes_expected, unencoded or {}, runtime))
+                                                       sizes_expected, unencoded or {}, runtime,
+                                                       image))
         lint(staging, options, log)
         os.chmod(staging, 0o755)
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in

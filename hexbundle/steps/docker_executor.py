@@ -31,7 +31,9 @@ import json
 import os
 import re
 import secrets
+import signal
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -45,7 +47,8 @@ from hexbundle.support.errors import ContainerError, HexbundleError
 from hexbundle.support.files import open_in_place, require_own_file
 from hexbundle.support.run import LIFELINE_ENV, run_id
 from hexbundle.support.testhooks import PAUSE_AT_ENV, PAUSE_DIR_ENV
-from hexbundle.toolchain.docker import LONG_TIMEOUT_S, docker_client, find_image, require_sdk_image
+from hexbundle.toolchain.docker import (LONG_TIMEOUT_S, docker_client, engine_call,
+                                       pinned_image, require_sdk_image, translate)
 
 PYTHON = "python3.10"
 # Passed through when set on the host: they change what a build writes, not where it runs; the
@@ -58,6 +61,8 @@ LABEL_STEP = "org.hexbundle.step"
 LABEL_TASK = "org.hexbundle.task"
 REMOVE_TIMEOUT_S = 60.0
 POLL_S = 0.2
+WATCH_EVERY_S = 2.0     # how often a running step's container is looked at (a bounded call)
+DRAIN_S = 10.0          # after the container ended, how long its output stream may still take
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +158,7 @@ def check_cpus(client, settings: ContainerSettings) -> None:
     """docker refuses more CPUs than the engine has, in words that do not name our key."""
     if not settings.cpus:
         return
-    ncpu = client.info().get("NCPU") or 0
+    ncpu = engine_call("asking the engine's CPUs", client.info).get("NCPU") or 0
     if ncpu and settings.cpus > ncpu:
         raise ContainerError(f"container.cpus = {settings.cpus:g} (configs/build.toml or the "
                              f"command line), but the Docker engine has {ncpu} CPUs: lower it, "
@@ -277,8 +282,8 @@ def run_in_container(layout: Layout, spec: dict, log_path: Path, user: str = "",
     with open_in_place(log_path) as log:   # never through a symbolic link
         try:
             tc = load_toolchain(layout.root)
-            client = docker_client(LONG_TIMEOUT_S)
-            image = find_image(client, tc)
+            client = docker_client()
+            image = pinned_image(client, tc, layout.root)   # by ID: the tag is not trusted
             if layout.cfg.backend == "qairt":
                 require_sdk_image(image, tc)
             check_cpus(client, layout.cfg.container)
@@ -327,26 +332,94 @@ def _run(client, image, layout: Layout, spec: dict, log, user: str, task: str,
         log.write(f"error: {exc}\n")
         return 3
     container = lifeline = None
+    engine_answers = True
     try:
-        # created attached (detach=False) with an open stdin: the lifeline (support.run)
-        container = client.containers.create(
-            image.id, command, name=name, labels=labels(layout, spec, task), stdin_open=True,
-            detach=False, **run_options(layout, user))
+        # created attached (detach=False) with an open stdin: the lifeline (support.run); by
+        # the image's ID, never its tag (a tag moved meanwhile does not change what runs)
+        container = engine_call(
+            "creating the step's container", client.containers.create, image.id, command,
+            name=name, labels=labels(layout, spec, task), stdin_open=True, detach=False,
+            **run_options(layout, user))
         lifeline = _lifeline(client, container)
-        container.start()
-        text = codecs.getincrementaldecoder("utf-8")(errors="replace")   # chunks split chars
-        relay = _Relay(log, on_progress)
-        for chunk in container.logs(stream=True, follow=True):
-            relay.feed(text.decode(chunk))
-        relay.feed(text.decode(b"", final=True), final=True)
-        return int(container.wait().get("StatusCode", 1))
+        engine_call("starting the step's container", container.start)
+        _follow(client, container.id, _Relay(log, on_progress))
+        code = int(engine_call("reading the step's exit code", client.api.wait,
+                               container.id).get("StatusCode", 1))
+        if code != 0:
+            state = engine_call("reading how the step ended", client.api.inspect_container,
+                                container.id).get("State") or {}
+            why = how_it_ended(code, state, layout.cfg.container, name)
+            if why:
+                log.write(f"error: {why}\n")
+        return code
     except APIError as exc:
         log.write(f"error: the Docker engine refused to run the step: {exc.explanation or exc}\n")
         return 3
+    except HexbundleError as exc:   # the engine stopped answering or went away (engine_call)
+        engine_answers = False
+        log.write(f"error: {exc}\n")
+        return 3
     finally:   # also on Ctrl-C, even one that came while the container was being created
-        _remove_own(client, container, name, record)
+        if engine_answers:   # else its record stays: the next run removes it
+            _remove_own(client, container, name, record)
         if lifeline is not None:
             lifeline.close()
+
+
+def _follow(client, container_id: str, relay: "_Relay") -> None:
+    """The container's output into the relay until it ends. The stream may be silent for many
+    minutes (a compile), so it is read in a thread on a long-timeout client, while this thread
+    looks at the container every WATCH_EVERY_S through bounded calls: an engine that stops
+    answering, or dies, ends the step with a message instead of a wait of hours."""
+    stream_client = docker_client(LONG_TIMEOUT_S)
+    box: dict = {}
+
+    def pump():
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")   # chunks split chars
+        try:
+            for chunk in stream_client.api.logs(container_id, stream=True, follow=True):
+                relay.feed(text.decode(chunk))
+            relay.feed(text.decode(b"", final=True), final=True)
+        except BaseException as exc:   # noqa: BLE001 -- handed to the watching thread
+            box["error"] = exc
+
+    reader = threading.Thread(target=pump, name=f"docker logs {container_id[:12]}", daemon=True)
+    reader.start()
+    ended_at = None
+    while True:
+        reader.join(WATCH_EVERY_S)
+        if not reader.is_alive():
+            break
+        state = engine_call("watching the step's container", client.api.inspect_container,
+                            container_id).get("State") or {}
+        if not state.get("Running", True):   # ended: its stream should end soon after
+            ended_at = ended_at or time.monotonic()
+            if time.monotonic() - ended_at > DRAIN_S:
+                break
+    if "error" in box:
+        plain = translate(box["error"], "reading the step's output")
+        raise plain if plain is not box["error"] else box["error"]
+
+
+def how_it_ended(code: int, state: dict, settings: ContainerSettings, name: str) -> str:
+    """Why a step's container ended with `code`, when it was not the step's own exit ("" then):
+    the kernel's OOM killer, or a signal from outside (docker kill, docker stop, a restarted
+    engine). Steps exit with small codes of their own; 128+N is signal N."""
+    if state.get("OOMKilled"):
+        return (f"the step's container {name} was killed by the OOM killer (exit {code}): the "
+                f"step needed more memory than container.memory = {_size(settings.memory)} "
+                "allows: raise container.memory (configs/build.toml [container], or "
+                "container.memory=... on the command line), then run the build again: nothing "
+                "partial was kept")
+    if code > 128:
+        try:
+            sig = signal.Signals(code - 128).name
+        except ValueError:
+            sig = f"signal {code - 128}"
+        return (f"the step's container {name} was killed by {sig} (exit {code}) from outside "
+                "this run: `docker kill` or `docker stop`, a restart of the Docker engine, or "
+                "the host's OOM killer. Nothing partial was kept: run the build again")
+    return ""
 
 
 def _remove_own(client, container, name: str, record: Path) -> None:
@@ -355,11 +428,12 @@ def _remove_own(client, container, name: str, record: Path) -> None:
     may still finish creating it after our NotFound."""
     from docker.errors import APIError, NotFound
     try:
-        (container or client.containers.get(name)).remove(force=True)
+        engine_call("removing the step's container", client.api.remove_container,
+                    container.id if container is not None else name, force=True)
     except NotFound:
         if container is None:
             return
-    except APIError:
+    except (APIError, HexbundleError):   # refused, or no answer: the next run removes it
         return
     record.unlink(missing_ok=True)
 
@@ -419,8 +493,8 @@ def _records(layout: Layout) -> list:
 def _labelled(client, layout: Layout) -> list:
     """This build root's step containers, in any state, from one list call (no inspect: one
     removed meanwhile would raise NotFound)."""
-    return client.api.containers(all=True, filters={
-        "label": f"{LABEL_BUILD_ROOT}={layout.build_root}"})
+    return engine_call("listing this build root's step containers", client.api.containers,
+                       all=True, filters={"label": f"{LABEL_BUILD_ROOT}={layout.build_root}"})
 
 
 def _remove(client, entry: dict, layout: Layout, notice: Callable[[str], None]) -> str:
@@ -434,13 +508,15 @@ def _remove(client, entry: dict, layout: Layout, notice: Callable[[str], None]) 
            f"starts{risk}")
     why = ""
     try:
-        client.api.remove_container(entry["Id"], force=True)   # kills it, returns once removed
+        engine_call(f"removing {name}", client.api.remove_container, entry["Id"],
+                    force=True)   # kills it, returns once removed
     except NotFound:
         pass
     except APIError as exc:   # e.g. a removal already in progress: wait for it below
         why = f": {exc.explanation or exc}"
     deadline = time.monotonic() + REMOVE_TIMEOUT_S
-    while client.api.containers(all=True, filters={"id": entry["Id"]}):
+    while engine_call(f"looking for {name}", client.api.containers, all=True,
+                      filters={"id": entry["Id"]}):
         if time.monotonic() > deadline:
             raise ContainerError(
                 f"the step container {name} an interrupted run left could not be removed within "

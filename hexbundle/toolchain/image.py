@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import re
 import tempfile
@@ -29,22 +28,16 @@ from pathlib import Path
 
 from hexbundle.config.layout import ProjectLayout
 from hexbundle.config.toolchain import Toolchain, load_toolchain, project_root, staged_sdk
-from hexbundle.support.atomic import write_atomic
+from hexbundle.config.toolchain import read_image_record as read_record
+from hexbundle.config.toolchain import write_image_record as write_record
 from hexbundle.support.errors import HexbundleError, ToolchainError
-from hexbundle.support.files import open_in_place, read_state
+from hexbundle.support.files import open_in_place
 from hexbundle.support.hashing import sha256_file
 
 CONTEXT_MTIME = 315532800          # 1980-01-01: fixed entry times in the context tar
 # The installer of the source tree this package runs from (a project root may hold configs only).
 INSTALLER = ProjectLayout(project_root()).script("install_sdk.py")
 TAIL_LINES = 30
-
-
-def read_record(root: Path) -> dict | None:
-    try:
-        return json.loads(read_state(ProjectLayout(root).image_record))
-    except (OSError, ValueError):
-        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,8 +114,10 @@ def _info(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
 def base_facts(client, base: str) -> dict:
     """The base image, from the local engine only: its ID and, where known, its digest."""
     from docker.errors import ImageNotFound
+
+    from hexbundle.toolchain.docker import engine_call
     try:
-        image = client.images.get(base)
+        image = engine_call(f"looking up {base}", client.images.get, base)
     except ImageNotFound:
         raise ToolchainError(
             f"the base image {base} is not in the local Docker engine, and `doit image` does not "
@@ -200,7 +195,8 @@ def build(root: Path, base: str | None = None, network: str = "none") -> dict:
     Preconditions first, before anything is downloaded: the sources and the SDK archive's pin
     (local), an engine that answers, the base image in it. Only then are the locked wheels the
     wheelhouse lacks fetched (none when it is complete, e.g. brought offline) and all verified."""
-    from hexbundle.toolchain.docker import LONG_TIMEOUT_S, docker_client
+    from hexbundle.toolchain.docker import (LONG_TIMEOUT_S, docker_client, engine_call,
+                                           translate)
     from hexbundle.toolchain.wheelhouse import download
     tc = load_toolchain(root)
     base = base or tc.base
@@ -208,7 +204,7 @@ def build(root: Path, base: str | None = None, network: str = "none") -> dict:
     say = lambda msg: print(f"  image: {msg} ({time.monotonic() - started:.0f}s)",
                             flush=True)
     sdk_sha256 = check_sources(tc)   # first: a wrong SDK archive is the likelier surprise
-    client = docker_client(LONG_TIMEOUT_S)
+    client = docker_client()   # bounded calls; the build's own stream waits longer
     facts = base_facts(client, base)
     ctx = plan_context(tc, sdk_sha256, download(tc))
     say(f"base {base} ({facts['id'][:19]}), QAIRT SDK "
@@ -226,9 +222,15 @@ def build(root: Path, base: str | None = None, network: str = "none") -> dict:
             f"{context_sha256[:16]}")
         fh.seek(0)
         image_labels = labels(tc, ctx, base, facts, context_sha256)
-        image_id = stream_build(client, fh, tc.image_tag, build_args(tc, ctx, base),
-                                image_labels, network, log, say)
-    image = client.images.get(tc.image_tag)
+        try:
+            image_id = stream_build(docker_client(LONG_TIMEOUT_S), fh, tc.image_tag,
+                                    build_args(tc, ctx, base), image_labels, network, log, say)
+        except Exception as exc:   # noqa: BLE001 -- the engine gone mid-build: a message
+            plain = translate(exc, "building the image")
+            if plain is exc:
+                raise
+            raise plain from None
+    image = engine_call(f"looking up {tc.image_tag}", client.images.get, tc.image_tag)
     if image.id != image_id and not image.id.endswith(image_id):
         raise ToolchainError(f"{tc.image_tag} is {image.id} after building {image_id}: "
                              "another build retagged it meanwhile; run `doit image` again")
@@ -239,13 +241,6 @@ def build(root: Path, base: str | None = None, network: str = "none") -> dict:
     say(f"built {tc.image_tag} = {image.id} ({record['size'] / 1e6:.0f} MB); recorded in "
         "build/image/")
     return record
-
-
-def write_record(root: Path, record: dict) -> None:
-    project = ProjectLayout(root)
-    write_atomic(project.image_record,
-                 (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
-    write_atomic(project.image_id_file, (record["id"] + "\n").encode())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,11 +266,11 @@ def is_current(root: Path, base: str = "") -> bool:
         return False
     from docker.errors import DockerException
 
-    from hexbundle.toolchain.docker import docker_client
+    from hexbundle.toolchain.docker import docker_client, engine_call
     try:
         client = docker_client()
-        image = client.images.get(record["tag"])
-        base_id = client.images.get(record["base"]).id
+        image = engine_call("looking up the image", client.images.get, record["tag"])
+        base_id = engine_call("looking up the base", client.images.get, record["base"]).id
     except (HexbundleError, DockerException):   # no engine, image or base: the build says why
         return False
     return image.id == record["id"] and base_id == record["labels"].get("hexbundle.base.id")
