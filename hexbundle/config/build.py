@@ -27,7 +27,7 @@ from hexbundle.config.runtime_files import RUNTIME_MODES
 from hexbundle.config.schema import (FLOAT32_MAX, I64, NO_CONTROL, U32, U64, Field,
                                      check_value, read_toml, retire, run_settings, section_type,
                                      to_section, validate)
-from hexbundle.support.errors import ConfigError
+from hexbundle.support.errors import ConfigError, UnknownNameError
 
 BACKENDS = ("reference", "qairt")
 # genie_config.json's max-num-tokens as Qualcomm's generator writes it (qai-hub-models 0.65.0,
@@ -468,8 +468,8 @@ def load_model(root: Path, name: str) -> tuple:
     path = project.model_config(name)
     if not path.is_file():
         known = sorted(p.stem for p in project.models_dir.glob("*.toml"))
-        raise ConfigError(f"unknown model {name!r}{did_you_mean(name, known)}: no {path}; "
-                          f"known: {', '.join(known)}")
+        raise UnknownNameError(f"unknown model {name!r}{did_you_mean(name, known)}: no {path}; "
+                               f"known: {', '.join(known)}", key="model", name=name)
     d = read_toml(path, MODEL_SCHEMA)
     m, a, g, q = d["model"], d["architecture"], d["graphs"], d["quantization"]
     where = str(path)
@@ -656,15 +656,10 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
     try:
         model, raw = load_model(root, b["model"])
         device = devices.get(b["device"])
-    except ConfigError as exc:   # an unknown name: say where it was given
+    except UnknownNameError as exc:   # say where the name was given
         given = {k: "command line" for k in overrides or {}}
-        if str(exc).startswith("unknown model"):
-            raise ConfigError(f"{given.get('model', path)}: model = {b['model']!r}: {exc}") \
-                from None
-        if str(exc).startswith("unknown device"):
-            raise ConfigError(f"{given.get('device', path)}: device = {b['device']!r}: {exc}") \
-                from None
-        raise
+        raise ConfigError(f"{given.get(exc.key, path)}: {exc.key} = {b[exc.key]!r}: {exc}") \
+            from None
     plan_name = b["plan"] or model.default_plan
     if plan_name not in model.plans:
         raise ConfigError(f"plan {plan_name!r} is not in {project.model_config(model.name)};"

@@ -40,7 +40,7 @@ from typing import Any
 from hexbundle.config.layout import DEVICE_NAME, NAME, ProjectLayout
 from hexbundle.config.runtime_files import TARGETS, target_for
 from hexbundle.config.schema import U64, Field, read_toml, section_type, to_section
-from hexbundle.support.errors import ConfigError
+from hexbundle.support.errors import ConfigError, UnknownNameError
 
 DSP_ARCH = r"v[0-9]{2}"
 # QNN's HTP backend targets Hexagon v68 and later ("S888 or SoC newer than S888"); v65/v66 chips
@@ -275,7 +275,8 @@ class Devices:
         """`typed` (a name or alias, any case) -> its board or chipset."""
         entry = self.index.get(typed.lower())
         if entry is None:
-            raise ConfigError(_unknown(typed, self.index, self.boards, self.table, self.project))
+            raise UnknownNameError(_unknown(typed, self.index, self.boards, self.table,
+                                            self.project), key="device", name=typed)
         if entry.kind == "chipset":
             return _chipset_device(typed, entry.name, self.table, self.project.devices_table)
         return _board_device(typed, entry, self.table, self.project.devices_table)

@@ -20,7 +20,7 @@ from hexbundle.formats.container import (ContainerReader, ContainerWriter, Forma
                                          QuantParams, TensorRecord, dequantize, encode_tensor,
                                          parse_graph_record, parse_tensor_record, tensor_blocks,
                                          tensor_quant_params, tensor_values)
-from hexbundle.support.errors import BackendError, FormatError
+from hexbundle.support.errors import BackendError, FormatError, SharedWeightError
 
 CTXBIN_MAGIC = b"HXCTXBIN"
 
@@ -126,11 +126,11 @@ def _check_same_weight(path, first: _StoredWeight, record: TensorRecord, digests
         if not differing:
             return
         what = " and ".join(differing)
-    raise BackendError(
+    raise SharedWeightError(
         f"{path}: weight sharing is on, but tensor '{record.name}' differs between graphs "
         f"'{first.first_graph}' and '{graph}' ({what} differ). Both graphs must be exported "
         f"with the same weights and encodings, or compile with weight_sharing off (a copy of "
-        f"every weight per graph).")
+        f"every weight per graph).", tensor=record.name, graphs=(first.first_graph, graph))
 
 
 class CtxBinReader(FormatReader):
