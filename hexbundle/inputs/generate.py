@@ -31,6 +31,7 @@ import numpy as np
 from hexbundle.config.build import load_model, resolve_inside
 from hexbundle.config.layout import TOKENIZER, Layout, ProjectLayout, graph_files
 from hexbundle.config.model import Model, Part, part_weights
+from hexbundle.formats.encodings import encodings_bytes
 from hexbundle.support import progress
 from hexbundle.support.errors import ConfigError, DiskSpaceError
 
@@ -156,7 +157,7 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int,
         proto = synthetic.build_graph(model, graph, synthetic.external_tensors(shapes, data.name))
         synthetic.write_input_file(onnx_path, proto.SerializeToString(deterministic=True))
         encodings = synthetic.encodings_from_ranges(model, graph, ranges)
-        synthetic.write_input_file(encodings_path, synthetic.encodings_bytes(encodings))
+        synthetic.write_input_file(encodings_path, encodings_bytes(encodings))
     return synthetic.part_files(model, part, out_dir)
 
 

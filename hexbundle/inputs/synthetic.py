@@ -38,7 +38,6 @@ Conventions
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import zlib
@@ -52,6 +51,7 @@ from onnx import TensorProto, helper
 
 from hexbundle.config.layout import graph_files
 from hexbundle.config.model import Graph, Model, Part, boundary_tensor, part_weights
+from hexbundle.formats import encodings, tokenizer
 from hexbundle.runtime.conventions import (ATTENTION_MASK, KEY_PREFIX, KEY_SEQ_AXIS, MASK_VALUE,
                                            POSITION_COS, POSITION_SIN, VALUE_SEQ_AXIS, is_kv,
                                            key_shape, kv_names, mask_shape, past_slots, rope_shape,
@@ -407,29 +407,6 @@ def _write_data(path: Path, weights: dict) -> None:
 # --------------------------------------------------------------------------- encodings
 
 
-def _symmetric_per_channel(amax: np.ndarray, bw: int) -> dict:
-    """One scale per output channel (`amax` its largest |value| per channel: the last axis of a
-    MatMul weight [in, out], the first of a Conv weight [out, in, 1, 1]), offset -2^(bw-1)."""
-    qmax = 2 ** (bw - 1) - 1
-    scales = np.maximum(np.asarray(amax, np.float32).astype(np.float64) / qmax,
-                        np.finfo(np.float32).tiny)
-    return {"enc_type": "PER_CHANNEL", "is_sym": True, "bw": bw,
-            "scale": [float(s) for s in scales], "offset": [-(2 ** (bw - 1))] * len(scales)}
-
-
-def _asymmetric_per_tensor(lo: float, hi: float, bw: int) -> dict:
-    """Range [lo, hi] widened to include 0; offset = round(lo / scale) (so q = 0 is ~lo)."""
-    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
-    scale = max((hi - lo) / (2 ** bw - 1), float(np.finfo(np.float32).tiny))
-    return {"enc_type": "PER_TENSOR", "is_sym": False, "bw": bw,
-            "scale": [scale], "offset": [int(round(lo / scale))]}
-
-
-def _symmetric_per_tensor(r: float, bw: int) -> dict:
-    return {"enc_type": "PER_TENSOR", "is_sym": True, "bw": bw,
-            "scale": [r / (2 ** (bw - 1) - 1)], "offset": [-(2 ** (bw - 1))]}
-
-
 class WeightRange:
     """What a weight's encoding is computed from, accumulated over blocks of rows: the largest
     |value| per output channel (linear, lm_head: the last axis) or min and max (embedding)."""
@@ -461,14 +438,14 @@ def weight_range(spec: DrawnWeight, w: np.ndarray) -> WeightRange:
 def _param_encoding(r: WeightRange, model: Model) -> dict:
     spec, q = r.spec, model.quantization
     if spec.kind == "linear":
-        enc = _symmetric_per_channel(r.amax, q.decoder_linear_bitwidth)
+        enc = encodings.symmetric_per_channel(r.amax, q.decoder_linear_bitwidth)
     elif spec.kind == "lm_head":
-        enc = _symmetric_per_channel(r.amax, q.lm_head_bitwidth)
+        enc = encodings.symmetric_per_channel(r.amax, q.lm_head_bitwidth)
     elif spec.kind == "embedding":
-        enc = _asymmetric_per_tensor(r.lo, r.hi, q.embedding_bitwidth)
+        enc = encodings.asymmetric_per_tensor(r.lo, r.hi, q.embedding_bitwidth)
     else:   # biases and norm weights stay float
-        return {"name": spec.name, "dtype": "FLOAT", "enc_type": "PER_TENSOR", "bw": q.float_bitwidth}
-    return {"name": spec.name, "dtype": "INT", **enc}
+        return encodings.float_entry(spec.name, q.float_bitwidth)
+    return encodings.int_entry(spec.name, enc)
 
 
 def _activation_role(name: str) -> str:
@@ -493,10 +470,11 @@ def _activation_range(role: str, model: Model) -> float:
 def _activation_encoding(spec: TensorSpec, model: Model) -> dict:
     bw = model.quantization.activation_bitwidth
     if spec.name == ATTENTION_MASK:
-        enc = _asymmetric_per_tensor(MASK_VALUE, 0.0, bw)
+        enc = encodings.asymmetric_per_tensor(MASK_VALUE, 0.0, bw)
     else:
-        enc = _symmetric_per_tensor(_activation_range(_activation_role(spec.name), model), bw)
-    return {"name": spec.name, "dtype": "INT", **enc}
+        enc = encodings.symmetric_per_tensor(_activation_range(_activation_role(spec.name), model),
+                                             bw)
+    return encodings.int_entry(spec.name, enc)
 
 
 def build_encodings(model: Model, graph: Graph, weights: dict) -> dict:
@@ -510,15 +488,11 @@ def encodings_from_ranges(model: Model, graph: Graph, ranges: dict) -> dict:
     q = model.quantization
     params = [_param_encoding(ranges[spec.name], model) for spec in weight_specs(model, graph.part)]
     io = [s for s in graph_inputs(model, graph) + graph_outputs(model, graph) if s.dtype == np.float32]
-    return {
-        "version": "1.0.0",
-        "activation_encodings": [_activation_encoding(s, model) for s in io],
-        "param_encodings": params,
-        "excluded_layers": [],
-        "quantizer_args": {"activation_bitwidth": q.activation_bitwidth, "dtype": "int",
-                           "is_symmetric": True, "param_bitwidth": q.decoder_linear_bitwidth,
-                           "per_channel_quantization": True, "quant_scheme": "post_training_tf"},
-    }
+    return encodings.encodings_document(
+        [_activation_encoding(s, model) for s in io], params,
+        {"activation_bitwidth": q.activation_bitwidth, "dtype": "int", "is_symmetric": True,
+         "param_bitwidth": q.decoder_linear_bitwidth, "per_channel_quantization": True,
+         "quant_scheme": "post_training_tf"})
 
 
 # --------------------------------------------------------------------------- files
@@ -529,11 +503,6 @@ def open_input_file(path: Path):
     never see halves; a full disk is a clean error naming the file, nothing partial kept. Not
     fsynced and the umask decides the mode, as these inputs always were."""
     return atomic_output(path, "wb", sync=False, perms=None)
-
-
-def encodings_bytes(doc: dict) -> bytes:
-    """The bytes of an encodings file the generators write (both of them, the same bytes)."""
-    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
 
 
 def write_input_file(path: Path, data: bytes) -> None:
@@ -559,7 +528,8 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int) -> list:
         onnx_path, data_path, encodings_path = graph_files(out_dir, graph)
         proto = build_graph(model, graph, external_tensors(_shapes(weights), data_path.name))
         write_input_file(onnx_path, proto.SerializeToString(deterministic=True))
-        write_input_file(encodings_path, encodings_bytes(build_encodings(model, graph, weights)))
+        write_input_file(encodings_path,
+                         encodings.encodings_bytes(build_encodings(model, graph, weights)))
     return part_files(model, part, out_dir)
 
 
@@ -662,30 +632,13 @@ def tokenizer_json(vocab_size: int, special_tokens: dict) -> dict:
     for left, right in merges:
         vocab.setdefault(left + right, len(vocab))   # two merges may spell one token: one id
     ids = generated_special_ids(len(vocab), special_tokens)
-    added = [{"id": ids[role], "content": content, "single_word": False, "lstrip": False,
-              "rstrip": False, "normalized": False, "special": True}
-             for role, content in special_tokens.items()]
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": byte_level,
-        "post_processor": {**byte_level, "trim_offsets": False},
-        "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
-                  "ignore_merges": False, "vocab": vocab,
-                  "merges": [f"{left} {right}" for left, right in merges]},
-    }
+    return tokenizer.byte_level_bpe(vocab, merges, [(ids[role], content)
+                                                    for role, content in special_tokens.items()])
 
 
 def generate_tokenizer(vocab_size: int, path: Path, special_tokens: dict) -> Path:
     """Write a byte-level BPE tokenizer.json: every id < vocab_size, specials at the top ids."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(tokenizer_json(vocab_size, special_tokens), ensure_ascii=False, indent=2) + "\n"
-    write_input_file(path, text.encode("utf-8"))
+    write_input_file(path, tokenizer.tokenizer_bytes(tokenizer_json(vocab_size, special_tokens)))
     return path
