@@ -78,3 +78,30 @@ def test_the_read_layout_is_the_preambles(tmp_path, source):
     fields = PREAMBLE.unpack(path.read_bytes()[:PREAMBLE.size])
     with dlc.read_dlc(path) as reader:
         assert (reader.layout.header_offset, reader.layout.header_length) == (fields[3], fields[4])
+
+
+def test_the_weight_data_plan_is_the_generated_data_files_layout(tmp_path):
+    """formats/weightdata: the windows the generated ONNX records for its weights, and the .data
+    file's size, are plan_layout's (both generators write it: whole weights and streamed)."""
+    import onnx
+    from conftest import CONFIGS
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import graph_files
+    from hexbundle.formats import weightdata
+    from hexbundle.inputs import generate, synthetic
+    cfg = load_build(CONFIGS)
+    part = cfg.plan.parts()[-1]   # the LM head's part: the widest weights
+    shapes = {s.name: s.shape for s in synthetic.weight_specs(cfg.model, part)}
+    planned = weightdata.plan_layout(shapes)
+    for name, write in (("whole", synthetic.generate_part), ("streamed", generate.generate_part)):
+        write(cfg.model, part, tmp_path / name, 3)
+        onnx_path, data_path, _ = graph_files(tmp_path / name, cfg.model.graphs(part)[0])
+        model = onnx.load(str(onnx_path), load_external_data=False)
+        recorded = {}
+        for init in model.graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                entry = {e.key: e.value for e in init.external_data}
+                recorded[init.name] = (int(entry.get("offset", 0)), int(entry["length"]))
+        assert recorded == planned
+        assert data_path.stat().st_size == weightdata.data_size(shapes)
+        assert all(offset % weightdata.DATA_ALIGNMENT == 0 for offset, _ in planned.values())

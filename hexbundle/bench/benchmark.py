@@ -364,13 +364,14 @@ class Bench:
     def one_part_row(self, full: Run) -> dict:
         """Negate the first MiB of one weight of the part (its .data is shared by both graphs,
         per-channel |max| unchanged so the encodings still fit), rebuild; undo, rebuild."""
+        from hexbundle.formats.weightdata import negate_in_place
         name, offset, nbytes = self._first_matmul_weight()
         paths = [p for p in self.layout.part_inputs(self.part) if p.suffix == ".data"]
         self.log(f"changing {name} of {self.part.tag}, rebuilding (and back) ...")
         runs = []
         for _ in range(2):
             for path in paths:
-                _negate(path, offset, min(nbytes, CHANGED_BYTES))
+                negate_in_place(path, offset, min(nbytes, CHANGED_BYTES))
             run = self.doit("bundle")
             runs.append(run)
         expected = {f"convert:{self.part.tag}_{g.slot}" for g in self.cfg.model.graphs(self.part)}
@@ -388,9 +389,9 @@ class Bench:
                 "bundle_step_seconds": round(bundle_step, 2), "budget_seconds": round(budget, 2)}
 
     def _first_matmul_weight(self) -> tuple:
-        from hexbundle.inputs.synthetic import data_layout
+        from hexbundle.formats.weightdata import plan_layout
         weights = _part_weights(self.cfg, self.part)
-        layout = data_layout({w.name: w.shape for w in weights})
+        layout = plan_layout({w.name: w.shape for w in weights})
         name = next(w.name for w in weights if w.bitwidth == self.cfg.model.quantization.decoder_linear_bitwidth
                     and w.channels > 1)
         return (name, *layout[name])
@@ -570,16 +571,6 @@ def _load_average() -> Optional[list]:
 def _part_weights(cfg, part) -> list:
     from hexbundle.config.model import part_weights
     return part_weights(cfg.model.architecture, cfg.model.quantization, part)
-
-
-def _negate(path: Path, offset: int, nbytes: int) -> None:
-    """Flip the sign of float32 values in place (twice restores the bytes)."""
-    import numpy as np
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        values = np.frombuffer(fh.read(nbytes), dtype="<f4")
-        fh.seek(offset)
-        fh.write((-values).astype("<f4").tobytes())
 
 
 # --------------------------------------------------------------------------- subprocess worker

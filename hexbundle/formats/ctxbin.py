@@ -290,5 +290,12 @@ class CtxBinReader(FormatReader):
                                    f"topology of graph '{graph_name}'")
 
 
+def is_ctxbin(path: Union[str, Path]) -> bool:
+    """Whether the file starts as a context binary of this format does (by its magic; a QAIRT
+    context binary does not)."""
+    with open(path, "rb") as fh:
+        return fh.read(len(CTXBIN_MAGIC)) == CTXBIN_MAGIC
+
+
 def read_ctxbin(path: Union[str, Path]) -> CtxBinReader:
     return CtxBinReader(path)

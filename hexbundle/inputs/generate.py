@@ -31,12 +31,12 @@ import numpy as np
 from hexbundle.config.build import load_model, resolve_inside
 from hexbundle.config.layout import TOKENIZER, Layout, ProjectLayout, graph_files
 from hexbundle.config.model import Model, Part, part_weights
+from hexbundle.formats import weightdata
 from hexbundle.formats.encodings import encodings_bytes
 from hexbundle.support import progress
 from hexbundle.support.errors import ConfigError, DiskSpaceError
 
 CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
-DATA_ALIGNMENT = 64             # = synthetic.DATA_ALIGNMENT (kept here so sizing needs no onnx)
 # Besides the .data: per graph the .onnx (topology; weights are external) and the .encodings
 # (JSON: ~50 bytes per quantization channel). Generous bounds, for the disk check only.
 GRAPH_FILES_BYTES = 2 << 20
@@ -48,11 +48,9 @@ DISK_HEADROOM_BYTES = 256 << 20  # keep this much free: logs, doit's database, o
 
 
 def data_bytes(model: Model, part: Part) -> int:
-    """Size of the part's .data file: float32 weights, DATA_ALIGNMENT-aligned."""
-    end = 0
-    for w in part_weights(model.architecture, model.quantization, part):
-        end = -(-end // DATA_ALIGNMENT) * DATA_ALIGNMENT + 4 * math.prod(w.shape)
-    return end
+    """Size of the part's .data file (formats/weightdata.py)."""
+    return weightdata.data_size({w.name: w.shape for w in part_weights(
+        model.architecture, model.quantization, part)})
 
 
 def part_disk_bytes(model: Model, part: Part) -> int:
@@ -113,16 +111,16 @@ def write_data(path: Path, model: Model, part: Part, seed: int,
     """Stream the part's weights into `path` (atomically); return name -> synthetic.WeightRange."""
     from hexbundle.inputs import synthetic
     specs = synthetic.weight_specs(model, part)
-    layout = synthetic.data_layout({s.name: s.shape for s in specs})
+    layout = weightdata.plan_layout({s.name: s.shape for s in specs})
     ranges = {}
     total = sum(4 * math.prod(s.shape) for s in specs)
     with synthetic.open_input_file(path) as f, progress.meter(f"{path.name}", total):
         for spec in specs:
-            f.write(bytes(layout[spec.name][0] - f.tell()))
+            f.write(weightdata.padding(f, layout[spec.name][0]))
             ranges[spec.name] = synthetic.WeightRange(spec)
             for block in weight_blocks(spec, seed, chunk_bytes):
                 ranges[spec.name].update(block)
-                data = memoryview(np.ascontiguousarray(block, dtype="<f4")).cast("B")
+                data = weightdata.stored(block)
                 f.write(data)
                 progress.advance(data.nbytes)
     return ranges

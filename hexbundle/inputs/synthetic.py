@@ -51,7 +51,7 @@ from onnx import TensorProto, helper
 
 from hexbundle.config.layout import graph_files
 from hexbundle.config.model import Graph, Model, Part, boundary_tensor, part_weights
-from hexbundle.formats import encodings, tokenizer
+from hexbundle.formats import encodings, tokenizer, weightdata
 from hexbundle.runtime.conventions import (ATTENTION_MASK, KEY_PREFIX, KEY_SEQ_AXIS, MASK_VALUE,
                                            POSITION_COS, POSITION_SIN, VALUE_SEQ_AXIS, is_kv,
                                            key_shape, kv_names, mask_shape, past_slots, rope_shape,
@@ -60,7 +60,6 @@ from hexbundle.support.atomic import atomic_output
 
 OPSET = 17
 IR_VERSION = 8              # pinned: onnx.helper would stamp the installed onnx's newest IR
-DATA_ALIGNMENT = 64         # byte alignment of each weight in the .data file (mmap friendly)
 PRODUCER = "hexbundle.inputs.synthetic"
 
 # Symmetric activation ranges [-r, r] by tensor role; generous for the generated weights.
@@ -381,15 +380,8 @@ def external_tensors(shapes: dict, location: str) -> list:
 
 
 def data_layout(shapes: dict) -> dict:
-    """name -> (offset, nbytes) of float32 weights in the .data file: in the given order, each
-    DATA_ALIGNMENT-aligned, no padding after the last."""
-    layout, offset = {}, 0
-    for name, shape in shapes.items():
-        offset = -(-offset // DATA_ALIGNMENT) * DATA_ALIGNMENT
-        nbytes = 4 * math.prod(shape)
-        layout[name] = (offset, nbytes)
-        offset += nbytes
-    return layout
+    """name -> (offset, nbytes) of float32 weights in the .data file (formats/weightdata.py)."""
+    return weightdata.plan_layout(shapes)
 
 
 def _shapes(weights: dict) -> dict:
@@ -400,8 +392,8 @@ def _write_data(path: Path, weights: dict) -> None:
     layout = data_layout(_shapes(weights))
     with open_input_file(path) as f:
         for name, array in weights.items():
-            f.write(b"\0" * (layout[name][0] - f.tell()))
-            f.write(np.ascontiguousarray(array, dtype="<f4").tobytes())
+            f.write(weightdata.padding(f, layout[name][0]))
+            f.write(weightdata.stored(array))
 
 
 # --------------------------------------------------------------------------- encodings
