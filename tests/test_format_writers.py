@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from hexbundle.formats import encodings, tokenizer
-from hexbundle.inputs import synthetic
+from hexbundle.inputs import bpe
 
 SPECIALS = {"bos": "<|im_start|>", "eos": "<|im_end|>", "eot": "<|endoftext|>"}
 
@@ -43,7 +43,7 @@ def test_an_encodings_document_reads_back_as_written(tmp_path):
 
 
 def test_a_byte_level_bpe_tokenizer_reads_back_as_written(tmp_path):
-    doc = synthetic.tokenizer_json(600, SPECIALS)
+    doc = bpe.tokenizer_json(600, SPECIALS)
     path = tmp_path / "tokenizer.json"
     path.write_bytes(tokenizer.tokenizer_bytes(doc))
     ids = tokenizer.special_token_ids(path, SPECIALS, 600)

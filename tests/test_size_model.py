@@ -88,10 +88,10 @@ def test_the_weight_data_plan_is_the_generated_data_files_layout(tmp_path):
     from hexbundle.config.build import load_build
     from hexbundle.config.layout import graph_files
     from hexbundle.formats import weightdata
-    from hexbundle.inputs import generate, synthetic
+    from hexbundle.inputs import generate, synthetic, synthetic_weights
     cfg = load_build(CONFIGS)
     part = cfg.plan.parts()[-1]   # the LM head's part: the widest weights
-    shapes = {s.name: s.shape for s in synthetic.weight_specs(cfg.model, part)}
+    shapes = {s.name: s.shape for s in synthetic_weights.weight_specs(cfg.model, part)}
     planned = weightdata.plan_layout(shapes)
     for name, write in (("whole", synthetic.generate_part), ("streamed", generate.generate_part)):
         write(cfg.model, part, tmp_path / name, 3)
