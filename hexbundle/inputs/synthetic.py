@@ -6,6 +6,10 @@ standard ops only), its external weights `<graph>.data` and its AIMET v1.0.0 `<g
 plus a byte-level BPE `tokenizer.json`. Everything is a pure function of (model, part, seed):
 generating twice gives byte-identical files, so doit can trust file hashes.
 
+This module writes a part's files; the weights are synthetic_weights.py's, the graphs
+synthetic_graph.py's, the encodings synthetic_encodings.py's and the tokenizer bpe.py's (the
+conventions below are theirs).
+
 Conventions
 -----------
 * The runtime conventions -- the KV window and layouts, the additive attention mask, the RoPE
