@@ -1,5 +1,6 @@
 """Write configs/devices.toml, the chipset table, from Qualcomm's own files in a qai-hub-models
-wheel (hexbundle/config/devices.py reads them; nothing of the wheel is imported or run).
+wheel (hexbundle/config/qualcomm_wheel.py reads them, hexbundle/config/devices_table.py renders
+the table; nothing of the wheel is imported or run).
 
     pip download qai-hub-models==0.65.0 --no-deps -d /tmp/q
     python3 scripts/make_devices.py --wheel /tmp/q/qai_hub_models-0.65.0-py3-none-any.whl
@@ -12,7 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hexbundle.config.devices import htp_chipsets, read_qualcomm_wheel, render_table  # noqa: E402
+from hexbundle.config.devices_table import render_table  # noqa: E402
+from hexbundle.config.qualcomm_wheel import htp_chipsets, read_qualcomm_wheel  # noqa: E402
 from hexbundle.config.layout import ProjectLayout  # noqa: E402
 from hexbundle.support.atomic import write_atomic  # noqa: E402
 from hexbundle.support.errors import HexbundleError  # noqa: E402

@@ -290,3 +290,53 @@ def test_the_container_step_runner_imports_only_what_the_image_locks():
     proc = subprocess.run([sys.executable, "-c", CONTAINER_PROBE], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+# A format's byte layout lives in its module in hexbundle/formats/ (one reader, one writer, one
+# plan_layout): elsewhere nothing decodes or encodes fixed binary records (the struct module,
+# int.from_bytes/to_bytes), reads bytes as typed values (numpy's frombuffer/fromfile/memmap, an
+# ndarray over a buffer), or uses a format's layout constants (a magic, the container's preamble
+# and alignment, the weight data's alignment). Bytes go through the formats' functions instead.
+BYTE_DECODERS = {"frombuffer", "fromfile", "memmap", "from_bytes", "to_bytes"}
+LAYOUT_CONSTANT = re.compile(r"^(\w+_MAGIC|PREAMBLE|ALIGN|DATA_ALIGNMENT|QUANT_PARAM_ALIGN)$")
+
+
+def byte_layout_uses(path: Path, name: str) -> list:
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for imported, line in imported_names(path, name):
+        top, _, last = imported.rpartition(".")
+        if imported == "struct" or imported.startswith("struct."):
+            found.append(f"{name}:{line} imports struct")
+        elif top.startswith("hexbundle.formats.") and LAYOUT_CONSTANT.match(last):
+            found.append(f"{name}:{line} imports {imported}, a format's layout constant")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in BYTE_DECODERS:
+            found.append(f"{name}:{node.lineno} uses .{node.attr}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "ndarray" and any(k.arg == "buffer" for k in node.keywords)):
+            found.append(f"{name}:{node.lineno} makes an ndarray over a buffer")
+    return found
+
+
+def test_byte_layout_uses_are_seen(tmp_path):
+    """The rule below sees each kind of use it forbids."""
+    source = tmp_path / "x.py"
+    source.write_text("import struct\nfrom hexbundle.formats.ctxbin import CTXBIN_MAGIC\n"
+                      "from hexbundle.formats.container import PREAMBLE as P\n"
+                      "import numpy as np\nnp.frombuffer(b'', 'u1')\nint.from_bytes(b'', 'little')\n"
+                      "np.ndarray((1,), 'u1', buffer=b'x')\n")
+    found = byte_layout_uses(source, "hexbundle.checks.x")
+    assert sorted(f.split(" ", 1)[1] for f in found) == sorted([
+        "imports struct", "imports hexbundle.formats.ctxbin.CTXBIN_MAGIC, a format's layout "
+        "constant", "imports hexbundle.formats.container.PREAMBLE, a format's layout constant",
+        "uses .frombuffer", "uses .from_bytes", "makes an ndarray over a buffer"])
+
+
+def test_no_format_byte_layout_outside_formats():
+    found = []
+    for name, path in sorted(all_modules().items()):
+        if layer_of(name) != "formats":
+            found += byte_layout_uses(path, name)
+    assert not found, ("a format's byte layout belongs in its module in hexbundle/formats/ "
+                       "(its reader, writer or plan_layout):\n" + "\n".join(found))

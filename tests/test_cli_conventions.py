@@ -87,6 +87,11 @@ def test_list_shows_whole_sentences(fresh):
     (("bundle", "model=qwen2-tinny"), ("'qwen2-tinny'", "did you mean 'qwen2-tiny'?")),
     (("--dryrun",), ("--dryrun", "did you mean '--dry-run'?")),   # not doit's CmdOption(...) dump
     (("bundle", "--dryrun"), ("--dryrun", "did you mean '--dry-run'?")),
+    # doit run's own options are parsed before a task's: only after a task name is the option
+    # said to be possibly a task's
+    (("--bogus", "bundle"), ("option --bogus is not an option of doit run;",)),
+    (("bundle", "--bogus"), ("option --bogus is not an option of doit run or of the tasks named",)),
+    (("bundle", "device=iq9076"), ("command line: device = 'iq9076': unknown device 'iq9076'",)),
 ])
 def test_a_mistyped_name_gets_the_nearest_in_one_line(fresh, args, needles):
     one_line_error(fresh.doit(*args, check=False), *needles)

@@ -24,8 +24,8 @@ import tomli
 import real_qairt
 from conftest import CONFIGS, copy_project, embedded_models
 from hexbundle.config.build import MODEL_SCHEMA, QUALCOMM_MAX_NUM_TOKENS, load_build
-from hexbundle.config.devices import (CHIPSETS_FILE, GENERATOR_FILE, qualcomm_facts,
-                                      render_table)
+from hexbundle.config.devices_table import render_table
+from hexbundle.config.qualcomm_wheel import CHIPSETS_FILE, GENERATOR_FILE, qualcomm_facts
 from hexbundle.config.layout import Layout
 from hexbundle.formats.ctxbin import read_ctxbin
 from hexbundle.formats.genie import genie_config, htp_backend_ext_config

@@ -134,7 +134,7 @@ def test_a_generator_writing_a_contradictory_tokenizer_fails_its_own_step(projec
     """The other direction: a generator that puts the specials at the top of a vocabulary the
     corpus does not fill (what broke the 7B shape) fails `inputs:tokenizer` in seconds, naming
     the file, rather than the bundle step after every part is built."""
-    synthetic_py = project.root / "hexbundle" / "inputs" / "synthetic.py"
+    synthetic_py = project.root / "hexbundle" / "inputs" / "bpe.py"
     text = synthetic_py.read_text()
     fixed = "ids = generated_special_ids(len(vocab), special_tokens)"
     assert fixed in text

@@ -24,7 +24,7 @@ from hexbundle.config.build import load_build, load_model
 from hexbundle.config.layout import graph_files
 from hexbundle.config.model import Architecture, Model, Plan, part_weights
 from hexbundle.formats.ctxbin import read_ctxbin
-from hexbundle.inputs import generate, synthetic
+from hexbundle.inputs import generate, synthetic, synthetic_graph, synthetic_weights
 from hexbundle.runtime.conventions import causal_mask, rope_inputs
 from hexbundle.runtime.interpreter import GraphRunner
 from hexbundle.support.errors import ConfigError
@@ -141,9 +141,9 @@ def run_prompt(model: Model, parts: list, run_graph, ids: np.ndarray) -> np.ndar
             feeds[f"past_key_{layer}_in"] = np.zeros((a.num_kv_heads, 1, a.head_dim, past), np.float32)
             feeds[f"past_value_{layer}_in"] = np.zeros((a.num_kv_heads, 1, past, a.head_dim), np.float32)
         outs = run_graph(graph, feeds)
-        name = synthetic.graph_outputs(model, graph)[-1].name
+        name = synthetic_graph.graph_outputs(model, graph)[-1].name
         if not part.has_head:
-            main = {synthetic.input_hidden_name(model, parts[part.index]): outs[name]}
+            main = {synthetic_graph.input_hidden_name(model, parts[part.index]): outs[name]}
     return outs["logits"][0, :ids.size]
 
 
@@ -217,8 +217,8 @@ def test_qwen3_layers_hold_q_and_k_norms_and_no_qkv_biases():
 def test_a_tied_lm_head_is_the_embedding_as_a_conv_weight_in_the_last_part():
     model, _ = load_model(CONFIGS, "qwen3-tiny")
     parts = model.plans["four"].parts()
-    embedding = synthetic.make_weights(model, parts[0], SEED)["model.embed_tokens.weight"]
-    head = synthetic.make_weights(model, parts[-1], SEED)["lm_head.weight"]
+    embedding = synthetic_weights.make_weights(model, parts[0], SEED)["model.embed_tokens.weight"]
+    head = synthetic_weights.make_weights(model, parts[-1], SEED)["lm_head.weight"]
     assert head.shape == (1024, 128, 1, 1)
     assert head[:, :, 0, 0].tobytes() == embedding.tobytes()
     (spec,) = [w for w in part_weights(model.architecture, model.quantization, parts[-1])

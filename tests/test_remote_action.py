@@ -270,3 +270,25 @@ def test_the_action_carries_the_lexicon_values_of_this_host(tmp_path):
                  for p in compile_action(machine(tmp_path, "a")).action.platform.properties)
     assert props["OSFamily"] == OS_FAMILY[platform.system()]
     assert props["ISA"] == ISA[platform.machine()]
+
+
+def test_a_fetched_output_that_fails_its_check_says_the_checks_own_error(tmp_path):
+    """graph/remote_steps.fetch_check through the real local executor: a fetched DLC that is
+    not one is refused with the check step's own error (StepFailed.error, from the step's log),
+    not the executor's "failed (exit 1)" line and log tail."""
+    from hexbundle.graph.remote_steps import fetch_check
+    from hexbundle.steps.executor import run_step
+    from hexbundle.support.errors import HexbundleError, StepFailed
+    layout = machine(tmp_path, "one")
+    graph = next(iter(layout.cfg.model.graphs(layout.cfg.part(2))))
+    fetched = layout.dlc(graph).with_name(".fetched.tmp")
+    fetched.write_bytes(b"not a DLC")
+    extra = {"part": 2, "graph": graph.slot}
+    with pytest.raises(StepFailed) as failed:
+        run_step(layout, "convert:x:cache-check", "check", of="convert",
+                 files={str(layout.dlc(graph)): str(fetched)}, **extra)
+    assert str(fetched) in failed.value.error and "\n" not in failed.value.error
+    check = fetch_check(run_step, layout, "convert:x", "convert", extra)
+    with pytest.raises(HexbundleError) as refused:
+        check({layout.dlc(graph): fetched})
+    assert str(refused.value) == failed.value.error

@@ -176,7 +176,7 @@ def negate_a_weight(project, part_index: int) -> Path:
     from hexbundle.config.build import load_build
     from hexbundle.config.layout import Layout
     from hexbundle.config.model import part_weights
-    from hexbundle.inputs.synthetic import data_layout
+    from hexbundle.formats.weightdata import plan_layout as data_layout
     cfg = load_build(project.root)
     part = cfg.part(part_index)
     weights = part_weights(cfg.model.architecture, cfg.model.quantization, part)
@@ -199,7 +199,7 @@ def negate_a_weight_to_nan(project, part_index: int) -> Path:
     negate_a_weight(project, part_index)          # twice: the bytes as they were
     from hexbundle.config.build import load_build
     from hexbundle.config.model import part_weights
-    from hexbundle.inputs.synthetic import data_layout
+    from hexbundle.formats.weightdata import plan_layout as data_layout
     cfg = load_build(project.root)
     weights = part_weights(cfg.model.architecture, cfg.model.quantization, cfg.part(part_index))
     offsets = data_layout({w.name: w.shape for w in weights})

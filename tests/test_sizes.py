@@ -14,7 +14,8 @@ from hexbundle.checks import sizes
 from hexbundle.config.build import load_model
 from hexbundle.config.layout import graph_files
 from hexbundle.config.model import Plan
-from hexbundle.inputs.synthetic import encodings_bytes, generate_part
+from hexbundle.formats.encodings import encodings_bytes
+from hexbundle.inputs.synthetic import generate_part
 from hexbundle.support.errors import SizeError
 from conftest import CONFIGS
 

@@ -12,7 +12,7 @@ import pytest
 from onnx import numpy_helper
 
 from hexbundle.config.model import Architecture, Model, Plan, Quantization
-from hexbundle.inputs import synthetic
+from hexbundle.inputs import bpe, synthetic, synthetic_graph, synthetic_weights
 from hexbundle.runtime.conventions import MASK_VALUE, causal_mask, rope_inputs
 from conftest import CONFIGS, embedded_models
 
@@ -71,7 +71,7 @@ def load_all_weights(model, parts, out_dir) -> dict:
     weights = {}
     for part in parts:
         inits = load_initializers(out_dir / f"{model.graphs(part)[0].name}.onnx")
-        weights.update({name: inits[name] for name in synthetic.weight_names(model, part)})
+        weights.update({name: inits[name] for name in synthetic_weights.weight_names(model, part)})
     return weights
 
 
@@ -152,11 +152,11 @@ def run_pipeline(model, parts, sessions, kind, ids, positions, cache, rng):
                 key[..., past - n_past:] = cache[layer][0]
                 value[..., past - n_past:, :] = cache[layer][1]
             feeds[f"past_key_{layer}_in"], feeds[f"past_value_{layer}_in"] = key, value
-        specs = synthetic.graph_outputs(model, graph)
+        specs = synthetic_graph.graph_outputs(model, graph)
         outs = dict(zip([s.name for s in specs], sessions[(part.index, kind)].run(None, feeds)))
         for layer in part.layers:
             new_kv[layer] = (outs[f"past_key_{layer}_out"], outs[f"past_value_{layer}_out"])
-        hidden = {synthetic.input_hidden_name(model, p): outs[specs[-1].name]
+        hidden = {synthetic_graph.input_hidden_name(model, p): outs[specs[-1].name]
                   for p in parts if p.index == part.index + 1}
     return outs["logits"][0], new_kv
 
@@ -176,7 +176,7 @@ def concat_cache(first, second):
 
 def random_feeds(model, graph, rng):
     feeds = {}
-    for spec in synthetic.graph_inputs(model, graph):
+    for spec in synthetic_graph.graph_inputs(model, graph):
         if spec.dtype == np.int32:
             feeds[spec.name] = rng.integers(0, model.architecture.vocab_size, spec.shape).astype(np.int32)
         else:
@@ -191,9 +191,9 @@ def test_every_graph_passes_the_checker_and_runs_with_declared_shapes(model, par
     for graph in all_graphs(model, parts):
         onnx.checker.check_model(str(out_dir / f"{graph.name}.onnx"), full_check=True)
         session = sessions[(graph.part.index, graph.kind)]
-        assert [i.name for i in session.get_inputs()] == [s.name for s in synthetic.graph_inputs(model, graph)]
+        assert [i.name for i in session.get_inputs()] == [s.name for s in synthetic_graph.graph_inputs(model, graph)]
         outs = session.run(None, random_feeds(model, graph, rng))
-        specs = synthetic.graph_outputs(model, graph)
+        specs = synthetic_graph.graph_outputs(model, graph)
         assert [o.name for o in session.get_outputs()] == [s.name for s in specs]
         for spec, value in zip(specs, outs):
             assert value.shape == spec.shape, spec.name
@@ -203,20 +203,20 @@ def test_every_graph_passes_the_checker_and_runs_with_declared_shapes(model, par
 def test_graph_io_follows_the_real_export(model, parts):
     first, middle, last = parts
     prompt = model.graphs(middle)[0]
-    names = [s.name for s in synthetic.graph_inputs(model, prompt)]
+    names = [s.name for s in synthetic_graph.graph_inputs(model, prompt)]
     assert names[:4] == ["embed_tokens_output", "attention_mask", "position_ids_cos", "position_ids_sin"]
-    shapes = {s.name: s.shape for s in synthetic.graph_inputs(model, prompt)}
+    shapes = {s.name: s.shape for s in synthetic_graph.graph_inputs(model, prompt)}
     assert shapes["past_key_1_in"] == (2, 1, 16, 32) and shapes["past_value_1_in"] == (2, 1, 32, 16)
-    assert [s.name for s in synthetic.graph_inputs(model, model.graphs(last)[1])][0] == "layer_1_output"
-    assert [s.name for s in synthetic.graph_outputs(model, model.graphs(first)[0])] == ["embed_tokens_output"]
-    assert synthetic.graph_outputs(model, model.graphs(last)[1])[-1].shape == (1, 1, 512)
+    assert [s.name for s in synthetic_graph.graph_inputs(model, model.graphs(last)[1])][0] == "layer_1_output"
+    assert [s.name for s in synthetic_graph.graph_outputs(model, model.graphs(first)[0])] == ["embed_tokens_output"]
+    assert synthetic_graph.graph_outputs(model, model.graphs(last)[1])[-1].shape == (1, 1, 512)
 
 
 def test_weights_live_in_the_external_data_file(model, parts, out_dir):
     for graph in all_graphs(model, parts):
         proto = onnx.load(str(out_dir / f"{graph.name}.onnx"), load_external_data=False)
         external = {t.name for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
-        assert external == set(synthetic.weight_names(model, graph.part))
+        assert external == set(synthetic_weights.weight_names(model, graph.part))
         assert all(t.name.startswith("/const/") for t in proto.graph.initializer if t.name not in external)
 
 
@@ -226,7 +226,7 @@ def test_weights_live_in_the_external_data_file(model, parts, out_dir):
 def test_prompt_and_token_graphs_share_identical_weights(model, parts, out_dir):
     for part in parts:
         prompt, token = (load_initializers(out_dir / f"{g.name}.onnx") for g in model.graphs(part))
-        for name in synthetic.weight_names(model, part):
+        for name in synthetic_weights.weight_names(model, part):
             assert prompt[name].tobytes() == token[name].tobytes(), name
         assert len({g.part.tag for g in model.graphs(part)}) == 1   # one .data, both record it
 
@@ -234,8 +234,8 @@ def test_prompt_and_token_graphs_share_identical_weights(model, parts, out_dir):
 def test_weights_do_not_depend_on_the_plan():
     one = tiny_model((0, 2, 1))
     other = tiny_model((0, 1, 2))
-    a = synthetic.make_weights(one, one.plans["test"].parts()[2], SEED)
-    b = synthetic.make_weights(other, other.plans["test"].parts()[2], SEED)
+    a = synthetic_weights.make_weights(one, one.plans["test"].parts()[2], SEED)
+    b = synthetic_weights.make_weights(other, other.plans["test"].parts()[2], SEED)
     assert a["model.layers.2.mlp.up_proj.weight"].tobytes() == b["model.layers.2.mlp.up_proj.weight"].tobytes()
 
 
@@ -316,7 +316,7 @@ def test_every_weight_has_one_param_encoding_of_the_right_kind(model, parts, out
         enc = json.loads((out_dir / f"{graph.name}.encodings").read_text())
         assert enc["version"] == "1.0.0" and enc["excluded_layers"] == []
         names = [p["name"] for p in enc["param_encodings"]]
-        assert names == synthetic.weight_names(model, graph.part)
+        assert names == synthetic_weights.weight_names(model, graph.part)
         for p in enc["param_encodings"]:
             w = weights[p["name"]]
             if p["name"].endswith(("_layernorm.weight", "norm.weight", ".bias")):
@@ -343,7 +343,7 @@ def test_activation_encodings_cover_every_float_input_and_output(model, parts, o
     for graph in all_graphs(model, parts):
         enc = json.loads((out_dir / f"{graph.name}.encodings").read_text())
         acts = {a["name"]: a for a in enc["activation_encodings"]}
-        io = synthetic.graph_inputs(model, graph) + synthetic.graph_outputs(model, graph)
+        io = synthetic_graph.graph_inputs(model, graph) + synthetic_graph.graph_outputs(model, graph)
         assert set(acts) == {s.name for s in io if s.dtype == np.float32}
         assert "input_ids" not in acts
         for a in acts.values():
@@ -365,8 +365,8 @@ def test_generating_twice_gives_identical_bytes(model, parts, tmp_path):
         assert first == synthetic.part_files(model, part, tmp_path / "a")
         assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
     vocab = model.architecture.vocab_size
-    a = synthetic.generate_tokenizer(vocab, tmp_path / "a" / "tokenizer.json", SPECIALS)
-    b = synthetic.generate_tokenizer(vocab, tmp_path / "b" / "tokenizer.json", SPECIALS)
+    a = bpe.generate_tokenizer(vocab, tmp_path / "a" / "tokenizer.json", SPECIALS)
+    b = bpe.generate_tokenizer(vocab, tmp_path / "b" / "tokenizer.json", SPECIALS)
     assert a.read_bytes() == b.read_bytes()
     assert not [p for p in (tmp_path / "a").iterdir() if ".tmp" in p.name]
 
@@ -391,7 +391,7 @@ def test_part_files_lists_onnx_encodings_per_graph_and_the_parts_one_data(model,
 @pytest.fixture(scope="module")
 def tokenizer(model, tmp_path_factory):
     tokenizers = pytest.importorskip("tokenizers")
-    path = synthetic.generate_tokenizer(model.architecture.vocab_size,
+    path = bpe.generate_tokenizer(model.architecture.vocab_size,
                                         tmp_path_factory.mktemp("tok") / "tokenizer.json", SPECIALS)
     return tokenizers.Tokenizer.from_file(str(path)), json.loads(path.read_text(encoding="utf-8"))
 
@@ -413,7 +413,7 @@ def test_tokenizer_specials_take_the_top_ids(model, tokenizer):
     tok, content = tokenizer
     vocab = model.architecture.vocab_size
     expected = {"bos": vocab - 3, "eos": vocab - 2, "eot": vocab - 1}
-    assert synthetic.generated_special_ids(vocab - len(SPECIALS), SPECIALS) == expected
+    assert bpe.generated_special_ids(vocab - len(SPECIALS), SPECIALS) == expected
     for role, text in SPECIALS.items():
         assert tok.token_to_id(text) == expected[role]
     assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids[0] == expected["bos"]
@@ -441,7 +441,7 @@ def test_generated_tokenizer_passes_the_bundle_steps_check(name, tmp_path):
     from hexbundle.formats.tokenizer import special_token_ids
     tokenizers = pytest.importorskip("tokenizers")
     cfg = load_build(CONFIGS, {"model": name})
-    path = synthetic.generate_tokenizer(cfg.model.architecture.vocab_size, tmp_path / "tokenizer.json",
+    path = bpe.generate_tokenizer(cfg.model.architecture.vocab_size, tmp_path / "tokenizer.json",
                                         cfg.tokenizer_specials)
     ids = special_token_ids(path, cfg.tokenizer_specials, cfg.model.architecture.vocab_size)
     tok = tokenizers.Tokenizer.from_file(str(path))
@@ -455,7 +455,7 @@ def test_7b_shape_tokenizer_specials_follow_its_bpe_vocabulary(tmp_path):
     Qwen's own tokenizer.json), below the logits width, not at its top."""
     from hexbundle.config.build import load_build
     cfg = load_build(CONFIGS, {"model": "qwen2.5-7b-shape"})
-    content = synthetic.tokenizer_json(cfg.model.architecture.vocab_size, cfg.tokenizer_specials)
-    bpe = len(content["model"]["vocab"])
-    assert bpe < cfg.model.architecture.vocab_size - len(cfg.tokenizer_specials)
-    assert [t["id"] for t in content["added_tokens"]] == [bpe, bpe + 1, bpe + 2]
+    content = bpe.tokenizer_json(cfg.model.architecture.vocab_size, cfg.tokenizer_specials)
+    learned = len(content["model"]["vocab"])
+    assert learned < cfg.model.architecture.vocab_size - len(cfg.tokenizer_specials)
+    assert [t["id"] for t in content["added_tokens"]] == [learned, learned + 1, learned + 2]

@@ -11,11 +11,15 @@ Rows (the issue's list; targets are reported, never asserted):
 5. the reference backend on the part with the most layers: GB/s and peak RSS (subprocesses);
 6. a full build with `doit -n 2` vs `-n 1`;
 7, 8. the local split of an unsplit graph vs `cp`; `import_export` vs `doit list`;
-11. `import_export` of a Qwen3-8B-shaped qai-hub-models quantize checkpoint (every layer; its
-    model.data past 2 GiB, as aimet-onnx writes it): wall time and peak RSS (goal <= 3 GiB);
 9. a cache-hit build through a REAPI remote cache (a local BuildGrid) vs the full build;
 10. `doit verify` of the built bundle (against the quantized reference and float): time and
-    peak RSS, beside the full build.
+    peak RSS, beside the full build;
+11. `import_export` of a Qwen3-8B-shaped qai-hub-models quantize checkpoint (every layer; its
+    model.data past 2 GiB, as aimet-onnx writes it): wall time and peak RSS (goal <= 3 GiB).
+
+Each row (or pair of rows) is a unit of its own in hexbundle/bench/rows/ (its measurement and its
+table line); rows/__init__.py lists them, and this module is the runner: the tree, the inputs and
+the full build the rows share, the results file and the table.
 
 `--rows 9` (or `--rows 1,5`) measures only those rows (and what they need: the inputs, and the
 full build for rows 2, 3, 4, 6, 9 and 10).
@@ -31,92 +35,21 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from hexbundle.bench.common import (FULL_MODEL, GIB, MIB, RESULTS_FORMAT, SEED_3_LAYER_PART_MIB,
+                                    SMALL_MODEL, TRACE_ENV, BenchError, Run, run_measured)
+from hexbundle.bench.rows import ALL_ROWS, NEEDS_BUILD, ROWS, parallel, touch
 from hexbundle.config.build import load_build
-from hexbundle.config.layout import BUILD_ROOT_ENV, MD5_DOIT_DB, Layout, ProjectLayout, dlc_name
-from hexbundle.config.model import Part
-from hexbundle.support import hashing
+from hexbundle.config.layout import BUILD_ROOT_ENV, Layout, ProjectLayout
 from hexbundle.support import table as tables
-from hexbundle.support.atomic import atomic_output, write_atomic
+from hexbundle.support.atomic import atomic_output
 from hexbundle.support.errors import HexbundleError
-from hexbundle.support.files import read_state
-
-FULL_MODEL = "qwen2.5-7b-shape"
-SMALL_MODEL = "qwen2-tiny"
-# The seeds' measured context binary of a 3-layer Qwen2.5-7B part (11-split part 2, QAIRT 2.42
-# Python API, weights_packing=True).
-SEED_3_LAYER_PART_MIB = 337.3
-RESULTS_FORMAT = 1
-NOOP_REPEATS = 5
-CHANGED_BYTES = 1 << 20     # bytes of one weight negated to "change a part's weights"
-MIN_DIGEST_BYTES = 256 << 20   # the digest row times at least this much hashing
-TRACE_ENV = hashing.TRACE_ENV
-BUILD_TASKS = ("inputs", "convert", "compile", "bundle")   # what `doit bundle` runs
-MIB, GIB = 1 << 20, 1 << 30
-
-
-class BenchError(HexbundleError):
-    """A benchmark step failed (a doit run exited non-zero, or did work it should not have)."""
-
-
-# --------------------------------------------------------------------------- the MD5 baseline
-
-
-# --------------------------------------------------------------------------- running doit
-
-
-@dataclass
-class Run:
-    """One doit invocation: wall time, peak RSS, what it ran, what it hashed."""
-
-    args: tuple
-    seconds: float
-    code: int
-    out: str
-    err: str
-    maxrss: int                      # bytes, of the doit process (steps run in it)
-    hashed: list = field(default_factory=list)
-
-    @property
-    def executed(self) -> list:
-        return re.findall(r"^\.  (\S+)$", self.out, re.M)
-
-    @property
-    def step_seconds(self) -> dict:
-        """task -> seconds, from the executor's "ok <task> [...] 1.2s" lines."""
-        # not the checks of a hit's downloads (`<task>:cache-check`): no step of the build ran
-        return {t: float(s) for t, s in re.findall(r"^\s+ok (\S+) \[[^\]]*\] ([\d.]+)s",
-                                                   self.out, re.M)
-                if not t.endswith(":cache-check")}
-
-    def hashed_bytes(self) -> int:
-        return sum(os.path.getsize(p) for p in self.hashed if os.path.exists(p))
-
-
-def run_measured(cmd: list, cwd: Path, env: dict) -> tuple:
-    """(seconds, exit code, stdout, stderr, peak RSS bytes) of a child process (wait4 rusage)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.monotonic() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return seconds, proc.returncode, out.read(), err.read(), usage.ru_maxrss * 1024
-
-
-ALL_ROWS = tuple(range(1, 12))
-# Row 10 at full scale: what `doit verify` took before the quantized reference (docs/verify.md)
-VERIFY_SECONDS_BEFORE, VERIFY_RSS_BEFORE = 240.0, 4.4 * (1 << 30)
 
 
 def parse_rows(text: str) -> tuple:
@@ -244,277 +177,6 @@ class Bench:
             raise BenchError("check_sizes failed on the benchmark tree:\n" + run.out + run.err)
         return row
 
-    def backend_row(self) -> dict:
-        """Convert both graphs and compile the part, each in its own process (peak RSS from
-        wait4), writing to a scratch directory so the build tree stays untouched."""
-        self.log(f"reference backend on {self.part.tag} ({len(self.part.layers)} layers) ...")
-        scratch = self.layout.bench_scratch
-        shutil.rmtree(scratch, ignore_errors=True)
-        scratch.mkdir(parents=True)
-        steps = []
-        try:
-            for graph in self.cfg.model.graphs(self.part):
-                steps.append(self._backend_step({"step": "convert", "graph": graph.slot}, scratch))
-            steps.append(self._backend_step({"step": "compile"}, scratch))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        weights = sum(s["read_bytes"] for s in steps if s["step"] == "convert")
-        seconds = sum(s["seconds"] for s in steps)
-        largest = max(w.numel * 4 for w in _part_weights(self.cfg, self.part))
-        return {"part": self.part.index, "layers": len(self.part.layers), "steps": steps,
-                "fp32_weight_bytes": weights, "seconds": round(seconds, 2),
-                "gb_per_s": round(weights / max(seconds, 1e-9) / 1e9, 3),
-                "peak_rss_bytes": max(s["maxrss"] for s in steps),
-                "largest_tensor_bytes": largest}
-
-    def _backend_step(self, step: dict, scratch: Path) -> dict:
-        spec = {**step, "root": str(self.root), "model": self.model_name,
-                "part": self.part.index, "scratch": str(scratch)}
-        cmd = [sys.executable, "-c", "import json, sys; from hexbundle.bench.benchmark import backend_step; "
-               "print(json.dumps(backend_step(json.loads(sys.argv[1]))))", json.dumps(spec)]
-        wall, code, out, err, maxrss = run_measured(cmd, self.root, self.env())
-        if code != 0:
-            raise BenchError(f"backend step {step} failed (exit {code}):\n{out}{err}")
-        result = json.loads(out.strip().splitlines()[-1])
-        return {**result, "wall_seconds": round(wall, 2), "maxrss": maxrss}
-
-    def verify_row(self) -> dict:
-        """`doit verify` of the full build's bundle, in its own doit process (peak RSS from
-        wait4)."""
-        self.log("doit verify on the built bundle ...")
-        run = self.doit("verify")
-        return {"seconds": round(run.seconds, 2), "peak_rss_bytes": run.maxrss}
-
-    def digest_row(self) -> dict:
-        """Both checkers on the same files, warm page cache (a warm-up pass first). Small
-        inputs are hashed several times over, so that at least MIN_DIGEST_BYTES are timed."""
-        from hexbundle.graph.checker import stock_checker
-        files = self.distinct_data_files()
-        size = sum(p.stat().st_size for p in files)
-        passes = max(1, -(-MIN_DIGEST_BYTES // max(size, 1)))
-        self.log(f"digests: {len(files)} files, {size / GIB:.2f} GiB (x{passes}), XXH3-128 vs MD5 ...")
-        for path in files:       # warm-up: both timed passes read from the page cache
-            hashing.file_digest(path)
-        started = time.monotonic()
-        for path in files * passes:
-            hashing.file_digest(path)
-        ours = max(time.monotonic() - started, 1e-9)
-        checker = stock_checker()()
-        started = time.monotonic()
-        for path in files * passes:
-            checker.get_state(str(path), None)
-        stock = max(time.monotonic() - started, 1e-9)
-        total = size * passes
-        return {"files": len(files), "bytes": total, "passes": passes, "ours_seconds": round(ours, 6),
-                "stock_seconds": round(stock, 6), "ours_gib_per_s": round(total / GIB / ours, 2),
-                "stock_gib_per_s": round(total / GIB / stock, 2), "ratio": round(stock / ours, 1)}
-
-    def noop_row(self) -> dict:
-        """Start-up, interleaved so a noisy moment hits all alike: `python -m doit --version`
-        (doit alone, no dodo.py), `doit list` (dodo.py loaded: the config and the task graph) and
-        a no-op `doit bundle` (every up-to-date check)."""
-        self.log(f"--version vs doit list vs no-op doit bundle, {NOOP_REPEATS} runs each ...")
-        versions, noops, lists, hashed = [], [], [], 0
-        for _ in range(NOOP_REPEATS):
-            versions.append(run_measured([sys.executable, "-m", "doit", "--version"], self.root,
-                                         self.env())[0])
-            lists.append(self.doit("list").seconds)
-            run = self.doit("bundle", trace=True)
-            self.expect_no_work(run, "no-op doit bundle")
-            noops.append(run.seconds)
-            hashed += len(run.hashed)
-        version = statistics.median(versions)
-        noop, bare = statistics.median(noops), statistics.median(lists)
-        return {"noop_seconds": round(noop, 3), "list_seconds": round(bare, 3),
-                "version_seconds": round(version, 3), "ratio": round(noop / bare, 2),
-                "list_ratio": round(bare / version, 2), "files_hashed": hashed,
-                "noop_all": [round(s, 3) for s in noops], "list_all": [round(s, 3) for s in lists],
-                "version_all": [round(s, 3) for s in versions]}
-
-    def prepare_md5_db(self) -> dict:
-        """The MD5 run's own DBs, made up to date without rebuilding: copies of ours (for the
-        tasks' saved option values; the variant's and the model's, graph.variants), then
-        `doit reset-dep`, which MD5-hashes every dependency."""
-        self.log("MD5 baseline: recording its state (reset-dep) ...")
-        for ours, md5 in ((self.layout.doit_db(), self.layout.doit_db(MD5_DOIT_DB)),
-                          (self.layout.model_db(), self.layout.model_db(MD5_DOIT_DB))):
-            try:   # never through a symbolic link (support.files.read_state)
-                records = read_state(ours)
-            except FileNotFoundError:   # a model whose inputs steps never ran has no DB of its own
-                continue
-            write_atomic(md5, records)
-        reset = self.doit("reset-dep", *BUILD_TASKS, md5=True, trace=True)
-        noop = self.doit("bundle", md5=True)
-        self.expect_no_work(noop, "no-op doit bundle with the MD5 checker")
-        return {"reset_dep_seconds": round(reset.seconds, 2), "files_hashed": len(reset.hashed),
-                "noop_seconds": round(noop.seconds, 3)}
-
-    def touch_row(self) -> dict:
-        files = self.input_files()
-        self.log(f"touching {len(files)} inputs (same bytes), then two runs each checker ...")
-        now = time.time_ns()
-        for path in files:
-            os.utime(path, ns=(now, now))
-        runs = {}
-        for name, md5 in (("ours_1", False), ("ours_2", False), ("md5_1", True), ("md5_2", True)):
-            run = self.doit("bundle", md5=md5, trace=True)
-            self.expect_no_work(run, f"doit bundle after a touch ({name})")
-            runs[name] = {"seconds": round(run.seconds, 3), "files_hashed": len(run.hashed),
-                          "bytes_hashed": run.hashed_bytes()}
-        return {"files_touched": len(files), **runs}
-
-    def one_part_row(self, full: Run) -> dict:
-        """Negate the first MiB of one weight of the part (its .data is shared by both graphs,
-        per-channel |max| unchanged so the encodings still fit), rebuild; undo, rebuild."""
-        name, offset, nbytes = self._first_matmul_weight()
-        paths = [p for p in self.layout.part_inputs(self.part) if p.suffix == ".data"]
-        self.log(f"changing {name} of {self.part.tag}, rebuilding (and back) ...")
-        runs = []
-        for _ in range(2):
-            for path in paths:
-                _negate(path, offset, min(nbytes, CHANGED_BYTES))
-            run = self.doit("bundle")
-            runs.append(run)
-        expected = {f"convert:{self.part.tag}_{g.slot}" for g in self.cfg.model.graphs(self.part)}
-        expected |= {f"compile:{self.part.tag}", "bundle"}
-        for run in runs:
-            if set(run.executed) != expected:
-                raise BenchError(f"after changing {name}, doit ran {sorted(run.executed)}; "
-                                 f"expected {sorted(expected)}")
-        seconds = statistics.mean(r.seconds for r in runs)
-        bundle_step = statistics.mean(r.step_seconds.get("bundle", 0.0) for r in runs)
-        budget = full.seconds / len(self.parts) + bundle_step
-        return {"weight": name, "part": self.part.index, "runs_seconds": [round(r.seconds, 2) for r in runs],
-                "seconds": round(seconds, 2), "full_seconds": round(full.seconds, 2),
-                "ratio": round(seconds / full.seconds, 3), "parts": len(self.parts),
-                "bundle_step_seconds": round(bundle_step, 2), "budget_seconds": round(budget, 2)}
-
-    def _first_matmul_weight(self) -> tuple:
-        from hexbundle.inputs.synthetic import data_layout
-        weights = _part_weights(self.cfg, self.part)
-        layout = data_layout({w.name: w.shape for w in weights})
-        name = next(w.name for w in weights if w.bitwidth == self.cfg.model.quantization.decoder_linear_bitwidth
-                    and w.channels > 1)
-        return (name, *layout[name])
-
-    def split_row(self) -> dict:
-        """hexbundle's local split of an unsplit graph vs `cp` of its weights, side by side on the
-        same files (both read from the page cache the generator left them in)."""
-        from hexbundle.inputs import generate
-        model = split_model(self.cfg.model, self.small)
-        whole = Part(1, 1, tuple(range(model.architecture.num_layers)), True, True)
-        unsplit_dir = self.build_root / "split-bench" / "unsplit"
-        self.log(f"split: writing an unsplit {model.architecture.num_layers}-layer "
-                 f"{self.model_name}-shaped graph ...")
-        generate.generate_part(model, whole, unsplit_dir, 0)
-        data = next(unsplit_dir.glob("*.data"))
-        copy = unsplit_dir.parent / "cp.data"
-        cp_seconds, code, _, err, cp_rss = run_measured(["cp", str(data), str(copy)],
-                                                        self.root, self.env())
-        copy.unlink(missing_ok=True)
-        if code:
-            raise BenchError(f"cp {data} failed: {err.strip()}")
-        out_dir = unsplit_dir.parent / "parts"
-        spec = {"layers": model.architecture.num_layers, "small": self.small, "root": str(self.root),
-                "model": self.model_name, "unsplit": str(unsplit_dir), "out": str(out_dir)}
-        self.log(f"split: {data.stat().st_size / GIB:.2f} GiB of weights into "
-                 f"{len(SPLIT_PLAN)} parts vs cp ...")
-        seconds, code, out, err, rss = run_measured(
-            [sys.executable, "-c", "import json, sys; from hexbundle.bench.benchmark import "
-             "split_step; split_step(json.loads(sys.argv[1]))", json.dumps(spec)],
-            self.root, self.env())
-        if code:
-            raise BenchError(f"the split failed: {err.strip()[-2000:]}")
-        written = sum(p.stat().st_size for p in out_dir.glob("*.data"))
-        largest = max(w.numel * 4 for w in _all_weights(model))
-        tree = self.import_row(model, out_dir)
-        weights = data.stat().st_size
-        shutil.rmtree(unsplit_dir.parent, ignore_errors=True)
-        return {"weights_bytes": weights, "written_bytes": written,
-                "split_seconds": round(seconds, 3), "cp_seconds": round(cp_seconds, 4),
-                "ratio": round(seconds / max(cp_seconds, 1e-6), 2), "peak_rss_bytes": rss,
-                "cp_peak_rss_bytes": cp_rss, "largest_tensor_bytes": largest,
-                "layers": model.architecture.num_layers, "plan": list(SPLIT_PLAN), **tree}
-
-    def import_row(self, model, parts_dir: Path) -> dict:
-        """`import_export` of a qai-hub-models 0.55-style tree of those parts (links to them:
-        the import reads structure and encodings, never weights) vs `doit list` start-up."""
-        tree = parts_dir.parent / "tree"
-        link_as_tree(model, parts_dir, tree)
-        project = parts_dir.parent / "project"
-        (project / "configs" / "models").mkdir(parents=True, exist_ok=True)
-        code = ("import sys; from pathlib import Path; from hexbundle.inputs.import_export "
-                "import import_export; import_export(Path(sys.argv[1]), sys.argv[2], 'bench')")
-        seconds, rc, out, err, rss = run_measured(
-            [sys.executable, "-c", code, str(project), str(tree)], self.root, self.env())
-        if rc:
-            raise BenchError(f"import_export failed: {(out + err).strip()[-2000:]}")
-        lists = [self.doit("list").seconds for _ in range(3)]
-        return {"import_seconds": round(seconds, 2), "import_peak_rss_bytes": rss,
-                "list_seconds": round(statistics.median(lists), 3)}
-
-    def checkpoint_row(self) -> dict:
-        """`import_export` of a quantize checkpoint of CHECKPOINT_SHAPE (--small: the small
-        model's shape as a Qwen3), in its own process: what it holds at its peak."""
-        model = checkpoint_model(self.cfg.model, self.small)
-        ckpt = self.build_root / "checkpoint-bench" / "ckpt"
-        self.log(f"checkpoint: writing a {model.architecture.num_layers}-layer quantize "
-                 "checkpoint (graph, encodings, config.json, model.data) ...")
-        facts = write_checkpoint(model, ckpt)
-        project = ckpt.parent / "project"
-        (project / "configs" / "models").mkdir(parents=True, exist_ok=True)
-        code = ("import sys; from pathlib import Path; from hexbundle.inputs.import_export "
-                "import import_export; import_export(Path(sys.argv[1]), sys.argv[2], 'bench', "
-                "context_length=sys.argv[3], model_id='qwen3_8b')")
-        self.log("checkpoint: import_export ...")
-        seconds, rc, out, err, rss = run_measured(
-            [sys.executable, "-c", code, str(project), str(ckpt),
-             str(model.context_lengths[-1])], self.root, self.env())
-        shutil.rmtree(ckpt.parent, ignore_errors=True)
-        if rc:
-            raise BenchError("import_export of the checkpoint failed: "
-                             + (out + err).strip()[-2000:])
-        return {"seconds": round(seconds, 2), "peak_rss_bytes": rss, **facts}
-
-    def cache_row(self, full: Run) -> dict:
-        """A local BuildGrid (disk storage in the bench tree): one build uploads every convert and
-        compile step; then, outputs removed, the cache-hit build fetches them all. Compared
-        with the full build (same tree, same inputs, `-n 1`)."""
-        from hexbundle.remote.buildgrid import BuildGrid, BuildGridError, find_bgd
-        if not find_bgd():
-            self.log("cache row: no BuildGrid `bgd` (HEXBUNDLE_BGD): skipped")
-            return {"skipped": "no BuildGrid `bgd` (set HEXBUNDLE_BGD)"}
-        try:
-            server = BuildGrid.start(self.build_root / "buildgrid")
-        except BuildGridError as exc:
-            raise BenchError(str(exc)) from None
-        try:
-            url = f"remote_cache={server.url}"
-            self.log("cache row: a build that uploads every step ...")
-            self.remove_outputs()
-            upload = self.doit("-n", "1", "bundle", url)
-            if _cache_hits(upload):
-                raise BenchError("the uploading build found its steps in an empty cache")
-            cas_bytes = sum(p.stat().st_size for p in server.blobs())
-            self.log("cache row: outputs removed, the cache-hit build ...")
-            self.remove_outputs()
-            hit = self.doit("-n", "1", "bundle", url)
-            steps = {t for t in hit.executed if t.split(":")[0] in ("convert", "compile")}
-            if _cache_hits(hit) != steps or not steps or set(hit.step_seconds) != {"bundle"}:
-                raise BenchError(f"the cache-hit build ran {sorted(hit.step_seconds)} here and "
-                                 f"fetched {sorted(_cache_hits(hit))}; expected every convert "
-                                 "and compile step from the cache")
-        finally:
-            server.stop()
-            shutil.rmtree(server.workdir, ignore_errors=True)
-        fetched = sum(p.stat().st_size for p in self.layout.dlc_dir.iterdir()) + \
-            sum(self.layout.bin(p).stat().st_size for p in self.parts)
-        return {"hit_seconds": round(hit.seconds, 2), "full_seconds": round(full.seconds, 2),
-                "upload_build_seconds": round(upload.seconds, 2),
-                "ratio": round(full.seconds / hit.seconds, 2), "steps_fetched": len(steps),
-                "fetched_bytes": fetched, "cas_bytes": cas_bytes,
-                "hit_peak_rss_bytes": hit.maxrss, "server": "BuildGrid (local, disk storage)"}
-
     def bundle_facts(self) -> dict:
         bins = [self.layout.bundle_dir / self.layout.bin_name(p) for p in self.parts]
         return {"bins_bytes": sum(b.stat().st_size for b in bins),
@@ -525,41 +187,23 @@ class Bench:
     def run(self) -> dict:
         started, load_before = time.monotonic(), _load_average()
         self.check_disk()
-        want = self.rows.__contains__
-        full_1 = full_2 = None
-        sizes_row = bundle = backend = digests = noop = md5_db = touch = change = split = None
-        cache = verify = checkpoint = None
+        full_1 = sizes_row = bundle = None
+        measured = {}   # row unit -> what it measured
         try:
             inputs = self.generate_inputs()
-            if self.rows & {2, 3, 4, 6, 9, 10}:
+            if self.rows & NEEDS_BUILD:
                 full_1 = self.full_build(1)
                 sizes_row = self.check_sizes()
                 bundle = self.bundle_facts()
-            if want(6):
-                full_2 = self.full_build(2)
-            if want(9):   # before the rows that change inputs: the tree is the full build's
-                cache = self.cache_row(full_1)
-            if want(10):
-                verify = self.verify_row()
-            if want(5):
-                backend = self.backend_row()
-            if want(1):
-                digests = self.digest_row()
-            if want(2):
-                noop = self.noop_row()
-            if want(3):
-                md5_db = self.prepare_md5_db()
-                touch = self.touch_row()
-            if want(4):
-                change = self.one_part_row(full_1)
-            if want(7) or want(8):
-                split = self.split_row()
-            if want(11):
-                checkpoint = self.checkpoint_row()
+            for unit in ROWS:   # in ROWS' order: the rows that change inputs come last
+                if self.rows & set(unit.IDS):
+                    measured[unit] = unit.measure(self, full_1)
         finally:
             shutil.rmtree(self._trace_dir, ignore_errors=True)
             if not self.keep:
                 shutil.rmtree(self.build_root, ignore_errors=True)
+        full_2 = measured.get(parallel)
+        table = [r for unit, detail in measured.items() for r in unit.table(detail, self, full_1)]
         results = {
             "format": RESULTS_FORMAT,
             "mode": "small" if self.small else "full",
@@ -576,12 +220,8 @@ class Bench:
                 "bundle_step_seconds": full_1.step_seconds.get("bundle"),
                 "n1_step_seconds": full_1.step_seconds, **bundle},
             "sizes": sizes_row,
-            "md5_baseline": md5_db,
-            "rows": [r for r in rows(digests, noop, touch, change, backend, full_1, full_2)
-                     + (split_rows(split) if split else []) + cache_rows(cache)
-                     + ([row_verify(verify, full_1, self.small)] if verify else [])
-                     + ([row_checkpoint(checkpoint)] if checkpoint else [])
-                     if r["id"] in self.rows],
+            "md5_baseline": measured[touch]["md5"] if touch in measured else None,
+            "rows": sorted((r for r in table if r["id"] in self.rows), key=lambda r: r["id"]),
             "bench_seconds": round(time.monotonic() - started, 1),
         }
         return results
@@ -593,317 +233,6 @@ def _load_average() -> Optional[list]:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
-
-
-def _part_weights(cfg, part) -> list:
-    from hexbundle.config.model import part_weights
-    return part_weights(cfg.model.architecture, cfg.model.quantization, part)
-
-
-def _negate(path: Path, offset: int, nbytes: int) -> None:
-    """Flip the sign of float32 values in place (twice restores the bytes)."""
-    import numpy as np
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        values = np.frombuffer(fh.read(nbytes), dtype="<f4")
-        fh.seek(offset)
-        fh.write((-values).astype("<f4").tobytes())
-
-
-# --------------------------------------------------------------------------- subprocess worker
-
-
-def backend_step(spec: dict) -> dict:
-    """Run in a fresh process by Bench.backend_row: one convert or compile of the part, outputs
-    in the scratch directory. Returns its own timing (interpreter start-up excluded)."""
-    from hexbundle.backends import get_backend
-    from hexbundle.steps.options import compile_options, convert_options
-    cfg = load_build(Path(spec["root"]), {"model": spec["model"]})
-    layout = Layout(cfg)
-    part = cfg.plan.parts()[spec["part"] - 1]
-    graphs = cfg.model.graphs(part)
-    scratch = Path(spec["scratch"])
-    backend = get_backend("reference")
-    started = time.monotonic()
-    if spec["step"] == "convert":
-        graph = next(g for g in graphs if g.slot == spec["graph"])
-        out = scratch / dlc_name(graph)
-        backend.convert(layout.onnx(graph), layout.encodings(graph), out, graph.name,
-                        convert_options(cfg), lambda m: None)
-        read = layout.onnx_data(graph).stat().st_size
-    else:
-        dlcs = [scratch / dlc_name(g) for g in graphs]
-        out = scratch / layout.bin_name(part)
-        backend.compile(dlcs, out, compile_options(cfg, part), lambda m: None)
-        read = sum(p.stat().st_size for p in dlcs)
-    seconds = time.monotonic() - started
-    return {"step": spec["step"], "graph": spec.get("graph"), "seconds": round(seconds, 6),
-            "read_bytes": read, "written_bytes": out.stat().st_size}
-
-
-# --------------------------------------------------------------------------- split and import
-
-# The unsplit graph the split row cuts: the model's shape with fewer layers (a 7B layer is ~0.9
-# GB of float32; 4 layers + embedding + head is ~8 GB, x3 on disk with the parts and the cp copy,
-# where the real 30 GB graph would need ~90 GB free). The split streams tensor by tensor, so its
-# cost per byte does not depend on the layer count.
-SPLIT_LAYERS = 4
-SPLIT_PLAN = (0, 2, 2)
-
-
-def split_model(model, small: bool):
-    """The bench model's shape with SPLIT_LAYERS layers (qwen2-tiny has 4 already)."""
-    from dataclasses import replace
-    arch = replace(model.architecture, num_layers=SPLIT_LAYERS)
-    return replace(model, architecture=arch)
-
-
-def _all_weights(model) -> list:
-    from hexbundle.config.model import part_weights
-    whole = Part(1, 1, tuple(range(model.architecture.num_layers)), True, True)
-    return part_weights(model.architecture, model.quantization, whole)
-
-
-def split_step(spec: dict) -> None:
-    """Run in a fresh process by Bench.split_row: cut every part of SPLIT_PLAN out of the
-    unsplit graphs (peak RSS is this process's)."""
-    from hexbundle.config.layout import GraphInputs
-    from hexbundle.config.model import Plan
-    from hexbundle.inputs.split import split_graphs
-    cfg = load_build(Path(spec["root"]), {"model": spec["model"]})
-    model = split_model(cfg.model, spec["small"])
-    whole = Part(1, 1, tuple(range(spec["layers"])), True, True)
-    unsplit = {g.slot: GraphInputs(*_files(Path(spec["unsplit"]), g)) for g in model.graphs(whole)}
-    for part in Plan("bench", SPLIT_PLAN).parts():
-        out = {g.slot: GraphInputs(*_files(Path(spec["out"]), g)) for g in model.graphs(part)}
-        split_graphs(model, part, unsplit, out, lambda m: None)
-
-
-def _files(directory: Path, graph) -> tuple:
-    from hexbundle.config.layout import graph_files
-    onnx_path, data, encodings = graph_files(directory, graph)
-    return onnx_path, (data,), encodings
-
-
-def link_as_tree(model, parts_dir: Path, tree: Path) -> None:
-    """A qai-hub-models 0.55 tree (ar<S>_cl<C>/<slug>_w8a16_..._<i>_of_<N>.aimet/) whose files
-    are symbolic links to the split parts (each ONNX records its part's .data by name)."""
-    from hexbundle.config.layout import graph_files
-    from hexbundle.config.model import Plan
-    parts = Plan("bench", SPLIT_PLAN).parts()
-    for part in parts:
-        for graph in model.graphs(part):
-            stem = (f"{model.slug}_w8a16_ar{graph.ar}_cl{graph.context_length}_{part.index}_of_"
-                    f"{part.count}")
-            d = tree / f"ar{graph.ar}_cl{graph.context_length}" / f"{stem}.aimet"
-            d.mkdir(parents=True, exist_ok=True)
-            onnx_path, data, encodings = graph_files(parts_dir, graph)
-            for src, name in ((onnx_path, f"{stem}.onnx"), (data, data.name),
-                              (encodings, f"{stem}.encodings")):
-                link = d / name
-                if not link.exists():
-                    link.symlink_to(src)
-
-
-def split_rows(split: dict) -> list:
-    return [
-        {"id": 7, "what": f"local split of an unsplit {split['layers']}-layer graph into "
-                          f"{len(split['plan'])} parts vs `cp` of its "
-                          f"{split['weights_bytes'] / GIB:.2f} GiB of weights",
-         "ours": f"{split['split_seconds']:.2f} s, peak RSS {split['peak_rss_bytes'] / GIB:.2f} GiB",
-         "baseline": f"{split['cp_seconds']:.2f} s",
-         "ratio": f"{split['ratio']:.2f}x cp; RSS = "
-                  f"{split['peak_rss_bytes'] / split['largest_tensor_bytes']:.2f}x largest tensor",
-         "target": "(reported)", "met": None, "detail": split},
-        {"id": 8, "what": "`import_export` of a qai-hub-models tree of those parts vs "
-                          "`doit list` start-up",
-         "ours": f"{split['import_seconds']:.2f} s", "baseline": f"{split['list_seconds']:.2f} s",
-         "ratio": f"{split['import_seconds'] / split['list_seconds']:.2f}x",
-         "target": "(reported)", "met": None, "detail": split},
-    ]
-
-
-# --------------------------------------------------------------------------- a checkpoint
-
-# Qwen3-8B's config.json (qai-hub-models' qwen3_8b: NUM_SPLITS 5): every layer, every tensor at
-# its real shape.
-CHECKPOINT_SHAPE = {"num_layers": 36, "hidden_size": 4096, "num_attention_heads": 32,
-                    "num_kv_heads": 8, "head_dim": 128, "intermediate_size": 12288,
-                    "vocab_size": 151936}
-CHECKPOINT_RSS_GOAL = 3 << 30
-
-
-def checkpoint_model(model, small: bool):
-    from dataclasses import replace
-    arch = model.architecture if small else replace(model.architecture, **CHECKPOINT_SHAPE)
-    return replace(model, architecture=replace(arch, family="qwen3"))
-
-
-def write_checkpoint(model, out: Path, seed: int = 0) -> dict:
-    """A quantize checkpoint of `model`'s shape, written through inputs/synthetic.py's graph and
-    encodings writers: model_dynamic.onnx (the whole model; the AR- and context-dependent dims
-    symbolic, as torch.export leaves them), model.encodings (from every weight's drawn values,
-    block by block), config.json, and model.data at the graph's recorded offsets. model.data is
-    a sparse file (zeros): the import reads its size and a few rows of the two vocabulary
-    tables, never the rest, and 33 GB of float32 written to disk would measure the disk."""
-    from dataclasses import replace
-    from hexbundle.inputs import synthetic, validate
-    from hexbundle.inputs.generate import weight_blocks
-    out.mkdir(parents=True, exist_ok=True)
-    whole = validate.whole_model_part(model)
-    ranges = {}
-    for spec in synthetic.weight_specs(model, whole):
-        ranges[spec.name] = synthetic.WeightRange(spec)
-        for block in weight_blocks(spec, seed):
-            ranges[spec.name].update(block)
-    shapes = {name: r.spec.shape for name, r in ranges.items()}
-    data_bytes = max(offset + n for offset, n in synthetic.data_layout(shapes).values())
-    with open(out / "model.data", "wb") as f:
-        f.truncate(data_bytes)
-    graph = model.graphs(whole)[0]
-    proto = synthetic.build_graph(model, graph, synthetic.external_tensors(shapes, "model.data"))
-    other = replace(graph, ar=graph.ar + 3, context_length=graph.context_length + 7)
-    for side, values in ((0, proto.graph.input), (1, proto.graph.output)):
-        alt = {s.name or ("logits" if s.role == "logits" else ""): s
-               for s in validate.expected_io(model, other)[side]}
-        for value in values:
-            if value.name in alt:
-                for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-                    if dim.dim_value != alt[value.name].shape[axis]:
-                        dim.Clear()
-                        dim.dim_param = f"{value.name}_dim{axis}"
-    graph_bytes = proto.SerializeToString(deterministic=True)
-    (out / "model_dynamic.onnx").write_bytes(graph_bytes)
-    encodings = synthetic.encodings_bytes(synthetic.encodings_from_ranges(model, graph, ranges))
-    (out / "model.encodings").write_bytes(encodings)
-    a = model.architecture
-    (out / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-        "num_hidden_layers": a.num_layers, "hidden_size": a.hidden_size,
-        "num_attention_heads": a.num_attention_heads, "num_key_value_heads": a.num_kv_heads,
-        "head_dim": a.head_dim, "intermediate_size": a.intermediate_size,
-        "vocab_size": a.vocab_size, "rope_theta": a.rope_theta, "rms_norm_eps": a.rms_norm_eps,
-        "tie_word_embeddings": False}))
-    return {"layers": a.num_layers, "hidden_size": a.hidden_size, "vocab_size": a.vocab_size,
-            "data_bytes": data_bytes, "graph_bytes": len(graph_bytes),
-            "encodings_bytes": len(encodings)}
-
-
-def row_checkpoint(ck: dict) -> dict:
-    return {"id": 11, "what": f"`import_export` of a {ck['layers']}-layer quantize checkpoint "
-                              f"(hidden {ck['hidden_size']}, vocab {ck['vocab_size']}; "
-                              f"model.data {ck['data_bytes'] / GIB:.2f} GiB, encodings "
-                              f"{ck['encodings_bytes'] / 2**20:.1f} MiB)",
-            "ours": f"{ck['seconds']:.2f} s, peak RSS {ck['peak_rss_bytes'] / GIB:.2f} GiB",
-            "baseline": "-", "ratio": "-", "target": "peak RSS <= 3 GiB",
-            "met": ck["peak_rss_bytes"] <= CHECKPOINT_RSS_GOAL, "detail": ck}
-
-
-# --------------------------------------------------------------------------- the table
-
-
-def _cache_hits(run: Run) -> set:
-    return set(re.findall(r"^  cache hit (\S+) ", run.out, re.M))
-
-
-def cache_rows(cache: Optional[dict]) -> list:
-    if cache is None:
-        return []
-    what = "cache-hit build (local BuildGrid REAPI cache) vs full build, outputs removed"
-    if "skipped" in cache:
-        return [{"id": 9, "what": what, "ours": "-", "baseline": "-",
-                 "ratio": f"skipped: {cache['skipped']}", "target": "(reported)", "met": None,
-                 "detail": cache}]
-    return [{"id": 9, "what": what,
-             "ours": f"{cache['hit_seconds']:.1f} s ({cache['steps_fetched']} steps, "
-                     f"{cache['fetched_bytes'] / GIB:.2f} GiB fetched)",
-             "baseline": f"{cache['full_seconds']:.1f} s",
-             "ratio": f"{cache['ratio']:.2f}x faster", "target": "(reported)", "met": None,
-             "detail": cache}]
-
-
-def rows(digests, noop, touch, change, backend, full_1, full_2) -> list:
-    """Rows 1-6, those whose measurements were taken (a --rows run leaves the others None)."""
-    out = []
-    for make, needs in ((row_digests, (digests,)), (row_noop, (noop,)), (row_touch, (touch,)),
-                        (row_change, (change,)), (row_backend, (backend,)),
-                        (row_parallel, (full_1, full_2))):
-        if all(n is not None for n in needs):
-            out.append(make(*needs))
-    return out
-
-
-def row_digests(digests) -> dict:
-    return {"id": 1, "what": "file digests, same files (XXH3-128 checker vs doit MD5Checker)",
-            "ours": f"{digests['ours_gib_per_s']} GiB/s",
-            "baseline": f"{digests['stock_gib_per_s']} GiB/s",
-            "ratio": f"{digests['ratio']}x", "target": ">= 10x", "met": digests["ratio"] >= 10,
-            "detail": digests}
-
-
-def row_noop(noop) -> dict:
-    return {"id": 2, "what": "start-up (median): `doit list` vs `python -m doit --version`; "
-                             "no-op `doit bundle` vs `doit list`",
-            "ours": f"list {noop['list_seconds']:.2f} s; no-op {noop['noop_seconds']:.2f} s",
-            "baseline": f"--version {noop['version_seconds']:.2f} s; list "
-                        f"{noop['list_seconds']:.2f} s",
-            "ratio": f"{noop['list_ratio']}x; {noop['ratio']}x", "target": "<= 1.5x; <= 1.1x",
-            "met": noop["list_ratio"] <= 1.5 and noop["ratio"] <= 1.1, "detail": noop}
-
-
-def row_touch(touch) -> dict:
-    return {"id": 3, "what": "after touching every input: run 1 / run 2 (ours vs MD5 checker)",
-            "ours": f"{touch['ours_1']['seconds']:.2f} s / {touch['ours_2']['seconds']:.2f} s "
-                    f"(hashed {touch['ours_1']['files_hashed']} / "
-                    f"{touch['ours_2']['files_hashed']} files)",
-            "baseline": f"{touch['md5_1']['seconds']:.2f} s / {touch['md5_2']['seconds']:.2f} s "
-                        f"(hashed {touch['md5_1']['files_hashed']} / "
-                        f"{touch['md5_2']['files_hashed']} files)",
-            "ratio": f"{touch['md5_2']['seconds'] / touch['ours_2']['seconds']:.1f}x on run 2",
-            "target": "run 2 hashes nothing", "met": touch["ours_2"]["files_hashed"] == 0,
-            "detail": touch}
-
-
-def row_change(change) -> dict:
-    return {"id": 4,
-            "what": f"one part's weights changed: rebuild vs full build ({change['parts']} parts)",
-            "ours": f"{change['seconds']:.1f} s", "baseline": f"{change['full_seconds']:.1f} s",
-            "ratio": f"{change['ratio']:.2f}x",
-            "target": f"<= 1/{change['parts']} + bundle step ({change['budget_seconds']:.1f} s)",
-            "met": change["seconds"] <= change["budget_seconds"], "detail": change}
-
-
-def row_backend(backend) -> dict:
-    return {"id": 5, "what": f"reference backend, part {backend['part']} ({backend['layers']} "
-                             "layers): convert x2 + compile",
-            "ours": f"{backend['gb_per_s']:.2f} GB/s fp32 weights",
-            "baseline": f"peak RSS {backend['peak_rss_bytes'] / GIB:.2f} GiB",
-            "ratio": f"RSS = {backend['peak_rss_bytes'] / backend['largest_tensor_bytes']:.2f}x "
-                     "largest tensor",
-            "target": "peak RSS < 3 GiB", "met": backend["peak_rss_bytes"] < 3 * GIB,
-            "detail": backend}
-
-
-def row_verify(verify: dict, full: Run, small: bool) -> dict:
-    seconds, rss = verify["seconds"], verify["peak_rss_bytes"]
-    met = None if small else (seconds <= VERIFY_SECONDS_BEFORE and rss <= VERIFY_RSS_BEFORE)
-    return {"id": 10, "what": "`doit verify` (exact checks of every weight, encoding and graph; "
-                              "every part vs two quantized references and float) vs the full "
-                              "build",
-            "ours": f"{seconds:.1f} s, peak RSS {rss / GIB:.2f} GiB",
-            "baseline": f"{full.seconds:.1f} s", "ratio": f"{seconds / full.seconds:.2f}x",
-            "target": "(reported)" if small else
-            f"<= {VERIFY_SECONDS_BEFORE:.0f} s, <= {VERIFY_RSS_BEFORE / GIB:.1f} GiB (before)",
-            "met": met, "detail": verify}
-
-
-def row_parallel(full_1, full_2) -> dict:
-    n1, n2 = full_1.seconds, full_2.seconds
-    return {"id": 6, "what": "full build `doit -n 2` vs `-n 1`",
-            "ours": f"{n2:.1f} s", "baseline": f"{n1:.1f} s", "ratio": f"{n1 / n2:.2f}x faster",
-            "target": "(reported)", "met": None,
-            "detail": {"n1_seconds": round(n1, 2), "n2_seconds": round(n2, 2),
-                       "n1_peak_rss_bytes": full_1.maxrss, "n2_peak_rss_bytes": full_2.maxrss}}
 
 
 def format_table(results: dict) -> str:

@@ -110,11 +110,9 @@ def _same_file(a, b) -> bool:
 
 
 def _check_container_bin(layout: Layout, path) -> None:
-    from hexbundle.formats.container import PREAMBLE
-    from hexbundle.formats.ctxbin import CTXBIN_MAGIC, read_ctxbin
-    with open(path, "rb") as fh:
-        if fh.read(PREAMBLE.size)[:len(CTXBIN_MAGIC)] != CTXBIN_MAGIC:
-            return   # a QAIRT context binary: its bytes are checked against bin/ and the manifest
+    from hexbundle.formats.ctxbin import is_ctxbin, read_ctxbin
+    if not is_ctxbin(path):
+        return   # a QAIRT context binary: its bytes are checked against bin/ and the manifest
     with read_ctxbin(path) as reader:
         reader.verify_digests()
         if reader.deployable != (layout.cfg.backend == "qairt"):

@@ -23,7 +23,7 @@ A part that comes out near its *unpacked* expectation is reported as what it alm
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -32,10 +32,9 @@ from hexbundle.backends.weightplan import (WeightPlan, constant_stand_in, graph_
                                            load_onnx_structure, plan_weights, topology_bytes)
 from hexbundle.config.layout import Layout
 from hexbundle.config.model import Model, Part, Plan, WeightSpec, part_weights
-from hexbundle.formats.container import (ALIGN, QUANT_DTYPE_FOR_BITWIDTH, BlobEntry, GraphInfo,
-                                         TensorStream, align_up, canonical_json, container_size,
-                                         encode_tensor, tensor_blob_nbytes)
-from hexbundle.formats.ctxbin import ctxbin_header, topology_blob_name, weight_blob_name
+from hexbundle.formats import ctxbin
+from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, TensorStream,
+                                         align_up, container_size, tensor_blob_nbytes)
 from hexbundle.support import table as tables
 from hexbundle.support.console import say
 from hexbundle.support.errors import SizeError
@@ -50,9 +49,6 @@ TOPOLOGY_BYTES_BASE = 512
 TOPOLOGY_BYTES_PER_LAYER = 10000
 HEADER_BYTES_PER_TENSOR = 680
 HEADER_BYTES_PER_GRAPH = 1300
-# A blob table entry's digest (XXH3-128, hex): fixed length, so the header length is known
-# before any byte is hashed.
-DIGEST_PLACEHOLDER = "0" * 32
 
 
 def tensor_bytes(w: WeightSpec, packed: bool, float_bitwidth: int) -> int:
@@ -163,11 +159,10 @@ def plan_graph(graph: NamedGraph) -> PlannedGraph:
     return PlannedGraph(graph_info(model, graph.name, encodings), len(topology), tuple(weights))
 
 
-def _record(plan: WeightPlan, blob: str, packed: bool, float_bitwidth: int):
-    """The tensor record the container writes for this weight (no data is produced)."""
-    stream = TensorStream(plan.name, plan.stored_dtype(float_bitwidth), plan.shape,
-                          lambda: iter(()), plan.quant_params())
-    return encode_tensor(stream, blob, pack=packed)[0]
+def _stream(plan: WeightPlan, float_bitwidth: int) -> TensorStream:
+    """The weight as the writer receives it, without its values (none are read)."""
+    return TensorStream(plan.name, plan.stored_dtype(float_bitwidth), plan.shape,
+                        lambda: iter(()), plan.quant_params())
 
 
 def header_fields(weights_packing: bool = True, weight_sharing: bool = True,
@@ -175,52 +170,40 @@ def header_fields(weights_packing: bool = True, weight_sharing: bool = True,
                   producer: Optional[dict] = None) -> dict:
     """The header fields besides graphs and tensors (a few hundred bytes; defaults as compiled
     by the reference backend for the default device)."""
-    return {"producer": producer or {"name": "reference", "version": reference_toolchain_version()},
-            "deployable": False, "device": device or {"soc_model": 0, "dsp_arch": "v73"},
-            "options": {"weights_packing": weights_packing, "weight_sharing": weight_sharing,
-                        "optimization_type": optimization_type, "vtcm_mb": vtcm_mb}}
+    return ctxbin.header_fields(
+        producer=producer or {"name": "reference", "version": reference_toolchain_version()},
+        deployable=False, device=device or {"soc_model": 0, "dsp_arch": "v73"},
+        weights_packing=weights_packing, weight_sharing=weight_sharing,
+        optimization_type=optimization_type, vtcm_mb=vtcm_mb)
 
 
 def ctxbin_bytes(graphs: list, packed: bool, shared: bool, float_bitwidth: int,
                  fields: Optional[dict] = None) -> int:
     """The size of the context binary write_ctxbin makes of these planned graphs."""
-    blobs, header = ctxbin_layout(graphs, packed, shared, float_bitwidth, fields)
-    return container_size([n for _, n in blobs], header)
+    return ctxbin_layout(graphs, packed, shared, float_bitwidth, fields).size
 
 
 def ctxbin_layout(graphs: list, packed: bool, shared: bool, float_bitwidth: int,
-                  fields: Optional[dict] = None) -> tuple:
-    """([(blob, bytes)], header bytes) of the context binary write_ctxbin makes of these planned
-    graphs: blobs in its order (each graph's topology, then its weights not stored yet), the
-    header as it composes it."""
-    blobs, stored, users, infos = [], {}, {}, []
-    for graph in graphs:
-        name = graph.info.name
-        blobs.append((topology_blob_name(name), graph.topology_nbytes))
-        for plan in graph.weights:
-            blob = weight_blob_name(name, plan.name, shared)
-            if blob not in stored:   # shared: the first graph's copy serves both
-                stored[blob] = _record(plan, blob, packed, float_bitwidth)
-                blobs.append((blob, stored[blob].blob_nbytes))
-            users.setdefault(blob, []).append(name)
-        infos.append(replace(graph.info, weights=tuple(p.name for p in graph.weights),
-                             topology_blob=topology_blob_name(name)))
-    table, offset = [], ALIGN
-    for blob, nbytes in blobs:
-        table.append(BlobEntry(blob, offset, nbytes, DIGEST_PLACEHOLDER).to_json())
-        offset += align_up(nbytes)
-    tensors = [{**record.to_json(), "graphs": users[blob]} for blob, record in stored.items()]
+                  fields: Optional[dict] = None):
+    """The layout (formats/container.ContainerLayout) write_ctxbin gives these planned graphs:
+    formats/ctxbin.plan_layout, fed the weights as the reference backend stores them."""
     fields = fields or header_fields()
-    header = ctxbin_header(graphs=infos, tensors=tensors, **fields)
-    return blobs, len(canonical_json({**header, "blobs": table}))
+    fields = {**fields, "options": {**fields["options"], "weights_packing": packed,
+                                    "weight_sharing": shared}}
+    return ctxbin.plan_layout([ctxbin.PlannedGraph(g.info, g.topology_nbytes,
+                                                   tuple(_stream(p, float_bitwidth)
+                                                         for p in g.weights))
+                               for g in graphs], fields)
 
 
 def measured_overhead(graphs: list, float_bitwidth: int, fields: dict) -> Overhead:
     """A part's topology blobs and header, as its bin (packed, shared) lays them out."""
-    blobs, header = ctxbin_layout(graphs, True, True, float_bitwidth, fields)
-    topologies = {topology_blob_name(g.info.name) for g in graphs}
+    layout = ctxbin_layout(graphs, True, True, float_bitwidth, fields)
+    topologies = {ctxbin.topology_blob_name(g.info.name) for g in graphs}
+    blobs = [(b.name, b.nbytes) for b in layout.blobs]
     padding = sum(align_up(n) - n for name, n in blobs if name not in topologies)
-    return Overhead(tuple(n for name, n in blobs if name in topologies), header, padding)
+    return Overhead(tuple(n for name, n in blobs if name in topologies), layout.header_length,
+                    padding)
 
 
 def part_expectation(part: Part, graphs: list, float_bitwidth: int = 16,
@@ -235,8 +218,7 @@ def part_expectation(part: Part, graphs: list, float_bitwidth: int = 16,
         overhead=measured_overhead(planned, float_bitwidth, fields))
 
     def size(packed: bool, shared: bool) -> int:
-        options = {**fields["options"], "weights_packing": packed, "weight_sharing": shared}
-        return ctxbin_bytes(planned, packed, shared, float_bitwidth, {**fields, "options": options})
+        return ctxbin_bytes(planned, packed, shared, float_bitwidth, fields)
 
     has_4bit = any(p.encoding is not None and p.encoding.bitwidth == 4
                    for g in planned for p in g.weights)

@@ -27,7 +27,7 @@ from hexbundle.config.runtime_files import RUNTIME_MODES
 from hexbundle.config.schema import (FLOAT32_MAX, I64, NO_CONTROL, U32, U64, Field,
                                      check_value, read_toml, retire, run_settings, section_type,
                                      to_section, validate)
-from hexbundle.support.errors import ConfigError
+from hexbundle.support.errors import ConfigError, UnknownNameError
 
 BACKENDS = ("reference", "qairt")
 # genie_config.json's max-num-tokens as Qualcomm's generator writes it (qai-hub-models 0.65.0,
@@ -468,8 +468,8 @@ def load_model(root: Path, name: str) -> tuple:
     path = project.model_config(name)
     if not path.is_file():
         known = sorted(p.stem for p in project.models_dir.glob("*.toml"))
-        raise ConfigError(f"unknown model {name!r}{did_you_mean(name, known)}: no {path}; "
-                          f"known: {', '.join(known)}")
+        raise UnknownNameError(f"unknown model {name!r}{did_you_mean(name, known)}: no {path}; "
+                               f"known: {', '.join(known)}", key="model", name=name)
     d = read_toml(path, MODEL_SCHEMA)
     m, a, g, q = d["model"], d["architecture"], d["graphs"], d["quantization"]
     where = str(path)
@@ -635,54 +635,12 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
     """configs/build.toml + HEXBUNDLE_REMOTE_* + command-line overrides -> a BuildConfig."""
     project = ProjectLayout(root)
     root, path = project.root, project.build_config
-    with_defaults = remote_from_environment(read_toml(path, BUILD_SCHEMA))
-    for key, text in (overrides or {}).items():
-        section, _, sub = key.partition(".")
-        if key in COMPILE_SCHEMA:
-            section, sub = "compile", key
-        if sub:
-            schema = SECTIONS.get(section, {})
-            if sub not in schema:
-                raise unknown_setting(key)
-            with_defaults[section][sub] = check_value(
-                parse_override(key, text, schema[sub]), schema[sub], "command line", key)
-        elif key in BUILD_SCHEMA and key not in SECTIONS:
-            with_defaults[key] = check_value(parse_override(key, text, BUILD_SCHEMA[key]),
-                                              BUILD_SCHEMA[key], "command line", key)
-        else:
-            raise unknown_setting(key)
-    b = with_defaults
+    b = apply_overrides(remote_from_environment(read_toml(path, BUILD_SCHEMA)), overrides or {})
     devices = Devices(root)
-    try:
-        model, raw = load_model(root, b["model"])
-        device = devices.get(b["device"])
-    except ConfigError as exc:   # an unknown name: say where it was given
-        given = {k: "command line" for k in overrides or {}}
-        if str(exc).startswith("unknown model"):
-            raise ConfigError(f"{given.get('model', path)}: model = {b['model']!r}: {exc}") \
-                from None
-        if str(exc).startswith("unknown device"):
-            raise ConfigError(f"{given.get('device', path)}: device = {b['device']!r}: {exc}") \
-                from None
-        raise
-    plan_name = b["plan"] or model.default_plan
-    if plan_name not in model.plans:
-        raise ConfigError(f"plan {plan_name!r} is not in {project.model_config(model.name)};"
-                          f" known: {', '.join(sorted(model.plans))}")
-    plan = model.plans[plan_name]
-    check_known_failure(devices, device, model, plan, project.model_config(model.name))
-    problem = pipeline_order_problem(model, plan)
-    if problem:
-        raise ConfigError(f"plan {plan_name!r} of {model.name}: {problem}. Graph names must sort "
-                          "in pipeline order (Genie and the on-device loaders take the context "
-                          "binaries in name order); use fewer than 10 parts")
+    model, raw, device = look_up_names(root, devices, b, overrides or {}, path)
+    plan = chosen_plan(project, devices, model, device, b["plan"])
     files = (path, project.model_config(model.name), *device.files)
-    export_dir = None
-    if raw["inputs"]["source"] == "export":
-        export_dir = check_export_dir(root, raw["inputs"]["dir"], files[1], project.build_root)
-    elif raw["inputs"]["source"] == "qai-hub-models":
-        export_dir = check_tree_dir(root, raw["inputs"]["dir"], files[1], project.build_root)
-        check_tree_covers_plan(model, plan, raw["inputs"], files[1])
+    export_dir = inputs_dir(root, model, plan, raw["inputs"], files[1], project.build_root)
     genie = genie_settings(raw["genie"], model.context_length, files[1])
     container = container_settings(
         b["container"], lambda key: "command line" if f"container.{key}" in (overrides or {})
@@ -696,6 +654,70 @@ def load_build(root: Path, overrides: Optional[dict] = None) -> BuildConfig:
                        verify=to_section(VerifySettings, raw["verify"]), export_dir=export_dir,
                        container=container, remote=remote, runtime=b["runtime"])
 
+
+def apply_overrides(settings: dict, overrides: dict) -> dict:
+    """The build settings with the command line's key=value overrides parsed and checked in
+    (`settings` is changed and returned); an unknown key is named with the nearest."""
+    for key, text in overrides.items():
+        section, _, sub = key.partition(".")
+        if key in COMPILE_SCHEMA:
+            section, sub = "compile", key
+        if sub:
+            schema = SECTIONS.get(section, {})
+            if sub not in schema:
+                raise unknown_setting(key)
+            settings[section][sub] = check_value(
+                parse_override(key, text, schema[sub]), schema[sub], "command line", key)
+        elif key in BUILD_SCHEMA and key not in SECTIONS:
+            settings[key] = check_value(parse_override(key, text, BUILD_SCHEMA[key]),
+                                        BUILD_SCHEMA[key], "command line", key)
+        else:
+            raise unknown_setting(key)
+    return settings
+
+
+def look_up_names(root: Path, devices: Devices, b: dict, overrides: dict, path: Path) -> tuple:
+    """(Model, its raw sections, Device) the settings name; an unknown name is said where it
+    was given (the command line or configs/build.toml)."""
+    try:
+        model, raw = load_model(root, b["model"])
+        device = devices.get(b["device"])
+    except UnknownNameError as exc:
+        given = {k: "command line" for k in overrides}
+        raise ConfigError(f"{given.get(exc.key, path)}: {exc.key} = {b[exc.key]!r}: {exc}") \
+            from None
+    return model, raw, device
+
+
+def chosen_plan(project: ProjectLayout, devices: Devices, model: Model, device: Device,
+                name: str) -> Plan:
+    """The plan `name` (the model's default when empty), checked against the device and for
+    graph names that sort in pipeline order."""
+    plan_name = name or model.default_plan
+    if plan_name not in model.plans:
+        raise ConfigError(f"plan {plan_name!r} is not in {project.model_config(model.name)};"
+                          f" known: {', '.join(sorted(model.plans))}")
+    plan = model.plans[plan_name]
+    check_known_failure(devices, device, model, plan, project.model_config(model.name))
+    problem = pipeline_order_problem(model, plan)
+    if problem:
+        raise ConfigError(f"plan {plan_name!r} of {model.name}: {problem}. Graph names must sort "
+                          "in pipeline order (Genie and the on-device loaders take the context "
+                          "binaries in name order); use fewer than 10 parts")
+    return plan
+
+
+def inputs_dir(root: Path, model: Model, plan: Plan, inputs: dict, where: Path,
+               build_root: Path) -> Optional[Path]:
+    """The export directory an [inputs] of source "export" or "qai-hub-models" reads, checked
+    (a qai-hub-models tree must hold every graph of the plan); None for generated inputs."""
+    if inputs["source"] == "export":
+        return check_export_dir(root, inputs["dir"], where, build_root)
+    if inputs["source"] == "qai-hub-models":
+        found = check_tree_dir(root, inputs["dir"], where, build_root)
+        check_tree_covers_plan(model, plan, inputs, where)
+        return found
+    return None
 
 
 def settable_keys() -> list:

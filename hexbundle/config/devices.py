@@ -21,26 +21,20 @@ board and a chipset) is an error naming both files; a chipset entry whose soc_mo
 is not what Qualcomm's table says of that chipset (recorded apart, in [qualcomm_soc_models]) is
 refused. The one Device that comes out feeds both the compile and the bundle's runtime configs.
 
-The writer side (`qualcomm_facts`, `render_table`) reads Qualcomm's files: devices_and_chipsets.yaml
-(names, aliases, soc_model, htp_version) and the LLM helpers whose `create_genie_config` /
-`save_htp_config_for_genie_bundle` write a Genie bundle's configs (the runtime defaults).
+The writer side: config/qualcomm_wheel.py reads Qualcomm's files out of its qai-hub-models
+wheel, config/devices_table.py renders them as configs/devices.toml (scripts/make_devices.py).
 """
 from __future__ import annotations
 
-import ast
 import difflib
-import hashlib
-import json
 import re
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hexbundle.config.layout import DEVICE_NAME, NAME, ProjectLayout
 from hexbundle.config.runtime_files import TARGETS, target_for
 from hexbundle.config.schema import U64, Field, read_toml, section_type, to_section
-from hexbundle.support.errors import ConfigError
+from hexbundle.support.errors import ConfigError, UnknownNameError
 
 DSP_ARCH = r"v[0-9]{2}"
 # QNN's HTP backend targets Hexagon v68 and later ("S888 or SoC newer than S888"); v65/v66 chips
@@ -275,7 +269,8 @@ class Devices:
         """`typed` (a name or alias, any case) -> its board or chipset."""
         entry = self.index.get(typed.lower())
         if entry is None:
-            raise ConfigError(_unknown(typed, self.index, self.boards, self.table, self.project))
+            raise UnknownNameError(_unknown(typed, self.index, self.boards, self.table,
+                                            self.project), key="device", name=typed)
         if entry.kind == "chipset":
             return _chipset_device(typed, entry.name, self.table, self.project.devices_table)
         return _board_device(typed, entry, self.table, self.project.devices_table)
@@ -319,249 +314,3 @@ def _overlay(section, given: dict):
     """A chipset's settings with the keys a board gives (not None) put over them."""
     values = {k: getattr(section, k) for k in section.schema}
     return to_section(type(section), {**values, **{k: v for k, v in given.items() if v is not None}})
-
-
-# ---------------------------------------------------------------------------------------------
-# The writer: Qualcomm's files -> configs/devices.toml
-
-# What hexbundle's settings are called in Qualcomm's generator, and where it writes them.
-# genie_config.json's QnnHtp block and engine (create_genie_config):
-GENIE_RUNTIME_KEYS = {"n_threads": "n-threads", "cpu_mask": "cpu-mask", "poll": "poll",
-                      "use_mmap": "use-mmap", "mmap_budget": "mmap-budget",
-                      "spill_fill_bufsize": "spill-fill-bufsize",
-                      "allow_async_init": "allow-async-init"}
-# VTCM: neither Qualcomm's chipset table nor its generator sets it. 0 asks QAIRT for the SoC's
-# maximum (qairt-dev 0.6.0 HtpGraphConfig.vtcm_size_in_mb: "To use a device's maximum VTCM
-# amount, set the value to 0"), its default, which qai-hub-models' LLM compile keeps.
-VTCM_SOC_MAXIMUM = 0
-
-
-@dataclass(frozen=True)
-class QualcommFacts:
-    version: str                 # the qai-hub-models release
-    wheel_sha256: str
-    chipsets_file: str           # paths inside the wheel
-    chipsets_sha256: str
-    generator_file: str
-    generator_sha256: str
-    chipsets: dict               # Qualcomm's name -> its yaml entry
-    genie: dict                  # what create_genie_config writes (dialog keys)
-    htp_ext: dict                # what save_htp_config_for_genie_bundle writes
-    max_num_tokens: int          # create_genie_config's max-num-tokens
-
-
-CHIPSETS_FILE = "qai_hub_models/devices_and_chipsets.yaml"
-GENERATOR_FILE = "qai_hub_models/models/templates/llm/llm_helpers.py"
-
-
-def read_qualcomm_wheel(wheel: Path) -> QualcommFacts:
-    """Qualcomm's facts out of a qai-hub-models wheel (a zip; nothing of it is imported)."""
-    import zipfile
-    wheel = Path(wheel)
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            names = set(zf.namelist())
-            missing = [f for f in (CHIPSETS_FILE, GENERATOR_FILE) if f not in names]
-            if missing:
-                raise ConfigError(f"{wheel}: has no {', '.join(missing)}; give a qai-hub-models "
-                                  "wheel of a release that has them (0.65.0 does)")
-            metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
-            version = re.search(r"^Version: (\S+)$", zf.read(metadata).decode(), re.M).group(1)
-            texts = [zf.read(f).decode() for f in (CHIPSETS_FILE, GENERATOR_FILE)]
-    except (OSError, zipfile.BadZipFile, StopIteration, AttributeError) as exc:
-        raise ConfigError(f"{wheel}: not a readable qai-hub-models wheel ({exc})") from None
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    return qualcomm_facts(version, CHIPSETS_FILE, texts[0], GENERATOR_FILE, texts[1], digest)
-
-
-def qualcomm_facts(version: str, chipsets_file: str, chipsets_text: str, generator_file: str,
-                   generator_text: str, wheel_sha256: str = "") -> QualcommFacts:
-    """Read Qualcomm's chipset table (YAML) and its Genie bundle generator (Python source, read
-    as a syntax tree: literals only, never run)."""
-    import yaml   # only the generator script needs it (pip install pyyaml)
-    chipsets = yaml.safe_load(chipsets_text)["chipsets"]
-    functions = {n.name: n for n in ast.walk(ast.parse(generator_text))
-                 if isinstance(n, ast.FunctionDef)}
-    constants = _module_constants(ast.parse(generator_text))
-    genie = _assigned_dict(functions["create_genie_config"], "inner", constants)
-    genie["engine"]["backend"]["QnnHtp"] = _assigned_dict(functions["create_genie_config"],
-                                                          "qnn_htp", constants)
-    genie["sampler"] = _assigned_dict(functions["create_genie_config"], "sampler", constants)
-    htp_ext = _assigned_dict(functions["save_htp_config_for_genie_bundle"], "htp_config",
-                             constants)
-    return QualcommFacts(version, wheel_sha256, chipsets_file, _sha256(chipsets_text),
-                         generator_file, _sha256(generator_text), chipsets, genie, htp_ext,
-                         genie["max-num-tokens"])
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-_NOT_LITERAL = object()
-
-
-def _module_constants(tree: ast.Module) -> dict:
-    out = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
-                isinstance(node.targets[0], ast.Name):
-            value = _literal(node.value, {})
-            if value is not _NOT_LITERAL:
-                out[node.targets[0].id] = value
-    return out
-
-
-def _literal(node: ast.AST, constants: dict) -> Any:
-    """A literal (module constants resolved); a dict keeps its literal entries only."""
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name):
-        return constants.get(node.id, _NOT_LITERAL)
-    if isinstance(node, ast.List):
-        items = [_literal(e, constants) for e in node.elts]
-        return _NOT_LITERAL if _NOT_LITERAL in items else items
-    if isinstance(node, ast.Dict):
-        out = {}
-        for k, v in zip(node.keys, node.values):
-            key, value = _literal(k, constants) if k is not None else _NOT_LITERAL, \
-                _literal(v, constants)
-            if isinstance(key, str) and value is not _NOT_LITERAL:
-                out[key] = value
-        return out
-    return _NOT_LITERAL
-
-
-def _assigned_dict(function: ast.FunctionDef, variable: str, constants: dict) -> dict:
-    for node in ast.walk(function):
-        target = node.target if isinstance(node, ast.AnnAssign) else \
-            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
-        if isinstance(target, ast.Name) and target.id == variable and \
-                isinstance(node.value, ast.Dict):
-            return _literal(node.value, constants)
-    raise ValueError(f"{function.name}() assigns no dict literal to {variable!r}; Qualcomm's "
-                     "generator changed: update hexbundle.config.devices")
-
-
-def short_name(qualcomm_name: str) -> str:
-    """qualcomm-sa8775p -> sa8775p: device=NAME without the vendor prefix every entry has."""
-    return qualcomm_name.removeprefix(QUALCOMM_PREFIX)
-
-
-def plain_title(marketing_name: str) -> str:
-    """"Qualcomm® Dragonwing™ IQ-9075" -> "Dragonwing IQ-9075": ASCII for the banner."""
-    title = marketing_name.replace("®", "").replace("™", "").removeprefix("Qualcomm ")
-    return re.sub(r"\s+", " ", title).strip()
-
-
-def htp_chipsets(facts: QualcommFacts) -> dict:
-    """Qualcomm's chipsets with an HTP, by hexbundle name, sorted."""
-    return {short_name(n): c for n, c in sorted(facts.chipsets.items())
-            if c["htp_version"] >= FIRST_HTP_ARCH}
-
-
-def render_table(facts: QualcommFacts) -> str:
-    """configs/devices.toml, every value with its source."""
-    ext_device = facts.htp_ext["devices"][0]
-    core = ext_device["cores"][0]
-    qnn_htp = facts.genie["engine"]["backend"]["QnnHtp"]
-    runtime = {k: (facts.genie["engine"][q] if q == "n-threads" else qnn_htp[q])
-               for k, q in GENIE_RUNTIME_KEYS.items()}
-    left_out = [f"{short_name(n)} (v{c['htp_version']})" for n, c in sorted(facts.chipsets.items())
-                if c["htp_version"] < FIRST_HTP_ARCH]
-    lines = [
-        "# GENERATED by scripts/make_devices.py from Qualcomm's own files; do not edit by hand (a",
-        "# hand-edited soc_model / dsp_arch pair that Qualcomm's table lacks is refused at load).",
-        f"# Regenerate: pip download qai-hub-models=={facts.version} --no-deps -d /tmp/q &&",
-        f"#   python3 scripts/make_devices.py --wheel /tmp/q/qai_hub_models-{facts.version}-"
-        "py3-none-any.whl",
-        "#",
-        f"# Chipsets: {facts.chipsets_file} of qai-hub-models {facts.version} (Qualcomm's",
-        "# chipset table: name, aliases, soc_model, htp_version). One [chipset.<name>] per chipset",
-        f"# with an HTP (Hexagon v{FIRST_HTP_ARCH} and later; QNN runs older ones on its DSP "
-        "backend), named",
-        "# without the 'qualcomm-' prefix; device=<name> or any alias builds for it.",
-    ] + textwrap.wrap("Left out, no HTP: " + ", ".join(left_out) + ".", 96,
-                      initial_indent="# ", subsequent_indent="#   ") + [
-        "# htp_cores: the cores Qualcomm's generator writes (save_htp_config_for_genie_bundle);",
-        f"# vtcm_mb = {VTCM_SOC_MAXIMUM}: the SoC's maximum (QAIRT's default, HtpGraphConfig."
-        "vtcm_size_in_mb; neither",
-        "# Qualcomm's table nor its generator sets one). Boards (configs/boards/) override both.",
-        "",
-        "[source]",
-        'package = "qai-hub-models"',
-        f"version = {_q(facts.version)}",
-        f"wheel_sha256 = {_q(facts.wheel_sha256)}",
-        f"chipsets_file = {_q(facts.chipsets_file)}",
-        f"chipsets_sha256 = {_q(facts.chipsets_sha256)}",
-        f"generator_file = {_q(facts.generator_file)}",
-        f"generator_sha256 = {_q(facts.generator_sha256)}",
-        "",
-        "# Every soc_model of Qualcomm's table, HTP or not, its Hexagon version and its chipsets:",
-        "# a [chipset.*] entry must agree with it (checked at load).",
-    ]
-    for soc_model, (arch, names) in sorted(_soc_models(facts).items()):
-        lines += [f"[qualcomm_soc_models.{soc_model}]", f"dsp_arch = {_q(arch)}",
-                  f"chipsets = {_list(names)}"]
-    lines += [
-        "",
-        "# A chipset without a board file runs with what Qualcomm's own Genie bundle generator",
-        f"# writes ({facts.generator_file}):",
-        "# save_htp_config_for_genie_bundle (htp_backend_ext_config.json):",
-        "[defaults.htp]",
-        f"perf_profile = {_q(core['perf_profile'])}",
-        f"rpc_control_latency = {core['rpc_control_latency']}",
-        f"mem_type = {_q(facts.htp_ext['memory']['mem_type'])}",
-        "",
-        "# create_genie_config (genie_config.json: engine n-threads, the QnnHtp block):",
-        "[defaults.runtime]",
-    ] + [f"{k} = {_value(v)}   # {GENIE_RUNTIME_KEYS[k]}" for k, v in runtime.items()]
-    for name, chip in htp_chipsets(facts).items():
-        aliases = [a for a in chip["aliases"] if a != name]
-        lines += [
-            "", f"[chipset.{name}]",
-            f"title = {_q(plain_title(chip['marketing_name']))}",
-            f"marketing_name = {_q(chip['marketing_name'])}",
-            f"reference_device = {_q(chip['reference_device'])}",
-            f"world = {_q(chip['world'])}",
-            f"aliases = {_list(aliases)}",
-            f"soc_model = {chip['soc_model']}",
-            f"dsp_arch = {_q(dsp_arch(chip))}",
-            f"htp_cores = {_list([c['core_id'] for c in ext_device['cores']])}",
-            f"vtcm_mb = {VTCM_SOC_MAXIMUM}",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def dsp_arch(chip: dict) -> str:
-    """Qualcomm's htp_version 73 -> QAIRT's dsp_arch "v73"."""
-    return f"v{chip['htp_version']}"
-
-
-def _soc_models(facts: QualcommFacts) -> dict:
-    """soc_model -> (dsp_arch, Qualcomm names); Qualcomm's own table must agree with itself."""
-    out = {}
-    for name, chip in sorted(facts.chipsets.items()):
-        arch = dsp_arch(chip)
-        have = out.setdefault(chip["soc_model"], (arch, []))
-        if have[0] != arch:
-            raise ValueError(f"{facts.chipsets_file}: soc_model {chip['soc_model']} is {have[0]} "
-                             f"for {have[1]} but {arch} for {name}")
-        have[1].append(name)
-    return out
-
-
-def _q(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)   # a TOML basic string
-
-
-def _list(values: list) -> str:
-    return "[" + ", ".join(_value(v) for v in values) + "]"
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return _q(value)
-    return str(value)

@@ -71,6 +71,46 @@ class BlobEntry:
         return {"name": self.name, "offset": self.offset, "nbytes": self.nbytes, "xxh3_128": self.xxh3_128}
 
 
+# A blob table entry's digest (XXH3-128, hex) is of fixed length, so a planned header's length
+# is known before any byte is hashed.
+DIGEST_PLACEHOLDER = "0" * 32
+
+
+def header_bytes(header_fields: dict, blobs: Iterable) -> bytes:
+    """The header as written: the format's fields and the blob table (BlobEntry, in order)."""
+    assert "blobs" not in header_fields
+    return canonical_json({**header_fields, "blobs": [b.to_json() for b in blobs]})
+
+
+@dataclass(frozen=True)
+class ContainerLayout:
+    """Where everything of a container goes: its blobs (placeholder digests) and its header."""
+
+    blobs: tuple                     # BlobEntry, in file order
+    header_offset: int
+    header_length: int
+
+    @property
+    def size(self) -> int:
+        return self.header_offset + self.header_length
+
+
+def plan_layout(blobs: Iterable, header_fields: dict) -> ContainerLayout:
+    """The layout ContainerWriter gives blobs of these sizes ((name, nbytes), in the order they
+    are added) under these header fields: the writer places each blob by the same rule
+    (`next_offset`) and composes its header with `header_bytes`."""
+    table, offset = [], ALIGN
+    for name, nbytes in blobs:
+        table.append(BlobEntry(name, offset, nbytes, DIGEST_PLACEHOLDER))
+        offset = next_offset(offset, nbytes)
+    return ContainerLayout(tuple(table), offset, len(header_bytes(header_fields, table)))
+
+
+def next_offset(offset: int, nbytes: int) -> int:
+    """Where the blob after one of `nbytes` at `offset` starts: every blob is page-aligned."""
+    return offset + align_up(nbytes)
+
+
 class ContainerWriter:
     """Streams blobs into a temp file next to `path`; `finish` adds the header and renames atomically.
 
@@ -117,7 +157,7 @@ class ContainerWriter:
             self.abort()
             raise output_error(self.path, exc) from None
         entry = BlobEntry(name, self._position, nbytes, digest.hexdigest())
-        self._position += nbytes + padding
+        self._position = next_offset(self._position, nbytes)
         self.blobs.append(entry)
         self._names.add(name)
         if len(self.blobs) == 2:   # the topology and a first weight: bytes done, more to come
@@ -126,8 +166,7 @@ class ContainerWriter:
 
     def finish(self, header_fields: dict) -> int:
         """Write header + preamble, fsync, rename over `path`. Returns the file size."""
-        assert "blobs" not in header_fields
-        header = canonical_json({**header_fields, "blobs": [b.to_json() for b in self.blobs]})
+        header = header_bytes(header_fields, self.blobs)
         try:
             self._file.write(header)
             self._file.seek(0)
@@ -208,6 +247,12 @@ class ContainerReader:
             raise self.error(f"preamble says {blob_count} blobs, header lists {len(header['blobs'])}")
         self._header_offset = header_offset
         return header
+
+    @property
+    def layout(self) -> ContainerLayout:
+        """Where the file holds its blobs and header (plan_layout's prediction, as read)."""
+        return ContainerLayout(tuple(self.blobs.values()), self._header_offset,
+                               self.size - self._header_offset)
 
     def _read_blob_table(self) -> dict:
         blobs, end_of_previous = {}, ALIGN
@@ -756,6 +801,10 @@ class FormatReader:
     @property
     def size(self) -> int:
         return self._container.size
+
+    @property
+    def layout(self) -> ContainerLayout:
+        return self._container.layout
 
     @property
     def blobs(self) -> dict:

@@ -8,7 +8,7 @@ are kept reproducible on purpose: they are the failure modes the size checks mus
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Union
 
@@ -16,11 +16,13 @@ import numpy as np
 import onnx
 import xxhash
 
-from hexbundle.formats.container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo,
+from hexbundle.formats.container import (ContainerLayout, ContainerReader, ContainerWriter,
+                                         FormatReader, GraphInfo,
                                          QuantParams, TensorRecord, dequantize, encode_tensor,
                                          parse_graph_record, parse_tensor_record, tensor_blocks,
                                          tensor_quant_params, tensor_values)
-from hexbundle.support.errors import BackendError, FormatError
+from hexbundle.formats.container import plan_layout as container_plan
+from hexbundle.support.errors import BackendError, FormatError, SharedWeightError
 
 CTXBIN_MAGIC = b"HXCTXBIN"
 
@@ -42,11 +44,66 @@ class CtxGraph:
     tensors: Iterable                # Tensor
 
 
-@dataclass(frozen=True)
-class _StoredWeight:
-    record: TensorRecord
-    first_graph: str
-    digests: tuple                   # (data, scales, offsets) XXH3-128 hex, to compare claims
+@dataclass
+class PlannedGraph:
+    """One graph as the size model knows it before any weight value is read: `tensors` are
+    TensorStreams whose blocks are never asked for (their records are all plan_layout needs)."""
+
+    info: GraphInfo                  # weights/topology_blob are filled in as by the writer
+    topology_nbytes: int
+    tensors: tuple                   # TensorStream
+
+
+class _BlobOrder:
+    """The ctx-bin's layout decisions, made once for the writer and for plan_layout: each
+    graph's topology blob, then its weights in order; with weight_sharing a weight is stored
+    once, under the name every graph refers to, the first time a graph brings it; the header
+    records each graph and each stored tensor with the graphs that use it."""
+
+    def __init__(self, path, weight_sharing: bool):
+        self.path, self.weight_sharing = path, weight_sharing
+        self.records: dict = {}      # blob name -> TensorRecord (the first graph's)
+        self.users: dict = {}        # blob name -> [graph names]
+        self.graphs: list = []       # GraphInfo, complete
+        self._graph, self._weights = None, []
+
+    def topology(self, info: GraphInfo) -> str:
+        """Start a graph: the name of its topology blob, which comes first."""
+        if any(g.name == info.name for g in self.graphs):
+            raise BackendError(f"{self.path}: graph name '{info.name}' given twice; graph names "
+                               "must be distinct")
+        self._graph, self._weights = info, []
+        return topology_blob_name(info.name)
+
+    def weight_blob(self, tensor_name: str) -> str:
+        if tensor_name in self._weights:
+            raise ValueError(f"graph {self._graph.name}: tensor {tensor_name!r} given twice")
+        return weight_blob_name(self._graph.name, tensor_name, self.weight_sharing)
+
+    def add_weight(self, record: TensorRecord) -> bool:
+        """Whether the weight's blob is stored now (False: a shared weight stored before)."""
+        new = record.blob not in self.records
+        if new:
+            self.records[record.blob] = record
+        self.users.setdefault(record.blob, []).append(self._graph.name)
+        self._weights.append(record.name)
+        return new
+
+    def end_graph(self) -> None:
+        self.graphs.append(replace(self._graph, weights=tuple(self._weights),
+                                   topology_blob=topology_blob_name(self._graph.name)))
+
+    def header(self, fields: dict) -> dict:
+        tensors = [{**r.to_json(), "graphs": self.users[blob]} for blob, r in self.records.items()]
+        return ctxbin_header(graphs=self.graphs, tensors=tensors, **fields)
+
+
+def header_fields(*, producer: dict, deployable: bool, device: dict, weights_packing: bool,
+                  weight_sharing: bool, optimization_type: int, vtcm_mb: int) -> dict:
+    """The header fields besides the graphs and tensors."""
+    return {"producer": producer, "deployable": deployable, "device": device,
+            "options": {"weights_packing": weights_packing, "weight_sharing": weight_sharing,
+                        "optimization_type": optimization_type, "vtcm_mb": vtcm_mb}}
 
 
 def write_ctxbin(path: Union[str, Path], graphs: Iterable, *, weights_packing: bool,
@@ -55,51 +112,57 @@ def write_ctxbin(path: Union[str, Path], graphs: Iterable, *, weights_packing: b
     """Write a context binary atomically; returns its size. Graphs keep the given order.
 
     With weight_sharing, a tensor name claimed by two graphs must have identical bytes
-    (data, scales, offsets) and metadata, else BackendError naming both graphs.
+    (data, scales, offsets) and metadata, else SharedWeightError naming both graphs.
     """
+    order = _BlobOrder(path, weight_sharing)
+    first: dict = {}                 # blob name -> (first graph, digests) of a stored weight
     with ContainerWriter(path, CTXBIN_MAGIC) as writer:
-        stored: dict = {}            # blob name -> _StoredWeight
-        users: dict = {}             # blob name -> [graph names]
-        graph_infos = []
         for graph in graphs:
-            name = graph.info.name
-            if any(g.name == name for g in graph_infos):
-                raise BackendError(f"{path}: graph name '{name}' given twice; graph names must be distinct")
-            writer.add_blob(topology_blob_name(name), [graph.topology])
-            weights = []
+            writer.add_blob(order.topology(graph.info), [graph.topology])
             for tensor in graph.tensors:
-                if tensor.name in weights:
-                    raise ValueError(f"graph {name}: tensor {tensor.name!r} given twice")
-                blob = weight_blob_name(name, tensor.name, weight_sharing)
+                blob = order.weight_blob(tensor.name)
                 record, data, tail = encode_tensor(tensor, blob, pack=weights_packing)
                 data_digest = xxhash.xxh3_128()
                 data = _hashed(data, data_digest)
-                if blob in stored:   # a shared weight seen before: hash it to compare, don't store
+                stored = order.records.get(blob)
+                if order.add_weight(record):
+                    writer.add_blob(blob, itertools.chain(data, tail))
+                else:   # a shared weight seen before: hash it to compare, don't store
                     for _ in data:
                         pass
-                else:
-                    writer.add_blob(blob, itertools.chain(data, tail))
                 digests = (data_digest.hexdigest(),) + _tail_digests(tail)
-                if blob in stored:
-                    _check_same_weight(path, stored[blob], record, digests, name)
+                if stored is None:
+                    first[blob] = (graph.info.name, digests)
                 else:
-                    stored[blob] = _StoredWeight(record, name, digests)
-                users.setdefault(blob, []).append(name)
-                weights.append(tensor.name)
-            graph_infos.append(GraphInfo(name, graph.info.inputs, graph.info.outputs, tuple(weights),
-                                         graph.info.opset_import, graph.info.ir_version,
-                                         topology_blob_name(name), graph.info.activations))
-        return writer.finish(ctxbin_header(
-            producer=producer, deployable=deployable, device=device, graphs=graph_infos,
-            tensors=[{**s.record.to_json(), "graphs": users[blob]} for blob, s in stored.items()],
-            options={"weights_packing": weights_packing, "weight_sharing": weight_sharing,
-                     "optimization_type": optimization_type, "vtcm_mb": vtcm_mb}))
+                    _check_same_weight(path, stored, first[blob], record, digests,
+                                       graph.info.name)
+            order.end_graph()
+        return writer.finish(order.header(header_fields(
+            producer=producer, deployable=deployable, device=device,
+            weights_packing=weights_packing, weight_sharing=weight_sharing,
+            optimization_type=optimization_type, vtcm_mb=vtcm_mb)))
+
+
+def plan_layout(graphs: Iterable, fields: dict) -> ContainerLayout:
+    """The layout write_ctxbin gives these graphs (PlannedGraph, in bin order) under these
+    header fields (header_fields: the options say whether weights are packed and shared):
+    the size model, to the byte, without a weight value read."""
+    options = fields["options"]
+    order, blobs = _BlobOrder(None, options["weight_sharing"]), []
+    for graph in graphs:
+        blobs.append((order.topology(graph.info), graph.topology_nbytes))
+        for tensor in graph.tensors:
+            record = encode_tensor(tensor, order.weight_blob(tensor.name),
+                                   pack=options["weights_packing"])[0]
+            if order.add_weight(record):
+                blobs.append((record.blob, record.blob_nbytes))
+        order.end_graph()
+    return container_plan(blobs, order.header(fields))
 
 
 def ctxbin_header(*, producer: dict, deployable: bool, options: dict, device: dict, graphs: list,
                   tensors: list) -> dict:
-    """The header fields (all but the blob table): one composition for the writer and for the
-    size check, which predicts the header's length from it."""
+    """The header fields (all but the blob table), composed for the writer and plan_layout."""
     return {"kind": "ctxbin", "producer": producer, "deployable": deployable, "options": options,
             "device": device, "graphs": [g.to_json() for g in graphs], "tensors": tensors}
 
@@ -118,19 +181,22 @@ def _tail_digests(tail: list) -> tuple:
     return tuple(xxhash.xxh3_128(np.ascontiguousarray(c).view(np.uint8)).hexdigest() for c in tail[1:])
 
 
-def _check_same_weight(path, first: _StoredWeight, record: TensorRecord, digests: tuple, graph: str) -> None:
-    if first.record != record:
+def _check_same_weight(path, stored: TensorRecord, first: tuple, record: TensorRecord,
+                       digests: tuple, graph: str) -> None:
+    """`stored`: the record of the copy stored; `first`: (its graph, its digests)."""
+    first_graph, first_digests = first
+    if stored != record:
         what = "shape/dtype/quantization parameters"
     else:
-        differing = [part for part, a, b in zip(("data", "scales", "offsets"), first.digests, digests) if a != b]
+        differing = [part for part, a, b in zip(("data", "scales", "offsets"), first_digests, digests) if a != b]
         if not differing:
             return
         what = " and ".join(differing)
-    raise BackendError(
+    raise SharedWeightError(
         f"{path}: weight sharing is on, but tensor '{record.name}' differs between graphs "
-        f"'{first.first_graph}' and '{graph}' ({what} differ). Both graphs must be exported "
+        f"'{first_graph}' and '{graph}' ({what} differ). Both graphs must be exported "
         f"with the same weights and encodings, or compile with weight_sharing off (a copy of "
-        f"every weight per graph).")
+        f"every weight per graph).", tensor=record.name, graphs=(first_graph, graph))
 
 
 class CtxBinReader(FormatReader):
@@ -222,6 +288,13 @@ class CtxBinReader(FormatReader):
     def topology(self, graph_name: str) -> onnx.GraphProto:
         return self.parse_topology(self.graph(graph_name).topology_blob,
                                    f"topology of graph '{graph_name}'")
+
+
+def is_ctxbin(path: Union[str, Path]) -> bool:
+    """Whether the file starts as a context binary of this format does (by its magic; a QAIRT
+    context binary does not)."""
+    with open(path, "rb") as fh:
+        return fh.read(len(CTXBIN_MAGIC)) == CTXBIN_MAGIC
 
 
 def read_ctxbin(path: Union[str, Path]) -> CtxBinReader:

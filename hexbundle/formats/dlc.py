@@ -6,17 +6,19 @@ with weights_packing off, does not happen) when the context binary is built.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Union
 
 import numpy as np
 import onnx
 
-from hexbundle.formats.container import (ContainerReader, ContainerWriter, FormatReader, GraphInfo,
+from hexbundle.formats.container import (ContainerLayout, ContainerReader, ContainerWriter,
+                                         FormatReader, GraphInfo,
                                          Tensor, TensorRecord, TensorStream, dequantize,
                                          encode_tensor, parse_graph_record, parse_tensor_record,
                                          tensor_quant_params, tensor_values)
+from hexbundle.formats.container import plan_layout as container_plan
 from hexbundle.support.errors import FormatError
 
 DLC_MAGIC = b"HXDLC\0\0\0"
@@ -51,18 +53,29 @@ def write_dlc(path: Union[str, Path], graph: DlcGraph) -> int:
             record, data, tail = encode_tensor(tensor, weight_blob_name(tensor.name), pack=False)
             writer.add_blob(record.blob, itertools.chain(data, tail))
             records.append(record)
-        info = GraphInfo(graph.info.name, graph.info.inputs, graph.info.outputs,
-                         tuple(r.name for r in records), graph.info.opset_import,
-                         graph.info.ir_version, TOPOLOGY_BLOB, graph.info.activations)
-        return writer.finish({
-            "kind": "dlc",
-            "producer": graph.producer,
-            "float_bitwidth": graph.float_bitwidth,
-            "source": {"onnx": Path(graph.source_onnx).name, "encodings": Path(graph.source_encodings).name},
-            "deployable": graph.deployable,
-            "graph": info.to_json(),
-            "tensors": [r.to_json() for r in records],
-        })
+        return writer.finish(_header(graph, records))
+
+
+def plan_layout(graph: DlcGraph) -> ContainerLayout:
+    """The layout write_dlc gives this graph, whose `tensors` are TensorStreams whose blocks are
+    never asked for: the topology blob, then each weight (4-bit one per byte), the header."""
+    records = [encode_tensor(t, weight_blob_name(t.name), pack=False)[0] for t in graph.tensors]
+    blobs = [(TOPOLOGY_BLOB, len(graph.topology))] + [(r.blob, r.blob_nbytes) for r in records]
+    return container_plan(blobs, _header(graph, records))
+
+
+def _header(graph: DlcGraph, records: list) -> dict:
+    """The header fields (all but the blob table), composed for write_dlc and plan_layout."""
+    info = replace(graph.info, weights=tuple(r.name for r in records), topology_blob=TOPOLOGY_BLOB)
+    return {
+        "kind": "dlc",
+        "producer": graph.producer,
+        "float_bitwidth": graph.float_bitwidth,
+        "source": {"onnx": Path(graph.source_onnx).name, "encodings": Path(graph.source_encodings).name},
+        "deployable": graph.deployable,
+        "graph": info.to_json(),
+        "tensors": [r.to_json() for r in records],
+    }
 
 
 class DlcReader(FormatReader):

@@ -1,5 +1,6 @@
-"""AIMET encodings loader: the legacy "0.6.1" dict schema, the "1.0.0" list schema and the
-"2.0.0" schema (one `encodings` list, ONNX-QDQ style fields).
+"""AIMET encodings: the loader of the legacy "0.6.1" dict schema, the "1.0.0" list schema and the
+"2.0.0" schema (one `encodings` list, ONNX-QDQ style fields), and the 1.0.0 writer the input
+generators use (encodings_document, encodings_bytes).
 
 Every schema becomes the same `Encodings` object. Convention: q is an unsigned integer in
 [0, 2^bw - 1] and real = (q + offset) * scale, per tensor, per channel, or per block of
@@ -139,6 +140,51 @@ def encodings_header(path: Union[str, Path]) -> dict:
     if not isinstance(data, dict):
         raise EncodingsError(f"{path}: a JSON {type(data).__name__}, not an encodings object")
     return {k: v for k, v in data.items() if not k.endswith("_encodings")}
+
+
+# ============================================================================ the writer (1.0.0)
+
+def symmetric_per_channel(amax: np.ndarray, bw: int) -> dict:
+    """One scale per output channel (`amax` its largest |value| per channel), offset -2^(bw-1)."""
+    qmax = 2 ** (bw - 1) - 1
+    scales = np.maximum(np.asarray(amax, np.float32).astype(np.float64) / qmax,
+                        np.finfo(np.float32).tiny)
+    return {"enc_type": "PER_CHANNEL", "is_sym": True, "bw": bw,
+            "scale": [float(s) for s in scales], "offset": [-(2 ** (bw - 1))] * len(scales)}
+
+
+def asymmetric_per_tensor(lo: float, hi: float, bw: int) -> dict:
+    """Range [lo, hi] widened to include 0; offset = round(lo / scale) (so q = 0 is ~lo)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    scale = max((hi - lo) / (2 ** bw - 1), float(np.finfo(np.float32).tiny))
+    return {"enc_type": "PER_TENSOR", "is_sym": False, "bw": bw,
+            "scale": [scale], "offset": [int(round(lo / scale))]}
+
+
+def symmetric_per_tensor(r: float, bw: int) -> dict:
+    return {"enc_type": "PER_TENSOR", "is_sym": True, "bw": bw,
+            "scale": [r / (2 ** (bw - 1) - 1)], "offset": [-(2 ** (bw - 1))]}
+
+
+def int_entry(name: str, encoding: dict) -> dict:
+    """A 1.0.0 list entry of an integer encoding (one of the three above)."""
+    return {"name": name, "dtype": "INT", **encoding}
+
+
+def float_entry(name: str, bw: int) -> dict:
+    """A 1.0.0 list entry of a tensor kept float at `bw` bits."""
+    return {"name": name, "dtype": "FLOAT", "enc_type": "PER_TENSOR", "bw": bw}
+
+
+def encodings_document(activations: list, params: list, quantizer_args: dict) -> dict:
+    """An AIMET 1.0.0 encodings document of these entries (int_entry / float_entry)."""
+    return {"version": "1.0.0", "activation_encodings": activations, "param_encodings": params,
+            "excluded_layers": [], "quantizer_args": quantizer_args}
+
+
+def encodings_bytes(doc: dict) -> bytes:
+    """The bytes of an encodings file as hexbundle writes one (both input generators)."""
+    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
 
 
 def subset_encodings(data: dict, params: set, activations: set) -> dict:

@@ -1,4 +1,5 @@
-"""tokenizer.json (Hugging Face tokenizers): the reader. What a bundle needs of it: the special
+"""tokenizer.json (Hugging Face tokenizers): the reader, and the byte-level BPE writer the input
+generator uses (byte_level_bpe, tokenizer_bytes). What a bundle needs of it: the special
 tokens' ids, checked against the tokenizer itself and the model's vocabulary.
 
 Genie loads tokenizer.json on the device; a file that only looks right there fails late or, worse,
@@ -168,3 +169,35 @@ def _check_vocab_width(tokenizer: Path, loaded, vocab_size: int) -> None:
         raise InputError(f"{tokenizer}: token {token!r} has id {tid}, but the model's vocab_size "
                          f"(n-vocab, the logits width) is {vocab_size}: its vocabulary is wider "
                          "than the model; use the tokenizer.json of this model")
+
+
+# ============================================================================ the writer
+
+def byte_level_bpe(vocab: dict, merges: list, added: list) -> dict:
+    """A byte-level BPE tokenizer.json document: `vocab` token -> id, `merges` (left, right)
+    pairs in rank order, `added` (id, content) special tokens. The tokenizers library numbers
+    an added token that is not in model.vocab from the vocabulary's end, whatever id the file
+    gives: so `added` must take the ids right after `vocab`'s, or the file contradicts itself."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": True}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": token_id, "content": content, "single_word": False,
+                          "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+                         for token_id, content in added],
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": {**byte_level, "trim_offsets": False},
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": False, "vocab": vocab,
+                  "merges": [f"{left} {right}" for left, right in merges]},
+    }
+
+
+def tokenizer_bytes(doc: dict) -> bytes:
+    """The bytes of a tokenizer.json as hexbundle writes one (UTF-8, not ASCII-escaped)."""
+    return (json.dumps(doc, ensure_ascii=False, indent=2) + "\n").encode("utf-8")

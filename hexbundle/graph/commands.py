@@ -89,6 +89,9 @@ class Run(cmd_run.Run):
         dry_run = DRY_RUN_FLAG in in_args
         try:
             params, args = self.cmdparser.parse([a for a in in_args if a not in flags])
+        except CmdParseError as exc:   # an option of doit run's own
+            raise CmdParseError(self._unknown_option(exc, of_task=False)) from None
+        try:   # from here on, a parse error is of a task's options (doit's TaskParse)
             self.pdb = params.get("pdb", False)
             params.update(self.opt_vals)
             if wants_help:
@@ -99,7 +102,7 @@ class Run(cmd_run.Run):
                 params["explain"] = True
             return self.execute(params, args)
         except CmdParseError as exc:
-            raise CmdParseError(self._unknown_option(exc)) from None
+            raise CmdParseError(self._unknown_option(exc, of_task=True)) from None
 
     def _help(self, params, names) -> int:
         """`doit bundle --help`: what `doit help bundle` says (default tasks: without a name)."""
@@ -110,7 +113,7 @@ class Run(cmd_run.Run):
             print_task_help(tasks, name, self.loader, self._command_names)
         return 0
 
-    def _unknown_option(self, exc: CmdParseError) -> str:
+    def _unknown_option(self, exc: CmdParseError, of_task: bool) -> str:
         """doit's message lists every option object (CmdOption(...)): name the one instead."""
         cause = exc.__context__
         opt = getattr(cause, "opt", "")
@@ -119,7 +122,7 @@ class Run(cmd_run.Run):
         typed = ("--" if len(opt) > 1 else "-") + opt
         known = [f"--{o.long}" for o in self.cmdparser.options if o.long] + \
             [f"-{o.short}" for o in self.cmdparser.options if o.short]
-        task = " or of the tasks named" if "Error parsing Task" in str(exc) else ""
+        task = " or of the tasks named" if of_task else ""
         return (f"option {typed} is not an option of doit run{task}"
                 f"{did_you_mean(typed, known + list(HELP_FLAGS))}; `python3 -m doit help run` "
                 "lists doit's, `python3 -m doit help TASK` a task's")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from hexbundle.config.layout import Layout
 from hexbundle.formats.origins import record_origin
 from hexbundle.graph.keys import image_id, step_key
-from hexbundle.support.errors import HexbundleError
+from hexbundle.support.errors import HexbundleError, StepFailed
 
 CACHED_STEPS = ("inputs", "convert", "compile")
 # Steps whose fetched outputs get the checks their own outputs get (steps/check.py) before they
@@ -82,8 +82,8 @@ def fetch_check(run, layout: Layout, task_name: str, step: str, extra: dict):
         try:
             run(layout, f"{task_name}:cache-check", "check", of=step,
                 files={str(t): str(p) for t, p in files.items()}, **extra)
-        except HexbundleError as exc:   # the step's own error line, not the log's tail
-            errors = [ln for ln in str(exc).splitlines() if ln.startswith("error: ")]
-            raise HexbundleError(errors[-1][len("error: "):] if errors
-                                 else str(exc).splitlines()[0]) from None
+        except StepFailed as exc:   # the step's own error line, not the log's tail
+            raise HexbundleError(exc.error or str(exc).splitlines()[0]) from None
+        except HexbundleError as exc:
+            raise HexbundleError(str(exc).splitlines()[0]) from None
     return check

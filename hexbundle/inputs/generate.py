@@ -31,11 +31,12 @@ import numpy as np
 from hexbundle.config.build import load_model, resolve_inside
 from hexbundle.config.layout import TOKENIZER, Layout, ProjectLayout, graph_files
 from hexbundle.config.model import Model, Part, part_weights
+from hexbundle.formats import weightdata
+from hexbundle.formats.encodings import encodings_bytes
 from hexbundle.support import progress
 from hexbundle.support.errors import ConfigError, DiskSpaceError
 
 CHUNK_BYTES = 32 << 20          # float32 bytes of one block of rows (the generator's memory)
-DATA_ALIGNMENT = 64             # = synthetic.DATA_ALIGNMENT (kept here so sizing needs no onnx)
 # Besides the .data: per graph the .onnx (topology; weights are external) and the .encodings
 # (JSON: ~50 bytes per quantization channel). Generous bounds, for the disk check only.
 GRAPH_FILES_BYTES = 2 << 20
@@ -47,11 +48,9 @@ DISK_HEADROOM_BYTES = 256 << 20  # keep this much free: logs, doit's database, o
 
 
 def data_bytes(model: Model, part: Part) -> int:
-    """Size of the part's .data file: float32 weights, DATA_ALIGNMENT-aligned."""
-    end = 0
-    for w in part_weights(model.architecture, model.quantization, part):
-        end = -(-end // DATA_ALIGNMENT) * DATA_ALIGNMENT + 4 * math.prod(w.shape)
-    return end
+    """Size of the part's .data file (formats/weightdata.py)."""
+    return weightdata.data_size({w.name: w.shape for w in part_weights(
+        model.architecture, model.quantization, part)})
 
 
 def part_disk_bytes(model: Model, part: Part) -> int:
@@ -95,8 +94,8 @@ def missing_parts(model: Model, parts: Iterable, out_dir: Path) -> list:
 
 def weight_blocks(spec, seed: int, chunk_bytes: int = CHUNK_BYTES):
     """Yield the weight's values as consecutive blocks of rows (views of one reused buffer)."""
-    from hexbundle.inputs import synthetic
-    rng = synthetic.weight_rng(spec.stream, seed)   # a tied LM head: the embedding's stream
+    from hexbundle.inputs import synthetic_weights
+    rng = synthetic_weights.weight_rng(spec.stream, seed)   # a tied LM head: the embedding's stream
     rows = spec.shape[0]
     row_shape = tuple(spec.shape[1:])
     rows_per_block = max(1, chunk_bytes // (4 * max(1, math.prod(row_shape))))
@@ -104,24 +103,24 @@ def weight_blocks(spec, seed: int, chunk_bytes: int = CHUNK_BYTES):
     for start in range(0, rows, rows_per_block):
         block = buffer[:min(rows_per_block, rows - start)]
         rng.standard_normal(dtype=np.float32, out=block)
-        yield synthetic.finish_weight(spec, block)
+        yield synthetic_weights.finish_weight(spec, block)
 
 
 def write_data(path: Path, model: Model, part: Part, seed: int,
                chunk_bytes: int = CHUNK_BYTES) -> dict:
-    """Stream the part's weights into `path` (atomically); return name -> synthetic.WeightRange."""
-    from hexbundle.inputs import synthetic
-    specs = synthetic.weight_specs(model, part)
-    layout = synthetic.data_layout({s.name: s.shape for s in specs})
+    """Stream the part's weights into `path` (atomically); return name -> synthetic_encodings.WeightRange."""
+    from hexbundle.inputs import synthetic, synthetic_encodings, synthetic_weights
+    specs = synthetic_weights.weight_specs(model, part)
+    layout = weightdata.plan_layout({s.name: s.shape for s in specs})
     ranges = {}
     total = sum(4 * math.prod(s.shape) for s in specs)
     with synthetic.open_input_file(path) as f, progress.meter(f"{path.name}", total):
         for spec in specs:
-            f.write(bytes(layout[spec.name][0] - f.tell()))
-            ranges[spec.name] = synthetic.WeightRange(spec)
+            f.write(weightdata.padding(f, layout[spec.name][0]))
+            ranges[spec.name] = synthetic_encodings.WeightRange(spec)
             for block in weight_blocks(spec, seed, chunk_bytes):
                 ranges[spec.name].update(block)
-                data = memoryview(np.ascontiguousarray(block, dtype="<f4")).cast("B")
+                data = weightdata.stored(block)
                 f.write(data)
                 progress.advance(data.nbytes)
     return ranges
@@ -136,7 +135,7 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int,
     """Write the part's <graph>.onnx/.data/.encodings (synthetic.py's files and bytes), streamed.
 
     `also_needed`: bytes other pending work will write (counted in the disk check)."""
-    from hexbundle.inputs import synthetic
+    from hexbundle.inputs import synthetic, synthetic_encodings, synthetic_graph
     out_dir = Path(out_dir)
     check_disk(out_dir, part_disk_bytes(model, part) + also_needed,
                f"the inputs of {model.name} {part.tag}"
@@ -153,17 +152,17 @@ def generate_part(model: Model, part: Part, out_dir: Path, seed: int,
     shapes = {name: r.spec.shape for name, r in ranges.items()}
     for graph in graphs:   # both graphs record the part's one data file
         onnx_path, data, encodings_path = graph_files(out_dir, graph)
-        proto = synthetic.build_graph(model, graph, synthetic.external_tensors(shapes, data.name))
+        proto = synthetic_graph.build_graph(model, graph, synthetic_graph.external_tensors(shapes, data.name))
         synthetic.write_input_file(onnx_path, proto.SerializeToString(deterministic=True))
-        encodings = synthetic.encodings_from_ranges(model, graph, ranges)
-        synthetic.write_input_file(encodings_path, synthetic.encodings_bytes(encodings))
+        encodings = synthetic_encodings.encodings_from_ranges(model, graph, ranges)
+        synthetic.write_input_file(encodings_path, encodings_bytes(encodings))
     return synthetic.part_files(model, part, out_dir)
 
 
 def generate_parts(model: Model, parts: list, out_dir: Path, seed: int,
              specials: Optional[dict] = None, log: Callable[[str], None] = print) -> list:
     """Several parts (and tokenizer.json if `specials`): the disk check covers all of them first."""
-    from hexbundle.inputs import synthetic
+    from hexbundle.inputs import bpe
     out_dir = Path(out_dir)
     total = sum(part_disk_bytes(model, p) for p in parts)
     check_disk(out_dir, total, f"the inputs of {model.name} parts "
@@ -173,7 +172,7 @@ def generate_parts(model: Model, parts: list, out_dir: Path, seed: int,
         pending = sum(part_disk_bytes(model, p) for p in parts[i + 1:])
         written += generate_part(model, part, out_dir, seed, log, also_needed=pending)
     if specials is not None:
-        written.append(synthetic.generate_tokenizer(model.architecture.vocab_size, out_dir / TOKENIZER,
+        written.append(bpe.generate_tokenizer(model.architecture.vocab_size, out_dir / TOKENIZER,
                                                         specials))
         log(f"wrote {written[-1].name}")
     return written

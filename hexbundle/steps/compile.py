@@ -8,7 +8,7 @@ from __future__ import annotations
 from hexbundle.backends import get_backend
 from hexbundle.config.layout import Layout
 from hexbundle.steps.options import compile_options
-from hexbundle.support.errors import HexbundleError
+from hexbundle.support.errors import HexbundleError, SharedWeightError
 
 
 def compile_part(layout: Layout, spec: dict, log) -> None:
@@ -28,10 +28,12 @@ def compile_part(layout: Layout, spec: dict, log) -> None:
         # A refusal here (e.g. a shared weight whose bytes differ between two graphs) is about
         # the user's files, not the DLCs: name the files the DLCs came from (of the graphs it
         # names, when it names some: a part holds a prompt and a token graph per length).
+        named = exc.graphs if isinstance(exc, SharedWeightError) else ()
         graphs = cfg.model.graphs(part)
-        graphs = [g for g in graphs if f"'{g.name}'" in str(exc)] or graphs
+        graphs = [g for g in graphs if g.name in named] or graphs
         sources = "; ".join(f"{g.name}: " + ", ".join(str(p) for p in layout.graph_inputs(g))
                             for g in graphs)
-        raise type(exc)(f"{exc}\n  the part's graphs were converted from {sources}") from None
+        exc.args = (f"{exc}\n  the part's graphs were converted from {sources}",)
+        raise exc from None   # its type and fields kept
     size = layout.bin(part).stat().st_size
     log(f"wrote {layout.rel(layout.bin(part))} ({size / (1 << 20):.2f} MiB)")

@@ -22,6 +22,7 @@ from hexbundle.support.files import open_in_place
 from hexbundle.support.monitor import monitored
 
 TAIL_LINES = 40
+ERROR_PREFIX = "error: "   # how a step logs its HexbundleError (runner, docker_executor)
 
 
 def step_spec(layout: Layout, step: str, **extra) -> dict:
@@ -36,6 +37,14 @@ def _tail(path: Path, n: int = TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(lines[-n:])
+
+
+def _step_error(tail: str) -> str:
+    """The step's own error message: the runner (steps/runner.py) and the docker executor log
+    a HexbundleError as one "error: <message>" line; the step may run in a container, so its
+    log is the one channel it has. "" when it logged none (a crash, a kill)."""
+    errors = [ln for ln in tail.splitlines() if ln.startswith(ERROR_PREFIX)]
+    return errors[-1][len(ERROR_PREFIX):] if errors else ""
 
 
 def run_local(spec: dict, log_path: Path) -> int:
@@ -64,6 +73,8 @@ def run_step(layout: Layout, task: str, step: str, **extra) -> None:
             code = run_local(spec, log_path)
     elapsed = time.monotonic() - started
     if code != 0:
+        tail = _tail(log_path)
         raise StepFailed(f"{label} failed (exit {code}) after {elapsed:.1f}s; log: "
-                          f"{layout.rel(log_path)}\n--- last lines ---\n{_tail(log_path)}")
+                          f"{layout.rel(log_path)}\n--- last lines ---\n{tail}",
+                          error=_step_error(tail))
     say(f"  ok {label} {elapsed:.1f}s  (log: {layout.rel(log_path)})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hexbundle.config.layout import Layout
 from hexbundle.formats.tokenizer import special_token_ids
-from hexbundle.inputs import generate, split, synthetic
+from hexbundle.inputs import bpe, generate, split
 from hexbundle.steps.options import generate_options, tokenizer_options
 
 
@@ -13,7 +13,7 @@ def generate_inputs(layout: Layout, spec: dict, log) -> None:
     cfg = layout.cfg
     if spec.get("what") == "tokenizer":
         options = tokenizer_options(cfg)   # the same value the task's key is made of (dodo.py)
-        synthetic.generate_tokenizer(options.vocab_size, layout.tokenizer, dict(options.specials))
+        bpe.generate_tokenizer(options.vocab_size, layout.tokenizer, dict(options.specials))
         # The bundle step's own check, now: a tokenizer it would refuse fails here, in seconds,
         # not after every part is converted and compiled.
         ids = special_token_ids(layout.tokenizer, dict(options.specials), options.vocab_size)

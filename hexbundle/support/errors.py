@@ -10,6 +10,15 @@ class ConfigError(HexbundleError):
     """A TOML config is missing, malformed, has an unknown key, a wrong type or a bad value."""
 
 
+class UnknownNameError(ConfigError):
+    """A model or device name that no config defines. `key` is the setting that names it
+    ("model", "device"), so the caller can say where the name was given."""
+
+    def __init__(self, message: str, *, key: str = "", name: str = ""):
+        super().__init__(message)
+        self.key, self.name = key, name
+
+
 class InputError(HexbundleError):
     """A model input (ONNX, external data, tokenizer) is missing or unusable."""
 
@@ -24,6 +33,15 @@ class FormatError(HexbundleError):
 
 class BackendError(HexbundleError):
     """A backend refused or failed to convert or compile."""
+
+
+class SharedWeightError(BackendError):
+    """With weight sharing on, a tensor differs between the graphs that share it. `graphs` are
+    the two graphs' names, so the caller can name the files those graphs came from."""
+
+    def __init__(self, message: str, *, tensor: str = "", graphs: tuple = ()):
+        super().__init__(message)
+        self.tensor, self.graphs = tensor, tuple(graphs)
 
 
 class SizeError(HexbundleError):
@@ -58,7 +76,13 @@ class DiskSpaceError(HexbundleError):
 
 
 class StepFailed(HexbundleError):
-    """A build step exited non-zero: the message names the step and shows its log's last lines."""
+    """A build step exited non-zero: the message names the step and shows its log's last lines.
+    `error` is the step's own error message (its log's last "error: " line), or "" when the
+    step logged none (a crash, a kill)."""
+
+    def __init__(self, message: str, *, error: str = ""):
+        super().__init__(message)
+        self.error = error
 
 
 class ToolchainError(HexbundleError):
