@@ -5,7 +5,9 @@ the command line's `name=value` settings, and that is where an empty argument ha
 Why: doit 0.36-0.37 reads `arg[0]` of every command-line argument (DoitMain.process_args, and
 again when it loads the tasks), so an empty one (`doit import_export --name ""`) raised
 IndexError: a traceback before any task code ran. The loader refuses it by name first (exit 3).
-Nothing else differs from doit's DodoTaskLoader.
+It is also where the run guard starts (graph.runguard: lock, recovery, DB state): after dodo.py
+is read, before doit opens the dependency DB, for every command that has not said it only reads
+(graph.commands.ReadOnly sets `read_only`; a read-only run's DB is never saved, graph.db).
 """
 from __future__ import annotations
 
@@ -41,9 +43,24 @@ class Loader(DodoTaskLoader):
         with interrupted_at_start_up():
             return super().setup(opt_values)
 
+    read_only = False   # set by a command that writes nothing (graph.commands.ReadOnly)
+
     def load_doit_config(self):
         with interrupted_at_start_up():
-            return super().load_doit_config()
+            config = super().load_doit_config()
+            self.start_guard()
+            return config
+
+    def start_guard(self) -> None:
+        """Called by doit right before it opens the DB: guard the run (once), or, for a command
+        that only reads, keep the DB from being saved."""
+        from hexbundle.graph import db, session
+        layout = (self.namespace or {}).get("LAYOUT")
+        if self.read_only:
+            db.hold_saves()
+        elif layout is not None and not getattr(self, "_guarded", False):
+            self._guarded = True
+            session.start_guard(layout)
 
     def load_tasks(self, cmd, pos_args):
         with interrupted_at_start_up():

@@ -1,9 +1,11 @@
-"""A doit run's session: the resolved config, its guard (lock, recovery) and doit's settings.
+"""A doit run's session: the resolved config, its guard (lock, recovery, DB state: started by
+the command that writes, graph.loader) and doit's settings.
 
 Kept out of dodo.py so that dodo.py reads as the task graph and nothing else.
 """
 from __future__ import annotations
 
+import getopt
 import os
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ import doit
 
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import BUILD_ROOT_ENV, DOIT_DB, Layout, ProjectLayout
-from hexbundle.graph import codekey, runguard
+from hexbundle.graph import codekey
 from hexbundle.graph.checker import XXH3Checker, comparison_checker
 from hexbundle.graph.db import BACKEND
 from hexbundle.graph.reporter import Reporter, set_banner
@@ -22,6 +24,34 @@ from hexbundle.support.errors import HexbundleError
 # Benchmark only: "md5" runs the same task graph with doit's stock MD5 checker and a DB of its
 # own (scripts/bench.py compares the two). Builds never set it.
 BENCH_CHECKER_ENV = "HEXBUNDLE_BENCH_CHECKER"
+
+
+# doit commands that neither run tasks nor write the DB. Only for the refusal of a run started
+# outside the project, before doit has read which command it is; the run guard itself is
+# started by the command (graph.loader, graph.commands.ReadOnly), never from argv.
+READ_ONLY_COMMANDS = {"list", "help", "info", "dumpdb", "tabcompletion", "--help", "--version"}
+RUN_READ_ONLY_FLAGS = {"--dry-run", "--help", "-h"}   # graph.commands.Run
+RUN_FLAGS = RUN_READ_ONLY_FLAGS | {"--explain", "--json"}   # every flag graph.commands.Run adds
+
+
+def command_name(argv: list) -> str:
+    """The argument doit takes its command from (doit 0.37, DoitMain.run): the first one after
+    the dodo-finding options (-f FILE, -d DIR, -k, which may come first) and the `key=value`
+    variables; "" if none. Not one of doit's commands means `run`."""
+    try:
+        _, args = getopt.getopt(argv[1:], "f:d:k", ["file=", "dir=", "seek-file"])
+    except getopt.GetoptError:   # doit then looks at the arguments as given
+        args = argv[1:]
+    args = [a for a in args if a.startswith("-") or "=" not in a]
+    return args[0] if args else ""
+
+
+def command_writes(argv: list) -> bool:
+    """Anything but a read-only command means a run (or a command that writes the DB). A run
+    with --dry-run or a task's --help (graph.commands) runs nothing and writes nothing."""
+    if any(arg in RUN_READ_ONLY_FLAGS for arg in argv[1:]):
+        return False
+    return command_name(argv) not in READ_ONLY_COMMANDS
 
 
 def command_line_overrides(argv=None) -> dict:
@@ -50,11 +80,11 @@ def outside_project_problem(root: Path, argv: list, started_in: Path):
     what to do instead. Read-only commands (list, info, help) still work from there."""
     if started_in.resolve() == root.resolve():
         return None
-    flags = [a for a in argv[1:] if a in runguard.RUN_FLAGS]
+    flags = [a for a in argv[1:] if a in RUN_FLAGS]
     if flags:
         return (f"{flags[0]} is hexbundle's (pyproject.toml), which doit reads only when "
                 f"started in the project directory: run it from {root}")
-    if runguard.command_writes(argv):
+    if command_writes(argv):
         return ("doit was started outside the project directory, so it did not read "
                 "pyproject.toml, which registers hexbundle's dependency DB (graph/db.py: saved "
                 f"atomically, after every step, one per variant): run it from {root}")
@@ -77,22 +107,29 @@ def load(root: Path):
         print(f"hexbundle: {exc}", file=sys.stderr)
         sys.exit(3)
     layout = Layout(cfg)
-    if runguard.command_writes(sys.argv):   # not list, help, info: those leave no trace
-        try:   # the build lock, clean-up after a killed run, a crash-safe dependency DB
-            hashing.check_trace_file()
-            runguard.guard_run(layout, sys.argv, checker_and_db()[1])
-        except HexbundleError as exc:
-            print(f"hexbundle: {exc}", file=sys.stderr)
-            sys.exit(3)
-        except OSError as exc:   # a build root that cannot be written (read-only, /proc, ...)
-            print(f"hexbundle: {build_root_problem(layout, exc)}", file=sys.stderr)
-            sys.exit(3)
-        hashing.use_cache(layout.digest_cache)   # else digests stay in memory
-        codekey.use_cache(layout.code_imports_cache)   # else every run reads the sources
-        # A remote cache names files by SHA-256: take it in the same read as the XXH3.
-        hashing.cache().with_sha256 = bool(cfg.remote.cache)
     set_banner(layout)
     return cfg, layout, overrides
+
+
+def start_guard(layout: Layout) -> None:
+    """The lock, recovery and DB state (graph.runguard) for a command that writes, started by
+    graph.loader before doit opens the DB; then the persistent digest and import caches. Never
+    for a read-only command (graph.commands.ReadOnly): those leave no trace. A problem is one
+    line and exit 3."""
+    from hexbundle.graph import runguard   # only a command that writes needs it
+    try:   # the build lock, clean-up after a killed run, a crash-safe dependency DB
+        hashing.check_trace_file()
+        runguard.guard_run(layout, checker_and_db()[1])
+    except HexbundleError as exc:
+        print(f"hexbundle: {exc}", file=sys.stderr)
+        sys.exit(3)
+    except OSError as exc:   # a build root that cannot be written (read-only, /proc, ...)
+        print(f"hexbundle: {build_root_problem(layout, exc)}", file=sys.stderr)
+        sys.exit(3)
+    hashing.use_cache(layout.digest_cache)   # else digests stay in memory
+    codekey.use_cache(layout.code_imports_cache)   # else every run reads the sources
+    # A remote cache names files by SHA-256: take it in the same read as the XXH3.
+    hashing.cache().with_sha256 = bool(layout.cfg.remote.cache)
 
 
 def build_root_problem(layout: Layout, exc: OSError) -> str:
