@@ -217,6 +217,9 @@ class Run(cmd_run.Run):
         console.configure(
             quiet=bool(force_verbosity and verbosity is not None and verbosity < 2),
             to_stderr=isinstance(chosen, type) and issubclass(chosen, JsonReporter))
+        plain_stdout = sys.stdout
+        if console.terminal():   # what tasks print goes above the status line
+            sys.stdout = console.StatusAware(plain_stdout)
         try:
             if dry_run:
                 return self._dry_run(always, auto_delayed_regex)
@@ -234,6 +237,7 @@ class Run(cmd_run.Run):
                                             self._command_names)) from None
         finally:
             explaining.start(None)
+            sys.stdout = plain_stdout
 
     def _dry_run(self, always, auto_delayed_regex) -> int:
         """Each task the run would reach, in dependency order: would it run, and why."""
