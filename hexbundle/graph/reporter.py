@@ -2,7 +2,7 @@
 backend, executor, device); on a terminal one status line that rewrites itself (`[5/18]
 compile:part_3_of_4 DLC weights 42% 1.2 GiB/s`, support.console and support.monitor), else one
 line a step when it is done (`[5/18] compile:part_3_of_4 [reference/local] 0.4s`; nothing for
-a step up to date); what tasks print (the size table, verify's table); one summary line last
+a step up to date; a tool's line when it starts, so that its verdict is its last line); what tasks print (the size table, verify's table); one summary line last
 (what was built or checked, where, how many steps were built, fetched from the remote cache,
 run remotely and up to date, how long; on failure which task failed and where its log is).
 
@@ -138,6 +138,8 @@ class Reporter(ConsoleReporter):
         self.total = len(reached_steps(tasks, self.selected))
         self.number, self.began, self.outcomes = {}, {}, Counter()
         self.terminal = console.terminal()
+        # a tool (inspect, image, ...) ends with its own verdict: its line comes first
+        self.lines_first = not builds_variant(self.selected)
         if _layout is not None and builds_variant(self.selected) and not console.quiet():
             self.outstream.write(banner(_layout) + "\n")
 
@@ -151,6 +153,9 @@ class Reporter(ConsoleReporter):
             self.began[task.name] = time.monotonic()
             console.set_counter(task.name, self._counter(task.name))
             console.status(f"{self._counter(task.name)} {task.name}")
+            if self.lines_first and not self.terminal:
+                self.write(f"{self._counter(task.name)} {task.name}\n")
+                self.outstream.flush()
 
     def _counter(self, name: str) -> str:
         return f"[{self.number[name]}/{self.total}]"
@@ -198,6 +203,8 @@ class Reporter(ConsoleReporter):
         elif outcome == BUILT and _layout is not None and task.name.split(":")[0] in STEP_TASKS:
             how = f" [{_layout.cfg.backend}/{_layout.cfg.executor}]"
         line = f"{counter} {prefix}{task.name}{how} {elapsed:.1f}s"
+        if self.lines_first and not prefix:
+            return   # said when it started
         if self.terminal and not prefix:
             console.status(line)
             return
