@@ -223,3 +223,37 @@ def test_sigterm_mid_step_exits_non_zero_with_a_message_and_no_temp_file(project
 
     rerun = project.doit("bundle")
     assert rerun.executed and "left by an interrupted run" not in rerun.err
+
+
+# ---------------------------------------------------------------------------------------------
+# fetched, built, up to date: the summary's counts (in this process, real doit tasks)
+
+def test_the_summary_counts_a_step_fetched_from_the_cache_apart(tmp_path, monkeypatch):
+    """A step that ran is counted by the origin record it left (formats.origins, written by
+    graph.remote_steps: "remote-cache" on a hit): fetched, not built; a full cache hit's
+    summary is no longer "N steps ran". (The end-to-end hit: tests/test_remote_cache.py.)"""
+    from doit.task import Task
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import BUILD_ROOT_ENV, Layout
+    from hexbundle.formats.origins import write_origin
+    from hexbundle.graph import reporter
+    monkeypatch.setenv(BUILD_ROOT_ENV, str(tmp_path / "build"))
+    layout = Layout(load_build(ROOT, {}))
+    write_origin(layout, "compile:part_1_of_4", {"origin": "remote-cache"}, [])
+    write_origin(layout, "compile:part_2_of_4", {"origin": "local"}, [])
+    names = ["compile:part_1_of_4", "compile:part_2_of_4", "compile:part_3_of_4"]
+    tasks = {n: Task(n, [(lambda: None, [], {})]) for n in names}
+    tasks["bundle"] = Task("bundle", [(lambda: None, [], {})], task_dep=names)
+    monkeypatch.setattr(reporter, "_layout", layout)
+    out = io.StringIO()
+    shows = reporter.Reporter(out, {})
+    shows.initialize(tasks, ["bundle"])
+    shows.skip_uptodate(tasks["compile:part_3_of_4"])
+    for name in names[:2] + ["bundle"]:
+        shows.execute_task(tasks[name])
+        shows.add_success(tasks[name])
+    lines = out.getvalue().splitlines()[-3:]
+    assert re.fullmatch(r"\[1/4\] compile:part_1_of_4 fetched [\d.]+s", lines[0]), lines
+    assert re.fullmatch(r"\[2/4\] compile:part_2_of_4 \[reference/local\] [\d.]+s", lines[1])
+    assert re.fullmatch(r"\[3/4\] bundle \[reference/local\] [\d.]+s", lines[2]), lines
+    assert re.search(r": 2 built, 1 fetched, 1 up to date, [\d.]+ s$", shows.summary())
