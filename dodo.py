@@ -37,22 +37,16 @@ doit's side -- checker, up-to-date keys, run guard, reporter, the action wrapper
 """
 from pathlib import Path
 
-from hexbundle.config.toolchain import load_toolchain
 from hexbundle.graph.actions import action
-from hexbundle.graph.keys import image_unchanged
 from hexbundle.graph.session import doit_config, load
 from hexbundle.graph.stepdesc import NO_CAPTURE, Step, declared
-from hexbundle.graph.targets import bundle_in_place
-from hexbundle.steps.options import (bundle_options, compile_options, convert_options,
-                                     generate_options, split_options, tokenizer_options,
-                                     verify_options)
-from hexbundle.toolchain import image, wheelhouse
 
+# What a task creator alone needs is imported in it: `doit list` calls none of them
+# (graph.loader), so it pays for none of their imports.
 ROOT = Path(__file__).resolve().parent
 CFG, LAYOUT, OVERRIDES = load(ROOT)
 DOIT_CONFIG = doit_config(LAYOUT)
 
-TOOLCHAIN = load_toolchain(ROOT)
 PARTS = CFG.plan.parts()
 
 
@@ -70,6 +64,7 @@ def task_inputs():
 
     Generated: ONNX + .data + AIMET .encodings per graph, and tokenizer.json. Exported: every
     file the plan needs must be where the model config's inputs.dir says."""
+    from hexbundle.steps.options import generate_options, split_options, tokenizer_options
     if LAYOUT.splits_locally:
         sources = [rel(p) for p in LAYOUT.source_inputs()]
         yield {"name": "check", "doc": "check the export's unsplit graphs are present",
@@ -139,6 +134,7 @@ def task_inspect():
     dtype, symmetric); then every problem the build would refuse (the build's own checks, all
     of them, not just the first; each weight's values are read once, streamed). Exits non-zero
     if there is any."""
+    from hexbundle.steps.options import convert_options
     return {"actions": [action("hexbundle.checks.inspect:inspect_command",
                                float_bitwidth=convert_options(CFG).float_bitwidth)],
             "params": [{"name": "path", "long": "path", "default": "",
@@ -167,6 +163,7 @@ def task_check_bundle():
 
 def task_convert():
     """ONNX + AIMET encodings -> DLC, one per graph (quantize weights; floats to fp16)."""
+    from hexbundle.steps.options import convert_options
     for part in PARTS:
         for graph in CFG.model.graphs(part):
             yield task(Step(f"convert:{part.tag}_{graph.slot}", "convert",
@@ -180,6 +177,7 @@ def task_compile():
     """A part's DLCs -> one context binary, weights shared and 4-bit weights packed.
 
     The part's prompt and token graph at each context length go into one binary."""
+    from hexbundle.steps.options import compile_options
     for part in PARTS:
         yield task(Step(f"compile:{part.tag}", "compile", f"compile {LAYOUT.bin_name(part)}",
                         compile_options(CFG, part),
@@ -193,6 +191,7 @@ def task_check_sizes():
 
     The size model catches unpacked 4-bit weights; the re-hash catches any bundle file edited,
     removed or added after the build (no digest cache, no stat shortcut)."""
+    from hexbundle.steps.options import bundle_options
     options = bundle_options(CFG)
     return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", LAYOUT,
                                options.convert, options.compile),
@@ -203,6 +202,8 @@ def task_check_sizes():
 
 def task_bundle():
     """Check sizes, then assemble the Genie bundle: configs, tokenizer, bins, manifest."""
+    from hexbundle.graph.targets import bundle_in_place
+    from hexbundle.steps.options import bundle_options
     options = bundle_options(CFG)
     return task(Step("bundle", "bundle", "", options,
                      inputs=[LAYOUT.bin(p) for p in PARTS] + [LAYOUT.tokenizer]
@@ -258,6 +259,7 @@ def task_verify():
     measures (a second reference with AIMET's rounding), and the float ONNX for the drift: a
     table per part and end to end (value, floor, ratio, limit); fails naming the first part
     that diverges. Settings: the model config's [verify] table (docs/verify.md)."""
+    from hexbundle.steps.options import verify_options
     options = verify_options(CFG)
     return task(Step("verify", "verify", "", options,
                      inputs=list(LAYOUT.bundle_files()) + list(LAYOUT.all_inputs())
@@ -272,6 +274,7 @@ def task_contract_wheel():
 
     The wheel pinned by requirements/contract.lock, into build/wheelhouse/contract: the contract
     tests load the real QAIRT API classes from it."""
+    from hexbundle.toolchain import wheelhouse
     return {"actions": [action("hexbundle.toolchain.wheelhouse:fetch_contract", ROOT)],
             "file_dep": [rel(ROOT / wheelhouse.CONTRACT_LOCK)],
             "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
@@ -283,9 +286,12 @@ def task_wheelhouse():
     CPython 3.10, manylinux x86_64 wheels named by requirements/container.lock, every sha256
     checked. Needs PyPI for missing wheels only: a complete wheelhouse brought offline is just
     verified."""
+    from hexbundle.config.toolchain import load_toolchain
+    from hexbundle.toolchain import wheelhouse
+    toolchain = load_toolchain(ROOT)
     return {"actions": [action("hexbundle.toolchain.wheelhouse:fetch", ROOT)],
-            "file_dep": [rel(TOOLCHAIN.lock)],
-            "targets": [rel(TOOLCHAIN.wheelhouse / wheelhouse.SUMS)],
+            "file_dep": [rel(toolchain.lock)],
+            "targets": [rel(toolchain.wheelhouse / wheelhouse.SUMS)],
             "verbosity": 2, "meta": NO_SETTINGS}
 
 
@@ -299,6 +305,8 @@ def task_image():
     engine that answers and the base image in it are checked before the locked wheels the
     wheelhouse lacks are fetched (as `doit wheelhouse` does). Log: build/logs/image.log; ID:
     build/image/."""
+    from hexbundle.graph.keys import image_unchanged
+    from hexbundle.toolchain import image
     return {"actions": [action("hexbundle.toolchain.image:build", ROOT)],
             "params": [{"name": "base", "long": "base", "default": "",
                         "help": "base image reference (default: configs/toolchain.toml)"},

@@ -38,8 +38,6 @@ from doit.exceptions import InvalidCommand
 from doit.reporter import JsonReporter
 
 from hexbundle.config.build import command_line_settings, did_you_mean
-from hexbundle.graph import explain as explaining
-from hexbundle.graph import dbstate
 from hexbundle.graph.session import checker_and_db
 from hexbundle.support import console
 from hexbundle.support.files import read_state
@@ -90,7 +88,13 @@ class ReadOnly:
 
 
 class List(ReadOnly, cmd_list.List):
-    pass
+    """`doit list` as it is most run (names and first lines only): the task creators are not
+    called (graph.loader.Loader.names_only), so nothing they import or compute is paid for."""
+
+    def execute(self, params, args):
+        details = ("subtasks", "status", "private", "list_deps", "template")
+        self.loader.names_only = not args and not any(params.get(k) for k in details)
+        return super().execute(params, args)
 
 
 class Info(ReadOnly, cmd_info.Info):
@@ -217,13 +221,14 @@ class Run(cmd_run.Run):
         console.configure(
             quiet=bool(force_verbosity and verbosity is not None and verbosity < 2),
             to_stderr=isinstance(chosen, type) and issubclass(chosen, JsonReporter))
-        plain_stdout = sys.stdout
+        plain_stdout, explaining = sys.stdout, None
         if console.terminal():   # what tasks print goes above the status line
             sys.stdout = console.StatusAware(plain_stdout)
         try:
             if dry_run:
                 return self._dry_run(always, auto_delayed_regex)
-            if explain:
+            if explain:   # graph.explain and what it reads: only when asked for
+                from hexbundle.graph import explain as explaining
                 layout = (getattr(self.loader, "namespace", None) or {}).get("LAYOUT")
                 explaining.start(explaining.Explainer(
                     self.dep_manager, {t.name: t for t in self.task_list}, layout))
@@ -236,13 +241,15 @@ class Run(cmd_run.Run):
             raise InvalidCommand(not_a_task(exc.not_found, self.task_list,
                                             self._command_names)) from None
         finally:
-            explaining.start(None)
+            if explaining is not None:
+                explaining.start(None)
             sys.stdout = plain_stdout
 
     def _dry_run(self, always, auto_delayed_regex) -> int:
         """Each task the run would reach, in dependency order: would it run, and why."""
         layout = (getattr(self.loader, "namespace", None) or {}).get("LAYOUT")
         if layout is not None:   # the model's steps' records, as a real run would see them
+            from hexbundle.graph import dbstate
             dbstate.seeded_view(self.dep_manager.backend, layout, checker_and_db()[1])
         control = TaskControl(self.task_list, auto_delayed_regex=auto_delayed_regex)
         control.process(self.sel_tasks)
@@ -288,6 +295,7 @@ class Run(cmd_run.Run):
 def run_reason(dep_manager, task, tasks) -> str | None:
     """Why doit would run `task` now (graph.explain: the setting, input, code file or output
     that changed), or None."""
+    from hexbundle.graph import explain as explaining
     return explaining.reason(dep_manager, task, tasks)
 
 

@@ -15,6 +15,8 @@ import sys
 from contextlib import contextmanager
 
 from doit.cmd_base import DodoTaskLoader
+from doit.loader import _get_task_creators
+from doit.task import Task
 
 from hexbundle.support import stdio, testhooks
 
@@ -44,6 +46,7 @@ class Loader(DodoTaskLoader):
             return super().setup(opt_values)
 
     read_only = False   # set by a command that writes nothing (graph.commands.ReadOnly)
+    names_only = False   # `doit list` of names and first lines (graph.commands.List)
 
     def load_doit_config(self):
         with interrupted_at_start_up():
@@ -67,7 +70,16 @@ class Loader(DodoTaskLoader):
             testhooks.set_step(testhooks.START_UP)   # tests interrupt the start-up here
             testhooks.pause_point()
             testhooks.set_step(None)
+            if self.names_only:
+                return task_stubs(self.namespace, self.cmd_names)
             return super().load_tasks(cmd, pos_args)
+
+
+def task_stubs(namespace: dict, command_names) -> list:
+    """One task per task creator, named and documented as doit names and documents it (the
+    creator's docstring), without calling it: all `doit list` shows."""
+    return [Task(name, None, doc=creator.__doc__)
+            for name, creator, _ in _get_task_creators(namespace, command_names)]
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from doit.reporter import ConsoleReporter
 from hexbundle import __version__
 from hexbundle.backends import describe
 from hexbundle.config.layout import Layout
-from hexbundle.graph import db, explain
+from hexbundle.graph import db
 from hexbundle.support import console
 from hexbundle.support.files import read_state
 
@@ -122,8 +122,15 @@ def counts(outcomes: Counter, uptodate: int) -> str:
     return ", ".join(parts + [f"{uptodate} up to date"])
 
 
+def _explainer():
+    """graph.explain's active explainer (`--explain`), or None; explain and what it imports are
+    loaded only by a run that asked for it (graph.commands)."""
+    explain = sys.modules.get("hexbundle.graph.explain")
+    return explain.active() if explain is not None else None
+
+
 def _explained(task) -> bool:
-    return explain.active() is not None and bool(task.actions) and not task.name.startswith("_")
+    return _explainer() is not None and bool(task.actions) and not task.name.startswith("_")
 
 
 class Reporter(ConsoleReporter):
@@ -145,7 +152,7 @@ class Reporter(ConsoleReporter):
 
     def execute_task(self, task):
         if _explained(task):   # before it runs: the DB still holds its last run's record
-            explain.active().running(task)
+            _explainer().running(task)
         if _shown(task):   # (not doit's `.  name` line: the step's line says it when done)
             self.ran.append(task.name)
             self.number[task.name] = len(self.number) + 1
@@ -214,7 +221,7 @@ class Reporter(ConsoleReporter):
     def _explain(self, task, outcome: str, failure=()) -> None:
         """--explain's line for the step (graph.explain), asked for: shown at any verbosity."""
         if _explained(task):
-            self.write(explain.active().line(task, outcome, "".join(failure)) + "\n")
+            self.write(_explainer().line(task, outcome, "".join(failure)) + "\n")
             self.outstream.flush()
 
     def complete_run(self):

@@ -14,11 +14,9 @@ import doit
 
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import BUILD_ROOT_ENV, DOIT_DB, Layout, ProjectLayout
-from hexbundle.graph import codekey
 from hexbundle.graph.checker import XXH3Checker, comparison_checker
 from hexbundle.graph.db import BACKEND
 from hexbundle.graph.reporter import Reporter, set_banner
-from hexbundle.support import hashing
 from hexbundle.support.errors import HexbundleError
 
 # Benchmark only: "md5" runs the same task graph with doit's stock MD5 checker and a DB of its
@@ -116,7 +114,8 @@ def start_guard(layout: Layout) -> None:
     graph.loader before doit opens the DB; then the persistent digest and import caches. Never
     for a read-only command (graph.commands.ReadOnly): those leave no trace. A problem is one
     line and exit 3."""
-    from hexbundle.graph import runguard   # only a command that writes needs it
+    from hexbundle.graph import codekey, runguard   # only a command that writes needs them
+    from hexbundle.support import hashing
     try:   # the build lock, clean-up after a killed run, a crash-safe dependency DB
         hashing.check_trace_file()
         runguard.guard_run(layout, checker_and_db()[1])
