@@ -37,8 +37,7 @@ from doit.control import TaskControl
 from doit.exceptions import InvalidCommand
 from doit.reporter import JsonReporter
 
-from hexbundle.config.build import command_line_settings, did_you_mean
-from hexbundle.graph.session import checker_and_db
+from hexbundle.graph.session import build_of, checker_and_db
 from hexbundle.support import console
 from hexbundle.support.files import read_state
 
@@ -184,7 +183,7 @@ class Run(cmd_run.Run):
         self.loader.read_only = True
         self.loader.setup(params)
         self.loader.load_doit_config()
-        layout = self.loader.namespace["LAYOUT"]
+        layout = build_of(self.loader.namespace).layout
         path = layout.verify_report
         try:
             report = json.loads(read_state(path))   # never through a symbolic link
@@ -203,6 +202,7 @@ class Run(cmd_run.Run):
         opt = getattr(cause, "opt", "")
         if not isinstance(cause, getopt.GetoptError) or not opt:
             return str(exc)
+        from hexbundle.config.build import did_you_mean
         typed = ("--" if len(opt) > 1 else "-") + opt
         known = [f"--{o.long}" for o in self.cmdparser.options if o.long] + \
             [f"-{o.short}" for o in self.cmdparser.options if o.short]
@@ -229,7 +229,8 @@ class Run(cmd_run.Run):
                 return self._dry_run(always, auto_delayed_regex)
             if explain:   # graph.explain and what it reads: only when asked for
                 from hexbundle.graph import explain as explaining
-                layout = (getattr(self.loader, "namespace", None) or {}).get("LAYOUT")
+                build = build_of(getattr(self.loader, "namespace", None))
+                layout = build.layout if build else None
                 explaining.start(explaining.Explainer(
                     self.dep_manager, {t.name: t for t in self.task_list}, layout))
             return super()._execute(outfile, verbosity, always, continue_, reporter,
@@ -247,10 +248,10 @@ class Run(cmd_run.Run):
 
     def _dry_run(self, always, auto_delayed_regex) -> int:
         """Each task the run would reach, in dependency order: would it run, and why."""
-        layout = (getattr(self.loader, "namespace", None) or {}).get("LAYOUT")
-        if layout is not None:   # the model's steps' records, as a real run would see them
+        build = build_of(getattr(self.loader, "namespace", None))
+        if build is not None:   # the model's steps' records, as a real run would see them
             from hexbundle.graph import dbstate
-            dbstate.seeded_view(self.dep_manager.backend, layout, checker_and_db()[1])
+            dbstate.seeded_view(self.dep_manager.backend, build.layout, checker_and_db()[1])
         control = TaskControl(self.task_list, auto_delayed_regex=auto_delayed_regex)
         control.process(self.sel_tasks)
         tasks, order, seen = control.tasks, [], set()
@@ -307,6 +308,7 @@ def _first(names) -> str:
 def not_a_task(name: str, task_list, command_names) -> str:
     """One line for a name that is no task, target or command: the nearest one, and where to
     look."""
+    from hexbundle.config.build import did_you_mean
     known = [t.name for t in task_list] + list(command_names)
     return (f"{name!r} is not a task, target or command{did_you_mean(name, known)}; "
             "`python3 -m doit list` lists the tasks (--all: with their subtasks)")
@@ -334,6 +336,7 @@ def print_task_help(tasks: dict, name: str, loader, command_names=()) -> None:
     if (task.meta or {}).get(TASKS_ONLY_BUILD, True) is False:
         print("\ncommand-line settings: none (this task does not read configs/build.toml)")
         return
+    from hexbundle.config.build import command_line_settings
     settings = command_line_settings(loader.namespace["ROOT"]) if "ROOT" in \
         (getattr(loader, "namespace", None) or {}) else []
     print(f"\ncommand-line settings (`python3 -m doit {task.name} key=value ...`; shown: the "

@@ -51,6 +51,9 @@ class Loader(DodoTaskLoader):
     def load_doit_config(self):
         with interrupted_at_start_up():
             config = super().load_doit_config()
+            from hexbundle.graph.session import DoitConfig
+            if self.names_only and isinstance(config, DoitConfig):
+                return config.names_only()   # nothing resolved (graph.session.Build)
             self.start_guard()
             return config
 
@@ -58,12 +61,12 @@ class Loader(DodoTaskLoader):
         """Called by doit right before it opens the DB: guard the run (once), or, for a command
         that only reads, keep the DB from being saved."""
         from hexbundle.graph import db, session
-        layout = (self.namespace or {}).get("LAYOUT")
+        build = session.build_of(self.namespace)
         if self.read_only:
             db.hold_saves()
-        elif layout is not None and not getattr(self, "_guarded", False):
+        elif build is not None and not getattr(self, "_guarded", False):
             self._guarded = True
-            session.start_guard(layout)
+            session.start_guard(build.layout)
 
     def load_tasks(self, cmd, pos_args):
         with interrupted_at_start_up():

@@ -9,15 +9,16 @@ import getopt
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 import doit
 
-from hexbundle.config.build import load_build
 from hexbundle.config.layout import BUILD_ROOT_ENV, DOIT_DB, Layout, ProjectLayout
-from hexbundle.graph.checker import XXH3Checker, comparison_checker
 from hexbundle.graph.db import BACKEND
-from hexbundle.graph.reporter import Reporter, set_banner
 from hexbundle.support.errors import HexbundleError
+
+# The config's schemas, the checker and the reporter are imported by what resolves the build
+# (load, doit_config): a plain `doit list` resolves nothing, so it imports none of them.
 
 # Benchmark only: "md5" runs the same task graph with doit's stock MD5 checker and a DB of its
 # own (scripts/bench.py compares the two). Builds never set it.
@@ -100,13 +101,114 @@ def load(root: Path):
     overrides = command_line_overrides()
     try:
         ProjectLayout(root).check_build_root()   # not /, $HOME, the source tree: before any use
+        from hexbundle.config.build import load_build
         cfg = load_build(root, overrides)
     except HexbundleError as exc:
         print(f"hexbundle: {exc}", file=sys.stderr)
         sys.exit(3)
     layout = Layout(cfg)
+    from hexbundle.graph.reporter import set_banner
     set_banner(layout)
     return cfg, layout, overrides
+
+
+class Build:
+    """The build a doit run resolves (configs/build.toml and the command line's key=value), on
+    first use: dodo.py declares its tasks with it, and a plain `doit list`, which calls no task
+    creator (graph.loader), never resolves it."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._resolved = None
+        self.doit_config = DoitConfig(self)   # dodo.py's DOIT_CONFIG
+
+    def _get(self) -> tuple:
+        if self._resolved is None:
+            self._resolved = load(self.root)
+        return self._resolved
+
+    @property
+    def cfg(self):
+        return self._get()[0]
+
+    @property
+    def layout(self) -> Layout:
+        return self._get()[1]
+
+    @property
+    def overrides(self) -> dict:
+        return self._get()[2]
+
+    @property
+    def parts(self) -> list:
+        return self.cfg.plan.parts()
+
+    def rel(self, path) -> str:
+        return self.layout.rel(path)
+
+    def task(self, step) -> dict:
+        """A described step's doit task (graph.stepdesc)."""
+        from hexbundle.graph.stepdesc import doit_task
+        return doit_task(step, self.layout)
+
+
+class DoitConfig(dict):
+    """DOIT_CONFIG, filled from the resolved build (doit_config) when doit first reads it. doit
+    asks for a dict and reads it through items() and get(); graph.loader gives a plain `doit
+    list` `names_only()` instead, which resolves nothing."""
+
+    def __init__(self, build: Build):
+        super().__init__()
+        self._build = build
+
+    def _fill(self) -> None:
+        if not dict.__len__(self):
+            dict.update(self, doit_config(self._build.layout))
+
+    def names_only(self) -> dict:
+        """doit's settings for a list of the task creators' names: no variant, so no variant's
+        DB (dep_file names one no run writes; the command saves nothing, graph.db)."""
+        layout = ProjectLayout(self._build.root)
+        return {"default_tasks": ["bundle"], "dep_file": str(layout.db_dir / DOIT_DB),
+                "backend": BACKEND if started_in_project(layout.root) else "json"}
+
+    def items(self):
+        self._fill()
+        return super().items()
+
+    def keys(self):
+        self._fill()
+        return super().keys()
+
+    def values(self):
+        self._fill()
+        return super().values()
+
+    def get(self, key, default=None):
+        self._fill()
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self._fill()
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self._fill()
+        return super().__contains__(key)
+
+    def __iter__(self):
+        self._fill()
+        return super().__iter__()
+
+    def __len__(self):
+        self._fill()
+        return super().__len__()
+
+
+def build_of(namespace) -> Optional[Build]:
+    """dodo.py's Build, from doit's view of the module (None for another dodo.py)."""
+    build = (namespace or {}).get("BUILD")
+    return build if isinstance(build, Build) else None
 
 
 def start_guard(layout: Layout) -> None:
@@ -144,13 +246,16 @@ def checker_and_db() -> tuple:
     """doit's file checker and the name of its DB files: hexbundle's, or (scripts/bench.py only)
     the stock checker to compare, with DBs of its own."""
     if os.environ.get(BENCH_CHECKER_ENV):
+        from hexbundle.graph.checker import comparison_checker
         return comparison_checker(os.environ[BENCH_CHECKER_ENV])
+    from hexbundle.graph.checker import XXH3Checker
     return XXH3Checker, DOIT_DB
 
 
 def doit_config(layout: Layout) -> dict:
     """doit's settings; the dependency DB is the variant's own (graph.variants), kept by
     hexbundle's DB backend (graph.db)."""
+    from hexbundle.graph.reporter import Reporter
     checker, db = checker_and_db()
     return {
         "default_tasks": ["bundle"],
