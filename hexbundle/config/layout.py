@@ -31,10 +31,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hexbundle.config.model import Graph, Part
 from hexbundle.config.runtime_files import runtime_files, script_name
 from hexbundle.support.errors import ConfigError
+
+if TYPE_CHECKING:   # annotations only: `doit list` reads the layout without the model schema
+    from hexbundle.config.model import Graph, Part
 
 BUILD_ROOT_ENV = "HEXBUNDLE_BUILD_ROOT"
 GENIE_CONFIG = "genie_config.json"
