@@ -37,31 +37,25 @@ doit's side -- checker, up-to-date keys, run guard, reporter, the action wrapper
 """
 from pathlib import Path
 
-from hexbundle.config.toolchain import load_toolchain
 from hexbundle.graph.actions import action
-from hexbundle.graph.keys import image_unchanged
-from hexbundle.graph.session import doit_config, load
-from hexbundle.graph.stepdesc import NO_CAPTURE, Step, declared
-from hexbundle.graph.targets import bundle_in_place
-from hexbundle.steps.options import (bundle_options, compile_options, convert_options,
-                                     generate_options, split_options, tokenizer_options,
-                                     verify_options)
-from hexbundle.toolchain import image, wheelhouse
+from hexbundle.graph.session import Build
+from hexbundle.graph.stepdesc import NO_CAPTURE, Step
 
+# What a task creator alone needs is imported in it: `doit list` calls none of them
+# (graph.loader), so it pays for none of their imports.
 ROOT = Path(__file__).resolve().parent
-CFG, LAYOUT, OVERRIDES = load(ROOT)
-DOIT_CONFIG = doit_config(LAYOUT)
+# The build (configs/build.toml and the command line's key=value), resolved on first use: by
+# doit's settings (DOIT_CONFIG: the variant's DB) or a task creator; a plain `doit list` never
+# resolves it (graph.session.Build, graph.loader).
+BUILD = Build(ROOT)
+DOIT_CONFIG = BUILD.doit_config
 
-TOOLCHAIN = load_toolchain(ROOT)
-PARTS = CFG.plan.parts()
-
-
-rel = LAYOUT.rel
+rel = BUILD.rel
 # A task that reads no build setting (key=value): `doit help TASK` says so (graph/commands.py).
 NO_SETTINGS = {"settings": False}
 # A build step's doit task from its one description (graph/stepdesc.py): its key, file_dep,
 # targets and remote Action all derive from the Step; no key field is listed here.
-task = declared(LAYOUT)
+task = BUILD.task
 STEP = {"clean": True, "io": NO_CAPTURE}
 
 
@@ -70,32 +64,34 @@ def task_inputs():
 
     Generated: ONNX + .data + AIMET .encodings per graph, and tokenizer.json. Exported: every
     file the plan needs must be where the model config's inputs.dir says."""
-    if LAYOUT.splits_locally:
-        sources = [rel(p) for p in LAYOUT.source_inputs()]
+    from hexbundle.steps.options import generate_options, split_options, tokenizer_options
+    cfg, layout = BUILD.cfg, BUILD.layout
+    if layout.splits_locally:
+        sources = [rel(p) for p in layout.source_inputs()]
         yield {"name": "check", "doc": "check the export's unsplit graphs are present",
-               "actions": [action("hexbundle.inputs.export:require_export", LAYOUT)],
+               "actions": [action("hexbundle.inputs.export:require_export", layout)],
                "targets": sources,
                "uptodate": [True]}
-        for part in PARTS:
+        for part in BUILD.parts:
             yield task(Step(f"inputs:{part.tag}", "inputs", f"split {part.tag} out of the "
-                            "unsplit graphs", split_options(CFG),
-                            inputs=[p for p in LAYOUT.source_inputs() if p != LAYOUT.tokenizer],
-                            outputs=LAYOUT.part_inputs(part), arguments={"part": part.index},
+                            "unsplit graphs", split_options(cfg),
+                            inputs=[p for p in layout.source_inputs() if p != layout.tokenizer],
+                            outputs=layout.part_inputs(part), arguments={"part": part.index},
                             check_outputs=False, doit=STEP))
         return
-    if CFG.inputs.source != "generated":
+    if cfg.inputs.source != "generated":
         yield {"name": "check", "doc": "check the exported inputs are present",
-               "actions": [action("hexbundle.inputs.export:require_export", LAYOUT)],
-               "targets": [rel(p) for p in LAYOUT.all_inputs()],
+               "actions": [action("hexbundle.inputs.export:require_export", layout)],
+               "targets": [rel(p) for p in layout.all_inputs()],
                "uptodate": [True]}
         return
-    for part in PARTS:
+    for part in BUILD.parts:
         yield task(Step(f"inputs:{part.tag}", "inputs",
                         f"generate the ONNX, weights and encodings of {part.tag}",
-                        generate_options(CFG), outputs=LAYOUT.part_inputs(part),
+                        generate_options(cfg), outputs=layout.part_inputs(part),
                         arguments={"part": part.index}, check_outputs=False, doit=STEP))
     yield task(Step("inputs:tokenizer", "inputs", "generate the byte-level BPE tokenizer.json",
-                    tokenizer_options(CFG), outputs=[LAYOUT.tokenizer],
+                    tokenizer_options(cfg), outputs=[layout.tokenizer],
                     arguments={"what": "tokenizer"}, check_outputs=False, doit=STEP))
 
 
@@ -139,8 +135,10 @@ def task_inspect():
     dtype, symmetric); then every problem the build would refuse (the build's own checks, all
     of them, not just the first; each weight's values are read once, streamed). Exits non-zero
     if there is any."""
+    from hexbundle.steps.options import convert_options
+    cfg = BUILD.cfg
     return {"actions": [action("hexbundle.checks.inspect:inspect_command",
-                               float_bitwidth=convert_options(CFG).float_bitwidth)],
+                               float_bitwidth=convert_options(cfg).float_bitwidth)],
             "params": [{"name": "path", "long": "path", "default": "",
                         "help": "an export directory, an .onnx or an .encodings file"},
                        {"name": "model_config", "long": "model-config", "default": "",
@@ -156,8 +154,9 @@ def task_check_bundle():
     ids, soc_model/dsp_arch against Qualcomm's chipset table, each bin <= 4 GiB, and with the
     model's config.json its vocab, RoPE and special ids. Every problem listed; exits non-zero if
     there is any."""
+    layout = BUILD.layout
     return {"actions": [action("hexbundle.checks.genie_bundle:check_bundle_command",
-                               str(LAYOUT.root))],
+                               str(layout.root))],
             "params": [{"name": "path", "long": "path", "default": "",
                         "help": "the bundle directory"},
                        {"name": "model_config", "long": "model-config", "default": "",
@@ -167,11 +166,13 @@ def task_check_bundle():
 
 def task_convert():
     """ONNX + AIMET encodings -> DLC, one per graph (quantize weights; floats to fp16)."""
-    for part in PARTS:
-        for graph in CFG.model.graphs(part):
+    from hexbundle.steps.options import convert_options
+    cfg, layout = BUILD.cfg, BUILD.layout
+    for part in BUILD.parts:
+        for graph in cfg.model.graphs(part):
             yield task(Step(f"convert:{part.tag}_{graph.slot}", "convert",
-                            f"convert {graph.name}", convert_options(CFG),
-                            inputs=LAYOUT.graph_inputs(graph), outputs=[LAYOUT.dlc(graph)],
+                            f"convert {graph.name}", convert_options(cfg),
+                            inputs=layout.graph_inputs(graph), outputs=[layout.dlc(graph)],
                             arguments={"part": part.index, "graph": graph.slot},
                             toolchain=True, doit=STEP))
 
@@ -180,11 +181,13 @@ def task_compile():
     """A part's DLCs -> one context binary, weights shared and 4-bit weights packed.
 
     The part's prompt and token graph at each context length go into one binary."""
-    for part in PARTS:
-        yield task(Step(f"compile:{part.tag}", "compile", f"compile {LAYOUT.bin_name(part)}",
-                        compile_options(CFG, part),
-                        inputs=[LAYOUT.dlc(g) for g in CFG.model.graphs(part)],
-                        outputs=[LAYOUT.bin(part)], arguments={"part": part.index},
+    from hexbundle.steps.options import compile_options
+    cfg, layout = BUILD.cfg, BUILD.layout
+    for part in BUILD.parts:
+        yield task(Step(f"compile:{part.tag}", "compile", f"compile {layout.bin_name(part)}",
+                        compile_options(cfg, part),
+                        inputs=[layout.dlc(g) for g in cfg.model.graphs(part)],
+                        outputs=[layout.bin(part)], arguments={"part": part.index},
                         toolchain=True, doit=STEP))
 
 
@@ -193,25 +196,30 @@ def task_check_sizes():
 
     The size model catches unpacked 4-bit weights; the re-hash catches any bundle file edited,
     removed or added after the build (no digest cache, no stat shortcut)."""
-    options = bundle_options(CFG)
-    return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", LAYOUT,
+    from hexbundle.steps.options import bundle_options
+    cfg, layout = BUILD.cfg, BUILD.layout
+    options = bundle_options(cfg)
+    return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", layout,
                                options.convert, options.compile),
-                        action("hexbundle.checks.integrity:check_bundle_integrity", LAYOUT)],
-            "file_dep": [rel(LAYOUT.bin(p)) for p in PARTS],
+                        action("hexbundle.checks.integrity:check_bundle_integrity", layout)],
+            "file_dep": [rel(layout.bin(p)) for p in BUILD.parts],
             "uptodate": [False], "verbosity": 2}
 
 
 def task_bundle():
     """Check sizes, then assemble the Genie bundle: configs, tokenizer, bins, manifest."""
-    options = bundle_options(CFG)
+    from hexbundle.graph.targets import bundle_in_place
+    from hexbundle.steps.options import bundle_options
+    cfg, layout = BUILD.cfg, BUILD.layout
+    options = bundle_options(cfg)
     return task(Step("bundle", "bundle", "", options,
-                     inputs=[LAYOUT.bin(p) for p in PARTS] + [LAYOUT.tokenizer]
-                     + list(CFG.config_files),
-                     outputs=LAYOUT.bundle_files(), toolchain=True, copies_runtime=True,
-                     before=(action("hexbundle.graph.targets:remove_dead_outputs", LAYOUT),
-                             action("hexbundle.checks.sizes:check_built_sizes", LAYOUT,
+                     inputs=[layout.bin(p) for p in BUILD.parts] + [layout.tokenizer]
+                     + list(cfg.config_files),
+                     outputs=layout.bundle_files(), toolchain=True, copies_runtime=True,
+                     before=(action("hexbundle.graph.targets:remove_dead_outputs", layout),
+                             action("hexbundle.checks.sizes:check_built_sizes", layout,
                                     options.convert, options.compile)),
-                     checks=(bundle_in_place(LAYOUT),), doit={"clean": True}))
+                     checks=(bundle_in_place(layout),), doit={"clean": True}))
 
 
 def task_deploy():
@@ -220,6 +228,7 @@ def task_deploy():
     `doit deploy --to ssh://USER@HOST[:PORT]/DIR [--run "PROMPT"] [--ssh-config FILE]
     [--path BUNDLE] [--no-push]`: through the system's ssh (your config, agent, known_hosts);
     digests checked on the board; a not deployable (reference) bundle is refused."""
+    layout = BUILD.layout
     return {"actions": [action("hexbundle.deploy.push:deploy_command")],
             "params": [{"name": "to", "long": "to", "default": "",
                         "help": "ssh://USER@HOST[:PORT]/DIR on the board"},
@@ -227,7 +236,7 @@ def task_deploy():
                         "help": "a prompt: run the bundle there and report its speed"},
                        {"name": "ssh_config", "long": "ssh-config", "default": "",
                         "help": "an ssh config file (ssh -F)"},
-                       {"name": "bundle", "long": "path", "default": str(LAYOUT.bundle_dir),
+                       {"name": "bundle", "long": "path", "default": str(layout.bundle_dir),
                         "help": "the bundle directory (default: the configured build's)"},
                        {"name": "push_first", "long": "push", "inverse": "no-push",
                         "type": bool, "default": True,
@@ -237,7 +246,8 @@ def task_deploy():
 
 def task_release():
     """Clean rebuild -> build/release/: deterministic .tar.gz, SHA256SUMS, provenance.json."""
-    return {"actions": [action("hexbundle.release.reproducible:make_release", LAYOUT, OVERRIDES)],
+    return {"actions": [action("hexbundle.release.reproducible:make_release", BUILD.layout,
+                               BUILD.overrides)],
             "uptodate": [False],
             "verbosity": 2}
 
@@ -258,12 +268,14 @@ def task_verify():
     measures (a second reference with AIMET's rounding), and the float ONNX for the drift: a
     table per part and end to end (value, floor, ratio, limit); fails naming the first part
     that diverges. Settings: the model config's [verify] table (docs/verify.md)."""
-    options = verify_options(CFG)
+    from hexbundle.steps.options import verify_options
+    cfg, layout = BUILD.cfg, BUILD.layout
+    options = verify_options(cfg)
     return task(Step("verify", "verify", "", options,
-                     inputs=list(LAYOUT.bundle_files()) + list(LAYOUT.all_inputs())
-                     + list(CFG.config_files),
-                     outputs=[LAYOUT.verify_report], check_outputs=False,
-                     action=action("hexbundle.checks.verify:run_verify", LAYOUT, options),
+                     inputs=list(layout.bundle_files()) + list(layout.all_inputs())
+                     + list(cfg.config_files),
+                     outputs=[layout.verify_report], check_outputs=False,
+                     action=action("hexbundle.checks.verify:run_verify", layout, options),
                      doit={"verbosity": 2}))
 
 
@@ -272,6 +284,7 @@ def task_contract_wheel():
 
     The wheel pinned by requirements/contract.lock, into build/wheelhouse/contract: the contract
     tests load the real QAIRT API classes from it."""
+    from hexbundle.toolchain import wheelhouse
     return {"actions": [action("hexbundle.toolchain.wheelhouse:fetch_contract", ROOT)],
             "file_dep": [rel(ROOT / wheelhouse.CONTRACT_LOCK)],
             "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
@@ -283,9 +296,12 @@ def task_wheelhouse():
     CPython 3.10, manylinux x86_64 wheels named by requirements/container.lock, every sha256
     checked. Needs PyPI for missing wheels only: a complete wheelhouse brought offline is just
     verified."""
+    from hexbundle.config.toolchain import load_toolchain
+    from hexbundle.toolchain import wheelhouse
+    toolchain = load_toolchain(ROOT)
     return {"actions": [action("hexbundle.toolchain.wheelhouse:fetch", ROOT)],
-            "file_dep": [rel(TOOLCHAIN.lock)],
-            "targets": [rel(TOOLCHAIN.wheelhouse / wheelhouse.SUMS)],
+            "file_dep": [rel(toolchain.lock)],
+            "targets": [rel(toolchain.wheelhouse / wheelhouse.SUMS)],
             "verbosity": 2, "meta": NO_SETTINGS}
 
 
@@ -299,13 +315,16 @@ def task_image():
     engine that answers and the base image in it are checked before the locked wheels the
     wheelhouse lacks are fetched (as `doit wheelhouse` does). Log: build/logs/image.log; ID:
     build/image/."""
+    from hexbundle.graph.keys import image_unchanged
+    from hexbundle.toolchain import image
+    layout = BUILD.layout
     return {"actions": [action("hexbundle.toolchain.image:build", ROOT)],
             "params": [{"name": "base", "long": "base", "default": "",
                         "help": "base image reference (default: configs/toolchain.toml)"},
                        {"name": "network", "long": "network", "default": "none",
                         "help": "network of the build's RUN steps (default: none)"}],
             "file_dep": [rel(p) for p in image.build_inputs(ROOT)],
-            "targets": [rel(LAYOUT.image_id_file)],
+            "targets": [rel(layout.image_id_file)],
             "uptodate": [image_unchanged(ROOT)],
             "verbosity": 2, "meta": NO_SETTINGS}
 
@@ -317,7 +336,8 @@ def task_gen_inputs():
     written tensor by tensor where the build reads them: e.g. `doit gen_inputs
     model=qwen2.5-7b-instruct` writes ~30 GB into its exports dir (`--part N`: one part). Free
     disk space is checked first. The same files as scripts/gen_7b_inputs.py."""
-    return {"actions": [action("hexbundle.inputs.generate:generate_action", LAYOUT)],
+    layout = BUILD.layout
+    return {"actions": [action("hexbundle.inputs.generate:generate_action", layout)],
             "params": [{"name": "part", "long": "part", "type": int, "default": 0,
                         "help": "only this part of the plan (1-based; 0 = every part)"}],
             "uptodate": [False], "verbosity": 2}
@@ -343,7 +363,8 @@ def task_bench():
 
 def task_offline_kit():
     """Write build/offline-kit(.tar, .tar.sha256) + build/load_kit.py: image, wheels, source."""
-    return {"actions": [action("hexbundle.release.offline_kit:offline_kit_command", LAYOUT)],
+    layout = BUILD.layout
+    return {"actions": [action("hexbundle.release.offline_kit:offline_kit_command", layout)],
             "uptodate": [False],
             "verbosity": 2}
 

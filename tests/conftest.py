@@ -25,12 +25,16 @@ class DoitRun:
 
     @property
     def executed(self) -> set:
-        """Tasks doit ran (". name"); up-to-date ones print "-- name"."""
-        return set(re.findall(r"^\.  (\S+)$", self.out, re.M))
+        """Tasks doit ran: one line each when done, off a terminal ("[5/18] name ...", or
+        "[5/18] FAILED name ..."; graph.reporter); an up-to-date one prints nothing."""
+        return set(re.findall(r"^\[\d+/\d+\] (?:FAILED )?(\S+)", self.out, re.M))
 
     @property
-    def uptodate(self) -> set:
-        return set(re.findall(r"^-- (\S+)$", self.out, re.M))
+    def up_to_date(self) -> int:
+        """The summary line's count of steps up to date ("..., 18 up to date, 0.0 s")."""
+        counts = re.findall(r"^hexbundle: .*[:;] .*?(\d+) up to date, ", self.out, re.M)
+        assert len(counts) == 1, self.out
+        return int(counts[0])
 
 
 class Project:
@@ -73,10 +77,10 @@ class Project:
 
 
 def steps_run(text: str) -> set:
-    """Tasks whose step ran in a doit run ("  ok <task> [backend/executor]" lines), not the
-    checks of a remote cache hit's downloads ("  ok <task>:cache-check [...]")."""
-    return {t for t in re.findall(r"^  ok (\S+) \[", text, re.M)
-            if not t.endswith(":cache-check")}
+    """Tasks whose step was built in this doit run ("[5/18] <task> [backend/executor] 0.4s"
+    lines; a fetched one says "fetched" instead), not the checks of a remote cache hit's
+    downloads ("  ok <task>:cache-check [...]": a sub-step says its own line)."""
+    return set(re.findall(r"^\[\d+/\d+\] (\S+) \[", text, re.M))
 
 
 def default_plan(root: Path, model: str) -> str:

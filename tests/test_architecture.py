@@ -205,7 +205,7 @@ def test_dodo_names_every_action_as_an_existing_module_function():
 
 
 # Temp-then-rename, and temp names inside our own directories, come from hexbundle.support.atomic
-# only: one naming scheme, which the clean-up after a killed run (graph.runguard) knows.
+# only: one naming scheme, which the clean-up after a killed run (graph.recovery) knows.
 RENAMES = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("shutil", "move")}
 NAMED_TEMPS = {"mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryDirectory"}   # with dir=
 # Renames that are not support.atomic's (module, function): why.
@@ -214,9 +214,9 @@ OTHER_RENAMES = {
                                                   "installed): renames a verified kit into place "
                                                   "from support.atomic's temp name, spelled out "
                                                   "(tests/test_offline.py checks it)",
-    ("hexbundle.graph.runguard", "set_aside_damaged_db"): "keeps an unreadable DB as .damaged",
-    ("hexbundle.graph.runguard", "set_aside_bundle_link"): "moves a bundle/ symlink aside",
-    ("hexbundle.graph.runguard", "set_aside_former_db"): "keeps the one DB of an older "
+    ("hexbundle.graph.recovery", "set_aside_damaged_db"): "keeps an unreadable DB as .damaged",
+    ("hexbundle.graph.recovery", "set_aside_bundle_link"): "moves a bundle/ symlink aside",
+    ("hexbundle.graph.recovery", "set_aside_former_db"): "keeps the one DB of an older "
                                                           "hexbundle as .former",
     ("hexbundle.support.hashing", "_load"): "keeps a digest cache that is not a JSON object "
                                             "as .set-aside",

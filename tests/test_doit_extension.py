@@ -253,7 +253,8 @@ def test_a_killed_doit_run_keeps_the_record_of_each_finished_task(tmp_path):
     assert sorted(p.name for p in root.iterdir() if p.name != "__pycache__") == \
         ["db.json", "dodo.py", "in.txt", "pyproject.toml"]   # no temp file left beside it
     again = run_doit(root, "a")
-    assert again.returncode == 0 and "-- a" in again.stdout, again.stdout + again.stderr
+    # up to date from the kept record: it does not run again (the reporter says nothing of it)
+    assert again.returncode == 0 and "a ran" not in again.stdout, again.stdout + again.stderr
 
 
 def test_without_the_registration_doit_does_not_know_the_backend(tmp_path):
@@ -311,7 +312,7 @@ def test_the_md5_trace_names_exactly_the_files_doit_hashes(tmp_path, monkeypatch
 
 
 # ---------------------------------------------------------------------------------------------
-# which command doit runs (runguard.command_name: the lock, and the refusal outside the project)
+# which command doit runs (session.command_name: the refusal outside the project)
 
 @pytest.mark.parametrize("argv,command,writes", [
     ([], "", True),                                   # doit alone: run the default tasks
@@ -328,20 +329,20 @@ def test_the_md5_trace_names_exactly_the_files_doit_hashes(tmp_path, monkeypatch
     (["bundle", "--explain"], "bundle", True),        # it builds: the lock, the DB
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_the_command_is_the_one_doit_takes(argv, command, writes):
-    from hexbundle.graph import runguard
-    assert runguard.command_name(["doit", *argv]) == command
-    assert runguard.command_writes(["doit", *argv]) is writes
+    from hexbundle.graph import session
+    assert session.command_name(["doit", *argv]) == command
+    assert session.command_writes(["doit", *argv]) is writes
 
 
 @pytest.mark.parametrize("argv", [["-k", "list"], ["-f", "dodo.py", "list"], ["model=x", "list"],
                                   ["-v", "2", "list"]], ids=" ".join)
 def test_doit_itself_takes_the_same_command(argv):
     """doit 0.37's own parsing (DoitMain.run: the loader's options first, then the variables),
-    as runguard.command_name mirrors it."""
+    as session.command_name mirrors it."""
     from doit.cmd_base import get_loader
     from doit.cmdparse import CmdOption, CmdParse, CmdParseError
     from doit.doit_cmd import DoitMain
-    from hexbundle.graph import runguard
+    from hexbundle.graph import session
     main = DoitMain(config_filenames=())
     cmds = main.get_cmds()
     loader = get_loader(main.config, None, cmds)
@@ -351,5 +352,5 @@ def test_doit_itself_takes_the_same_command(argv):
         args = argv
     args = main.process_args(args)
     doit_takes = args[0] if args and args[0] in cmds else "run"
-    ours = runguard.command_name(["doit", *argv])
+    ours = session.command_name(["doit", *argv])
     assert doit_takes == (ours if ours in cmds else "run")

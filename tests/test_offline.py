@@ -305,7 +305,7 @@ def test_an_unpacked_kit_is_never_overwritten(tmp_path):
 
 def test_the_unpack_temp_name_is_one_the_clean_up_after_a_kill_removes(tmp_path):
     """kit.py cannot import support.atomic (it runs before hexbundle is installed): its temp
-    directory spells the same scheme, so graph.runguard sweeps it from a build root."""
+    directory spells the same scheme, so graph.recovery sweeps it from a build root."""
     from hexbundle.release.kit import temp_sibling
     from hexbundle.support.atomic import is_temp_name
     assert is_temp_name(temp_sibling(tmp_path / "offline-kit").name)

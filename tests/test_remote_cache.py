@@ -123,6 +123,9 @@ def test_a_second_empty_machine_gets_every_step_from_the_cache(shared, tmp_path)
     assert hits(run) == cached, run.out + run.err
     assert ran_here(run) == {"bundle"}, run.out   # no inputs, convert or compile step ran here
     assert not warnings(run), run.err
+    # the summary counts them fetched (graph.reporter), not "18 steps ran"
+    assert re.search(rf"^hexbundle: bundle .*: 1 built, {len(cached)} fetched, 0 up to date, ",
+                     run.out, re.M), run.out
     assert snapshot(b.bundle()) == snapshot(a.bundle())   # byte-identical, manifest included
     for task in cached:   # the step's log says where its outputs came from
         log = b.build_dir() / "logs" / (task.replace(":", "__") + ".log")

@@ -27,7 +27,7 @@ from hexbundle.config.build import BUILD_SCHEMA, load_build
 from hexbundle.config.schema import read_toml
 from hexbundle.formats.encodings import EncodingsError, load_encodings
 from hexbundle.formats.manifest import BundleIntegrityError, verify_bundle_files
-from hexbundle.graph import runguard
+from hexbundle.graph import recovery
 from hexbundle.support.atomic import exchange_dirs, is_temp_name, swap_in
 from hexbundle.support.errors import ConfigError
 
@@ -487,9 +487,9 @@ def test_an_interrupted_swap_gets_the_previous_bundle_back(tmp_path):
     nested = build / "release-work"       # another build root: its own runs clean it
     (nested / ".hexbundle").mkdir(parents=True)
     (nested / ".x.bin.4242.0123456789ab.tmp").write_text("partial")
-    assert runguard.restore_interrupted_swaps(build, tmp_path) == [build / "m" / "d" / "bundle"]
+    assert recovery.restore_interrupted_swaps(build, tmp_path) == [build / "m" / "d" / "bundle"]
     assert (build / "m" / "d" / "bundle" / "manifest.json").read_text() == "{}"
-    assert runguard.sweep_temp_files(build, tmp_path) == []
+    assert recovery.sweep_temp_files(build, tmp_path) == []
     assert (nested / ".x.bin.4242.0123456789ab.tmp").exists()
 
 
@@ -674,8 +674,8 @@ def test_every_writers_temp_names_are_swept_after_a_kill_and_nothing_else(tmp_pa
     assert not (build / "m" / "e" / "bundle").exists()   # the swap really was cut in half
     assert any(p.name.startswith(".offline-kit.tar.") for p in left)
 
-    assert runguard.restore_interrupted_swaps(build, tmp_path) == [build / "m" / "e" / "bundle"]
-    removed = runguard.sweep_temp_files(build, tmp_path)
+    assert recovery.restore_interrupted_swaps(build, tmp_path) == [build / "m" / "e" / "bundle"]
+    removed = recovery.sweep_temp_files(build, tmp_path)
     assert leftovers(build) == []
     assert set(removed) == {p for p in left if not p.name.endswith(".old")}
     assert tree(build) == before   # every target as it was, every other file untouched

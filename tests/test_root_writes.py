@@ -12,7 +12,7 @@ import pytest
 
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout
-from hexbundle.graph import runguard
+from hexbundle.graph import lock as build_lock
 from hexbundle.steps.docker_executor import hand_over
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.files import open_in_place
@@ -114,5 +114,5 @@ def test_a_step_log_is_a_new_file_whatever_was_at_its_path(layout, outside, plan
 def test_the_build_lock_refuses_a_hard_link(layout, outside):
     hard_link_at(layout.lock, outside)
     with pytest.raises(HexbundleError, match="names"):
-        runguard.hold_lock(layout.lock, layout.root)
+        build_lock.hold_lock(layout.lock, layout.root)
     assert outside.read_bytes() == b"the user's file\n"

@@ -1,5 +1,6 @@
-"""What a run says: the banner only for tasks that build or check a variant, one summary line at
-the end (what, where, steps ran / up to date, time; the failed task and its log), verify's
+"""What a run says: the banner only for tasks that build or check a variant; as ninja, one status
+line rewriting itself on a terminal, one line a step off it; one summary line at the end (what,
+where, steps built / fetched / up to date, time; the failed task and its log), verify's
 verdict even when it is up to date, progress of long steps in bytes (rate, ETA), and SIGTERM
 handled as Ctrl-C is.
 
@@ -20,7 +21,8 @@ BUNDLE = "build/qwen2-tiny/iq9075/four/reference/bundle"
 REPORT = "build/qwen2-tiny/iq9075/four/reference/verify/report.json"
 BANNER = "hexbundle 0"   # the banner's first words: `hexbundle <version>: <model>, plan ...`
 SUMMARY = re.compile(r"^hexbundle: bundle (\S+) \(reference backend, NOT deployable\): "
-                     r"(\d+) steps? ran, (\d+) up to date, [\d.]+ s$", re.M)
+                     r"(\d+) built, (\d+) up to date, [\d.]+ s$", re.M)
+STEP_LINE = re.compile(r"^\[(\d+)/(\d+)\] (\S+)(?: \[reference/local\])? [\d.]+s$")
 PROGRESS = re.compile(r"^  \.\. compile:(\S+) \[reference/local\]: \S+ DLC weights "
                       r"[\d.]+ (?:B|KiB|MiB|GiB) / [\d.]+ (?:B|KiB|MiB|GiB) \(\d+%\), "
                       r"[\d.]+ (?:B|KiB|MiB|GiB)/s, ETA (?:\d+s|\d+m\d\ds|\d+h\d\dm|\?)", re.M)
@@ -49,9 +51,71 @@ def test_a_build_ends_with_one_summary_line_naming_the_bundle(built):
     assert int(m.group(2)) == len(built.first_run.executed) and m.group(3) == "0"
     assert len(SUMMARY.findall(built.first_run.out)) == 1
 
-    again = built.doit("bundle")
+    again = built.doit("bundle")   # a no-op: every step up to date, and nothing else said
     m = SUMMARY.search(again.out)
-    assert m and m.group(2) == "0" and int(m.group(3)) == len(again.uptodate), again.out
+    assert m and m.group(2) == "0" and m.group(3) == "18", again.out
+    assert again.out.splitlines()[4:] == [m.group(0)], again.out   # the banner, the summary
+
+
+def test_a_pipe_gets_one_line_a_step(built):
+    """Off a terminal: the banner, one line per step when it is done, numbered, the size table,
+    the summary; no other line (doit's `.  task`, the executor's `ok`)."""
+    lines = built.first_run.out.splitlines()
+    table = lines.index(next(ln for ln in lines if ln.startswith("size check: ")))
+    table_end = lines.index(next(ln for ln in lines[table:] if ln.startswith("total ")))
+    steps = lines[4:table] + lines[table_end + 1:-1]
+    assert lines[0].startswith(BANNER) and SUMMARY.match(lines[-1]), built.first_run.out
+    matched = [STEP_LINE.match(ln) for ln in steps]
+    assert all(matched), built.first_run.out
+    assert [int(m.group(1)) for m in matched] == list(range(1, 19))
+    assert {m.group(2) for m in matched} == {"18"}
+    assert len({m.group(3) for m in matched}) == 18 == len(built.first_run.executed)
+    assert len(lines) == 4 + 18 + (table_end - table + 1) + 1
+
+
+def screen(raw: str) -> list:
+    """The lines a terminal shows for `raw`: each line as its last rewrite left it."""
+    shown = []
+    for line in raw.replace("\r\n", "\n").split("\n"):
+        shown.append(line.rsplit("\r", 1)[-1].replace("\x1b[K", ""))
+    return [ln for ln in shown if ln]
+
+
+def test_a_terminal_gets_one_status_line_that_rewrites_itself(built):
+    """Under a pty: the steps' counters are all written, each rewriting the one status line
+    (carriage return, erase line), none ends a line; the screen keeps the banner, what the steps
+    print (the size table, a notice) and the summary, no step line."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+    next((built.build_dir() / "bin").glob("*_3_of_4.bin")).unlink()
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "bundle"], cwd=built.root,
+                            stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    raw = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:   # EIO: the child closed the pty
+            break
+        if not data:
+            break
+        raw += data
+    os.close(master)
+    assert proc.wait(timeout=600) == 0, raw
+    text = raw.decode()
+    assert "\r\x1b[K[1/18] compile:part_3_of_4" in text and "\r\x1b[K[2/18] bundle" in text
+    assert not re.search(r"\[\d+/18\][^\r\n]*\r?\n", text), text   # no step line is kept
+    shown = screen(text)
+    assert shown[0].startswith(BANNER) and SUMMARY.match(shown[-1]), shown
+    assert SUMMARY.match(shown[-1]).group(2) == "2", shown
+    assert not [ln for ln in shown if re.match(r"\[\d+/18\]", ln)], shown
+    assert any(ln.startswith("size check: ") for ln in shown), shown
 
 
 def test_a_failed_run_names_the_task_that_failed_and_its_log(project):
@@ -62,7 +126,7 @@ def test_a_failed_run_names_the_task_that_failed_and_its_log(project):
     assert run.code != 0
     last = run.out.rstrip("\n").splitlines()[-1]
     m = re.match(r"hexbundle: FAILED: task (convert:part_2_of_4_\w+) \(log: (\S+)\); "
-                 r"\d+ steps? ran, \d+ up to date, [\d.]+ s$", last)
+                 r"\d+ built, \d+ up to date, [\d.]+ s$", last)
     assert m, f"last line: {last!r}\n{run.out}"
     log = project.root / m.group(2)
     assert log.is_file() and "not valid JSON" in log.read_text()
@@ -76,7 +140,8 @@ def test_a_failed_run_names_the_task_that_failed_and_its_log(project):
 def test_verify_prints_its_verdict_and_report_even_when_up_to_date(built):
     first = built.doit("verify")
     second = built.doit("verify")
-    assert "verify" in second.uptodate and "verify" not in second.executed
+    assert "verify" in first.executed and "verify" not in second.executed
+    assert second.up_to_date == 19, second.out
     for run in (first, second):
         assert f"verify: PASSED ({REPORT})" in run.out, run.out
         assert run.out.rstrip("\n").splitlines()[-1].startswith(
@@ -158,3 +223,37 @@ def test_sigterm_mid_step_exits_non_zero_with_a_message_and_no_temp_file(project
 
     rerun = project.doit("bundle")
     assert rerun.executed and "left by an interrupted run" not in rerun.err
+
+
+# ---------------------------------------------------------------------------------------------
+# fetched, built, up to date: the summary's counts (in this process, real doit tasks)
+
+def test_the_summary_counts_a_step_fetched_from_the_cache_apart(tmp_path, monkeypatch):
+    """A step that ran is counted by the origin record it left (formats.origins, written by
+    graph.remote_steps: "remote-cache" on a hit): fetched, not built; a full cache hit's
+    summary is no longer "N steps ran". (The end-to-end hit: tests/test_remote_cache.py.)"""
+    from doit.task import Task
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import BUILD_ROOT_ENV, Layout
+    from hexbundle.formats.origins import write_origin
+    from hexbundle.graph import reporter
+    monkeypatch.setenv(BUILD_ROOT_ENV, str(tmp_path / "build"))
+    layout = Layout(load_build(ROOT, {}))
+    write_origin(layout, "compile:part_1_of_4", {"origin": "remote-cache"}, [])
+    write_origin(layout, "compile:part_2_of_4", {"origin": "local"}, [])
+    names = ["compile:part_1_of_4", "compile:part_2_of_4", "compile:part_3_of_4"]
+    tasks = {n: Task(n, [(lambda: None, [], {})]) for n in names}
+    tasks["bundle"] = Task("bundle", [(lambda: None, [], {})], task_dep=names)
+    monkeypatch.setattr(reporter, "_layout", layout)
+    out = io.StringIO()
+    shows = reporter.Reporter(out, {})
+    shows.initialize(tasks, ["bundle"])
+    shows.skip_uptodate(tasks["compile:part_3_of_4"])
+    for name in names[:2] + ["bundle"]:
+        shows.execute_task(tasks[name])
+        shows.add_success(tasks[name])
+    lines = out.getvalue().splitlines()[-3:]
+    assert re.fullmatch(r"\[1/4\] compile:part_1_of_4 fetched [\d.]+s", lines[0]), lines
+    assert re.fullmatch(r"\[2/4\] compile:part_2_of_4 \[reference/local\] [\d.]+s", lines[1])
+    assert re.fullmatch(r"\[3/4\] bundle \[reference/local\] [\d.]+s", lines[2]), lines
+    assert re.search(r": 2 built, 1 fetched, 1 up to date, [\d.]+ s$", shows.summary())

@@ -495,7 +495,7 @@ def test_a_read_only_command_does_not_read_a_linked_db(built_copy, tmp_path, com
 
 def test_own_files_are_never_opened_through_a_link(tmp_path, monkeypatch):
     """support.files: what every reader and in-place writer of hexbundle's own files uses."""
-    from hexbundle.graph import runguard
+    from hexbundle.graph import lock as build_lock
     from hexbundle.support.errors import HexbundleError
     from hexbundle.support.files import LinkedStateError, open_in_place, read_state
 
@@ -518,9 +518,9 @@ def test_own_files_are_never_opened_through_a_link(tmp_path, monkeypatch):
     assert victim.read_bytes() == OUTSIDE
     lock = tmp_path / "state" / "lock"
     lock.symlink_to(victim)   # put there after check_state_shapes looked, say
-    monkeypatch.setattr(runguard, "_held", None)
+    monkeypatch.setattr(build_lock, "_held", None)
     with pytest.raises(HexbundleError, match="the build lock.*symbolic link"):
-        runguard.hold_lock(lock, tmp_path)
+        build_lock.hold_lock(lock, tmp_path)
     assert victim.read_bytes() == OUTSIDE
 
 

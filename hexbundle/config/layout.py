@@ -31,10 +31,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hexbundle.config.model import Graph, Part
-from hexbundle.config.runtime_files import runtime_files, script_name
 from hexbundle.support.errors import ConfigError
+
+if TYPE_CHECKING:   # annotations only: `doit list` reads the layout without the model schema
+    from hexbundle.config.model import Graph, Part
 
 BUILD_ROOT_ENV = "HEXBUNDLE_BUILD_ROOT"
 GENIE_CONFIG = "genie_config.json"
@@ -510,6 +512,7 @@ class Layout(ProjectLayout):
         cfg = self.cfg
         if cfg.backend != "qairt":
             return []
+        from hexbundle.config.runtime_files import runtime_files, script_name   # its table
         out = [script_name(cfg.device.os)]
         if cfg.runtime == "bundled":
             out += [f.bundle_path for f in runtime_files(cfg.device.os, cfg.device.dsp_arch)

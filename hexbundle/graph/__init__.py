@@ -5,6 +5,8 @@
   keys       up-to-date keys (options, toolchain, generator, pins), computed lazily
   checker    the XXH3 file checker (and doit's MD5 one, for `doit bench`)
   targets    target records: a target edited after its task built it reruns the task
-  runguard   the lock, clean-up after a killed run, a crash-safe dependency DB, Ctrl-C
+  runguard   the order of lock, recovery and DB state, started by a command that writes
+  lock       the build lock; recovery: after a killed run; dbstate: the variant DB seeded
+  interrupts Ctrl-C and SIGTERM: one line, no traceback
   reporter   the console reporter and its banner (what is built, with what)
 """

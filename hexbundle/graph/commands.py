@@ -9,10 +9,14 @@ from the directory it is started in: the project's). What they add to doit's own
   only) and the command-line settings `key=value` it reads, with the values configs/build.toml
   gives them (config.build.command_line_settings: load_build's own keys, not a copy);
 - `doit bundle --dry-run`: which steps would run and why, in order; nothing is executed or
-  written (no lock, no DB save: runguard.command_writes);
+  written (no lock, no DB save: ReadOnly);
 - `doit bundle --explain`: the build, with one line per step saying why it ran (the setting,
   input or code file that changed), that it was up to date or fetched from the cache
   (graph.explain; --dry-run gives the same reasons without running);
+- `doit verify --json`: the last verify report (report.json) as JSON on stdout, nothing run;
+- read-only commands (`doit list`, `help`, `info`, `tabcompletion`, a dry run, `doit TASK
+  --help`, `doit check_bundle`, `doit verify --json`) say so (ReadOnly): no lock, no
+  recovery, no DB save (graph.loader), so they answer while a build runs;
 - a task, target or command name that is none of them: one line with the nearest name
   (did you mean), exit 3, instead of doit's three lines;
 - verbosity and reporter reach hexbundle's own lines (support.console, graph.reporter): at
@@ -23,23 +27,27 @@ from __future__ import annotations
 
 import getopt
 import inspect
+import json
 import sys
 
-from doit import cmd_help, cmd_run
+from doit import cmd_help, cmd_info, cmd_list, cmd_run
+from doit.cmd_completion import TabCompletion as DoitTabCompletion
 from doit.cmdparse import CmdParseError
 from doit.control import TaskControl
 from doit.exceptions import InvalidCommand
 from doit.reporter import JsonReporter
 
-from hexbundle.config.build import command_line_settings, did_you_mean
-from hexbundle.graph import explain as explaining
-from hexbundle.graph import runguard
-from hexbundle.graph.session import checker_and_db
+from hexbundle.graph.session import build_of, checker_and_db
 from hexbundle.support import console
+from hexbundle.support.files import read_state
 
 HELP_FLAGS = ("--help", "-h")
 DRY_RUN_FLAG = "--dry-run"
 EXPLAIN_FLAG = "--explain"
+JSON_FLAG = "--json"
+# Tasks that read and write nothing of the build (their own output aside): a run of them alone
+# takes no lock and saves no DB. The flag, if any, that makes a task read-only.
+READ_ONLY_TASKS = {"check_bundle": None, "verify": JSON_FLAG}
 TASKS_ONLY_BUILD = "settings"   # a task's meta {"settings": False}: it reads no build setting
 
 opt_dry_run = {
@@ -70,12 +78,64 @@ def _is_stdout(stream) -> bool:
         return False
 
 
+class ReadOnly:
+    """A doit command that writes nothing: no lock, no recovery, no DB save (graph.loader)."""
+
+    def execute(self, params, args):
+        self.loader.read_only = True
+        return super().execute(params, args)
+
+
+class List(ReadOnly, cmd_list.List):
+    """`doit list` as it is most run (names and first lines only): the task creators are not
+    called (graph.loader.Loader.names_only), so nothing they import or compute is paid for."""
+
+    def execute(self, params, args):
+        details = ("subtasks", "status", "private", "list_deps", "template")
+        self.loader.names_only = not args and not any(params.get(k) for k in details)
+        return super().execute(params, args)
+
+
+class Info(ReadOnly, cmd_info.Info):
+    pass
+
+
+class TabCompletion(ReadOnly, DoitTabCompletion):
+    pass
+
+
+def read_only_selection(args: list) -> bool:
+    """A run of one read-only task (READ_ONLY_TASKS), with its read-only flag if it has one:
+    `doit check_bundle --path DIR`, `doit verify --json`. Read before dodo.py is loaded, so
+    conservatively: any other name (an option's value aside) may be a task that writes."""
+    if not args or args[0] not in READ_ONLY_TASKS:
+        return False
+    flag = READ_ONLY_TASKS[args[0]]
+    if flag is not None and flag not in args:
+        return False
+    takes_value = False
+    for arg in args[1:]:
+        if takes_value:
+            takes_value = False
+        elif not arg.startswith("-"):
+            return False   # another task (or target) named
+        else:
+            takes_value = "=" not in arg and arg != JSON_FLAG
+    return True
+
+
 class Run(cmd_run.Run):
     doc_purpose = cmd_run.Run.doc_purpose
     doc_usage = "[TASK/TARGET...] [key=value...] [--dry-run] [--explain] [--help]"
     doc_description = ("`doit help TASK` (or `doit TASK --help`) lists a task's command-line "
                        "settings key=value.")
     cmd_options = cmd_run.Run.cmd_options + (opt_dry_run, opt_explain)
+
+    def execute(self, params, args):
+        """doit's; a dry run, a task's --help or a read-only task alone writes nothing."""
+        if params.get("dry_run") or read_only_selection(args):
+            self.loader.read_only = True
+        return super().execute(params, args)
 
     def __init__(self, cmds=None, **kwargs):
         self._command_names = sorted(cmds or ())
@@ -84,7 +144,7 @@ class Run(cmd_run.Run):
     def parse_execute(self, in_args):
         """doit's, plus: --help/-h and --dry-run anywhere (doit takes what follows a task name
         for the task's own options); an unknown option in one line, with the nearest."""
-        flags = HELP_FLAGS + (DRY_RUN_FLAG, EXPLAIN_FLAG)
+        flags = HELP_FLAGS + (DRY_RUN_FLAG, EXPLAIN_FLAG, JSON_FLAG)
         wants_help = any(a in HELP_FLAGS for a in in_args)
         dry_run = DRY_RUN_FLAG in in_args
         try:
@@ -95,7 +155,10 @@ class Run(cmd_run.Run):
             self.pdb = params.get("pdb", False)
             params.update(self.opt_vals)
             if wants_help:
+                self.loader.read_only = True
                 return self._help(params, args)
+            if JSON_FLAG in in_args:
+                return self._json_report(params, args)
             if dry_run:
                 params["dry_run"] = True
             if EXPLAIN_FLAG in in_args:
@@ -113,12 +176,36 @@ class Run(cmd_run.Run):
             print_task_help(tasks, name, self.loader, self._command_names)
         return 0
 
+    def _json_report(self, params, names) -> int:
+        """`doit verify --json`: the last verify report of the variant, as JSON on stdout;
+        nothing is run or written (verify writes it: docs/verify.md)."""
+        if list(names) != ["verify"]:
+            raise InvalidCommand(f"{JSON_FLAG} is an option of `doit verify` alone (it prints "
+                                 "the last verify report); got: "
+                                 f"{' '.join(names) or 'the default tasks'}")
+        self.loader.read_only = True
+        self.loader.setup(params)
+        self.loader.load_doit_config()
+        layout = build_of(self.loader.namespace).layout
+        path = layout.verify_report
+        try:
+            report = json.loads(read_state(path))   # never through a symbolic link
+        except FileNotFoundError:
+            raise InvalidCommand(f"{layout.rel(path)}: no verify report for this variant yet: "
+                                 "run `python3 -m doit verify` first") from None
+        except (OSError, ValueError) as exc:
+            raise InvalidCommand(f"{layout.rel(path)}: not a readable verify report ({exc}): "
+                                 "run `python3 -m doit verify` again") from None
+        print(json.dumps(report, indent=1, sort_keys=True))
+        return 0
+
     def _unknown_option(self, exc: CmdParseError, of_task: bool) -> str:
         """doit's message lists every option object (CmdOption(...)): name the one instead."""
         cause = exc.__context__
         opt = getattr(cause, "opt", "")
         if not isinstance(cause, getopt.GetoptError) or not opt:
             return str(exc)
+        from hexbundle.config.build import did_you_mean
         typed = ("--" if len(opt) > 1 else "-") + opt
         known = [f"--{o.long}" for o in self.cmdparser.options if o.long] + \
             [f"-{o.short}" for o in self.cmdparser.options if o.short]
@@ -137,11 +224,16 @@ class Run(cmd_run.Run):
         console.configure(
             quiet=bool(force_verbosity and verbosity is not None and verbosity < 2),
             to_stderr=isinstance(chosen, type) and issubclass(chosen, JsonReporter))
+        plain_stdout, explaining = sys.stdout, None
+        if console.terminal():   # what tasks print goes above the status line
+            sys.stdout = console.StatusAware(plain_stdout)
         try:
             if dry_run:
                 return self._dry_run(always, auto_delayed_regex)
-            if explain:
-                layout = (getattr(self.loader, "namespace", None) or {}).get("LAYOUT")
+            if explain:   # graph.explain and what it reads: only when asked for
+                from hexbundle.graph import explain as explaining
+                build = build_of(getattr(self.loader, "namespace", None))
+                layout = build.layout if build else None
                 explaining.start(explaining.Explainer(
                     self.dep_manager, {t.name: t for t in self.task_list}, layout))
             return super()._execute(outfile, verbosity, always, continue_, reporter,
@@ -153,13 +245,16 @@ class Run(cmd_run.Run):
             raise InvalidCommand(not_a_task(exc.not_found, self.task_list,
                                             self._command_names)) from None
         finally:
-            explaining.start(None)
+            if explaining is not None:
+                explaining.start(None)
+            sys.stdout = plain_stdout
 
     def _dry_run(self, always, auto_delayed_regex) -> int:
         """Each task the run would reach, in dependency order: would it run, and why."""
-        layout = (getattr(self.loader, "namespace", None) or {}).get("LAYOUT")
-        if layout is not None:   # the model's steps' records, as a real run would see them
-            runguard.seeded_view(self.dep_manager.backend, layout, checker_and_db()[1])
+        build = build_of(getattr(self.loader, "namespace", None))
+        if build is not None:   # the model's steps' records, as a real run would see them
+            from hexbundle.graph import dbstate
+            dbstate.seeded_view(self.dep_manager.backend, build.layout, checker_and_db()[1])
         control = TaskControl(self.task_list, auto_delayed_regex=auto_delayed_regex)
         control.process(self.sel_tasks)
         tasks, order, seen = control.tasks, [], set()
@@ -204,6 +299,7 @@ class Run(cmd_run.Run):
 def run_reason(dep_manager, task, tasks) -> str | None:
     """Why doit would run `task` now (graph.explain: the setting, input, code file or output
     that changed), or None."""
+    from hexbundle.graph import explain as explaining
     return explaining.reason(dep_manager, task, tasks)
 
 
@@ -215,6 +311,7 @@ def _first(names) -> str:
 def not_a_task(name: str, task_list, command_names) -> str:
     """One line for a name that is no task, target or command: the nearest one, and where to
     look."""
+    from hexbundle.config.build import did_you_mean
     known = [t.name for t in task_list] + list(command_names)
     return (f"{name!r} is not a task, target or command{did_you_mean(name, known)}; "
             "`python3 -m doit list` lists the tasks (--all: with their subtasks)")
@@ -242,6 +339,7 @@ def print_task_help(tasks: dict, name: str, loader, command_names=()) -> None:
     if (task.meta or {}).get(TASKS_ONLY_BUILD, True) is False:
         print("\ncommand-line settings: none (this task does not read configs/build.toml)")
         return
+    from hexbundle.config.build import command_line_settings
     settings = command_line_settings(loader.namespace["ROOT"]) if "ROOT" in \
         (getattr(loader, "namespace", None) or {}) else []
     print(f"\ncommand-line settings (`python3 -m doit {task.name} key=value ...`; shown: the "
@@ -258,7 +356,7 @@ def _shown(value) -> str:
     return '""' if value == "" else str(value)
 
 
-class Help(cmd_help.Help):
+class Help(ReadOnly, cmd_help.Help):
     """doit's help; on a task: its whole description and its command-line settings."""
 
     def _execute(self, pos_args):

@@ -7,12 +7,12 @@ class, on the variant's `dep_file`. What it adds to doit's JsonDB (doit 0.37 ope
 
 - every save is temp + fsync + rename (support.atomic): a kill never leaves half a DB;
 - the DB is never read through a symbolic link (O_NOFOLLOW, support.files.read_state): a run has
-  set such a link aside before doit opens the DB (graph.runguard); a read-only command (`doit
+  set such a link aside before doit opens the DB (graph.recovery); a read-only command (`doit
   list`, `doit info`, a dry run) takes it as empty, saying so;
 - a save after each task that succeeds (save_progress, from graph.reporter), so a killed run
   keeps the work it finished;
 - a variant's DB writes the model's steps' records back to the model's DB when they changed
-  (graph.variants; runguard.seed_variant_db pairs the two before doit opens the variant's);
+  (graph.variants; dbstate.seed_variant_db pairs the two before doit opens the variant's);
 - a full disk (or quota, or file-size limit) is one message, not a traceback: the run goes on
   after a failed save_progress, and the final save (doit's Dependency.close, which calls dump)
   ends the run with exit code 3.
@@ -46,10 +46,19 @@ class DbSaveError(HexbundleError):
 
 
 # the variant's DB -> (the model's DB, the model's records as last saved there); set by
-# runguard.seed_variant_db, so a save writes the model's DB only when they change
+# dbstate.seed_variant_db, so a save writes the model's DB only when they change
 _model_dbs: dict = {}
 # the DB this run's doit opened (the last made): what save_progress saves
 _current: Optional["DurableJsonDB"] = None
+# a read-only command (graph.loader): it opened the DB to read it; nothing is ever saved
+_saves_held = False
+
+
+def hold_saves() -> None:
+    """This process only reads the DB (`doit list`, `doit check_bundle`, a dry run...): no save,
+    so a read-only command beside a running build never writes over the build's DB."""
+    global _saves_held
+    _saves_held = True
 
 
 def pair_with_model(variant_db: Path, model_db: Path, model_records: dict) -> None:
@@ -88,6 +97,8 @@ class DurableJsonDB(JsonDB):
     def save(self) -> None:
         """Write the DB (temp + fsync + rename); DbSaveError on a full disk. A variant's DB
         saves the model's steps' records to the model's DB first, when they changed."""
+        if _saves_held:
+            return
         key = os.path.abspath(self.name)
         if key in _model_dbs:
             model_db, saved = _model_dbs[key]

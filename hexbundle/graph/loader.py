@@ -5,7 +5,9 @@ the command line's `name=value` settings, and that is where an empty argument ha
 Why: doit 0.36-0.37 reads `arg[0]` of every command-line argument (DoitMain.process_args, and
 again when it loads the tasks), so an empty one (`doit import_export --name ""`) raised
 IndexError: a traceback before any task code ran. The loader refuses it by name first (exit 3).
-Nothing else differs from doit's DodoTaskLoader.
+It is also where the run guard starts (graph.runguard: lock, recovery, DB state): after dodo.py
+is read, before doit opens the dependency DB, for every command that has not said it only reads
+(graph.commands.ReadOnly sets `read_only`; a read-only run's DB is never saved, graph.db).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import sys
 from contextlib import contextmanager
 
 from doit.cmd_base import DodoTaskLoader
+from doit.loader import _get_task_creators
+from doit.task import Task
 
 from hexbundle.support import stdio, testhooks
 
@@ -41,16 +45,44 @@ class Loader(DodoTaskLoader):
         with interrupted_at_start_up():
             return super().setup(opt_values)
 
+    read_only = False   # set by a command that writes nothing (graph.commands.ReadOnly)
+    names_only = False   # `doit list` of names and first lines (graph.commands.List)
+
     def load_doit_config(self):
         with interrupted_at_start_up():
-            return super().load_doit_config()
+            config = super().load_doit_config()
+            from hexbundle.graph.session import DoitConfig
+            if self.names_only and isinstance(config, DoitConfig):
+                return config.names_only()   # nothing resolved (graph.session.Build)
+            self.start_guard()
+            return config
+
+    def start_guard(self) -> None:
+        """Called by doit right before it opens the DB: guard the run (once), or, for a command
+        that only reads, keep the DB from being saved."""
+        from hexbundle.graph import db, session
+        build = session.build_of(self.namespace)
+        if self.read_only:
+            db.hold_saves()
+        elif build is not None and not getattr(self, "_guarded", False):
+            self._guarded = True
+            session.start_guard(build.layout)
 
     def load_tasks(self, cmd, pos_args):
         with interrupted_at_start_up():
             testhooks.set_step(testhooks.START_UP)   # tests interrupt the start-up here
             testhooks.pause_point()
             testhooks.set_step(None)
+            if self.names_only:
+                return task_stubs(self.namespace, self.cmd_names)
             return super().load_tasks(cmd, pos_args)
+
+
+def task_stubs(namespace: dict, command_names) -> list:
+    """One task per task creator, named and documented as doit names and documents it (the
+    creator's docstring), without calling it: all `doit list` shows."""
+    return [Task(name, None, doc=creator.__doc__)
+            for name, creator, _ in _get_task_creators(namespace, command_names)]
 
 
 @contextmanager

@@ -1,27 +1,56 @@
-"""A doit run's session: the resolved config, its guard (lock, recovery) and doit's settings.
+"""A doit run's session: the resolved config, its guard (lock, recovery, DB state: started by
+the command that writes, graph.loader) and doit's settings.
 
 Kept out of dodo.py so that dodo.py reads as the task graph and nothing else.
 """
 from __future__ import annotations
 
+import getopt
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 import doit
 
-from hexbundle.config.build import load_build
 from hexbundle.config.layout import BUILD_ROOT_ENV, DOIT_DB, Layout, ProjectLayout
-from hexbundle.graph import codekey, runguard
-from hexbundle.graph.checker import XXH3Checker, comparison_checker
 from hexbundle.graph.db import BACKEND
-from hexbundle.graph.reporter import Reporter, set_banner
-from hexbundle.support import hashing
 from hexbundle.support.errors import HexbundleError
+
+# The config's schemas, the checker and the reporter are imported by what resolves the build
+# (load, doit_config): a plain `doit list` resolves nothing, so it imports none of them.
 
 # Benchmark only: "md5" runs the same task graph with doit's stock MD5 checker and a DB of its
 # own (scripts/bench.py compares the two). Builds never set it.
 BENCH_CHECKER_ENV = "HEXBUNDLE_BENCH_CHECKER"
+
+
+# doit commands that neither run tasks nor write the DB. Only for the refusal of a run started
+# outside the project, before doit has read which command it is; the run guard itself is
+# started by the command (graph.loader, graph.commands.ReadOnly), never from argv.
+READ_ONLY_COMMANDS = {"list", "help", "info", "dumpdb", "tabcompletion", "--help", "--version"}
+RUN_READ_ONLY_FLAGS = {"--dry-run", "--help", "-h"}   # graph.commands.Run
+RUN_FLAGS = RUN_READ_ONLY_FLAGS | {"--explain", "--json"}   # every flag graph.commands.Run adds
+
+
+def command_name(argv: list) -> str:
+    """The argument doit takes its command from (doit 0.37, DoitMain.run): the first one after
+    the dodo-finding options (-f FILE, -d DIR, -k, which may come first) and the `key=value`
+    variables; "" if none. Not one of doit's commands means `run`."""
+    try:
+        _, args = getopt.getopt(argv[1:], "f:d:k", ["file=", "dir=", "seek-file"])
+    except getopt.GetoptError:   # doit then looks at the arguments as given
+        args = argv[1:]
+    args = [a for a in args if a.startswith("-") or "=" not in a]
+    return args[0] if args else ""
+
+
+def command_writes(argv: list) -> bool:
+    """Anything but a read-only command means a run (or a command that writes the DB). A run
+    with --dry-run or a task's --help (graph.commands) runs nothing and writes nothing."""
+    if any(arg in RUN_READ_ONLY_FLAGS for arg in argv[1:]):
+        return False
+    return command_name(argv) not in READ_ONLY_COMMANDS
 
 
 def command_line_overrides(argv=None) -> dict:
@@ -50,11 +79,11 @@ def outside_project_problem(root: Path, argv: list, started_in: Path):
     what to do instead. Read-only commands (list, info, help) still work from there."""
     if started_in.resolve() == root.resolve():
         return None
-    flags = [a for a in argv[1:] if a in runguard.RUN_FLAGS]
+    flags = [a for a in argv[1:] if a in RUN_FLAGS]
     if flags:
         return (f"{flags[0]} is hexbundle's (pyproject.toml), which doit reads only when "
                 f"started in the project directory: run it from {root}")
-    if runguard.command_writes(argv):
+    if command_writes(argv):
         return ("doit was started outside the project directory, so it did not read "
                 "pyproject.toml, which registers hexbundle's dependency DB (graph/db.py: saved "
                 f"atomically, after every step, one per variant): run it from {root}")
@@ -72,27 +101,136 @@ def load(root: Path):
     overrides = command_line_overrides()
     try:
         ProjectLayout(root).check_build_root()   # not /, $HOME, the source tree: before any use
+        from hexbundle.config.build import load_build
         cfg = load_build(root, overrides)
     except HexbundleError as exc:
         print(f"hexbundle: {exc}", file=sys.stderr)
         sys.exit(3)
     layout = Layout(cfg)
-    if runguard.command_writes(sys.argv):   # not list, help, info: those leave no trace
-        try:   # the build lock, clean-up after a killed run, a crash-safe dependency DB
-            hashing.check_trace_file()
-            runguard.guard_run(layout, sys.argv, checker_and_db()[1])
-        except HexbundleError as exc:
-            print(f"hexbundle: {exc}", file=sys.stderr)
-            sys.exit(3)
-        except OSError as exc:   # a build root that cannot be written (read-only, /proc, ...)
-            print(f"hexbundle: {build_root_problem(layout, exc)}", file=sys.stderr)
-            sys.exit(3)
-        hashing.use_cache(layout.digest_cache)   # else digests stay in memory
-        codekey.use_cache(layout.code_imports_cache)   # else every run reads the sources
-        # A remote cache names files by SHA-256: take it in the same read as the XXH3.
-        hashing.cache().with_sha256 = bool(cfg.remote.cache)
+    from hexbundle.graph.reporter import set_banner
     set_banner(layout)
     return cfg, layout, overrides
+
+
+class Build:
+    """The build a doit run resolves (configs/build.toml and the command line's key=value), on
+    first use: dodo.py declares its tasks with it, and a plain `doit list`, which calls no task
+    creator (graph.loader), never resolves it."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._resolved = None
+        self.doit_config = DoitConfig(self)   # dodo.py's DOIT_CONFIG
+
+    def _get(self) -> tuple:
+        if self._resolved is None:
+            self._resolved = load(self.root)
+        return self._resolved
+
+    @property
+    def cfg(self):
+        return self._get()[0]
+
+    @property
+    def layout(self) -> Layout:
+        return self._get()[1]
+
+    @property
+    def overrides(self) -> dict:
+        return self._get()[2]
+
+    @property
+    def parts(self) -> list:
+        return self.cfg.plan.parts()
+
+    def rel(self, path) -> str:
+        return self.layout.rel(path)
+
+    def task(self, step) -> dict:
+        """A described step's doit task (graph.stepdesc)."""
+        from hexbundle.graph.stepdesc import doit_task
+        return doit_task(step, self.layout)
+
+
+class DoitConfig(dict):
+    """DOIT_CONFIG, filled from the resolved build (doit_config) when doit first reads it. doit
+    asks for a dict and reads it through items() and get(); graph.loader gives a plain `doit
+    list` `names_only()` instead, which resolves nothing."""
+
+    def __init__(self, build: Build):
+        super().__init__()
+        self._build = build
+
+    def _fill(self) -> None:
+        if not dict.__len__(self):
+            dict.update(self, doit_config(self._build.layout))
+
+    def names_only(self) -> dict:
+        """doit's settings for a list of the task creators' names: no variant, so no variant's
+        DB (dep_file names one no run writes; the command saves nothing, graph.db)."""
+        layout = ProjectLayout(self._build.root)
+        return {"default_tasks": ["bundle"], "dep_file": str(layout.db_dir / DOIT_DB),
+                "backend": BACKEND if started_in_project(layout.root) else "json"}
+
+    def items(self):
+        self._fill()
+        return super().items()
+
+    def keys(self):
+        self._fill()
+        return super().keys()
+
+    def values(self):
+        self._fill()
+        return super().values()
+
+    def get(self, key, default=None):
+        self._fill()
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self._fill()
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self._fill()
+        return super().__contains__(key)
+
+    def __iter__(self):
+        self._fill()
+        return super().__iter__()
+
+    def __len__(self):
+        self._fill()
+        return super().__len__()
+
+
+def build_of(namespace) -> Optional[Build]:
+    """dodo.py's Build, from doit's view of the module (None for another dodo.py)."""
+    build = (namespace or {}).get("BUILD")
+    return build if isinstance(build, Build) else None
+
+
+def start_guard(layout: Layout) -> None:
+    """The lock, recovery and DB state (graph.runguard) for a command that writes, started by
+    graph.loader before doit opens the DB; then the persistent digest and import caches. Never
+    for a read-only command (graph.commands.ReadOnly): those leave no trace. A problem is one
+    line and exit 3."""
+    from hexbundle.graph import codekey, runguard   # only a command that writes needs them
+    from hexbundle.support import hashing
+    try:   # the build lock, clean-up after a killed run, a crash-safe dependency DB
+        hashing.check_trace_file()
+        runguard.guard_run(layout, checker_and_db()[1])
+    except HexbundleError as exc:
+        print(f"hexbundle: {exc}", file=sys.stderr)
+        sys.exit(3)
+    except OSError as exc:   # a build root that cannot be written (read-only, /proc, ...)
+        print(f"hexbundle: {build_root_problem(layout, exc)}", file=sys.stderr)
+        sys.exit(3)
+    hashing.use_cache(layout.digest_cache)   # else digests stay in memory
+    codekey.use_cache(layout.code_imports_cache)   # else every run reads the sources
+    # A remote cache names files by SHA-256: take it in the same read as the XXH3.
+    hashing.cache().with_sha256 = bool(layout.cfg.remote.cache)
 
 
 def build_root_problem(layout: Layout, exc: OSError) -> str:
@@ -108,13 +246,16 @@ def checker_and_db() -> tuple:
     """doit's file checker and the name of its DB files: hexbundle's, or (scripts/bench.py only)
     the stock checker to compare, with DBs of its own."""
     if os.environ.get(BENCH_CHECKER_ENV):
+        from hexbundle.graph.checker import comparison_checker
         return comparison_checker(os.environ[BENCH_CHECKER_ENV])
+    from hexbundle.graph.checker import XXH3Checker
     return XXH3Checker, DOIT_DB
 
 
 def doit_config(layout: Layout) -> dict:
     """doit's settings; the dependency DB is the variant's own (graph.variants), kept by
     hexbundle's DB backend (graph.db)."""
+    from hexbundle.graph.reporter import Reporter
     checker, db = checker_and_db()
     return {
         "default_tasks": ["bundle"],

@@ -25,9 +25,9 @@ from typing import Callable, Optional
 
 from hexbundle.config.layout import Layout
 from hexbundle.graph.actions import step_action
-from hexbundle.graph.keys import (image_id, pinned, sdk_runtime_key, step_code, step_key,
-                                  toolchain_key)
-from hexbundle.graph.targets import targets_unchanged
+
+# graph.keys and graph.targets (the config's pins, the toolchain, the code digests) are imported
+# when a task is made, not with dodo.py: `doit list` makes none (graph.loader).
 
 RUN_STEP = "hexbundle.steps.executor:run_step"
 # Steps run in threads under `doit -n 2`: don't let doit swap sys.stdout per action (racy).
@@ -57,9 +57,10 @@ class Step:
         return self.task.split(":", 1)[1] if ":" in self.task else None
 
 
-def key(step: Step, layout: Layout) -> step_key:
+def key(step: Step, layout: Layout):
     """The step's key item (graph.keys.step_key), its document derived from the description:
     nothing listed by hand."""
+    from hexbundle.graph.keys import image_id, pinned, step_code, step_key
     cfg = layout.cfg
     document = {"step": step.step, "arguments": dict(step.arguments), "options": step.options,
                 "code": step_code(step.step), "pins": pinned(cfg, step.inputs)}
@@ -74,6 +75,7 @@ def key(step: Step, layout: Layout) -> step_key:
 def _version(cfg, copies_runtime: bool) -> str:
     """The backend's version; for a step that copies the SDK's runtime files from a local SDK,
     with their digest (another or a changed SDK rebuilds the bundle: graph.keys.sdk_runtime_key)."""
+    from hexbundle.graph.keys import sdk_runtime_key, toolchain_key
     runtime = sdk_runtime_key(cfg) if copies_runtime else ""
     return toolchain_key(cfg) + (f" runtime {runtime}" if runtime else "")
 
@@ -84,6 +86,7 @@ def doit_task(step: Step, layout: Layout) -> dict:
     run = step.action or step_action(RUN_STEP, layout, step.task, step.step, **step.arguments)
     uptodate = [key(step, layout)]
     if step.check_outputs and step.outputs:
+        from hexbundle.graph.targets import targets_unchanged
         uptodate.append(targets_unchanged())
     task = {"actions": [*step.before, run],
             "file_dep": [rel(p) for p in step.inputs],

@@ -6,7 +6,7 @@ docker: the same step runner inside the pinned toolchain image (hexbundle.steps.
 
 The step's output goes to build/<model>/<device>/<plan>/<backend>/logs/<task>.log; on failure its
 tail is shown. While it runs, its monitor shows the bytes its work reports (support.progress):
-a live bar on a TTY, else a line every HEXBUNDLE_PROGRESS_EVERY seconds (default 15) with the
+the status line on a terminal, else a line every HEXBUNDLE_PROGRESS_EVERY seconds (default 15) with the
 part, bytes done / total, rate and ETA; a step that reports nothing says it is still running.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hexbundle.config import resolved
 from hexbundle.config.layout import Layout
-from hexbundle.support.console import say
+from hexbundle.support.console import counter, say
 from hexbundle.support.errors import StepFailed
 from hexbundle.support.files import open_in_place
 from hexbundle.support.monitor import monitored
@@ -77,4 +77,5 @@ def run_step(layout: Layout, task: str, step: str, **extra) -> None:
         raise StepFailed(f"{label} failed (exit {code}) after {elapsed:.1f}s; log: "
                           f"{layout.rel(log_path)}\n--- last lines ---\n{tail}",
                           error=_step_error(tail))
-    say(f"  ok {label} {elapsed:.1f}s  (log: {layout.rel(log_path)})")
+    if counter(task) is None:   # a task the reporter numbers gets its line there (graph.reporter)
+        say(f"  ok {label} {elapsed:.1f}s  (log: {layout.rel(log_path)})")

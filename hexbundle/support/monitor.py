@@ -1,5 +1,5 @@
-"""A running step on the console: the bytes its work reports (support.progress), as a live bar
-on a TTY (tqdm), else a line every HEXBUNDLE_PROGRESS_EVERY seconds (default 15) with the part,
+"""A running step on the console: the bytes its work reports (support.progress), on the one
+status line on a terminal (support.console), else a line every HEXBUNDLE_PROGRESS_EVERY seconds (default 15) with the part,
 bytes done / total, rate and ETA; a step that reports nothing says it is still running.
 
 Used by the build steps' executor (steps/executor.py) and by `doit gen_inputs`
@@ -9,13 +9,12 @@ container's progress lines.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from contextlib import contextmanager
 from typing import Optional
 
-from hexbundle.support import progress
+from hexbundle.support import console, progress
 from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError
 
@@ -81,37 +80,26 @@ class Monitor:
         return f"  .. {self.label}: {snap.describe()}, {elapsed:.0f}s elapsed"
 
     def run(self, done: threading.Event) -> None:
-        if progress.stdout_is_tty():
-            self._bars(done)
+        if console.terminal():
+            self._status_line(done)
         else:
             while not done.wait(self.every):
                 say(self.line())
 
-    def _bars(self, done: threading.Event) -> None:
-        """A live bar per metered part of the step; the heartbeat line when nothing is metered."""
-        from tqdm import tqdm
-        bar, shown, last_line = None, None, time.monotonic()
-        try:
-            while not done.wait(BAR_REFRESH_S):
-                snap = self.current()
-                if snap is not None and (bar is None or snap.what != shown):
-                    if bar is not None:
-                        bar.close()
-                    shown = snap.what
-                    bar = tqdm(total=snap.total, desc=f"  {self.task} {snap.what}", unit="B",
-                               unit_scale=True, unit_divisor=1024, file=sys.__stdout__,
-                               leave=False, dynamic_ncols=True, mininterval=BAR_REFRESH_S)
-                if snap is not None:
-                    bar.update(min(snap.done, snap.total) - bar.n)
-                elif bar is not None:
-                    bar.close()
-                    bar, shown = None, None
-                if bar is None and time.monotonic() - last_line >= self.every:
-                    last_line = time.monotonic()
-                    say(self.line())
-        finally:
-            if bar is not None:
-                bar.close()
+    def status(self) -> str:
+        """The status line: `[5/18] compile:part_3_of_4 DLC weights 42% 1.2 GiB/s`, or the
+        time it has run when it reports no bytes."""
+        head = " ".join(filter(None, (console.counter(self.task), self.task)))
+        snap = self.current()
+        if snap is None:
+            return f"{head} {time.monotonic() - self.started:.0f}s"
+        pct = f" {100 * min(snap.done, snap.total) / snap.total:.0f}%" if snap.total else ""
+        return f"{head} {snap.what}{pct} {progress.size(snap.rate)}/s"
+
+    def _status_line(self, done: threading.Event) -> None:
+        """On a terminal: the one status line (support.console), rewritten as the step goes."""
+        while not done.wait(BAR_REFRESH_S):
+            console.status(self.status())
 
 
 @contextmanager
@@ -127,4 +115,6 @@ def monitored(task: str, label: str):
     finally:
         progress.set_sink(None)
         done.set()
-        shows.join(timeout=2)   # its bar is cleared before the next line
+        shows.join(timeout=2)   # its last status is drawn before the next line
+        if console.counter(task) is None:   # no reporter takes the line over (gen_inputs)
+            console.clear_status()

@@ -7,7 +7,7 @@ The step's work reports bytes into a meter; something else shows them:
                                                        # when no meter is open in this thread
 The meter belongs to the thread that opened it (steps run in threads under `doit -n 2`) and
 goes to that thread's sink (`set_sink`):
-  - in the doit process, the step's monitor (steps/executor.py): a live bar on a TTY (tqdm),
+  - in the doit process, the step's monitor (steps/executor.py): the status line on a terminal,
     else a plain line every HEXBUNDLE_PROGRESS_EVERY seconds (default 15);
   - in a step container, `line_sink`: `##hexbundle-progress {json}` lines on stdout, at most one
     a second, which the docker executor takes out of the log and hands to the step's monitor.
@@ -17,8 +17,6 @@ counted in the outer one: the outer total already holds its bytes.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -158,12 +156,3 @@ class LineSink:
 
 def is_closed_line(line: str) -> bool:
     return line.startswith(LINE_PREFIX) and '"closed": true' in line
-
-
-def stdout_is_tty() -> bool:
-    """A terminal a bar can be drawn on (a pty of no width, as `script` gives, is not one)."""
-    stream = sys.__stdout__
-    try:
-        return bool(stream) and stream.isatty() and os.get_terminal_size(stream.fileno()).columns > 0
-    except (ValueError, OSError):
-        return False
