@@ -101,6 +101,7 @@ class Worker:
             elif entry is not None and "result" in entry[1]:
                 lease.state = bots_pb2.LeaseState.COMPLETED
                 lease.status.code = entry[1].get("status", code_pb2.OK)
+                lease.status.message = entry[1].get("message", "")
                 lease.result.Pack(entry[1]["result"])
                 reported.append(lease.id)
         session = self.bots.UpdateBotSession(bots_pb2.UpdateBotSessionRequest(
@@ -110,6 +111,18 @@ class Worker:
         return session
 
     def execute(self, lease, holder: dict) -> None:
+        """Run the lease's action; a failure of the worker itself (a blob the server lost...)
+        goes back as the lease's status, so the client hears of it rather than waiting."""
+        try:
+            self.run_action(lease, holder)
+        except Exception as exc:   # noqa: BLE001 -- reported to the server, logged
+            missing = type(exc).__name__ == "NotFoundError"
+            holder["status"] = code_pb2.FAILED_PRECONDITION if missing else code_pb2.INTERNAL
+            holder["message"] = f"reapi_worker {self.args.bot_id}: {type(exc).__name__}: {exc}"
+            self.log("error", lease=lease.id, error=holder["message"])
+            holder["result"] = re_pb2.ActionResult()
+
+    def run_action(self, lease, holder: dict) -> None:
         action = re_pb2.Action()
         lease.payload.Unpack(action)
         key = f"{action.input_root_digest.hash}"
@@ -120,8 +133,9 @@ class Worker:
         shutil.rmtree(root, ignore_errors=True)
         os.makedirs(root)
         self.log("start", lease=act_text, arguments=list(command.arguments)[:2])
-        with download(self.channel, instance=self.instance) as dl:
-            dl.download_directory(action.input_root_digest, root)
+        if action.input_root_digest.size_bytes:   # the empty Directory is no blob to fetch
+            with download(self.channel, instance=self.instance) as dl:
+                dl.download_directory(action.input_root_digest, root)
         for path in command.output_paths:
             os.makedirs(os.path.dirname(os.path.join(root, path)) or root, exist_ok=True)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
