@@ -136,10 +136,11 @@ def test_an_action_no_worker_matches_times_out_and_is_cancelled(grid, tmp_path):
     with pytest.raises(ExecutionTimeout) as err:
         ex.execute(digest, blobs, timeout=3, on_stage=stages.append)
     assert "not done within 3s (last stage: queued" in str(err.value)
-    assert not ex.in_flight
-    # the server has it cancelled: a new Execute of the same action is not deduplicated onto
-    # the old queued operation (it would wait for ever): it times out by itself as well
-    assert set(stages) == {"queued"}
+    assert not ex.in_flight and set(stages) == {"queued"}
+    # CancelOperation reached the server: its scheduler has the job cancelled
+    rows = grid.pg.query(f"SELECT cancelled FROM jobs WHERE action_digest = "
+                         f"'{digest.hash}/{digest.size_bytes}'")
+    assert rows == [["t"]], rows
 
 
 def test_a_worker_killed_mid_action_has_its_action_requeued_to_another(grid, tmp_path):

@@ -93,6 +93,15 @@ class Postgres:
             raise
         return pg
 
+    def query(self, sql: str) -> list:
+        """Rows of a query (psql, tab-separated): the tests read BuildGrid's scheduler state."""
+        cmd = [str(self.bindir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
+               DATABASE, "-d", DATABASE, "-At", "-F", "\t", "-c", sql]
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise BuildGridError(f"psql: {done.stderr.strip()}")
+        return [line.split("\t") for line in done.stdout.splitlines()]
+
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
             try:
