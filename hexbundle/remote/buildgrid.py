@@ -74,8 +74,7 @@ schedulers:
     poll-interval: 0.2
     bot-poll-interval: 0.2
     property-set: !dynamic-property-set
-      match-property-keys: [container-image, executor]
-      wildcard-property-keys: [python, numpy, onnx]
+      match-property-keys: [container-image, executor, python, numpy, onnx]
 """
 EXECUTION_SERVICES = """\
       - !execution
