@@ -64,11 +64,12 @@ class ExecGrid:
         return proc
 
     def events(self, bot: str = "") -> list:
-        bots = [bot] if bot else list(self.workers)
+        """Every worker's log lines (also the stopped and killed ones'), in time order."""
+        logs = [self.worker_log(bot)] if bot else sorted(self.workdir.glob("*.jsonl"))
         out = []
-        for b in bots:
+        for log in logs:
             try:
-                out += [json.loads(line) for line in self.worker_log(b).read_text().splitlines()]
+                out += [json.loads(line) for line in log.read_text().splitlines()]
             except FileNotFoundError:
                 pass
         return sorted(out, key=lambda e: e["t"])

@@ -5,7 +5,7 @@ Run with the python of BuildGrid's venv (it uses BuildGrid's generated protos an
 hexbundle never imports a server):
 
     $BGD_VENV/bin/python tests/reapi_worker.py --server grpc://127.0.0.1:PORT --bot-id w1 \
-        --workdir DIR --log DIR/w1.jsonl [--property container-image=docker://...] [--corrupt]
+        --workdir DIR --log DIR/w1.jsonl [--property container-image=docker://...] [--corrupt .bin]
 
 Why not buildbox-worker + buildbox-run: neither buildbox-worker nor a `bgd bot` is on PyPI or in
 Debian; this worker speaks the same Bots API (CreateBotSession, then UpdateBotSession: BuildGrid
@@ -23,8 +23,9 @@ kills the Command when the server cancels its lease.
 Its log (one JSON object a line: start/done/cancelled events with the action digest and the
 monotonic time) is what the tests read to see which worker ran what, and when.
 
---corrupt: every output's first byte is flipped after the Command ran (a worker returning wrong
-outputs under their own digest: the client must catch it as it catches a bad cache hit).
+--corrupt SUFFIX: the first byte of every output whose path ends with SUFFIX is flipped after the
+Command ran (a worker returning wrong outputs under their own digest: the client must catch it
+as it catches a bad cache hit).
 """
 from __future__ import annotations
 
@@ -161,7 +162,7 @@ class Worker:
                 local = os.path.join(root, path)
                 if not os.path.isfile(local):
                     continue
-                if self.args.corrupt:
+                if self.args.corrupt and path.endswith(self.args.corrupt):
                     with open(local, "r+b") as fh:
                         first = fh.read(1)
                         fh.seek(0)
@@ -184,7 +185,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--property", action="append", default=[], help="KEY=VALUE")
-    parser.add_argument("--corrupt", action="store_true")
+    parser.add_argument("--corrupt", default="", metavar="SUFFIX",
+                        help="flip the first byte of the outputs whose path ends so")
     args = parser.parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)
     worker = Worker(args)
