@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_project, snapshot, steps_run
+from conftest import Held, copy_project, snapshot, steps_run
 from reapi_grid import ExecGrid
 from test_robustness import leftovers
 
@@ -296,6 +296,27 @@ def test_a_worker_returning_wrong_outputs_is_caught_like_a_bad_cache_hit(remote_
     steps = build_info(project)["steps"]
     assert {steps[t]["origin"] for t in compiles} == {"local"}
     assert any(e["event"] == "done" for e in grid.events("bad"))   # it did send its bins
+    assert not leftovers(project.root / "build")
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_and_sigterm_cancel_the_remote_operation(remote_build, grid, tmp_path, how):
+    """No worker is left on the grid (the test before stopped them): a step's action stays
+    queued; Ctrl-C (or SIGTERM) ends the run and the server has its job cancelled."""
+    assert not grid.workers
+    project = copy_project(tmp_path / "p")
+    held = Held(project, ["bundle", f"remote_executor={grid.url}"],  # env: a new Action
+                env={"SOURCE_DATE_EPOCH": str(100 + how)}, tmp=tmp_path / "held")
+
+    def queued() -> list:   # this run's actions, queued in BuildGrid's scheduler (stage 2)
+        return grid.pg.query("SELECT name FROM jobs WHERE stage = 2 AND NOT cancelled")
+    held.wait_for(lambda: queued(), "an action queued on the server")
+    names = {row[0] for row in queued()}
+    held.proc.send_signal(how)
+    run = held.finish()
+    assert run.code != 0 and "Traceback" not in run.out + run.err, run.out + run.err
+    cancelled = {row[0] for row in grid.pg.query("SELECT name FROM jobs WHERE cancelled")}
+    assert names <= cancelled, (names, cancelled)
     assert not leftovers(project.root / "build")
 
 
