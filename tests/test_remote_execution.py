@@ -231,7 +231,7 @@ def remote_build(grid, tmp_path_factory):
 def test_a_remote_build_is_byte_identical_to_a_local_one(remote_build, local_build, grid):
     project, run, _, _ = remote_build
     assert run.code == 0, run.out[-3000:] + run.err[-3000:]
-    assert f"hexbundle: remote execution on remote executor {grid.url}; remote_fallback = local" \
+    assert f"hexbundle: steps run on the remote executor {grid.url}; remote_fallback = local" \
         in run.out, run.out[:2000]
     assert snapshot(project.bundle()) == snapshot(local_build.bundle())
     steps = build_info(project)["steps"]

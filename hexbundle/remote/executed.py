@@ -57,7 +57,7 @@ def exec_session(layout: Layout) -> ExecSession:
     with _sessions_lock:
         if key not in _sessions:
             _sessions[key] = ExecSession(settings, layout.root)
-            say(f"hexbundle: remote execution on {_sessions[key].where}; "
+            say(f"hexbundle: steps run on the {_sessions[key].where}; "
                 f"remote_fallback = {settings.fallback}")
         return _sessions[key]
 
@@ -73,6 +73,12 @@ def run_executed(layout: Layout, task: str, outputs: list, make_action: Callable
         return
     try:
         step = make_action()
+    except (HexbundleError, OSError) as exc:   # e.g. an input vanished: the step will say so
+        warn(f"hexbundle: warning: {task}: not executed remotely ({exc}); building locally")
+        run_locally()
+        record_origin(layout, task, {"origin": "local"}, outputs)
+        return
+    try:
         _execute(layout, remote, task, step, check)
     except (ExecutionError, OutputsRefused, BlobMismatch, RemoteError, OSError) as exc:
         kind = getattr(exc, "kind", "wrong outputs" if isinstance(
