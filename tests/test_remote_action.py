@@ -292,3 +292,39 @@ def test_a_fetched_output_that_fails_its_check_says_the_checks_own_error(tmp_pat
     with pytest.raises(HexbundleError) as refused:
         check({layout.dlc(graph): fetched})
     assert str(refused.value) == failed.value.error
+
+
+def test_the_remote_executor_settings_are_checked_when_the_config_loads(tmp_path):
+    project = copy_project(tmp_path / "p")
+    cfg = load_build(project.root, {"remote_executor": "grpc://exec.example:8980"})
+    assert (cfg.remote.executor, cfg.remote.fallback) == ("grpc://exec.example:8980", "local")
+    with pytest.raises(ConfigError, match="remote_executor = 'grpc://h:99999': port '99999' is "
+                                          "not a TCP port"):
+        load_build(project.root, {"remote_executor": "grpc://h:99999"})
+    with pytest.raises(ConfigError, match="command line: key 'remote_fallback' is 'maybe'; "
+                                          "allowed: 'local', 'fail'"):
+        load_build(project.root, {"remote_fallback": "maybe"})
+
+
+def test_a_remote_executions_action_holds_no_absolute_path_and_its_whole_input_root(tmp_path):
+    """Two machines (project and build root elsewhere) make the same Action for a step, its
+    spec relocated into the input root, every file of which is in the blobs to upload."""
+    from hexbundle.graph.remote_steps import without_remote
+    from hexbundle.remote.action import exec_action
+    from hexbundle.steps.executor import step_spec
+    actions = []
+    for name in ("a", "b"):
+        layout = machine(tmp_path, name)
+        dlcs = [layout.dlc(g) for g in layout.cfg.model.graphs(layout.cfg.part(2))]
+        spec = step_spec(layout, "compile", part=2)
+        spec["config"] = without_remote(spec["config"])
+        step = exec_action(layout, spec, dlcs, [layout.bin(layout.cfg.part(2))])
+        text = step.command.arguments[2]
+        assert str(tmp_path) not in text and str(layout.root) not in text, text
+        assert step.command.arguments[:2] == ["python3", "scripts/step.py"]
+        assert set(step.inputs) == {remote_path(layout, d) for d in dlcs}
+        assert {reapi.digest_key(reapi.digest_of(d.read_bytes())) for d in dlcs} <= \
+            set(step.files)
+        assert layout.script("step.py") in step.files.values()
+        actions.append(step.key)
+    assert actions[0] == actions[1]

@@ -104,6 +104,17 @@ REMOTE_SCHEMA = run_settings({
                                "environment variable VAR, keeping the secret out of files",
                            example="x-hexbundle-test=1"),
     "remote_timeout": Field(int, 60, min=1, max=3600, doc="seconds per call to the server"),
+    "remote_executor": Field(str, "", pattern=r"(grpcs?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5})?",
+                             doc="a REAPI Execution server that runs the steps, grpc://HOST:PORT "
+                                 "(grpcs:// for TLS; instance, TLS and header as the cache's); "
+                                 "empty: steps run here",
+                             example="grpc://127.0.0.1:9"),
+    "remote_fallback": Field(str, "local", choices=("local", "fail"),
+                             doc="when remote execution fails: local: build the step here; "
+                                 "fail: the build fails"),
+    "remote_exec_timeout": Field(int, 3600, min=1, max=7 * 86400,
+                                 doc="seconds a step may take on the Execution server, queued "
+                                     "and running, before it is cancelled"),
 })
 REMOTE_ENV_PREFIX = "HEXBUNDLE_"   # remote_cache -> HEXBUNDLE_REMOTE_CACHE, and so on
 

@@ -15,15 +15,15 @@ from hexbundle.config.schema import PORT
 from hexbundle.support.errors import ConfigError
 
 
-def parse_target(url: str) -> tuple:
+def parse_target(url: str, key: str = "remote_cache") -> tuple:
     """grpc://HOST:PORT -> ("HOST:PORT", False); grpcs:// -> (..., True)."""
     scheme, _, rest = url.partition("://")
     if scheme not in ("grpc", "grpcs") or not rest:
-        raise ConfigError(f"remote_cache = {url!r}: expected grpc://HOST:PORT or grpcs://HOST:PORT")
+        raise ConfigError(f"{key} = {url!r}: expected grpc://HOST:PORT or grpcs://HOST:PORT")
     port = rest.rpartition(":")[2]
     if not port.isdigit() or not PORT[0] <= int(port) <= PORT[1]:
         # gRPC would take 99999 modulo 65536 and call another port
-        raise ConfigError(f"remote_cache = {url!r}: port {port!r} is not a TCP port "
+        raise ConfigError(f"{key} = {url!r}: port {port!r} is not a TCP port "
                           f"({PORT[0]}-{PORT[1]})")
     return rest, scheme == "grpcs"
 
@@ -73,7 +73,18 @@ def tls_files(settings, root: Path) -> Optional[tuple]:
 
 def check_remote_settings(settings, root: Path) -> None:
     """Every remote_* setting, checked as the first call to the server would use it."""
-    if not settings.cache:
+    if settings.executor:
+        parse_target(settings.executor, "remote_executor")
+        tls_files(executor_settings(settings), root)
+    if not settings.cache and not settings.executor:
         return
-    tls_files(settings, root)
+    if settings.cache:
+        tls_files(settings, root)
     header_metadata(settings.header)
+
+
+def executor_settings(settings):
+    """The remote settings as the Execution server is called: its URL where the cache's goes
+    (instance, TLS files, header and timeout are shared: one server usually serves both)."""
+    import dataclasses
+    return dataclasses.replace(settings, cache=settings.executor)

@@ -32,6 +32,8 @@ def run_step_recorded(run, layout: Layout, task_name: str, step: str,
     record where its outputs came from (formats.origins), cache or not."""
     if step not in CACHED_STEPS:
         run(layout, task_name, step, **extra)
+    elif layout.cfg.remote.executor:
+        run_through_executor(run, layout, task_name, step, extra, task)
     elif layout.cfg.remote.cache:
         run_through_cache(run, layout, task_name, step, extra, task)
     else:   # (hexbundle.remote, and gRPC with it, is not even imported)
@@ -59,16 +61,48 @@ def run_through_cache(run, layout: Layout, task_name: str, step: str,
         return step_action(layout, step, extra, task_options(task), sorted(task.file_dep),
                            list(task.targets), image)
 
-    # a step's inputs are validated whether or not the cache has the step
+    validate_inputs(layout, step, extra)   # whether or not the cache has the step
+    run_cached(layout, task_name, [layout.root / t for t in task.targets], make_action,
+               lambda: run(layout, task_name, step, **extra),
+               fetch_check(run, layout, task_name, step, extra))
+
+
+def run_through_executor(run, layout: Layout, task_name: str, step: str,
+                         extra: dict, task) -> None:
+    """The step on the Execution server (remote_executor): its Action is the step runner's
+    spec in an input root of its file_dep and the code (remote.action.exec_action)."""
+    from hexbundle.remote.action import exec_action
+    from hexbundle.remote.executed import run_executed
+    from hexbundle.steps.executor import step_spec
+
+    def make_action():
+        image = image_id(layout.root) if layout.cfg.executor == "docker" else ""
+        spec = step_spec(layout, step, **extra)
+        spec["config"] = without_remote(spec["config"])
+        return exec_action(layout, spec, sorted(task.file_dep), list(task.targets), image)
+
+    validate_inputs(layout, step, extra)
+    run_executed(layout, task_name, [layout.root / t for t in task.targets], make_action,
+                 lambda: run(layout, task_name, step, **extra),
+                 fetch_check(run, layout, task_name, step, extra))
+
+
+def without_remote(config: dict) -> dict:
+    """The resolved config's remote settings reset: where the build is sent is no input of a
+    step (and a token's variable name has no business on a worker)."""
+    from hexbundle.config import resolved
+    from hexbundle.config.build import remote_settings
+    return {**config, "remote": resolved.dump(remote_settings())}
+
+
+def validate_inputs(layout: Layout, step: str, extra: dict) -> None:
+    """A step's inputs are validated here whatever the server answers (cache or executor)."""
     if step == "convert":
         from hexbundle.steps.convert import validate_before_cache
         validate_before_cache(layout, extra, lambda line: None)
     elif step == "inputs" and layout.splits_locally and "part" in extra:
         from hexbundle.inputs.split import validate_part_sources
         validate_part_sources(layout, layout.cfg.part(extra["part"]))
-    run_cached(layout, task_name, [layout.root / t for t in task.targets], make_action,
-               lambda: run(layout, task_name, step, **extra),
-               fetch_check(run, layout, task_name, step, extra))
 
 
 def fetch_check(run, layout: Layout, task_name: str, step: str, extra: dict):

@@ -58,6 +58,8 @@ class StepAction:
     blobs: dict                          # (hash, size) -> bytes: Command, Action, Directories
     outputs: dict                        # remote path -> local Path, the step's targets
     inputs: dict = field(default_factory=dict)   # remote path -> local Path
+    files: dict = field(default_factory=dict)    # (hash, size) -> local Path: every file of
+                                                 # the input root (remote execution uploads them)
 
     @property
     def key(self) -> str:
@@ -215,3 +217,65 @@ def step_action(layout: Layout, step: str, arguments: dict, options: dict, input
     blobs[reapi.digest_key(cmd_digest)] = cmd_bytes
     blobs[reapi.digest_key(act_digest)] = act_bytes
     return StepAction(act_digest, cmd, act, blobs, outs, ins)
+
+
+# ------------------------------------------------------------------------ remote execution
+
+# What a step sees of an environment on a worker, as in the toolchain container
+# (steps/docker_executor.environment) less the host's paths.
+EXEC_ENVIRONMENT = {"HOME": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
+                    "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+                    "PYTHONHASHSEED": "0", "HEXBUNDLE_BUILD_ROOT": "build"}
+EXEC_PYTHON = "python3"   # the worker's: the platform (python, numpy, onnx or the image) says which
+PATH_TAG = "@path"        # config.resolved's tag of a Path
+
+
+def relocate(data, layout: Layout):
+    """A step spec (config.resolved's JSON) with every absolute path made a remote path: the
+    spec runs in the worker's input root, which holds the project at `.` and the build root
+    at `build/` (remote_path)."""
+    if isinstance(data, dict):
+        if set(data) == {PATH_TAG} and isinstance(data[PATH_TAG], str):
+            path = data[PATH_TAG]
+            return {PATH_TAG: remote_path(layout, path) or "."} if os.path.isabs(path) else data
+        return {k: relocate(v, layout) for k, v in data.items()}
+    if isinstance(data, list):
+        return [relocate(v, layout) for v in data]
+    return data
+
+
+def exec_action(layout: Layout, spec: dict, inputs: list, outputs: list,
+                image_id: str = "") -> StepAction:
+    """The Action a worker runs: `python3 scripts/step.py <spec>` in an input root that holds
+    everything the step reads (its file_dep and the code), the spec relocated into it; its
+    output paths and platform as step_action's. (Not the cache's Action, whose Command names
+    the step and its key without a path: a worker could not run that.)"""
+    outs = {remote_path(layout, p): Path(layout.root, p) for p in outputs}
+    ins = {remote_path(layout, p): Path(layout.root, p) for p in inputs}
+    tree = {**code_files(layout), **ins}
+    env = {**EXEC_ENVIRONMENT, **{k: os.environ[k] for k in STEP_ENVIRONMENT if k in os.environ}}
+    spec_text = spec_json(relocate(spec, layout))
+    cmd = reapi.Command(
+        arguments=[EXEC_PYTHON, STEP_SCRIPT, spec_text],
+        environment_variables=[reapi.message(f"{reapi.REAPI}.Command.EnvironmentVariable")(
+            name=k, value=v) for k, v in sorted(env.items())],
+        output_paths=sorted(outs))
+    root_digest, blobs = input_root(tree)
+    cmd_bytes = reapi.encode(cmd)
+    cmd_digest = reapi.digest_of(cmd_bytes)
+    act = reapi.Action(command_digest=cmd_digest, input_root_digest=root_digest,
+                       platform=reapi.Platform(properties=[
+                           reapi.message(f"{reapi.REAPI}.Platform.Property")(name=k, value=v)
+                           for k, v in platform_properties(layout, image_id)]))
+    act_bytes = reapi.encode(act)
+    act_digest = reapi.digest_of(act_bytes)
+    blobs[reapi.digest_key(cmd_digest)] = cmd_bytes
+    blobs[reapi.digest_key(act_digest)] = act_bytes
+    files = {reapi.digest_key(file_digest(local)): local for local in tree.values()}
+    return StepAction(act_digest, cmd, act, blobs, outs, ins, files)
+
+
+def spec_json(value) -> str:
+    """Sorted, compact JSON: the same spec is the same Command bytes on every machine."""
+    import json
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

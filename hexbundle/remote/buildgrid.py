@@ -43,7 +43,7 @@ caches:
     max-cached-refs: 100000
     allow-updates: {allow_updates}
     cache-failed-actions: false
-instances:
+{execution}instances:
   - name: "{instance}"
     services:
       - !action-cache
@@ -52,6 +52,35 @@ instances:
         storage: *cas-storage
       - !bytestream
         storage: *cas-storage
+{execution_services}"""
+
+# Remote execution (docs/remote-cache.md): the SQL scheduler (PostgreSQL: remote/postgres.py),
+# the Execution and Operations services for clients and the Bots service workers take leases
+# from. OSFamily and ISA are always match keys; every other property an Action carries must be
+# registered, or Execute fails FAILED_PRECONDITION "Unregistered platform property".
+EXECUTION = """\
+connections:
+  - !sql-connection &sql
+    connection-string: {db_url}
+    pool-size: 5
+    pool-timeout: 30
+    max-overflow: 10
+schedulers:
+  - !sql-scheduler &scheduler
+    sql: *sql
+    storage: *cas-storage
+    action-cache: *action-cache
+    bot-session-keepalive-timeout: {keepalive}
+    poll-interval: 0.2
+    bot-poll-interval: 0.2
+    property-set: !dynamic-property-set
+      match-property-keys: [container-image, executor, python, numpy, onnx]
+"""
+EXECUTION_SERVICES = """\
+      - !execution
+        scheduler: *scheduler
+      - !bots
+        scheduler: *scheduler
 """
 
 
@@ -101,7 +130,10 @@ class BuildGrid:
 
     @classmethod
     def start(cls, workdir: Path, instance: str = "", allow_updates: bool = True,
-              port: int = 0) -> "BuildGrid":
+              port: int = 0, execution_db: str = "", bot_keepalive: int = 10) -> "BuildGrid":
+        """execution_db: a PostgreSQL URL (remote/postgres.py) for a server that also executes
+        (Execution, Operations and Bots services); bot_keepalive: seconds after a bot's last
+        word that the scheduler takes it for dead and requeues its lease."""
         bgd = find_bgd()
         if not bgd:
             raise BuildGridError(f"no BuildGrid server: set {BGD_ENV} to its `bgd` (pip install "
@@ -111,8 +143,20 @@ class BuildGrid:
         (workdir / "cas").mkdir(exist_ok=True)
         port = port or free_port()
         config = workdir / "server.yml"
-        config.write_text(CONFIG.format(port=port, cas_dir=workdir / "cas", instance=instance,
-                                        allow_updates="true" if allow_updates else "false"))
+        text = CONFIG.format(port=port, cas_dir=workdir / "cas", instance=instance,
+                             allow_updates="true" if allow_updates else "false",
+                             execution_services=EXECUTION_SERVICES if execution_db else "",
+                             execution=EXECUTION.format(db_url=execution_db,
+                                                        keepalive=bot_keepalive)
+                             if execution_db else "")
+        config.write_text(text)
+        if execution_db:    # the scheduler's tables: BuildGrid's own migrations (alembic)
+            migrate = subprocess.run([bgd, "migrate", "apply", execution_db], cwd=workdir,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+            if migrate.returncode != 0:
+                raise BuildGridError(f"bgd migrate apply exited {migrate.returncode}:\n"
+                                     f"{migrate.stdout[-2000:]}")
         log = open(workdir / "bgd.log", "ab")
         proc = subprocess.Popen([bgd, "server", "start", str(config)], cwd=workdir,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

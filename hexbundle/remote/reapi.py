@@ -28,10 +28,22 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 REAPI = "build.bazel.remote.execution.v2"
 BYTESTREAM = "google.bytestream"
 RPC = "google.rpc"
+LONGRUNNING = "google.longrunning"
+PROTOBUF = "google.protobuf"   # Any only, declared here too: the pool is private
 
 # package -> message -> [(field, number, type)]; a type is a scalar, a message of the same
 # package (nested ones as Outer.Inner) or a full name "package.Message"; "*" before it: repeated.
 SCHEMA = {
+    PROTOBUF: {
+        "Any": [("type_url", 1, "string"), ("value", 2, "bytes")],
+    },
+    LONGRUNNING: {
+        "Operation": [("name", 1, "string"), ("metadata", 2, "google.protobuf.Any"),
+                      ("done", 3, "bool"), ("error", 4, "google.rpc.Status"),
+                      ("response", 5, "google.protobuf.Any")],
+        "CancelOperationRequest": [("name", 1, "string")],
+        "Empty": [],
+    },
     RPC: {
         "Status": [("code", 1, "int32"), ("message", 2, "string")],
     },
@@ -55,7 +67,17 @@ SCHEMA = {
         "ExecutedActionMetadata": [("worker", 1, "string")],
         "ActionResult": [("output_files", 2, "*OutputFile"), ("exit_code", 4, "int32"),
                          ("stdout_raw", 5, "bytes"), ("stdout_digest", 6, "Digest"),
+                         ("stderr_raw", 7, "bytes"), ("stderr_digest", 8, "Digest"),
                          ("execution_metadata", 9, "ExecutedActionMetadata")],
+        # remote execution: Execute streams google.longrunning.Operations whose metadata is an
+        # ExecuteOperationMetadata (stage: ExecutionStage.Value, an enum: int32 on the wire)
+        # and whose response, when done, an ExecuteResponse
+        "ExecuteRequest": [("instance_name", 1, "string"), ("skip_cache_lookup", 3, "bool"),
+                           ("action_digest", 6, "Digest")],
+        "WaitExecutionRequest": [("name", 1, "string")],
+        "ExecuteOperationMetadata": [("stage", 1, "int32"), ("action_digest", 2, "Digest")],
+        "ExecuteResponse": [("result", 1, "ActionResult"), ("cached_result", 2, "bool"),
+                            ("status", 3, "google.rpc.Status"), ("message", 5, "string")],
         "GetActionResultRequest": [("instance_name", 1, "string"),
                                    ("action_digest", 2, "Digest"),
                                    ("inline_stdout", 3, "bool")],
@@ -105,6 +127,9 @@ FIND_MISSING_BLOBS = f"/{REAPI}.ContentAddressableStorage/FindMissingBlobs"
 BATCH_UPDATE_BLOBS = f"/{REAPI}.ContentAddressableStorage/BatchUpdateBlobs"
 BATCH_READ_BLOBS = f"/{REAPI}.ContentAddressableStorage/BatchReadBlobs"
 GET_CAPABILITIES = f"/{REAPI}.Capabilities/GetCapabilities"
+EXECUTE = f"/{REAPI}.Execution/Execute"
+WAIT_EXECUTION = f"/{REAPI}.Execution/WaitExecution"
+CANCEL_OPERATION = f"/{LONGRUNNING}.Operations/CancelOperation"
 BYTESTREAM_READ = f"/{BYTESTREAM}.ByteStream/Read"
 BYTESTREAM_WRITE = f"/{BYTESTREAM}.ByteStream/Write"
 
@@ -135,8 +160,7 @@ def _field(package: str, name: str, number: int, kind: str) -> descriptor_pb2.Fi
 def _file(package: str, messages: dict) -> descriptor_pb2.FileDescriptorProto:
     proto = descriptor_pb2.FileDescriptorProto(name=f"hexbundle/remote/{package}.proto",
                                                package=package, syntax="proto3")
-    if package != RPC:
-        proto.dependency.append(f"hexbundle/remote/{RPC}.proto")
+    proto.dependency.extend(f"hexbundle/remote/{dep}.proto" for dep in DEPENDS[package])
     outer = {}
     for name in sorted(messages, key=lambda n: n.count(".")):   # outer messages first
         head, _, inner = name.partition(".")
@@ -148,9 +172,13 @@ def _file(package: str, messages: dict) -> descriptor_pb2.FileDescriptorProto:
     return proto
 
 
+DEPENDS = {PROTOBUF: (), RPC: (), LONGRUNNING: (PROTOBUF, RPC), REAPI: (RPC,),
+           BYTESTREAM: (RPC,)}
+
+
 def _build() -> dict:
     pool = descriptor_pool.DescriptorPool()
-    for package in (RPC, REAPI, BYTESTREAM):
+    for package in DEPENDS:   # dependencies first
         pool.Add(_file(package, SCHEMA[package]))
     # GetMessageClass since protobuf 4.22; MessageFactory.GetPrototype before it (gone in 5.x)
     make = getattr(message_factory, "GetMessageClass", None) or \
@@ -186,6 +214,13 @@ BatchReadBlobsRequest = message(f"{REAPI}.BatchReadBlobsRequest")
 BatchReadBlobsResponse = message(f"{REAPI}.BatchReadBlobsResponse")
 GetCapabilitiesRequest = message(f"{REAPI}.GetCapabilitiesRequest")
 ServerCapabilities = message(f"{REAPI}.ServerCapabilities")
+Operation = message(f"{LONGRUNNING}.Operation")
+CancelOperationRequest = message(f"{LONGRUNNING}.CancelOperationRequest")
+Empty = message(f"{LONGRUNNING}.Empty")
+ExecuteRequest = message(f"{REAPI}.ExecuteRequest")
+WaitExecutionRequest = message(f"{REAPI}.WaitExecutionRequest")
+ExecuteOperationMetadata = message(f"{REAPI}.ExecuteOperationMetadata")
+ExecuteResponse = message(f"{REAPI}.ExecuteResponse")
 ReadRequest = message(f"{BYTESTREAM}.ReadRequest")
 ReadResponse = message(f"{BYTESTREAM}.ReadResponse")
 WriteRequest = message(f"{BYTESTREAM}.WriteRequest")

@@ -1,0 +1,358 @@
+"""REAPI remote execution against a real BuildGrid 0.4.4 with its Execution, Bots, CAS and
+ActionCache services on its SQL scheduler (PostgreSQL, a private cluster in a temp directory),
+and real worker processes (tests/reapi_worker.py) that take leases over the Remote Workers API
+and run each Action as a subprocess in a fresh directory.
+
+First the client (hexbundle.remote.execute) on hand-made Actions; then real `doit bundle` runs
+with remote_executor (graph/remote_steps, remote/executed.py): one grid for the module (two
+workers advertising this Python, numpy and onnx, as the local executor's platform asks); the
+test that stops the server has a grid of its own. Under CI these must run: no skip for a
+missing server, PostgreSQL or worker.
+"""
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Held, copy_project, snapshot, steps_run
+from reapi_grid import ExecGrid
+from test_robustness import leftovers
+
+from hexbundle.config.build import remote_settings
+from hexbundle.remote import reapi
+from hexbundle.remote.action import _local_runtime, input_root
+from hexbundle.remote.buildgrid import find_bgd, free_port
+from hexbundle.remote.execute import ActionFailed, ExecutionTimeout, RemoteExecutor
+from hexbundle.remote.postgres import find_pg_bin
+
+pytestmark = pytest.mark.heavy   # BuildGrid, PostgreSQL and workers: the full suite
+
+PLATFORM = [("ISA", "x86-64"), ("OSFamily", "linux")]
+
+
+def unavailable(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set, so the remote execution tests must run, but: {reason}")
+    pytest.skip(f"{reason} (these tests run under CI=true, where .ci/run provides it)")
+
+
+def needs_grid():
+    if not find_bgd():
+        unavailable("no BuildGrid `bgd`: set HEXBUNDLE_BGD (.ci/run installs it)")
+    if not find_pg_bin():
+        unavailable("no PostgreSQL (initdb): apt-get install postgresql")
+
+
+# A worker that can run the local executor's steps: this Python first on its PATH, and the
+# platform the local executor's Actions ask for (python, numpy, onnx versions).
+STEP_WORKER = [a for p in ["executor=local"] + [f"{k}={v}" for k, v in _local_runtime().items()]
+               for a in ("--property", p)]
+STEP_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def add_step_worker(grid: ExecGrid, bot: str, *extra: str):
+    return grid.add_worker(bot, *STEP_WORKER, *extra, env=STEP_ENV)
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    needs_grid()
+    with ExecGrid.start(tmp_path_factory.mktemp("grid")) as grid:
+        add_step_worker(grid, "w1")
+        add_step_worker(grid, "w2")
+        yield grid
+
+
+def action(tmp: Path, script: str, outputs=(), inputs=None, platform=PLATFORM):
+    """(Action digest, every blob it needs) of `sh -c script` with `inputs` {path: bytes}."""
+    files = {}
+    for rel, data in (inputs or {}).items():
+        local = tmp / "in" / rel
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(data)
+        files[rel] = local
+    root, blobs = input_root(files)
+    for local in files.values():
+        blobs[reapi.digest_key(reapi.digest_of(local.read_bytes()))] = local
+    cmd = reapi.Command(arguments=["sh", "-c", script], output_paths=sorted(outputs))
+    cmd_bytes = reapi.encode(cmd)
+    cmd_digest = reapi.digest_of(cmd_bytes)
+    prop = reapi.message(f"{reapi.REAPI}.Platform.Property")
+    act = reapi.Action(command_digest=cmd_digest, input_root_digest=root,
+                       platform=reapi.Platform(properties=[prop(name=k, value=v)
+                                                           for k, v in sorted(platform)]))
+    act_bytes = reapi.encode(act)
+    digest = reapi.digest_of(act_bytes)
+    blobs[reapi.digest_key(cmd_digest)] = cmd_bytes
+    blobs[reapi.digest_key(digest)] = act_bytes
+    return digest, blobs
+
+
+def executor(url: str, tmp: Path, timeout: int = 60) -> RemoteExecutor:
+    return RemoteExecutor(remote_settings(cache=url, timeout=timeout), tmp)
+
+
+def fetched(ex: RemoteExecutor, digest) -> bytes:
+    pieces = []
+    ex.cas.read_blob(digest, pieces.append)
+    return b"".join(pieces)
+
+
+def test_an_action_runs_on_a_worker_with_its_whole_input_root(grid, tmp_path):
+    digest, blobs = action(tmp_path, "mkdir -p out && cat a.txt sub/b.txt > out/ab.txt && "
+                           "echo to-stdout && echo to-stderr >&2", ["out/ab.txt"],
+                           {"a.txt": b"alpha\n", "sub/b.txt": b"beta\n"})
+    ex = executor(grid.url, tmp_path)
+    stages = []
+    result = ex.execute(digest, blobs, timeout=60, on_stage=stages.append)
+    assert [f.path for f in result.output_files] == ["out/ab.txt"]
+    assert fetched(ex, result.output_files[0].digest) == b"alpha\nbeta\n"
+    assert ex.logs(result) == (b"to-stdout\n", b"to-stderr\n")
+    assert result.execution_metadata.worker in ("w1", "w2")
+    assert stages[-1] == "completed" and "queued" in stages, stages
+    # uploaded first: nothing the action needs is missing on the server now
+    assert not ex.cas.find_missing(reapi.Digest(hash=h, size_bytes=s) for h, s in blobs)
+
+
+def test_a_failed_command_is_an_action_failed_error_with_its_stderr(grid, tmp_path):
+    digest, blobs = action(tmp_path, "echo 'no such weight: w.3' >&2; exit 3")
+    with pytest.raises(ActionFailed) as err:
+        executor(grid.url, tmp_path).execute(digest, blobs, timeout=60)
+    assert "exited 3" in str(err.value) and "no such weight: w.3" in str(err.value)
+    assert err.value.result.exit_code == 3
+
+
+def test_two_workers_run_two_actions_side_by_side(grid, tmp_path):
+    """Each action waits until the other has started (a rendezvous through a directory both
+    workers see): they can only both finish if two workers ran them at the same time."""
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    results = {}
+
+    def run(me: str, other: str) -> None:
+        script = (f"touch {meet}/{me}; i=0; while [ ! -e {meet}/{other} ]; do "
+                  f"i=$((i+1)); [ $i -gt 600 ] && exit 9; sleep 0.1; done; echo {me}")
+        digest, blobs = action(tmp_path / me, script)
+        results[me] = executor(grid.url, tmp_path).execute(digest, blobs, timeout=120)
+
+    threads = [threading.Thread(target=run, args=p) for p in (("a", "b"), ("b", "a"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(results) == {"a", "b"}
+    assert {r.execution_metadata.worker for r in results.values()} == {"w1", "w2"}
+
+
+def test_an_action_no_worker_matches_times_out_and_is_cancelled(grid, tmp_path):
+    digest, blobs = action(tmp_path, "true", platform=PLATFORM + [
+        ("container-image", "docker://sha256:" + "0" * 64)])   # no worker offers it
+    ex = executor(grid.url, tmp_path)
+    stages = []
+    with pytest.raises(ExecutionTimeout) as err:
+        ex.execute(digest, blobs, timeout=3, on_stage=stages.append)
+    assert "not done within 3s (last stage: queued" in str(err.value)
+    assert not ex.in_flight and set(stages) == {"queued"}
+    # CancelOperation reached the server: its scheduler has the job cancelled
+    rows = grid.pg.query(f"SELECT cancelled FROM jobs WHERE action_digest = "
+                         f"'{digest.hash}/{digest.size_bytes}'")
+    assert rows == [["t"]], rows
+
+
+# ---------------------------------------------------------------------------------------------
+# doit bundle with remote_executor
+
+CACHED = ("inputs", "convert", "compile")
+
+
+def warnings(run) -> list:
+    return [line for line in run.err.splitlines() if "warning" in line]
+
+
+def build_info(project) -> dict:
+    return json.loads((project.build_dir() / "build-info.json").read_text())
+
+
+def intervals(events: list) -> dict:
+    """lease -> (bot, start t, done t) from the workers' logs (done: None if it never ended)."""
+    out = {}
+    for e in events:
+        if e["event"] == "start":
+            out.setdefault(e["lease"], []).append([e["bot"], e["t"], None])
+        elif e["event"] == "done":
+            runs = [r for r in out.get(e["lease"], []) if r[0] == e["bot"] and r[2] is None]
+            runs[-1][2] = e["t"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_build(tmp_path_factory):
+    project = copy_project(tmp_path_factory.mktemp("local") / "p")
+    project.doit("bundle")
+    return project
+
+
+@pytest.fixture(scope="module")
+def remote_build(grid, tmp_path_factory):
+    """`doit -n 2 bundle` on the grid's two workers; w1 is killed (SIGKILL) in the middle of its
+    second action: the scheduler requeues it to w2 (or the client builds it here)."""
+    project = copy_project(tmp_path_factory.mktemp("remote") / "p")
+    out = {}
+    started = time.time()   # the workers' logs are in wall-clock time: this build's events
+    doit = threading.Thread(target=lambda: out.update(run=project.doit(
+        "-n", "2", "bundle", f"remote_executor={grid.url}", check=False)))
+    doit.start()
+    w1 = grid.workers["w1"]
+
+    def w1_in_build(event: str) -> list:
+        return [e for e in grid.events("w1") if e["event"] == event and e["t"] > started]
+    # an action of w1 done in this build, then one it starts afterwards: that one is killed
+    grid.wait_for(lambda: w1_in_build("done") or not doit.is_alive(), "w1 to finish an action",
+                  w1, timeout=300)
+    grid.wait_for(lambda: not doit.is_alive() or any(
+        e["t"] > w1_in_build("done")[0]["t"] for e in w1_in_build("start")),
+        "w1 to start another action", w1, timeout=300)
+    assert doit.is_alive(), "the build ended before w1 took a second action"
+    os.kill(w1.pid, signal.SIGKILL)
+    w1.wait()
+    grid.workers.pop("w1")
+    killed = [e["lease"] for e in grid.events("w1") if e["event"] == "start"][-1]
+    doit.join(timeout=600)
+    assert not doit.is_alive()
+    return project, out["run"], killed, started
+
+
+def test_a_remote_build_is_byte_identical_to_a_local_one(remote_build, local_build, grid):
+    project, run, _, _ = remote_build
+    assert run.code == 0, run.out[-3000:] + run.err[-3000:]
+    assert f"hexbundle: steps run on the remote executor {grid.url}; remote_fallback = local" \
+        in run.out, run.out[:2000]
+    assert snapshot(project.bundle()) == snapshot(local_build.bundle())
+    steps = build_info(project)["steps"]
+    assert {t.split(":")[0] for t in steps} == set(CACHED)
+    remote = {t for t, o in steps.items() if o["origin"] == "remote-execution"}
+    # every step ran on a worker, unless the killed worker's action fell back to a local build
+    assert len(remote) >= len(steps) - 1, steps
+    assert steps_run(run.out) - {"bundle"} <= set(steps) - remote, run.out
+    for task in remote:   # the worker's output is in the step's log
+        log = project.build_dir() / "logs" / (task.replace(":", "__") + ".log")
+        text = log.read_text()
+        assert text.startswith(f"# remote execution on remote executor {grid.url}, worker w"), text
+        assert "# the worker's stdout:\n" in text and "done in " in text, text
+    # the Operation stream's stages were shown
+    assert re.search(r"^  remote convert:\S+: queued$", run.out, re.M), run.out
+    assert re.search(r"^  remote convert:\S+: executing$", run.out, re.M), run.out
+    assert not leftovers(project.root / "build")
+
+
+def test_two_workers_ran_steps_side_by_side(remote_build, grid):
+    """From the workers' own logs: an action of w1 and one of w2 were running at once."""
+    started = remote_build[3]
+    runs = [r for rs in intervals(grid.events()).values() for r in rs
+            if r[2] is not None and r[1] > started]
+    overlapping = [(a, b) for a in runs if a[0] == "w1" for b in runs if b[0] == "w2"
+                   if a[1] < b[2] and b[1] < a[2]]
+    assert overlapping, [e for e in grid.events() if e["t"] > started]
+
+
+def test_a_worker_killed_mid_action_has_it_requeued_and_nothing_corrupt_is_kept(remote_build,
+                                                                              local_build, grid):
+    project, run, killed, _ = remote_build
+    assert run.code == 0, run.out[-3000:]
+    tries = intervals(grid.events())[killed]
+    assert tries[0][0] == "w1" and tries[0][2] is None, tries   # never finished on w1
+    requeued = [t for t in tries[1:] if t[0] == "w2" and t[2] is not None]
+    fell_back = [w for w in warnings(run) if "remote execution failed" in w]
+    assert requeued or fell_back, (tries, run.err)
+    assert snapshot(project.bundle()) == snapshot(local_build.bundle())
+    for sub in ("bin", "dlc"):
+        assert {p.name: p.read_bytes() for p in (project.build_dir() / sub).iterdir()} == \
+            {p.name: p.read_bytes() for p in (local_build.build_dir() / sub).iterdir()}
+
+
+def test_a_worker_returning_wrong_outputs_is_caught_like_a_bad_cache_hit(remote_build, grid):
+    """A worker that flips the first byte of every bin it makes (and uploads it under its own
+    digest): the compile's checks (steps/check.py) refuse it before it is renamed into place,
+    one warning each, and the step is built here."""
+    project = remote_build[0]
+    grid.stop_worker("w2")                      # the bad worker is the only one left
+    add_step_worker(grid, "bad", "--corrupt", ".bin")
+    try:
+        run = project.doit("bundle", f"remote_executor={grid.url}", "optimization_type=2",
+                           check=False)
+    finally:
+        grid.stop_worker("bad")
+    assert run.code == 0, run.out[-3000:] + run.err[-3000:]
+    compiles = {t for t in run.executed if t.startswith("compile:")}
+    refused = [w for w in warnings(run) if "remote execution failed (wrong outputs)" in w]
+    assert compiles and len(refused) == len(compiles), run.err
+    assert steps_run(run.out) == compiles | {"bundle"}, run.out   # built here
+    steps = build_info(project)["steps"]
+    assert {steps[t]["origin"] for t in compiles} == {"local"}
+    assert any(e["event"] == "done" for e in grid.events("bad"))   # it did send its bins
+    assert not leftovers(project.root / "build")
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_and_sigterm_cancel_the_remote_operation(remote_build, grid, tmp_path, how):
+    """No worker on the grid: a step's action stays queued; Ctrl-C (or SIGTERM) ends the run
+    and the server has its job cancelled."""
+    for bot in list(grid.workers):
+        grid.stop_worker(bot)
+    project = copy_project(tmp_path / "p")
+    held = Held(project, ["bundle", f"remote_executor={grid.url}"],  # env: a new Action
+                env={"SOURCE_DATE_EPOCH": str(100 + how)}, tmp=tmp_path / "held")
+
+    def queued() -> list:   # this run's actions, queued in BuildGrid's scheduler (stage 2)
+        return grid.pg.query("SELECT name FROM jobs WHERE stage = 2 AND NOT cancelled")
+    held.wait_for(lambda: queued(), "an action queued on the server")
+    names = {row[0] for row in queued()}
+    held.proc.send_signal(how)
+    run = held.finish()
+    assert run.code != 0 and "Traceback" not in run.out + run.err, run.out + run.err
+    cancelled = {row[0] for row in grid.pg.query("SELECT name FROM jobs WHERE cancelled")}
+    assert names <= cancelled, (names, cancelled)
+    assert not leftovers(project.root / "build")
+
+
+def test_the_server_going_away_mid_build_falls_back_to_a_local_build(local_build, tmp_path):
+    needs_grid()
+    with ExecGrid.start(tmp_path / "grid") as grid:
+        w = add_step_worker(grid, "w1")
+        project = copy_project(tmp_path / "p")
+        out = {}
+        doit = threading.Thread(target=lambda: out.update(run=project.doit(
+            "bundle", f"remote_executor={grid.url}", check=False)))
+        doit.start()
+        def executed_remotely():   # a step's outputs in place, from the worker
+            return any("remote-execution" in p.read_text(errors="replace")
+                       for p in (project.root / "build").rglob("origins/*.json"))
+        grid.wait_for(executed_remotely, "a step's outputs from w1", w, timeout=300)
+        grid.server.stop()
+        doit.join(timeout=600)
+    run = out["run"]
+    assert run.code == 0, run.out[-3000:] + run.err[-3000:]
+    went = [w for w in warnings(run) if "remote execution failed (unavailable)" in w]
+    assert len(went) == 1 and "for the rest of this run" in went[0], run.err
+    assert snapshot(project.bundle()) == snapshot(local_build.bundle())
+    origins = {o["origin"] for o in build_info(project)["steps"].values()}
+    assert origins == {"remote-execution", "local"}, origins
+    assert not leftovers(project.root / "build")
+
+
+def test_with_remote_fallback_fail_an_unreachable_server_fails_the_build(tmp_path):
+    project = copy_project(tmp_path / "p")
+    url = f"grpc://127.0.0.1:{free_port()}"
+    run = project.doit("bundle", f"remote_executor={url}", "remote_fallback=fail", check=False)
+    assert run.code != 0
+    text = run.out + run.err
+    assert "remote_fallback = fail" in text and "remote execution failed (unavailable)" in text
+    assert url in text and "Traceback" not in text, text
+    assert not (project.build_dir() / "bin").exists() or \
+        not list((project.build_dir() / "bin").iterdir())
