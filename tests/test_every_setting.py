@@ -45,6 +45,7 @@ NOT_BUILD_INPUTS = {
     "HEXBUNDLE_BENCH_CHECKER": "doit bench's comparison checker (refused outside the bench)",
     "HEXBUNDLE_HASH_TRACE": "a trace file of what the checkers hash (doit bench)",
     "HEXBUNDLE_BGD": "where the tests find BuildGrid's bgd",
+    "HEXBUNDLE_PG_BIN": "where the tests find PostgreSQL (BuildGrid's scheduler database)",
     "HEXBUNDLE_TEST_PAUSE_AT": "a test hook: hold a step at a pause point",
     "HEXBUNDLE_TEST_PAUSE_DIR": "a test hook: where the pause files are",
     "HEXBUNDLE_LIFELINE": "the step runner's parent watch (set by the executor itself)",
