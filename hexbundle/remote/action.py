@@ -205,7 +205,14 @@ def step_action(layout: Layout, step: str, arguments: dict, options: dict, input
     outs = {remote_path(layout, p): Path(layout.root, p) for p in outputs}
     ins = {remote_path(layout, p): Path(layout.root, p) for p in inputs}
     cmd = command(step, arguments, options, list(outs))
-    root_digest, blobs = input_root({**code_files(layout), **ins})
+    act_digest, act, blobs = action_of(layout, cmd, {**code_files(layout), **ins}, image_id)
+    return StepAction(act_digest, cmd, act, blobs, outs, ins)
+
+
+def action_of(layout: Layout, cmd, tree: dict, image_id: str) -> tuple:
+    """(digest, Action, blobs) of `cmd` run in the input root of `tree` (remote path -> local
+    file) on this build's platform: the blobs hold the tree's, the Command's and the Action's."""
+    root_digest, blobs = input_root(tree)
     cmd_bytes = reapi.encode(cmd)
     cmd_digest = reapi.digest_of(cmd_bytes)
     act = reapi.Action(command_digest=cmd_digest, input_root_digest=root_digest,
@@ -216,7 +223,7 @@ def step_action(layout: Layout, step: str, arguments: dict, options: dict, input
     act_digest = reapi.digest_of(act_bytes)
     blobs[reapi.digest_key(cmd_digest)] = cmd_bytes
     blobs[reapi.digest_key(act_digest)] = act_bytes
-    return StepAction(act_digest, cmd, act, blobs, outs, ins)
+    return act_digest, act, blobs
 
 
 # ------------------------------------------------------------------------ remote execution
@@ -260,17 +267,7 @@ def exec_action(layout: Layout, spec: dict, inputs: list, outputs: list,
         environment_variables=[reapi.message(f"{reapi.REAPI}.Command.EnvironmentVariable")(
             name=k, value=v) for k, v in sorted(env.items())],
         output_paths=sorted(outs))
-    root_digest, blobs = input_root(tree)
-    cmd_bytes = reapi.encode(cmd)
-    cmd_digest = reapi.digest_of(cmd_bytes)
-    act = reapi.Action(command_digest=cmd_digest, input_root_digest=root_digest,
-                       platform=reapi.Platform(properties=[
-                           reapi.message(f"{reapi.REAPI}.Platform.Property")(name=k, value=v)
-                           for k, v in platform_properties(layout, image_id)]))
-    act_bytes = reapi.encode(act)
-    act_digest = reapi.digest_of(act_bytes)
-    blobs[reapi.digest_key(cmd_digest)] = cmd_bytes
-    blobs[reapi.digest_key(act_digest)] = act_bytes
+    act_digest, act, blobs = action_of(layout, cmd, tree, image_id)
     files = {reapi.digest_key(file_digest(local)): local for local in tree.values()}
     return StepAction(act_digest, cmd, act, blobs, outs, ins, files)
 
