@@ -191,3 +191,28 @@ def test_check_sizes_judges_the_manifest_image_by_the_recorded_one(tmp_path, exe
         return
     with pytest.raises(BundleIntegrityError, match=re.escape(problem)):
         check_image(layout, {"image": image}, "manifest.json")
+
+
+def test_an_engine_lost_while_an_image_is_saved_is_named_not_a_traceback(tmp_path, monkeypatch):
+    """doit offline_kit's image save: the stream's reads end in the client's transport error
+    when the engine goes; that is named, not a traceback (make_kit stages the kit: nothing kept)."""
+    from hexbundle.release.offline_kit import save_image
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/hexbundle-test.sock")
+
+    class Image:
+        id = "sha256:" + "0" * 64
+
+        def save(self, named):
+            yield b"x" * 10
+
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+    class Images:
+        def get(self, ref):
+            return Image()
+
+    class Client:
+        images = Images()
+
+    with pytest.raises(ToolchainError, match="went away \\(saving image hexbundle/t:1: "):
+        save_image(Client(), "hexbundle/t:1", tmp_path / "images" / "toolchain.tar")

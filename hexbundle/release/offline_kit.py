@@ -19,7 +19,7 @@ from hexbundle.support.console import say
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.files import require_named_path
 from hexbundle.support.hashing import sha256_file
-from hexbundle.toolchain.docker import docker_client
+from hexbundle.toolchain.docker import docker_client, engine_call, translate
 from hexbundle.toolchain.image import read_record
 
 # Not carried into the kit's source/: outputs, exports and the staged SDK (top-level directories
@@ -81,11 +81,18 @@ def download_host_wheels(wheel: Path, dest: Path) -> None:
 
 
 def save_image(client, ref: str, out: Path) -> str:
-    image = client.images.get(ref)
+    """The image saved as a tar at `out`. Each engine call is bounded (engine_call; each read of
+    the stream by the client's socket timeout) and an engine lost mid-stream is named as such,
+    not a requests traceback (issue 40 kind 5)."""
+    image = engine_call(f"reading image {ref}", client.images.get, ref)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "wb") as fh:
-        for chunk in image.save(named=True):
-            fh.write(chunk)
+    what = f"saving image {ref}"
+    try:
+        with open(out, "wb") as fh:
+            for chunk in engine_call(what, image.save, named=True):
+                fh.write(chunk)
+    except Exception as exc:   # noqa: BLE001 -- a transport failure becomes its message
+        raise translate(exc, what) from None
     return image.id
 
 

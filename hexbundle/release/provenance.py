@@ -28,9 +28,10 @@ def image_used(layout: Layout) -> dict:
         from docker.errors import DockerException
     except ImportError:
         return {"tag": tc.image_tag, "id": image_id, "labels": labels}
-    from hexbundle.toolchain.docker import docker_client  # the docker SDK is optional here
-    try:
-        image = docker_client().images.get(image_id or tc.image_tag)
+    from hexbundle.toolchain.docker import docker_client, engine_call   # the SDK is optional here
+    try:   # bounded, a lost engine a ToolchainError (issue 40 kind 5), as every engine call
+        image = engine_call("reading the toolchain image", docker_client().images.get,
+                            image_id or tc.image_tag)
         image_id, labels = image.id, dict(image.labels or {})
     except (HexbundleError, DockerException):
         labels = {}   # no engine here (e.g. verifying elsewhere): the recorded ID alone
