@@ -422,12 +422,13 @@ def files(directory: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def connected(toolchain_image):  # noqa: F811
-    """The connected machine: a local `doit bundle` (the reference bytes), then `doit offline_kit`.
+    """The connected machine: `doit bundle` in the toolchain image (the reference bytes: the
+    manifest names the image that built it, the one the kit carries), then `doit offline_kit`.
     Returns (project, image record, bundle digests, offline_kit's run)."""
     proj, record = toolchain_image
     for name in ("pyproject.toml", "README.md"):   # what hexbundle's wheel is built from
         shutil.copy2(ROOT / name, proj.root / name)
-    assert proj.doit("bundle").code == 0
+    assert proj.doit("bundle", "executor=docker").code == 0
     return proj, record, files(proj.bundle()), proj.doit("offline_kit")
 
 

@@ -45,15 +45,16 @@ class Run:
 
     @property
     def executed(self) -> list:
-        return re.findall(r"^\.  (\S+)$", self.out, re.M)
+        """Tasks doit ran: graph.reporter's line each, off a terminal ("[5/18] <task> ...",
+        "[5/18] FAILED <task> ..."); an up-to-date task prints none."""
+        return re.findall(r"^\[\d+/\d+\] (?:FAILED )?(\S+)", self.out, re.M)
 
     @property
     def step_seconds(self) -> dict:
-        """task -> seconds, from the executor's "ok <task> [...] 1.2s" lines."""
-        # not the checks of a hit's downloads (`<task>:cache-check`): no step of the build ran
-        return {t: float(s) for t, s in re.findall(r"^\s+ok (\S+) \[[^\]]*\] ([\d.]+)s",
-                                                   self.out, re.M)
-                if not t.endswith(":cache-check")}
+        """task -> seconds of the steps built here, from graph.reporter's lines ("[5/18] <task>
+        [reference/local] 1.2s"; a fetched or remotely run step says so instead)."""
+        return {t: float(sec) for t, sec in
+                re.findall(r"^\[\d+/\d+\] (\S+) \[[^\]]*\] ([\d.]+)s$", self.out, re.M)}
 
     def hashed_bytes(self) -> int:
         return sum(os.path.getsize(p) for p in self.hashed if os.path.exists(p))

@@ -37,7 +37,7 @@ STEP_TASKS = {"inputs", "convert", "compile", "bundle"}
 # built here unless the record says otherwise. The hook for a remote executor: a step it ran
 # records its own origin, mapped here to RUN_REMOTELY, and the summary counts it.
 BUILT, FETCHED, RUN_REMOTELY = "built", "fetched", "run remotely"
-ORIGIN_OUTCOMES = {"remote-cache": FETCHED}
+ORIGIN_OUTCOMES = {"remote-cache": FETCHED, "remote-execution": RUN_REMOTELY}
 
 _layout: Optional[Layout] = None
 
