@@ -1,6 +1,6 @@
 """REAPI remote execution against a real BuildGrid 0.4.4 with its Execution, Bots, CAS and
 ActionCache services on its SQL scheduler (PostgreSQL, a private cluster in a temp directory),
-and real worker processes (tests/reapi_worker.py) that take leases over the Remote Workers API
+and real worker processes (scripts/reapi_worker.py) that take leases over the Remote Workers API
 and run each Action as a subprocess in a fresh directory.
 
 First the client (hexbundle.remote.execute) on hand-made Actions; then real `doit bundle` runs
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Held, copy_project, snapshot, steps_run
-from reapi_grid import ExecGrid
+from hexbundle.remote.grid import ExecGrid
 from test_robustness import leftovers
 
 from hexbundle.config.build import remote_settings

@@ -14,10 +14,7 @@ from pathlib import Path
 
 from conftest import ROOT, copy_project
 
-LOCAL = {"hexbundle", "conftest", "real_qairt", "hostile_reapi", "standin_runtime", "reapi_grid"}
-# Run by another interpreter, whose venv declares what they import: the remote-execution test
-# worker runs in BuildGrid's venv (requirements/buildgrid.txt), as the tests' server does.
-OTHER_VENV = {"reapi_worker.py"}
+LOCAL = {"hexbundle", "conftest", "real_qairt", "hostile_reapi", "standin_runtime"}
 
 
 def _normal(name: str) -> str:
@@ -49,8 +46,6 @@ def test_every_module_the_tests_import_is_declared():
     declared = declared_distributions()
     missing = {}
     for path in sorted((ROOT / "tests").glob("*.py")):
-        if path.name in OTHER_VENV:
-            continue
         for module in imported_modules(path) - LOCAL - set(sys.stdlib_module_names):
             if module.startswith("test_"):
                 continue

@@ -1,10 +1,10 @@
-"""A REAPI worker for the remote-execution tests: takes leases from a BuildGrid over the Remote
+"""A REAPI worker (for the remote-execution tests and `doit bench`): takes leases from a BuildGrid over the Remote
 Workers API (Bots service) and runs each Action as a plain subprocess in a fresh directory.
 
 Run with the python of BuildGrid's venv (it uses BuildGrid's generated protos and CAS client;
 hexbundle never imports a server):
 
-    $BGD_VENV/bin/python tests/reapi_worker.py --server grpc://127.0.0.1:PORT --bot-id w1 \
+    $BGD_VENV/bin/python scripts/reapi_worker.py --server grpc://127.0.0.1:PORT --bot-id w1 \
         --workdir DIR --log DIR/w1.jsonl [--property container-image=docker://...] [--corrupt .bin]
 
 Why not buildbox-worker + buildbox-run: neither buildbox-worker nor a `bgd bot` is on PyPI or in

@@ -1,6 +1,7 @@
-"""A remote-execution grid for the tests: a private PostgreSQL cluster, BuildGrid with Execution,
-Bots, CAS and ActionCache on its SQL scheduler, and worker processes (tests/reapi_worker.py,
-run by the python of BuildGrid's venv) that take leases over the Bots API.
+"""A remote-execution grid on this machine, for the tests and `doit bench`: a private PostgreSQL
+cluster, BuildGrid with Execution, Bots, CAS and ActionCache on its SQL scheduler, and worker
+processes (scripts/reapi_worker.py, run by the python of BuildGrid's venv) that take leases over
+the Bots API.
 
     with ExecGrid.start(tmp) as grid:
         grid.add_worker("w1")          # -> subprocess.Popen
@@ -17,7 +18,7 @@ from pathlib import Path
 from hexbundle.remote.buildgrid import BuildGrid, BuildGridError, find_bgd
 from hexbundle.remote.postgres import Postgres
 
-WORKER = Path(__file__).resolve().parent / "reapi_worker.py"
+WORKER = Path(__file__).resolve().parents[2] / "scripts" / "reapi_worker.py"
 # Seconds after a bot's last word that BuildGrid takes it for dead and requeues its lease (its
 # expiry timer looks every 10 s): short, so a killed worker's action is requeued in a test.
 BOT_KEEPALIVE_S = 5
@@ -50,7 +51,7 @@ class ExecGrid:
     def add_worker(self, bot: str, *extra: str, env=None) -> subprocess.Popen:
         python = Path(find_bgd()).parent / "python"
         if not python.exists():
-            raise BuildGridError(f"no python beside {find_bgd()} for the test worker")
+            raise BuildGridError(f"no python beside {find_bgd()} for the REAPI worker")
         log = open(self.workdir / f"{bot}.stderr", "ab")
         proc = subprocess.Popen(
             [str(python), str(WORKER), "--server", self.url, "--bot-id", bot,
