@@ -12,9 +12,12 @@ import json
 import os
 import re
 import shutil
+import socketserver
 import subprocess
 import sys
 import tarfile
+import tempfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -414,6 +417,47 @@ def test_an_image_the_engine_cannot_load_is_named(tmp_path, engine):  # noqa: F8
                     files={"images/toolchain.tar": b"not a docker save"})
     proc = run_loader(kit)
     refused(proc, r"offline-kit/images/toolchain.tar: the Docker engine could not load it")
+
+
+class EngineThatDrops(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """A Docker engine's socket that answers the SDK's version and ping, then drops the
+    connection on the image load (as an engine killed mid-load does): the SDK lets requests'
+    ConnectionError through, not a DockerException."""
+    daemon_threads = True
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self):
+            while True:
+                line = self.rfile.readline().decode("latin-1")
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass   # the headers
+                if line.startswith("GET ") and "/version" in line:
+                    body = b'{"ApiVersion": "1.43", "Version": "24.0.0"}'
+                elif line.startswith(("GET ", "HEAD ")) and "/_ping" in line:
+                    body = b"OK"
+                else:
+                    return   # the load: the connection drops, its body unread
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def test_an_engine_that_drops_mid_load_is_named_without_a_traceback(tmp_path, monkeypatch):
+    image = {"file": "images/toolchain.tar", "id": "sha256:" + "0" * 64, "tag": "hexbundle/x:y"}
+    kit = small_kit(tmp_path, kit_doc(images=[image]),
+                    files={"images/toolchain.tar": b"\0" * (4 << 20)})
+    sock = Path(tempfile.mkdtemp(dir="/tmp")) / "docker.sock"   # AF_UNIX: a short path
+    server = EngineThatDrops(str(sock), EngineThatDrops.Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+    try:
+        proc = run_loader(kit)
+    finally:
+        server.shutdown()
+        shutil.rmtree(sock.parent, ignore_errors=True)
+    refused(proc, rf"offline-kit/images/toolchain.tar: the Docker engine at unix://{sock} went "
+                  r"away or stopped answering while loading it \(ConnectionError: .*run load_kit "
+                  r"again on the unpacked kit")
+    assert (kit / "kit.json").is_file()   # the verified kit is untouched
 
 
 def files(directory: Path) -> dict:

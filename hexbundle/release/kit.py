@@ -549,16 +549,29 @@ def docker_package(venv):
                    "with `docker load -i`")
 
 
+def engine_faults(docker) -> tuple:
+    """What a Docker engine's failure raises through the SDK: (its own errors, the transport's).
+    The transport's (requests') come when the engine drops or stops answering mid-call: the SDK
+    lets them through unwrapped."""
+    import requests   # the docker package's own dependency: where docker imports, it imports
+    return docker.errors.DockerException, requests.exceptions.RequestException
+
+
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
 def load_images(kit: Path, doc: dict, venv=None, log=print) -> None:
     if not doc["images"]:
         return
     docker = docker_package(venv)
+    faults = engine_faults(docker)
     try:
-        client = docker.from_env()
+        client = docker.from_env()   # every socket read bounded by the SDK's 60 s timeout
         client.ping()
-    except docker.errors.DockerException as exc:
-        raise KitError(f"no Docker engine answers ({exc}); start one (or set DOCKER_HOST), or "
-                       "pass --no-images and use executor = \"local\"") from None
+    except faults as exc:
+        raise KitError(f"no Docker engine answers at {engine_address()} ({exc}); start one (or "
+                       "set DOCKER_HOST), or pass --no-images and use executor = \"local\"") from None
     for entry in doc["images"]:
         try:
             with open(kit / entry["file"], "rb") as fh:
@@ -569,7 +582,12 @@ def load_images(kit: Path, doc: dict, venv=None, log=print) -> None:
                                f"records {entry['id']}")
             repo, _, tag = entry["tag"].rpartition(":")
             client.images.get(entry["id"]).tag(repo, tag)
-        except docker.errors.DockerException as exc:
+        except faults[1] as exc:   # the engine, not the file: the verified kit is intact
+            raise KitError(f"{kit / entry['file']}: the Docker engine at {engine_address()} went "
+                           f"away or stopped answering while loading it ({type(exc).__name__}: "
+                           f"{str(exc)[:200]}); check it (`docker info`) and run load_kit again "
+                           "on the unpacked kit") from None
+        except faults[0] as exc:
             raise KitError(f"{kit / entry['file']}: the Docker engine could not load it "
                            f"({str(exc)[:300]}); copy the kit again") from None
         log(f"load_kit: image {entry['tag']} = {entry['id'][:19]} loaded")
