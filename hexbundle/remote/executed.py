@@ -20,7 +20,8 @@ from hexbundle.config.layout import Layout
 from hexbundle.config.remote import executor_settings
 from hexbundle.formats.origins import record_origin
 from hexbundle.remote.action import StepAction
-from hexbundle.remote.cache import OutputsRefused, _download, _unusable
+from hexbundle.remote.cache import (OutputsRefused, _download, _unusable, action_or_local,
+                                    build_locally)
 from hexbundle.remote.cas import BlobMismatch, RemoteError
 from hexbundle.remote.execute import ExecutionError, ExecutionUnavailable, RemoteExecutor
 from hexbundle.support.console import say, warn
@@ -67,16 +68,9 @@ def run_executed(layout: Layout, task: str, outputs: list, make_action: Callable
                  check: Optional[Callable[[dict], None]] = None) -> None:
     """Run one step on the Execution server; on failure fall back (or fail) as configured."""
     remote = exec_session(layout)
-    if remote.down:
-        run_locally()
-        record_origin(layout, task, {"origin": "local"}, outputs)
-        return
-    try:
-        step = make_action()
-    except (HexbundleError, OSError) as exc:   # e.g. an input vanished: the step will say so
-        warn(f"hexbundle: warning: {task}: not executed remotely ({exc}); building locally")
-        run_locally()
-        record_origin(layout, task, {"origin": "local"}, outputs)
+    step = action_or_local(layout, task, outputs, remote, make_action, run_locally,
+                           "not executed remotely ({exc}); building locally")
+    if step is None:
         return
     try:
         _execute(layout, remote, task, step, check)
@@ -97,8 +91,7 @@ def run_executed(layout: Layout, task: str, outputs: list, make_action: Callable
         else:
             warn(f"hexbundle: warning: {task}: remote execution failed ({kind}): {exc}; "
                  "building locally (remote_fallback = local)")
-        run_locally()
-        record_origin(layout, task, {"origin": "local"}, outputs)
+        build_locally(layout, task, outputs, run_locally)
 
 
 def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
