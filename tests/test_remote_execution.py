@@ -390,6 +390,7 @@ def test_an_interrupt_under_n_2_cancels_every_remote_operation(grid, tmp_path, h
                      run.err, re.M)
     assert said and said.group(1) != said.group(2), run.err
     assert "remote execution failed" not in text and "building locally" not in text, text
+    assert ": completed" not in run.out, run.out   # a cancelled operation's end is no stage
     assert not leftovers(project.root / "build")
 
 

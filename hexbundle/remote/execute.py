@@ -151,6 +151,7 @@ class RemoteExecutor:
                     if op.name and op.name != name:
                         name = op.name
                         self._track(name, call, label)
+                    self._check_stopped()   # cancelled: its last stage is not the step's
                     stage = STAGES.get(_unpack(op.metadata, reapi.ExecuteOperationMetadata).stage,
                                        "unknown") if op.metadata.value else None
                     if stage and stage != last_stage and on_stage:
@@ -178,6 +179,7 @@ class RemoteExecutor:
                                            "operation")
             call = self._start(self._wait, reapi.WaitExecutionRequest(name=name), deadline,
                                "WaitExecution")
+            self._track(name, call, label)   # the call cancel_all cuts is this one now
 
     def _start(self, method, request, deadline: float, what: str):
         remaining = deadline - time.monotonic()
