@@ -91,8 +91,9 @@ class ExecSession:
                          f"{'s' if len(cancelled) != 1 else ''} on the {self.where} "
                          f"(CancelOperation): {', '.join(cancelled)}")
         if waiting:
-            lines.append(f"hexbundle: {waiting} remote step(s) still fetching after "
-                         f"{self.settings.timeout}s (remote_timeout); left to stop with the run")
+            lines.append(f"hexbundle: {waiting} remote step(s) had not stopped after "
+                         f"{self.settings.timeout}s (remote_timeout); they stop with the run "
+                         "(a temp file left is removed by the next run)")
         return lines
 
 
