@@ -356,3 +356,57 @@ def test_with_remote_fallback_fail_an_unreachable_server_fails_the_build(tmp_pat
     assert url in text and "Traceback" not in text, text
     assert not (project.build_dir() / "bin").exists() or \
         not list((project.build_dir() / "bin").iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# -n N: an interrupt cancels every operation in flight; the stages' lines
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_under_n_2_cancels_every_remote_operation(grid, tmp_path, how):
+    """`doit -n 2` with no worker on the grid: two steps' actions stay queued, each waited on by
+    one of doit's threads while the signal lands in its main thread. Both operations are
+    cancelled on the server (its scheduler's table), the run says so and stops non-zero with
+    no traceback and no temp file."""
+    for bot in list(grid.workers):
+        grid.stop_worker(bot)
+    before = {row[0] for row in grid.pg.query("SELECT name FROM jobs")}
+    project = copy_project(tmp_path / "p")
+    held = Held(project, ["-n", "2", "bundle", f"remote_executor={grid.url}"],
+                env={"SOURCE_DATE_EPOCH": str(200 + how)}, tmp=tmp_path / "held")  # new Actions
+
+    def queued() -> set:   # this run's actions queued in BuildGrid's scheduler (stage 2)
+        return {row[0] for row in grid.pg.query("SELECT name FROM jobs WHERE stage = 2 AND "
+                                                "NOT cancelled")} - before
+    held.wait_for(lambda: len(queued()) == 2, "two actions queued on the server")
+    names = queued()
+    held.proc.send_signal(how)
+    run = held.finish()
+    text = run.out + run.err
+    assert run.code != 0 and "Traceback" not in text, text
+    cancelled = {row[0] for row in grid.pg.query("SELECT name FROM jobs WHERE cancelled")}
+    assert names <= cancelled, (names, cancelled, text)
+    said = re.search(rf"^hexbundle: cancelled 2 remote operations on the remote executor "
+                     rf"{re.escape(grid.url)} \(CancelOperation\): (inputs:\S+), (inputs:\S+)$",
+                     run.err, re.M)
+    assert said and said.group(1) != said.group(2), run.err
+    assert "remote execution failed" not in text and "building locally" not in text, text
+    assert ": completed" not in run.out, run.out   # a cancelled operation's end is no stage
+    assert not leftovers(project.root / "build")
+
+
+def test_off_a_terminal_each_remote_stage_is_one_whole_line(remote_build):
+    """The `-n 2` build's stdout (a pipe): every line about a remote step is whole (two threads'
+    lines never interleave), one a stage change of each step's Operation."""
+    run = remote_build[1]
+    stage_line = re.compile(r"  remote (\S+): (cache-check|queued|executing|completed)")
+    done_line = re.compile(r"  remote (\S+) [\d.]+s: \d+ file\(s\) from worker \S+")
+    stages: dict = {}
+    for line in run.out.splitlines():
+        if "  remote " in line:
+            m = stage_line.fullmatch(line)
+            assert m or done_line.fullmatch(line), repr(line)
+            if m:
+                stages.setdefault(m.group(1), []).append(m.group(2))
+    assert {t.split(":")[0] for t in stages} == set(CACHED), stages
+    for task, seen in stages.items():
+        assert "queued" in seen and all(a != b for a, b in zip(seen, seen[1:])), (task, seen)

@@ -257,3 +257,65 @@ def test_the_summary_counts_a_step_fetched_from_the_cache_apart(tmp_path, monkey
     assert re.fullmatch(r"\[2/4\] compile:part_2_of_4 \[reference/local\] [\d.]+s", lines[1])
     assert re.fullmatch(r"\[3/4\] bundle \[reference/local\] [\d.]+s", lines[2]), lines
     assert re.search(r": 2 built, 1 fetched, 1 up to date, [\d.]+ s$", shows.summary())
+
+
+# ---------------------------------------------------------------------------------------------
+# the steps on a remote executor, in the status line (in this process, a pty as the terminal)
+
+def test_a_terminal_status_line_shows_the_remote_steps_and_their_stage(monkeypatch):
+    """remote/executed.py tells support.inflight each step's stage from its own thread; on a
+    terminal the reporter draws them all in the one status line (no line of their own), the
+    oldest first, and stops listening when the run ends. (Off a terminal each stage is a line:
+    tests/test_remote_execution.py.)"""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import sys
+    import termios
+    import threading
+    from doit.task import Task
+    from hexbundle.graph import reporter
+    from hexbundle.support import console, inflight
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
+    tty = os.fdopen(slave, "w")
+    monkeypatch.setattr(sys, "__stdout__", tty)
+    monkeypatch.setattr(console, "_quiet", False)
+    monkeypatch.setattr(console, "_to_stderr", False)
+    monkeypatch.setattr(reporter, "_layout", None)
+    one, two = "convert:part_1_of_4_prompt", "convert:part_2_of_4_prompt"
+    tasks = {n: Task(n, [(lambda: None, [], {})]) for n in (one, two)}
+    tasks["bundle"] = Task("bundle", [(lambda: None, [], {})], task_dep=[one, two])
+    shows = reporter.Reporter(io.StringIO(), {})
+    shows.initialize(tasks, ["bundle"])
+    try:
+        assert shows.terminal
+        for name in (one, two):
+            shows.execute_task(tasks[name])
+        told = []
+        for task, stage in ((one, "queued"), (two, "queued"), (one, "executing")):
+            step = threading.Thread(target=lambda t, s: told.append(inflight.set_stage(t, s)),
+                                    args=(task, stage))
+            step.start()   # as a step's thread of doit -n 2 does
+            step.join()
+        inflight.done(one)
+        inflight.done(two)
+    finally:
+        shows.complete_run()
+    assert told == [True, True, True]       # shown: remote/executed.py says no line of its own
+    assert not inflight.set_stage(one, "queued")   # the run is over: nobody draws it
+    inflight.done(one)
+    tty.flush()
+    raw = b""
+    while select.select([master], [], [], 0)[0]:
+        raw += os.read(master, 65536)
+    tty.close()
+    os.close(master)
+    drawn = [d.replace("\x1b[K", "") for d in raw.decode().split("\r") if d.strip("\x1b[K")]
+    assert drawn == [f"[1/3] {one}", f"[2/3] {two}",
+                     f"[2/3] remote: {one} queued",
+                     f"[2/3] remote: {one} queued, {two} queued",
+                     f"[2/3] remote: {one} executing, {two} queued",
+                     f"[2/3] remote: {two} queued"], drawn
+    assert "\n" not in raw.decode(), raw   # all on the one status line

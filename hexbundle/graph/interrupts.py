@@ -3,12 +3,18 @@
 SIGTERM (kill, systemd, a CI runner's timeout) is raised as Ctrl-C is (Terminated, a
 KeyboardInterrupt): every writer's temp file is removed on the way out, the step containers
 too, and the run exits 143 (128 + SIGTERM). Installed by graph.runguard.guard_run.
+
+Work in flight elsewhere (a remote executor's operations, support.inflight) is stopped first,
+whichever thread waits on it: under `doit -n N` the interrupt lands in doit's main thread, which
+waits for results, not in the steps' threads that wait on the server.
 """
 from __future__ import annotations
 
 import os
 import signal
 import sys
+
+from hexbundle.support import inflight
 
 
 class Terminated(KeyboardInterrupt):
@@ -26,19 +32,32 @@ def report_interrupts_cleanly() -> None:
     previous = sys.excepthook
 
     def hook(kind, value, tb):
+        if not issubclass(kind, KeyboardInterrupt):
+            previous(kind, value, tb)
+            return
+        stopped = stop_in_flight()   # the run has unwound: this thread holds no lock
         if issubclass(kind, Terminated):
-            print("\nhexbundle: terminated (SIGTERM); temporary files removed, the steps that "
-                  "finished are saved and the next `doit bundle` carries on from there",
-                  file=sys.stderr, flush=True)
+            print("\n" + "\n".join(stopped + [
+                "hexbundle: terminated (SIGTERM); temporary files removed, the steps that "
+                "finished are saved and the next `doit bundle` carries on from there"]),
+                file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(128 + signal.SIGTERM)   # as a process killed by it reports (143)
-        if issubclass(kind, KeyboardInterrupt):
-            print("\nhexbundle: interrupted; the steps that finished are saved and the next "
-                  "`doit bundle` carries on from there", file=sys.stderr, flush=True)
-            return
-        previous(kind, value, tb)
+        print("\n" + "\n".join(stopped + [
+            "hexbundle: interrupted; the steps that finished are saved and the next "
+            "`doit bundle` carries on from there"]), file=sys.stderr, flush=True)
 
     hook.hexbundle = True
     sys.excepthook = hook
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # not one a caller set
         signal.signal(signal.SIGTERM, _terminate)
+
+
+def stop_in_flight() -> list:
+    """Cancel what the run has in flight elsewhere (support.inflight); the lines saying what."""
+    try:
+        return inflight.interrupt()
+    except KeyboardInterrupt:   # a second Ctrl-C while it waits for the steps' threads
+        return ["hexbundle: interrupted again: stopped waiting for the remote steps to unwind"]
+    except Exception as exc:   # the run still stops with its line, not a traceback
+        return [f"hexbundle: could not stop the remote work in flight ({exc})"]

@@ -1,7 +1,8 @@
 """doit's console reporter, as ninja shows a build: the banner first (what is built, with which
 backend, executor, device); on a terminal one status line that rewrites itself (`[5/18]
-compile:part_3_of_4 DLC weights 42% 1.2 GiB/s`, support.console and support.monitor), else one
-line a step when it is done (`[5/18] compile:part_3_of_4 [reference/local] 0.4s`; nothing for
+compile:part_3_of_4 DLC weights 42% 1.2 GiB/s`, support.console and support.monitor; the steps
+on a remote executor with their stage, `[3/18] remote: convert:part_1_of_4 executing,
+convert:part_2_of_4 queued`, support.inflight), else one line a step when it is done (`[5/18] compile:part_3_of_4 [reference/local] 0.4s`; nothing for
 a step up to date; a tool's line when it starts, so that its verdict is its last line); what tasks print (the size table, verify's table); one summary line last
 (what was built or checked, where, how many steps were built, fetched from the remote cache,
 run remotely and up to date, how long; on failure which task failed and where its log is).
@@ -25,7 +26,7 @@ from hexbundle import __version__
 from hexbundle.backends import describe
 from hexbundle.config.layout import Layout
 from hexbundle.graph import db
-from hexbundle.support import console
+from hexbundle.support import console, inflight
 from hexbundle.support.files import read_state
 
 # The tasks that build or check the variant the configs and the command line resolve to.
@@ -145,6 +146,8 @@ class Reporter(ConsoleReporter):
         self.total = len(reached_steps(tasks, self.selected))
         self.number, self.began, self.outcomes = {}, {}, Counter()
         self.terminal = console.terminal()
+        if self.terminal:   # else remote/executed.py says a line per stage
+            inflight.listen(self._remote_stages)
         # a tool (inspect, image, ...) ends with its own verdict: its line comes first
         self.lines_first = not builds_variant(self.selected)
         if _layout is not None and builds_variant(self.selected) and not console.quiet():
@@ -166,6 +169,13 @@ class Reporter(ConsoleReporter):
 
     def _counter(self, name: str) -> str:
         return f"[{self.number[name]}/{self.total}]"
+
+    def _remote_stages(self, stages: dict) -> None:
+        """support.inflight's steps on a remote executor changed (any thread, under its lock):
+        the status line shows each with its stage; none left, the next step line takes over."""
+        if stages:
+            console.status(f"[{len(self.number)}/{self.total}] remote: " +
+                           ", ".join(f"{task} {stage}" for task, stage in stages.items()))
 
     def write(self, text):
         """doit's lines (failures, aborts), below the status line (support.console)."""
@@ -227,6 +237,7 @@ class Reporter(ConsoleReporter):
     def complete_run(self):
         super().complete_run()
         if self.terminal:
+            inflight.listen(None)
             console.clear_status()
         if _layout is None or not hasattr(self, "started"):
             return

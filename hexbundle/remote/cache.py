@@ -98,16 +98,9 @@ def run_cached(layout: Layout, task: str, outputs: list, make_action: Callable[[
     gives its own outputs, run on a hit's downloads before they are renamed into place (a
     HexbundleError: discarded, one warning, built locally)."""
     remote = session(layout)
-    if remote is None or remote.down:
-        run_locally()
-        record_origin(layout, task, {"origin": "local"}, outputs)
-        return
-    try:
-        step = make_action()
-    except (HexbundleError, OSError) as exc:   # e.g. an input vanished: the step will say so
-        warn(f"hexbundle: warning: {task}: no remote cache lookup ({exc})")
-        run_locally()
-        record_origin(layout, task, {"origin": "local"}, outputs)
+    step = action_or_local(layout, task, outputs, remote, make_action, run_locally,
+                           "no remote cache lookup ({exc})")
+    if step is None:
         return
     if fetch(layout, remote, task, step, check):
         return
@@ -116,6 +109,30 @@ def run_cached(layout: Layout, task: str, outputs: list, make_action: Callable[[
     record_origin(layout, task, {"origin": "local", "server": remote.client.url,
                                  "instance": remote.client.instance, "action": step.key,
                                  "uploaded": uploaded}, outputs)
+
+
+def build_locally(layout: Layout, task: str, outputs: list,
+                  run_locally: Callable[[], None]) -> None:
+    """The step built here, and its origin record says so."""
+    run_locally()
+    record_origin(layout, task, {"origin": "local"}, outputs)
+
+
+def action_or_local(layout: Layout, task: str, outputs: list, remote,
+                    make_action: Callable[[], StepAction], run_locally: Callable[[], None],
+                    unmade: str) -> Optional[StepAction]:
+    """The step's Action for the remote cache or executor (`remote`: its session); None once
+    the step was built here instead: no session, a server given up on in this run, or an Action
+    that cannot be made (`unmade`, its `{exc}` filled in: the warning's reason)."""
+    if remote is None or remote.down:
+        build_locally(layout, task, outputs, run_locally)
+        return None
+    try:
+        return make_action()
+    except (HexbundleError, OSError) as exc:   # e.g. an input vanished: the step will say so
+        warn(f"hexbundle: warning: {task}: {unmade.format(exc=exc)}")
+        build_locally(layout, task, outputs, run_locally)
+        return None
 
 
 # ---------------------------------------------------------------------------------- hit

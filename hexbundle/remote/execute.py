@@ -25,7 +25,10 @@ the server and what to do:
   ActionFailed             the Command exited non-zero, or the server's status is an error
                            (its stderr, when the worker kept it, is in the message)
 
-`cancel_all()` sends CancelOperation for every Operation in flight (Ctrl-C, SIGTERM).
+`cancel_all()` sends CancelOperation for every Operation in flight (Ctrl-C, SIGTERM) and stops
+the executor: a step still uploading, or whose Execute is just being answered, has its
+Operation cancelled too, and every step waiting in `execute` raises Cancelled (an interrupt,
+not an error: no step falls back to a local build while the run stops).
 """
 from __future__ import annotations
 
@@ -66,6 +69,11 @@ class ExecutionTimeout(ExecutionError):
     kind = "timeout"
 
 
+class Cancelled(KeyboardInterrupt):
+    """The run was interrupted and this step's Operation cancelled (RemoteExecutor.cancel_all):
+    it unwinds the step's thread as Ctrl-C does, no fallback, no failure line."""
+
+
 class ActionFailed(ExecutionError):
     kind = "failed action"
 
@@ -95,6 +103,9 @@ class RemoteExecutor:
                               reapi.Empty)
         self._lock = threading.Lock()
         self.in_flight: dict = {}      # operation name -> the streaming call
+        self.stopped = False           # cancel_all() was called: nothing more is executed
+        self.labels: dict = {}         # operation name -> what the caller called it (a task)
+        self.cancelled: list = []      # those CancelOperation reached: their labels
 
     @property
     def where(self) -> str:
@@ -118,14 +129,16 @@ class RemoteExecutor:
     # ------------------------------------------------------------------ execute
 
     def execute(self, action_digest, blobs: dict, timeout: float,
-                on_stage: Optional[Callable[[str], None]] = None):
-        """The ActionResult of the Action (exit code 0), its blobs uploaded first."""
+                on_stage: Optional[Callable[[str], None]] = None, label: str = ""):
+        """The ActionResult of the Action (exit code 0), its blobs uploaded first. `label`:
+        how cancel_all names its Operation (the step)."""
         try:
             self.upload_missing(blobs)
         except RemoteUnavailable as exc:
             raise ExecutionUnavailable(f"{exc}; remote executor unreachable") from None
         except RemoteError as exc:
             raise self._typed(exc) from None
+        self._check_stopped()
         deadline = time.monotonic() + timeout
         request = reapi.ExecuteRequest(instance_name=self.cas.instance,
                                        action_digest=action_digest)
@@ -137,8 +150,8 @@ class RemoteExecutor:
                 for op in call:
                     if op.name and op.name != name:
                         name = op.name
-                        with self._lock:
-                            self.in_flight[name] = call
+                        self._track(name, call, label)
+                    self._check_stopped()   # cancelled: its last stage is not the step's
                     stage = STAGES.get(_unpack(op.metadata, reapi.ExecuteOperationMetadata).stage,
                                        "unknown") if op.metadata.value else None
                     if stage and stage != last_stage and on_stage:
@@ -149,6 +162,7 @@ class RemoteExecutor:
                         return self._result(op, action_digest)
             except grpc.RpcError as exc:
                 self._forget(name)
+                self._check_stopped()   # cancelled by cancel_all: not an error of the server
                 code = exc.code()
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED or (
                         code == grpc.StatusCode.CANCELLED and time.monotonic() >= deadline):
@@ -165,12 +179,31 @@ class RemoteExecutor:
                                            "operation")
             call = self._start(self._wait, reapi.WaitExecutionRequest(name=name), deadline,
                                "WaitExecution")
+            self._track(name, call, label)   # the call cancel_all cuts is this one now
 
     def _start(self, method, request, deadline: float, what: str):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise ExecutionTimeout(f"{self.where}: {what}: no time left (remote_timeout)")
         return method(request, timeout=remaining, metadata=self.cas.metadata)
+
+    def _track(self, name: str, call, label: str) -> None:
+        """The Operation is in flight; if the run is stopping already, it is cancelled now."""
+        with self._lock:
+            self.labels[name] = label or name
+            stopped = self.stopped
+            if not stopped:
+                self.in_flight[name] = call
+        if stopped:
+            if self.cancel(name):
+                with self._lock:
+                    self.cancelled.append(self.labels[name])
+            call.cancel()
+            self._check_stopped()
+
+    def _check_stopped(self) -> None:
+        if self.stopped:
+            raise Cancelled(f"{self.where}: the run was interrupted; operation cancelled")
 
     def _forget(self, name: str) -> None:
         with self._lock:
@@ -256,12 +289,16 @@ class RemoteExecutor:
             return False
 
     def cancel_all(self) -> list:
-        """Cancel every Operation in flight (Ctrl-C, SIGTERM); the names cancelled."""
+        """Cancel every Operation in flight and stop the executor (Ctrl-C, SIGTERM): one an
+        `execute` starts later is cancelled as soon as it is named. The names cancelled."""
         with self._lock:
+            self.stopped = True
             flying = dict(self.in_flight)
             self.in_flight.clear()
         done = [name for name in flying if self.cancel(name)]
-        for call in flying.values():
+        with self._lock:
+            self.cancelled += [self.labels.get(name, name) for name in done]
+        for call in flying.values():   # the waiting threads raise Cancelled
             call.cancel()
         return done
 

@@ -6,11 +6,21 @@ the step's log.
 
 Any failure (remote/execute.py's typed errors, or outputs that fail the checks) is one warning
 and a local build under `remote_fallback = local` (the default), or the build's error under
-`remote_fallback = fail`. An unreachable server is not asked again in the run. Ctrl-C or SIGTERM
-while a step waits on the server cancels its Operation (CancelOperation) before it unwinds.
+`remote_fallback = fail`. An unreachable server is not asked again in the run.
+
+Ctrl-C or SIGTERM cancels every Operation of the run (CancelOperation), whichever thread waits
+on it: under `doit -n N` the interrupt lands in doit's main thread while N steps' threads wait
+on the server, so the session registers its stop with support.inflight, which graph.interrupts
+calls once the interrupt has unwound doit; the steps' threads then raise execute.Cancelled (no
+fallback) and the stop waits for them to leave (their temp files removed) before the run exits.
+
+The stages of the Operations (queued, executing, completed) go to support.inflight: on a
+terminal the reporter draws them in its status line; elsewhere each is a line
+(`  remote convert:part_1_of_4: queued`).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -20,9 +30,12 @@ from hexbundle.config.layout import Layout
 from hexbundle.config.remote import executor_settings
 from hexbundle.formats.origins import record_origin
 from hexbundle.remote.action import StepAction
-from hexbundle.remote.cache import OutputsRefused, _download, _unusable
+from hexbundle.remote.cache import (OutputsRefused, _download, _unusable, action_or_local,
+                                    build_locally)
 from hexbundle.remote.cas import BlobMismatch, RemoteError
-from hexbundle.remote.execute import ExecutionError, ExecutionUnavailable, RemoteExecutor
+from hexbundle.remote.execute import (Cancelled, ExecutionError, ExecutionUnavailable,
+                                      RemoteExecutor)
+from hexbundle.support import inflight
 from hexbundle.support.console import say, warn
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.files import open_in_place
@@ -41,10 +54,47 @@ class ExecSession:
         self.client = self.executor.cas      # what cache._download reads blobs through
         self.down = False
         self._lock = threading.Lock()
+        self._left = threading.Condition(self._lock)   # notified when a step leaves
+        self.active = 0                # steps between their Action and their outputs in place
+        inflight.on_interrupt(self.stop)
 
     @property
     def where(self) -> str:
         return self.executor.where
+
+    @contextlib.contextmanager
+    def step(self, task: str):
+        """A step on the server: counted (stop() waits for it to leave), its stage cleared
+        from support.inflight when it leaves."""
+        with self._lock:
+            if self.executor.stopped:
+                raise Cancelled(f"{self.where}: the run was interrupted")
+            self.active += 1
+        try:
+            yield
+        finally:
+            inflight.done(task)
+            with self._lock:
+                self.active -= 1
+                self._left.notify_all()
+
+    def stop(self) -> list:
+        """Ctrl-C, SIGTERM: cancel every Operation in flight, then wait (at most remote_timeout)
+        for the steps' threads to unwind; the lines for the user."""
+        self.executor.cancel_all()
+        with self._lock:
+            self._left.wait_for(lambda: self.active == 0, timeout=self.settings.timeout)
+            cancelled, waiting = list(self.executor.cancelled), self.active
+        lines = []
+        if cancelled:
+            lines.append(f"hexbundle: cancelled {len(cancelled)} remote operation"
+                         f"{'s' if len(cancelled) != 1 else ''} on the {self.where} "
+                         f"(CancelOperation): {', '.join(cancelled)}")
+        if waiting:
+            lines.append(f"hexbundle: {waiting} remote step(s) had not stopped after "
+                         f"{self.settings.timeout}s (remote_timeout); they stop with the run "
+                         "(a temp file left is removed by the next run)")
+        return lines
 
 
 _sessions: dict = {}
@@ -67,20 +117,16 @@ def run_executed(layout: Layout, task: str, outputs: list, make_action: Callable
                  check: Optional[Callable[[dict], None]] = None) -> None:
     """Run one step on the Execution server; on failure fall back (or fail) as configured."""
     remote = exec_session(layout)
-    if remote.down:
-        run_locally()
-        record_origin(layout, task, {"origin": "local"}, outputs)
+    step = action_or_local(layout, task, outputs, remote, make_action, run_locally,
+                           "not executed remotely ({exc}); building locally")
+    if step is None:
         return
     try:
-        step = make_action()
-    except (HexbundleError, OSError) as exc:   # e.g. an input vanished: the step will say so
-        warn(f"hexbundle: warning: {task}: not executed remotely ({exc}); building locally")
-        run_locally()
-        record_origin(layout, task, {"origin": "local"}, outputs)
-        return
-    try:
-        _execute(layout, remote, task, step, check)
+        with remote.step(task):
+            _execute(layout, remote, task, step, check)
     except (ExecutionError, OutputsRefused, BlobMismatch, RemoteError, OSError) as exc:
+        if remote.executor.stopped:   # the run is stopping: no fallback, no warning
+            raise Cancelled(f"{task}: interrupted") from None
         kind = getattr(exc, "kind", "wrong outputs" if isinstance(
             exc, (OutputsRefused, BlobMismatch)) else "failed")
         if layout.cfg.remote.fallback == "fail":
@@ -97,8 +143,7 @@ def run_executed(layout: Layout, task: str, outputs: list, make_action: Callable
         else:
             warn(f"hexbundle: warning: {task}: remote execution failed ({kind}): {exc}; "
                  "building locally (remote_fallback = local)")
-        run_locally()
-        record_origin(layout, task, {"origin": "local"}, outputs)
+        build_locally(layout, task, outputs, run_locally)
 
 
 def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
@@ -106,12 +151,13 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
     started = time.monotonic()
 
     def on_stage(stage: str) -> None:
-        say(f"  remote {task}: {stage}")
+        if not inflight.set_stage(task, stage):   # the reporter's status line shows it
+            say(f"  remote {task}: {stage}")
 
     blobs = {**step.files, **step.blobs}
     try:
         result = remote.executor.execute(step.digest, blobs, float(layout.cfg.remote.exec_timeout),
-                                         on_stage)
+                                         on_stage, label=task)
     except BaseException as exc:
         if not isinstance(exc, Exception):   # Ctrl-C, SIGTERM: the server stops it too
             remote.executor.cancel_all()

@@ -1,2 +1,2 @@
 """Foundations every other package may use: errors, atomic writes, hashing, console output,
-test hooks. Imports nothing else of hexbundle."""
+work in flight (inflight), test hooks. Imports nothing else of hexbundle."""
