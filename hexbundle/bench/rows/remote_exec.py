@@ -1,0 +1,153 @@
+"""Row 12: a full build with `remote_executor` on 2 workers (`-n 2`: two Actions in flight) vs
+the local `-n 1` full build (issue 37: goal >= 1.8x).
+
+The grid (hexbundle/remote/grid.py: a private PostgreSQL, BuildGrid on its SQL scheduler, two
+scripts/reapi_worker.py processes) is started fresh in the bench tree for this row: a worker's
+lease, the scheduler's jobs and the server's ActionCache never carry over between runs, so no
+step is answered from a cache. The server and workers are started before the clock starts (a
+build farm is up before a build); the build runs with `remote_fallback=fail`, so a step the grid
+cannot run fails the row instead of being built here unnoticed. Its bundle must be
+byte-identical to the local build's: a fast wrong build is no result.
+
+What the ratio means here: the workers run on this machine, so they share its cores with the
+client (doit, which uploads inputs and fetches outputs) and with BuildGrid. On the bench's
+2-core machine that is 2 workers on the same 2 cores `-n 2` already uses (row 6), plus the
+gRPC transfers of every input and output through BuildGrid's CAS; it measures the overhead of
+going through REAPI, not what 2 separate worker machines would give.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from hexbundle.bench.common import BenchError, Run
+
+IDS, NEEDS_BUILD = (12,), True
+WORKERS = ("w1", "w2")
+GOAL = 1.8
+WHAT = "full build on 2 REAPI workers (local BuildGrid, `-n 2`) vs local `-n 1`"
+SHARED_CORES = "the workers share this machine's cores with the client"
+
+
+def measure(bench, full: Run) -> dict:
+    from hexbundle.remote.buildgrid import BuildGridError, find_bgd
+    from hexbundle.remote.grid import ExecGrid
+    from hexbundle.remote.postgres import find_pg_bin
+    missing = _missing_grid(find_bgd(), find_pg_bin(), bench.cfg.executor)
+    if missing:
+        bench.log(f"remote execution row: {missing}: skipped")
+        return {"skipped": missing}
+    # The local `-n 1` build's bundle, still in place: this row is measured first (ROWS)
+    local = bundle_digests(bench.layout.bundle_dir)
+    bench.log("remote execution row: a fresh grid (PostgreSQL, BuildGrid, 2 workers) ...")
+    started = time.monotonic()
+    workdir = bench.build_root / "exec-grid"
+    try:
+        grid = ExecGrid.start(workdir)
+    except BuildGridError as exc:
+        raise BenchError(f"remote execution row: {exc}") from None
+    try:
+        for bot in WORKERS:
+            grid.add_worker(bot, *worker_properties(bench.layout), env=worker_env())
+        grid_seconds = time.monotonic() - started
+        bench.log("remote execution row: full build, doit -n 2 on the 2 workers ...")
+        bench.remove_outputs()
+        remote = bench.doit("-n", "2", "bundle", f"remote_executor={grid.url}",
+                            "remote_fallback=fail")
+        per_worker = steps_per_worker(grid.events())
+    except BuildGridError as exc:
+        raise BenchError(f"remote execution row: {exc}") from None
+    finally:
+        grid.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    steps = check_remote_build(bench, remote, per_worker)
+    identical = check_identical(local, bundle_digests(bench.layout.bundle_dir))
+    ratio = full.seconds / remote.seconds
+    return {"remote_seconds": round(remote.seconds, 2), "local_n1_seconds": round(full.seconds, 2),
+            "ratio": round(ratio, 2), "goal": GOAL, "met": ratio >= GOAL,
+            "steps_remote": steps, "steps_per_worker": per_worker,
+            "bundle_byte_identical": identical, "grid_start_seconds": round(grid_seconds, 2),
+            "remote_peak_rss_bytes": remote.maxrss, "cores": os.cpu_count(),
+            "note": SHARED_CORES}
+
+
+def _missing_grid(bgd, pg_bin, executor: str) -> str:
+    if executor != "local":   # the bench's workers run steps in their Python, not an image
+        return f"executor = {executor}: the bench's workers offer executor = local only"
+    if not bgd:
+        return "no BuildGrid `bgd` (set HEXBUNDLE_BGD)"
+    if not pg_bin:
+        return "no PostgreSQL (initdb): install postgresql or set HEXBUNDLE_PG_BIN"
+    return ""
+
+
+def worker_properties(layout) -> list:
+    """--property arguments: the platform this client's local-executor Actions ask for (python,
+    numpy, onnx versions; OSFamily and ISA the worker always offers)."""
+    from hexbundle.remote.action import platform_properties
+    return [arg for name, value in platform_properties(layout)
+            if name not in ("OSFamily", "ISA") for arg in ("--property", f"{name}={value}")]
+
+
+def worker_env() -> dict:
+    """The step's `python3` is this one (it has numpy and onnx): first on the workers' PATH."""
+    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def steps_per_worker(events: list) -> dict:
+    """bot -> actions it finished with exit code 0, from the workers' own logs."""
+    done = Counter(e["bot"] for e in events if e["event"] == "done" and e.get("exit_code") == 0)
+    return {bot: done.get(bot, 0) for bot in WORKERS}
+
+
+def check_remote_build(bench, run: Run, per_worker: dict) -> int:
+    """Every convert and compile step this build ran came from a worker (build-info.json's
+    origins), as many as the workers finished; the bundle step ran here."""
+    built = {t.split(":")[0] for t in run.executed}
+    if not {"convert", "compile", "bundle"} <= built:
+        raise BenchError(f"the remote build did not rebuild everything: {run.executed}")
+    origins = json.loads(bench.layout.build_info.read_text())["steps"]
+    ran = {t for t in run.executed if t.split(":")[0] in ("convert", "compile")}
+    local = sorted(t for t in ran if origins.get(t, {}).get("origin") != "remote-execution")
+    if local:
+        raise BenchError(f"the remote build ran {', '.join(local)} elsewhere than on a worker")
+    if sum(per_worker.values()) != len(ran):
+        raise BenchError(f"the workers finished {per_worker} actions, the build ran "
+                         f"{len(ran)} steps remotely")
+    return len(ran)
+
+
+def bundle_digests(bundle_dir: Path) -> dict:
+    """relative path -> XXH3-128 of every file in the bundle."""
+    from hexbundle.support.hashing import file_digest
+    return {str(p.relative_to(bundle_dir)): file_digest(p)
+            for p in sorted(bundle_dir.rglob("*")) if p.is_file()}
+
+
+def check_identical(local: dict, remote: dict) -> bool:
+    if not local:
+        raise BenchError("no bundle of the local full build to compare the remote one with")
+    if remote != local:
+        differ = sorted(k for k in set(local) | set(remote) if local.get(k) != remote.get(k))
+        raise BenchError("the remote build's bundle differs from the local `-n 1` build's: "
+                         + ", ".join(differ))
+    return True
+
+
+def table(measured: dict, bench, full) -> list:
+    if "skipped" in measured:
+        return [{"id": 12, "what": WHAT, "ours": "-", "baseline": "-",
+                 "ratio": f"skipped: {measured['skipped']}", "target": f">= {GOAL}x",
+                 "met": None, "detail": measured}]
+    workers = ", ".join(f"{bot} {n}" for bot, n in measured["steps_per_worker"].items())
+    return [{"id": 12, "what": f"{WHAT}; {SHARED_CORES} ({measured['cores']})",
+             "ours": f"{measured['remote_seconds']:.1f} s ({measured['steps_remote']} steps: "
+                     f"{workers}; bundle byte-identical)",
+             "baseline": f"{measured['local_n1_seconds']:.1f} s",
+             "ratio": f"{measured['ratio']:.2f}x faster", "target": f">= {GOAL}x",
+             "met": measured["met"], "detail": measured}]
