@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from hexbundle.bench.common import BenchError, Run
+from hexbundle.support.errors import DiskSpaceError
 
 IDS, NEEDS_BUILD = (12,), True
 WORKERS = ("w1", "w2")
@@ -44,6 +45,11 @@ def measure(bench, full: Run) -> dict:
         return {"skipped": missing}
     # The local `-n 1` build's bundle, still in place: this row is measured first (ROWS)
     local = bundle_digests(bench.layout.bundle_dir)
+    try:
+        check_grid_disk(bench)
+    except DiskSpaceError as exc:   # the other rows are still measured
+        bench.log(f"remote execution row: {exc}: skipped")
+        return {"skipped": str(exc)}
     bench.log("remote execution row: a fresh grid (PostgreSQL, BuildGrid, 2 workers) ...")
     started = time.monotonic()
     workdir = bench.build_root / "exec-grid"
@@ -85,6 +91,23 @@ def _missing_grid(bgd, pg_bin, executor: str) -> str:
     if not pg_bin:
         return "no PostgreSQL (initdb): install postgresql or set HEXBUNDLE_PG_BIN"
     return ""
+
+
+def check_grid_disk(bench) -> None:
+    """Refuse before the grid is started when the disk cannot take what it writes: the server's
+    CAS keeps every input and output (the local build's, in place now: the same bytes), and
+    each worker's action root (one at a time, deleted after it) at most the largest action's
+    inputs and outputs (a convert: a graph's .data and its DLC; a compile: a part's DLCs and
+    its bin)."""
+    from hexbundle.inputs.generate import check_disk
+    data = [p.stat().st_size for p in bench.distinct_data_files()]
+    dlcs = [p.stat().st_size for p in bench.layout.dlc_dir.iterdir()]
+    bins = [bench.layout.bin(p).stat().st_size for p in bench.parts]
+    inputs = sum(p.stat().st_size for p in bench.input_files() if p.suffix != ".data")
+    cas = inputs + sum(data) + sum(dlcs) + sum(bins)
+    action = max(max(data) + max(dlcs), 2 * max(dlcs) + max(bins))
+    check_disk(bench.build_root, cas + len(WORKERS) * action,
+               "the remote execution row's grid (its CAS and the workers' action roots)")
 
 
 def worker_properties(layout) -> list:
