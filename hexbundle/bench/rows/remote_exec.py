@@ -36,20 +36,45 @@ SHARED_CORES = "the workers share this machine's cores with the client"
 
 
 def measure(bench, full: Run) -> dict:
-    from hexbundle.remote.buildgrid import BuildGridError, find_bgd
-    from hexbundle.remote.grid import ExecGrid
+    skipped = skip_reason(bench)
+    if skipped:
+        bench.log(f"remote execution row: {skipped}: skipped")
+        return {"skipped": skipped}
+    # The local `-n 1` build's bundle, still in place: this row is measured first (ROWS)
+    local = bundle_digests(bench.layout.bundle_dir)
+    remote, events, grid_seconds = build_on_grid(bench)
+    per_worker = steps_per_worker(events)
+    steps = check_remote_build(bench, remote, per_worker)
+    identical = check_identical(local, bundle_digests(bench.layout.bundle_dir))
+    ratio = round(full.seconds / remote.seconds, 2)   # the verdict is the shown ratio's
+    return {"remote_seconds": round(remote.seconds, 2), "local_n1_seconds": round(full.seconds, 2),
+            "ratio": ratio, "goal": GOAL, "met": ratio >= GOAL,
+            "steps_remote": steps, "steps_per_worker": per_worker,
+            "worker_busy_seconds": busy_seconds(events),
+            "bundle_byte_identical": identical, "grid_start_seconds": round(grid_seconds, 2),
+            "remote_peak_rss_bytes": remote.maxrss, "cores": os.cpu_count(),
+            "note": SHARED_CORES}
+
+
+def skip_reason(bench) -> str:
+    from hexbundle.remote.buildgrid import find_bgd
     from hexbundle.remote.postgres import find_pg_bin
     missing = _missing_grid(find_bgd(), find_pg_bin(), bench.cfg.executor)
     if missing:
-        bench.log(f"remote execution row: {missing}: skipped")
-        return {"skipped": missing}
-    # The local `-n 1` build's bundle, still in place: this row is measured first (ROWS)
-    local = bundle_digests(bench.layout.bundle_dir)
+        return missing
     try:
         check_grid_disk(bench)
     except DiskSpaceError as exc:   # the other rows are still measured
-        bench.log(f"remote execution row: {exc}: skipped")
-        return {"skipped": str(exc)}
+        return str(exc)
+    return ""
+
+
+def build_on_grid(bench) -> tuple:
+    """(the remote build's Run, the workers' log lines, seconds the grid took to start): a fresh
+    grid in the bench tree, its 2 workers, then the full build on them; the grid is stopped
+    (and, unless --keep, deleted) whatever happens."""
+    from hexbundle.remote.buildgrid import BuildGridError
+    from hexbundle.remote.grid import ExecGrid
     bench.log("remote execution row: a fresh grid (PostgreSQL, BuildGrid, 2 workers) ...")
     started = time.monotonic()
     workdir = bench.build_root / "exec-grid"
@@ -65,22 +90,13 @@ def measure(bench, full: Run) -> dict:
         bench.remove_outputs()
         remote = bench.doit("-n", "2", "bundle", f"remote_executor={grid.url}",
                             "remote_fallback=fail")
-        events = grid.events()
-        per_worker, busy = steps_per_worker(events), busy_seconds(events)
+        return remote, grid.events(), grid_seconds
     except BuildGridError as exc:
         raise BenchError(f"remote execution row: {exc}") from None
     finally:
         grid.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-    steps = check_remote_build(bench, remote, per_worker)
-    identical = check_identical(local, bundle_digests(bench.layout.bundle_dir))
-    ratio = round(full.seconds / remote.seconds, 2)   # the verdict is the shown ratio's
-    return {"remote_seconds": round(remote.seconds, 2), "local_n1_seconds": round(full.seconds, 2),
-            "ratio": ratio, "goal": GOAL, "met": ratio >= GOAL,
-            "steps_remote": steps, "steps_per_worker": per_worker, "worker_busy_seconds": busy,
-            "bundle_byte_identical": identical, "grid_start_seconds": round(grid_seconds, 2),
-            "remote_peak_rss_bytes": remote.maxrss, "cores": os.cpu_count(),
-            "note": SHARED_CORES}
+        if not bench.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _missing_grid(bgd, pg_bin, executor: str) -> str:
