@@ -27,7 +27,7 @@ def test_small_bench_runs_and_prints_one_table(small_bench):
     table = [line for line in run.out.splitlines() if line.startswith("|")]
     assert [c.strip() for c in table[0].split("|")[1:-1]] == [
         "#", "measured", "hexbundle", "baseline", "ratio", "target", "met"]
-    assert [line.split("|")[1].strip() for line in table[2:]] == [str(i) for i in range(1, 12)]
+    assert [line.split("|")[1].strip() for line in table[2:]] == [str(i) for i in range(1, 13)]
     assert "machine:" in run.out
     assert not (project.root / "build" / "bench" / "small-tree").exists()   # cleaned up
 
@@ -39,7 +39,7 @@ def test_results_json_is_well_formed(small_bench):
     assert results["mode"] == "small" and results["model"] == "qwen2-tiny"
     assert {"cpu", "cores", "ram_gib", "os", "python", "doit", "numpy"} <= set(results["machine"])
     rows = results["rows"]
-    assert [r["id"] for r in rows] == list(range(1, 12))
+    assert [r["id"] for r in rows] == list(range(1, 13))
     for row in rows:
         assert ROW_KEYS <= set(row), row
         assert row["met"] in (True, False, None)
@@ -91,11 +91,36 @@ def test_the_cache_row_fetches_every_convert_and_compile_step(small_bench):
     assert cache["hit_seconds"] > 0 and cache["full_seconds"] > 0
 
 
+def test_the_remote_execution_row_builds_on_both_workers_byte_identically(small_bench):
+    """Row 12: the full build on a fresh grid's 2 workers, beside the local `-n 1` build. Under
+    CI (BuildGrid and PostgreSQL provided by .ci/run) it must have run, not been skipped."""
+    import os
+    _, run, out = small_bench
+    row = json.loads(out.read_text())["rows"][11]
+    remote = row["detail"]
+    if "skipped" in remote:
+        assert not os.environ.get("CI"), "under CI .ci/run provides BuildGrid and PostgreSQL"
+        pytest.skip(remote["skipped"])
+    assert remote["bundle_byte_identical"] is True
+    assert remote["steps_remote"] == 12   # qwen2-tiny: 8 converts, 4 compiles, all on workers
+    assert set(remote["steps_per_worker"]) == {"w1", "w2"}
+    assert all(n > 0 for n in remote["steps_per_worker"].values()), remote
+    assert sum(remote["steps_per_worker"].values()) == remote["steps_remote"]
+    assert remote["remote_seconds"] > 0 and remote["local_n1_seconds"] > 0
+    # the verdict is computed from the two measurements, never assumed (each figure is
+    # rounded to 0.01 in the results, hence the tolerance)
+    ratio = remote["local_n1_seconds"] / remote["remote_seconds"]
+    assert remote["ratio"] == pytest.approx(ratio, rel=0.01, abs=0.01)
+    assert remote["met"] is (remote["ratio"] >= 1.8)
+    assert row["met"] is remote["met"] and f"{remote['ratio']:.2f}x" in row["ratio"]
+
+
 def test_rows_selects_what_the_bench_measures(project):
     run = project.doit("bench", "--small", "--rows", "1", check=False)
     assert run.code == 0, run.out + run.err
     table = [line for line in run.out.splitlines() if line.startswith("|")]
     assert [line.split("|")[1].strip() for line in table[2:]] == ["1"]
     assert "rows measured: 1 (--rows)" in run.out
-    bad = project.doit("bench", "--small", "--rows", "0,12", check=False)
-    assert bad.code != 0 and "--rows '0,12': expected row numbers among 1, 2" in bad.out + bad.err
+    bad = project.doit("bench", "--small", "--rows", "0,13", check=False)
+    assert bad.code != 0 and "--rows '0,13': expected row numbers among 1, 2" in bad.out + bad.err
+    assert "11, 12," in bad.out + bad.err

@@ -16,13 +16,16 @@ Rows (the issue's list; targets are reported, never asserted):
     peak RSS, beside the full build;
 11. `import_export` of a Qwen3-8B-shaped qai-hub-models quantize checkpoint (every layer; its
     model.data past 2 GiB, as aimet-onnx writes it): wall time and peak RSS (goal <= 3 GiB).
+12. a full build on 2 REAPI workers (a fresh local BuildGrid on PostgreSQL, `-n 2`) vs the
+    local `-n 1` build (goal >= 1.8x); its bundle must be byte-identical. The workers run on
+    this machine, sharing its cores with the client.
 
 Each row (or pair of rows) is a unit of its own in hexbundle/bench/rows/ (its measurement and its
 table line); rows/__init__.py lists them, and this module is the runner: the tree, the inputs and
 the full build the rows share, the results file and the table.
 
 `--rows 9` (or `--rows 1,5`) measures only those rows (and what they need: the inputs, and the
-full build for rows 2, 3, 4, 6, 9 and 10).
+full build for rows 2, 3, 4, 6, 9, 10 and 12).
 
 Full scale uses qwen2.5-7b-shape (Qwen2.5-7B's tensors, 4 layers, ~8 GB of inputs); --small
 uses qwen2-tiny (seconds; the tests run it). The tree lives in build/bench/<tree>/ (its own
