@@ -156,7 +156,7 @@ class Worker:
         if self.args.corrupt:
             self.corrupt(result)
         self.log("done", lease=lease.id, exit_code=result.exit_code, input_root=key,
-                 **holder.get("logged", {}))
+                 runner=self.args.runner, **holder.get("logged", {}))
         shutil.rmtree(root, ignore_errors=True)
         for path in glob.glob(glob.escape(root) + ".*"):   # its runner's files beside it
             os.unlink(path)

@@ -148,18 +148,19 @@ def test_the_action_runs_in_a_bubblewrap_sandbox_holding_its_input_root(grid, tm
     written."""
     outside = tmp_path / "outside.txt"
     outside.write_text("the host's\n")
+    probe = Path("/usr") / f"hexbundle-probe-{os.getpid()}-{time.time_ns()}"   # read-only there
     script = (f"ls /; cat /proc/sys/kernel/hostname; test -e {outside} && echo sees-outside; "
-              "touch /usr/hexbundle-probe 2>/dev/null && echo writes-usr; "
+              f"touch {probe} 2>/dev/null && echo writes-probe; "
               "echo net: $(tail -n +3 /proc/net/dev | cut -d: -f1); cat in.txt")
     digest, blobs = action(tmp_path, script, inputs={"in.txt": b"input root\n"})
     ex = executor(grid.url, tmp_path)
     out, _ = ex.logs(ex.execute(digest, blobs, timeout=60))
     lines = out.decode().splitlines()
-    assert "sees-outside" not in lines and "writes-usr" not in lines, lines
+    assert "sees-outside" not in lines and "writes-probe" not in lines, lines
     assert "buildbox" in lines, lines        # bwrap --hostname buildbox (its own uts namespace)
     assert "net: lo" in lines, lines         # its own network namespace: loopback only
     assert lines[-1] == "input root" and "in.txt" in lines, lines
-    assert not (Path("/usr") / "hexbundle-probe").exists()
+    assert not probe.exists()
 
 
 def test_a_failed_command_is_an_action_failed_error_with_its_stderr(grid, tmp_path):
@@ -361,6 +362,34 @@ def test_ctrl_c_and_sigterm_cancel_the_remote_operation(remote_build, grid, tmp_
     cancelled = {row[0] for row in grid.pg.query("SELECT name FROM jobs WHERE cancelled")}
     assert names <= cancelled, (names, cancelled)
     assert not leftovers(project.root / "build")
+
+
+def test_executor_docker_steps_run_in_the_pinned_image_on_a_docker_worker(grid, local_build,
+                                                                        tmp_path):
+    """A worker that runs Actions through the Docker engine (--runner docker), offering the
+    image the client pins (container-image=docker://sha256:...): one graph's steps (inputs and
+    convert), sent with executor=docker and remote_fallback=fail (so both ran there), give the
+    local build's DLC byte for byte, and the worker's log names the image each ran in."""
+    from hexbundle.graph.keys import image_id
+    project = copy_project(tmp_path / "p")
+    image = image_id(project.root)
+    if not image:
+        unavailable("no Docker engine or no pinned toolchain image (`doit image`)")
+    grid.add_worker("d1", "--property", "executor=docker", "--property",
+                    f"container-image=docker://{image}", runner="docker")
+    started = time.time()
+    try:
+        run = project.doit("convert:part_1_of_4_prompt", "executor=docker", "remote_fallback=fail",
+                           f"remote_executor={grid.url}", check=False)
+    finally:
+        grid.stop_worker("d1")
+    assert run.code == 0, run.out[-3000:] + run.err[-3000:]
+    dlcs = sorted((project.build_dir() / "dlc").iterdir())
+    assert [d.name for d in dlcs] == ["prompt_ar128_cl256_1_of_4.dlc"], dlcs
+    assert dlcs[0].read_bytes() == (local_build.build_dir() / "dlc" / dlcs[0].name).read_bytes()
+    done = [e for e in grid.events("d1") if e["event"] == "done" and e["t"] > started]
+    assert len(done) == 2, done   # inputs:part_1_of_4 and the convert
+    assert {(e["runner"], e["image"], e["exit_code"]) for e in done} == {("docker", image, 0)}
 
 
 def test_the_server_going_away_mid_build_falls_back_to_a_local_build(local_build, tmp_path):
