@@ -120,7 +120,19 @@ class Worker:
             name=session.name, bot_session=session))
         for lid in reported:
             self.running.pop(lid, None)
+        self.drop_vanished(session)
         return session
+
+    def drop_vanished(self, session) -> None:
+        """Kill what runs for a lease the server no longer lists: BuildGrid 0.4.4 cancels a lease
+        by dropping it from the session (it never sends the CANCELLED state), as it does with a
+        lease it gave to another bot."""
+        listed = {lease.id for lease in session.leases}
+        for lid, (_, holder) in list(self.running.items()):
+            if lid not in listed:
+                holder["cancelled"] = True
+                self.kill(holder)
+                self.running.pop(lid)
 
     def execute(self, lease, holder: dict) -> None:
         """Run the lease's action; a failure of the worker itself (a blob the server lost...)
@@ -164,8 +176,9 @@ class Worker:
 
     def popen(self, argv: list, holder: dict, **kwargs) -> int:
         """Run argv in a process group of its own (a cancelled lease kills the whole group:
-        buildbox-run and bwrap, or the docker CLI) and wait for it."""
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)
+        buildbox-run and bwrap, or the docker CLI) that dies with the worker, and wait for it."""
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=die_with_worker, **kwargs)
         holder["proc"] = proc
         if holder.get("cancelled"):   # cancelled while it started
             os.killpg(proc.pid, signal.SIGKILL)
@@ -341,6 +354,15 @@ class Worker:
                     data = blobs[f.path]
                     data = bytes([data[0] ^ 0xFF]) + data[1:] if data else b"\0"
                     f.digest.CopyFrom(up.put_blob(io.BytesIO(data), queue=False))
+
+
+def die_with_worker() -> None:
+    """In the runner's child before exec: SIGKILL when the worker dies (a worker killed mid-action
+    leaves no buildbox-run uploading for a lease the server has requeued; bwrap's sandbox dies
+    with buildbox-run: --die-with-parent)."""
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class RunnerError(Exception):

@@ -32,7 +32,8 @@ from hexbundle.config.build import remote_settings
 from hexbundle.remote import reapi
 from hexbundle.remote.action import _local_runtime, input_root
 from hexbundle.remote.buildgrid import find_bgd, free_port
-from hexbundle.remote.execute import ActionFailed, ExecutionTimeout, RemoteExecutor
+from hexbundle.remote.execute import (ActionFailed, ExecutionError, ExecutionTimeout,
+                                      RemoteExecutor)
 from hexbundle.remote.postgres import find_pg_bin
 
 pytestmark = pytest.mark.heavy   # BuildGrid, PostgreSQL and workers: the full suite
@@ -206,6 +207,39 @@ def test_an_action_no_worker_matches_times_out_and_is_cancelled(grid, tmp_path):
     rows = grid.pg.query(f"SELECT cancelled FROM jobs WHERE action_digest = "
                          f"'{digest.hash}/{digest.size_bytes}'")
     assert rows == [["t"]], rows
+
+
+def test_a_cancelled_operation_kills_its_action_on_the_worker(grid, tmp_path):
+    """CancelOperation while the action runs: BuildGrid 0.4.4 drops the lease from the bot's
+    session, and the worker kills buildbox-run's process group (bwrap, the Command) and logs it."""
+    def cancelled() -> int:
+        return sum(e["event"] == "cancelled" for e in grid.events())
+    before = cancelled()
+    marker = f"hexbundle-cancel-{tmp_path.name}-{time.time_ns()}"
+    started = shared(grid) / marker
+    digest, blobs = action(tmp_path, f"touch {started}; sleep 600; echo {marker}")
+    ex = executor(grid.url, tmp_path)
+    thread = threading.Thread(target=lambda: pytest.raises(
+        ExecutionError, ex.execute, digest, blobs, timeout=120))
+    thread.start()
+    grid.wait_for(started.exists, "the action to start on a worker")
+    assert running(marker)
+    assert ex.cancel_all()
+    grid.wait_for(lambda: cancelled() > before, "the worker to log the lease cancelled")
+    grid.wait_for(lambda: not running(marker), f"no process left running {marker}", timeout=30)
+    thread.join(timeout=60)
+
+
+def running(marker: str) -> list:
+    """pids whose command line holds `marker` (bwrap's, sh's: the Command's whole sandbox)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "cmdline").read_bytes():
+                out.append(int(proc.name))
+        except OSError:
+            continue
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
