@@ -292,7 +292,8 @@ class Worker:
         docker executor runs a step (steps/docker_executor.run_options): the input root
         bind-mounted read-write at its own path as the working directory, no network, no
         capabilities, no-new-privileges, a read-only root filesystem and a noexec /tmp; exactly
-        the Command's environment (the image adds its PATH); never as root."""
+        the Command's environment (the image adds its PATH); never as root (step_user's rule).
+        Not [container]'s limits: a worker has no build config."""
         image = self.container_image(action)
         self.fetch_input_root(action, command, root)
         user = self.args.docker_user or (
