@@ -56,8 +56,9 @@ from buildgrid._protos.google.rpc import code_pb2
 from buildgrid.server.client.cas import download, upload
 
 POLL_S = 0.2
-# What a buildbox-run sandbox sees of the host, read-only (the rest is the input root, at /).
+# hexbundle.remote.grid's name too (this script runs in BuildGrid's venv: it imports no hexbundle)
 BUILDBOX_RUN_ENV = "HEXBUNDLE_BUILDBOX_RUN"
+# What a buildbox-run sandbox sees of the host, read-only (the rest is the input root, at /).
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64")
 
 

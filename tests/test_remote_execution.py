@@ -70,8 +70,7 @@ STEP_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('
 
 def add_step_worker(grid: ExecGrid, bot: str, *extra: str):
     return grid.add_worker(bot, *STEP_WORKER, "--bind", str(shared(grid)), *extra,
-                           env={**STEP_ENV, "HEXBUNDLE_BUILDBOX_RUN": find_buildbox_run()},
-                           runner="buildbox-run")
+                           env=STEP_ENV, runner="buildbox-run")
 
 
 def shared(grid: ExecGrid) -> Path:

@@ -64,6 +64,8 @@ class ExecGrid:
         """A worker process offering `extra` (its options: --property KEY=VALUE ...); `runner`:
         what runs its Actions (buildbox-run, docker, subprocess: the worker's --runner, whose
         default is subprocess)."""
+        if runner == "buildbox-run" and find_buildbox_run():
+            extra = ("--buildbox-run", find_buildbox_run(), *extra)
         if runner:
             extra = ("--runner", runner, *extra)
         python = Path(find_bgd()).parent / "python"
