@@ -420,8 +420,12 @@ def test_executor_docker_steps_run_in_the_pinned_image_on_a_docker_worker(grid, 
     dlcs = sorted((project.build_dir() / "dlc").iterdir())
     assert [d.name for d in dlcs] == ["prompt_ar128_cl256_1_of_4.dlc"], dlcs
     assert dlcs[0].read_bytes() == (local_build.build_dir() / "dlc" / dlcs[0].name).read_bytes()
+    origins = [json.loads(o.read_text()) for o in (project.root / "build").rglob("origins/*.json")]
+    assert sorted((o["task"], o["origin"], o["worker"]) for o in origins) == [
+        ("convert:part_1_of_4_prompt", "remote-execution", "d1"),
+        ("inputs:part_1_of_4", "remote-execution", "d1")], origins
     done = [e for e in grid.events("d1") if e["event"] == "done" and e["t"] > started]
-    assert len(done) == 2, done   # inputs:part_1_of_4 and the convert
+    assert len(done) == 2, done
     assert {(e["runner"], e["image"], e["exit_code"]) for e in done} == {("docker", image, 0)}
 
 
