@@ -31,7 +31,8 @@ from hexbundle.support.errors import DiskSpaceError
 IDS, NEEDS_BUILD = (12,), True
 WORKERS = ("w1", "w2")
 GOAL = 1.8
-WHAT = "full build on 2 REAPI workers (local BuildGrid, `-n 2`) vs local `-n 1`"
+WHAT = ("full build on 2 REAPI workers (local BuildGrid, their plain-subprocess runner, `-n 2`) "
+        "vs local `-n 1`")
 SHARED_CORES = "the workers share this machine's cores with the client"
 
 
