@@ -32,7 +32,7 @@ from hexbundle.config.build import remote_settings
 from hexbundle.remote import reapi
 from hexbundle.remote.action import _local_runtime, input_root
 from hexbundle.remote.buildgrid import find_bgd, free_port
-from hexbundle.remote.execute import (ActionFailed, ExecutionError, ExecutionTimeout,
+from hexbundle.remote.execute import (ActionFailed, Cancelled, ExecutionTimeout,
                                       RemoteExecutor)
 from hexbundle.remote.postgres import find_pg_bin
 
@@ -218,8 +218,14 @@ def test_a_cancelled_operation_kills_its_action_on_the_worker(grid, tmp_path):
     started = shared(grid) / marker
     digest, blobs = action(tmp_path, f"touch {started}; sleep 600; echo {marker}")
     ex = executor(grid.url, tmp_path)
-    thread = threading.Thread(target=lambda: pytest.raises(
-        ExecutionError, ex.execute, digest, blobs, timeout=120))
+    raised = []
+
+    def execute() -> None:
+        try:
+            ex.execute(digest, blobs, timeout=120)
+        except BaseException as exc:   # noqa: BLE001 -- what the step's thread would see
+            raised.append(exc)
+    thread = threading.Thread(target=execute)
     thread.start()
     grid.wait_for(started.exists, "the action to start on a worker")
     assert running(marker)
@@ -227,6 +233,7 @@ def test_a_cancelled_operation_kills_its_action_on_the_worker(grid, tmp_path):
     grid.wait_for(lambda: cancelled() > before, "the worker to log the lease cancelled")
     grid.wait_for(lambda: not running(marker), f"no process left running {marker}", timeout=30)
     thread.join(timeout=60)
+    assert not thread.is_alive() and [type(e) for e in raised] == [Cancelled], raised
 
 
 def running(marker: str) -> list:
