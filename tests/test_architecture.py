@@ -151,7 +151,9 @@ def test_standalone_modules_import_only_the_standard_library():
         path = all_modules()[name]
         for imported, line in imported_names(path, name):
             top = imported.split(".")[0]
-            assert top in sys.stdlib_module_names or top in ("docker", "__future__"), \
+            # docker (and requests, its own dependency, whose transport errors it lets through)
+            # are imported only to load images, from the kit's venv when this Python lacks them
+            assert top in sys.stdlib_module_names or top in ("docker", "requests", "__future__"), \
                 f"{name}:{line} imports {imported}"
 
 
