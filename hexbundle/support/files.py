@@ -189,9 +189,10 @@ def link_target(path) -> str:
         return "?"
 
 
-def read_state(path) -> bytes:
+def read_state(path, limit: int = -1) -> bytes:
     """The bytes of one of hexbundle's own files, never through a symbolic link nor from
-    anything but a regular file (opened O_NOFOLLOW | O_NONBLOCK: a FIFO does not block).
+    anything but a regular file (opened O_NOFOLLOW | O_NONBLOCK: a FIFO does not block); at
+    most `limit` bytes when given (support.jsondoc reads one more than its cap, to refuse).
 
     FileNotFoundError if there is none; LinkedStateError for a link (nothing is read); another
     OSError if it cannot be read or is not a regular file."""
@@ -203,7 +204,7 @@ def read_state(path) -> bytes:
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return fh.read()
+        return fh.read(limit)
 
 
 def open_state(path, flags: int, mode: int = 0o666) -> int:
