@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import json
 import logging
 import os
 import re
@@ -55,7 +54,9 @@ from hexbundle.backends import CompileOptions, ConvertOptions
 from hexbundle.backends.bincheck import BinFacts, check_bin_facts, facts_from_utility_json
 from hexbundle.config.toolchain import load_toolchain, require_pinned_sdk
 from hexbundle.support.atomic import output_path, temp_dir
-from hexbundle.support.errors import BackendError
+from hexbundle.support.errors import BackendError, InputError
+from hexbundle.support.files import JSON_CONFIG_MAX_BYTES
+from hexbundle.support.jsondoc import read_json
 
 MARKERS = ("Unknown Key", "[ ERROR ]")   # a line with either fails the step
 SHOWN_FLAGGED = 10
@@ -145,9 +146,9 @@ class QairtBackend:
                                f"{bin_path.name}; the output was not kept. Its output is in the "
                                "step log")
         try:
-            doc = json.loads(out.read_text())
-        except ValueError as exc:
-            raise BackendError(f"{out} (written by {tool.name}): not JSON ({exc})") from None
+            doc = read_json(out, f"{tool.name} output", JSON_CONFIG_MAX_BYTES)
+        except InputError as exc:   # not JSON, or out of support.jsondoc's bounds
+            raise BackendError(f"{exc} (written by {tool.name})") from None
         return facts_from_utility_json(doc, f"{tool.name} output for {bin_path.name}")
 
     def compile_config(self, o: CompileOptions):

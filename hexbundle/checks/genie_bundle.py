@@ -40,7 +40,6 @@ Checks that need hexbundle-format bins (the reference backend's; QNN bins are op
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,11 +50,12 @@ from hexbundle.formats.genie import bundle_entries, entry_problems, unlisted_pro
 from hexbundle.formats.genie_ranges import range_problems
 from hexbundle.formats.genie_schema import DIALOG, QAIRT_DEV_VERSION
 from hexbundle.checks.runtime_check import check_runtime
-from hexbundle.formats.hf_config import read_hf_config
-from hexbundle.formats.manifest import manifest_image
+from hexbundle.formats.hf_config import context_problems, read_hf_config
+from hexbundle.formats.manifest import manifest_image, read_manifest
 from hexbundle.support.errors import HexbundleError, InputError
 from hexbundle.support.files import (JSON_CONFIG_MAX_BYTES, TOKENIZER_MAX_BYTES,
                                      read_named_text, require_named_dir)
+from hexbundle.support.jsondoc import read_json
 
 CONTEXT_LIMIT_BYTES = 4 << 30
 PART_NAME = re.compile(r"(\d+)_of_(\d+)")
@@ -106,19 +106,28 @@ def check_bundle(bundle: Path, chipsets: dict, model_config: Optional[Path] = No
     if htp is not FAILED:
         _check_device(report, htp, chipsets)
     _check_sizes(report)
-    check_runtime(report, htp)
-    _check_image(report)
+    manifest = _read_manifest(report)
+    check_runtime(report, htp, manifest)
+    _check_image(report, manifest)
     return report
 
 
-def _check_image(report: BundleReport) -> None:
+def _read_manifest(report: BundleReport):
+    """manifest.json as formats.manifest reads it (every key the checks take of its type and
+    range); None when the bundle has none (not hexbundle's) or it is refused (a problem)."""
+    if not report.has_file(MANIFEST):
+        return None   # absent, or a link / not a file: reported by the entries check
+    try:
+        return read_manifest(report.path)
+    except HexbundleError as exc:
+        report.problem("files", str(exc))
+        return None
+
+
+def _check_image(report: BundleReport, manifest) -> None:
     """manifest.json's `image` (hexbundle's bundles): the toolchain image's ID the steps ran in,
     or null (the local executor); anything else is a changed manifest."""
-    try:
-        manifest = json.loads((report.path / MANIFEST).read_text())
-    except (OSError, ValueError):   # check_runtime said so
-        return
-    if not isinstance(manifest, dict) or "image" not in manifest:
+    if manifest is None or "image" not in manifest:
         return
     try:
         image = manifest_image(manifest, MANIFEST)
@@ -162,11 +171,9 @@ def _read_json(report: BundleReport, name: str):
     if not report.has_file(name):
         return FAILED   # a link or not a file: reported by the entries check
     try:
-        return json.loads(read_named_text(path, name, JSON_CONFIG_MAX_BYTES))
-    except InputError as exc:
+        return read_json(path, name, JSON_CONFIG_MAX_BYTES, "fix the file, or rebuild the bundle")
+    except InputError as exc:   # JsonDocError too: not JSON, or out of its bounds
         report.problem("files", str(exc))
-    except (ValueError, RecursionError) as exc:
-        report.problem("files", f"{name}: not readable JSON ({exc})")
     return FAILED
 
 
@@ -505,6 +512,9 @@ def _check_model_config(report: BundleReport, dialog: dict, path: Path) -> None:
     for problem in rope_scaling_problems(rope.get("rope-scaling"), model.rope_scaling,
                                          path.name):
         report.problem("model", problem)
+    size = _dig(dialog, "context", "size")
+    for problem in context_problems(model, [size] if isinstance(size, int) else []):
+        report.problem("model", f"'dialog.context.size': {problem}")
     for role, source in (("bos-token", "bos_token_id"), ("eos-token", "eos_token_id")):
         want, got = _ids(model.get(source)), _ids(_dig(dialog, "context", role))
         if want and got and not set(got) & set(want):

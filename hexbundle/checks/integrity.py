@@ -18,7 +18,8 @@ import os
 
 from hexbundle.config.layout import MANIFEST, Layout
 from hexbundle.config.schema import table_of
-from hexbundle.formats.manifest import BundleIntegrityError, manifest_image, verify_bundle_files
+from hexbundle.formats.manifest import (BundleIntegrityError, manifest_image, read_manifest,
+                                        verify_bundle_files)
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.hashing import file_digest
 
@@ -33,7 +34,7 @@ def check_bundle_integrity(layout: Layout) -> None:
         return
     try:
         count = verify_bundle_files(bundle, where=layout.rel)
-        doc = json.loads((bundle / MANIFEST).read_bytes())
+        doc = read_manifest(bundle, layout.rel)
         check_manifest_fields(layout, doc)
         check_bins(layout, doc)
     except HexbundleError as exc:

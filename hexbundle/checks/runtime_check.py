@@ -9,32 +9,42 @@ table (config/runtime_files.py) for the board OS the manifest names:
   - every file in lib/ and bin/ built for the board's CPU: ELF aarch64, or PE arm64 on Windows;
   - every skel in dsp/ a Hexagon ELF of the device's dsp_arch (htp_backend_ext_config.json),
     read from its e_flags: a v75 skel on a v73 device is refused;
+  - every file in lib/ and bin/ a 64-bit ELF (a 32-bit aarch64 library is ILP32: no board's
+    loader takes it);
+  - every bin recorded was made by the QAIRT the manifest names (its buildId);
   - run.sh / run.cmd sets LD_LIBRARY_PATH (PATH) to lib/ and ADSP_LIBRARY_PATH ';'-separated
     with dsp/ first (formats/runscript.py's reader), and changes into the bundle;
   - every runtime file's digest is the manifest's.
+Whatever the mode, the launcher is hexbundle's own: formats/runscript.py, its one writer, writes
+it again from the manifest's runtime record and it must be those bytes (a line added to it, a
+CRLF copy, another QAIRT version named in it is refused even when the manifest's digest was
+updated with it), executable (run.sh); and a runtime = "board" bundle holds no lib/, dsp/ or
+bin/ (whose files would go unjudged).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hexbundle.config.layout import HTP_EXT_CONFIG, MANIFEST
 from hexbundle.config.runtime_files import BIN, DSP, LIB, TARGETS, is_windows, runtime_files
 from hexbundle.formats.binimage import read_image
-from hexbundle.formats.runscript import adsp_problems, library_paths
+from hexbundle.formats.runscript import RunScript, adsp_problems, library_paths, render
+from hexbundle.support.errors import InputError
+from hexbundle.support.files import read_named_file
 from hexbundle.support.hashing import file_digest
 
+# a launcher hexbundle writes is a few KiB
+SCRIPT_MAX_BYTES = 256 << 10
 
-def check_runtime(report, htp) -> None:
-    """Adds the `runtime` check's problems and notes to `report` (checks.genie_bundle)."""
+
+def check_runtime(report, htp, manifest) -> None:
+    """Adds the `runtime` check's problems and notes to `report` (checks.genie_bundle).
+    `manifest`: the bundle's manifest.json as formats.manifest.read_manifest read it (its
+    runtime record of its types), or None when there is none (or it was refused: reported)."""
     bundle = report.path
-    try:
-        manifest = json.loads((bundle / MANIFEST).read_text())
-    except (OSError, ValueError):
+    if manifest is None:
         report.notes.append(f"runtime: no readable {MANIFEST}, so the board runtime is not "
                             "judged (a bundle hexbundle did not make?)")
-        return
-    if not isinstance(manifest, dict):
         return
     report.checked.append("runtime")
     if manifest.get("backend") != "qairt":
@@ -52,7 +62,15 @@ def check_runtime(report, htp) -> None:
         runtime.get("genie_version")
     arch = _device_arch(htp) or runtime.get("dsp_arch", "")
     _check_script(report, runtime)
+    _check_bins_qairt(report, runtime)
     if runtime.get("mode") == "board":
+        present = [d for d in (LIB, DSP, BIN) if (bundle / d).exists()]
+        if present:
+            report.problem("runtime", f"{MANIFEST}: 'runtime.mode' is \"board\" (no runtime in "
+                                      f"the bundle), yet it holds {', '.join(present)}/: files "
+                                      "a board would load, which no check would judge; rebuild "
+                                      "the bundle (`doit bundle`)")
+            _check_images(report, target, arch)
         report.notes.append(f"runtime = \"board\": no runtime in the bundle; the board "
                             f"({target}) must have QAIRT {qairt} installed (libGenie {genie}), "
                             "and run.sh checks the version it prints")
@@ -91,6 +109,10 @@ def _check_images(report, target: str, arch: str) -> None:
             report.problem("runtime", f"{rel}: {image.describe()}, not {' '.join(want)}: the "
                                       f"board ({target}) cannot load it; take the SDK's "
                                       f"lib/{target} file")
+        elif image.format == "ELF" and image.bits != 64:
+            report.problem("runtime", f"{rel}: a {image.bits}-bit ELF (its class), not a 64-bit "
+                                      f"{image.machine} one: the board's loader ({target}) "
+                                      f"refuses it; take the SDK's lib/{target} file")
     for path in _files_in(bundle / DSP):
         rel = path.relative_to(bundle).as_posix()
         image = read_image(path)
@@ -104,15 +126,25 @@ def _check_images(report, target: str, arch: str) -> None:
 
 
 def _check_script(report, runtime: dict) -> None:
-    name = runtime.get("script", "run.sh")
+    name = runtime["script"]
     path = report.path / name
     if not path.is_file():
         report.problem("runtime", f"{name}: missing: the board has no launcher that sets the "
                                   "library paths; rebuild the bundle")
         return
-    text = path.read_text(errors="replace")
-    found = library_paths(text)
+    try:
+        data = read_named_file(path, "bundle's launcher", SCRIPT_MAX_BYTES)
+    except InputError as exc:
+        report.problem("runtime", str(exc))
+        return
+    _check_script_bytes(report, runtime, name, data)
     windows = is_windows(runtime["target"])
+    if not windows and not path.stat().st_mode & 0o111:
+        report.problem("runtime", f"{name}: not executable (mode {path.stat().st_mode & 0o777:o})"
+                                  ": `./run.sh` fails on the board with 'permission denied'; "
+                                  "chmod +x it, or rebuild the bundle")
+    text = data.decode("utf-8", errors="replace")
+    found = library_paths(text)
     libvar = "PATH" if windows else "LD_LIBRARY_PATH"
     if runtime.get("mode") == "board":
         return
@@ -133,9 +165,50 @@ def _check_script(report, runtime: dict) -> None:
                                   "directory")
 
 
+def _check_script_bytes(report, runtime: dict, name: str, data: bytes) -> None:
+    """The launcher is exactly what formats/runscript.py writes for the manifest's runtime
+    record: hexbundle wrote it, so any other byte is a change (a digest updated with it
+    proves nothing)."""
+    want = render(RunScript(runtime["target"], runtime["mode"], runtime["qairt_version"],
+                            runtime["genie_version"], runtime["htp_device_id"])).encode()
+    if data == want:
+        return
+    if not is_windows(runtime["target"]) and b"\r\n" in data:
+        report.problem("runtime", f"{name}: CRLF line ends (a copy through a Windows tool?): "
+                                  "the board's /bin/sh reads each '\\r' as part of a command and "
+                                  "fails; rebuild the bundle, or copy it as binary")
+        return
+    got, wanted = data.decode("utf-8", errors="replace").splitlines(), \
+        want.decode().splitlines()
+    line = next((i for i, (a, b) in enumerate(zip(got, wanted)) if a != b),
+                min(len(got), len(wanted)))
+    shown = repr(got[line][:100]) if line < len(got) else "the end of the file"
+    report.problem("runtime", f"{name}: line {line + 1} is {shown}, but hexbundle writes "
+                              + (repr(wanted[line][:100]) if line < len(wanted) else
+                                 "nothing more")
+                              + f" there for {MANIFEST}'s runtime record ({runtime['mode']}, "
+                              f"{runtime['target']}, QAIRT {runtime['qairt_version']}): the "
+                              "launcher was changed after the build, and the board would run "
+                              "it; rebuild the bundle (`doit bundle`)")
+
+
+def _check_bins_qairt(report, runtime: dict) -> None:
+    """Each bin's record (what qnn-context-binary-utility said at bundle time) names the
+    manifest's QAIRT: a bin of another QAIRT than the runtime fails on the board."""
+    want = "v" + runtime["qairt_version"]
+    for name, record in sorted(runtime.get("bins", {}).items()):
+        build = record.get("buildId", "")
+        if build and not build.startswith(want):
+            report.problem("runtime", f"{MANIFEST}: 'runtime.bins.{name}.buildId' is {build!r}, "
+                                      f"but 'runtime.qairt_version' names QAIRT "
+                                      f"{runtime['qairt_version']}: a bin of another QAIRT than "
+                                      "the runtime fails on the board (err 5000/5004/5005); "
+                                      "rebuild the bundle with one SDK")
+
+
 def _check_digests(report, manifest: dict, runtime: dict) -> None:
-    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
-    for rel in list(runtime.get("files", [])) + [runtime.get("script", "run.sh")]:
+    files = manifest["files"]
+    for rel in list(runtime["files"]) + [runtime["script"]]:
         entry = files.get(rel)
         path = report.path / rel
         if not isinstance(entry, dict):

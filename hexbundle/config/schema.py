@@ -31,9 +31,13 @@ PORT = (1, 65535)
 NO_CONTROL = r"[^\x00-\x1f\x7f-\x9f]+"
 
 
+# A Field of this type takes any value: a JSON document's keys hexbundle does not read
+ANY = object
+
+
 @dataclass(frozen=True)
 class Field:
-    type: Any                      # bool, int, float, str, list (of `item`), or a dict schema
+    type: Any                      # bool, int, float, str, list (of `item`), a dict schema, ANY
     default: Any = ...             # ... = required
     choices: tuple = ()
     min: Optional[float] = None
@@ -56,6 +60,8 @@ class Field:
 def _describe(f: Field) -> str:
     if isinstance(f.type, dict):
         return "a table"
+    if f.type is ANY:
+        return "any value"
     name = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
             list: f"a list of {_describe(Field(f.item)) if f.item else 'values'}"}[f.type]
     if f.choices:
@@ -68,6 +74,8 @@ def _describe(f: Field) -> str:
 
 
 def _type_ok(value: Any, t: Any) -> bool:
+    if t is ANY:
+        return True
     if t is bool:
         return isinstance(value, bool)
     if t is int:
@@ -101,7 +109,8 @@ def check_value(value: Any, f: Field, where: str, key: str) -> Any:
         return validate(value, f.type, where, key + ".")
     if f.type is list:
         if f.item is not None:
-            value = [check_value(v, Field(f.item, min=f.min, max=f.max), where, f"{key}[{i}]")
+            each = Field(f.item, min=f.min, max=f.max, pattern=f.pattern)   # per element
+            value = [check_value(v, each, where, f"{key}[{i}]")
                      for i, v in enumerate(value)]
         return value
     if f.choices and value not in f.choices:
@@ -176,6 +185,26 @@ def read_toml(path: Path, schema: dict) -> dict:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return validate(data, schema, str(path))
+
+
+def check_json(doc: Any, schema: dict, where: str, fix: str = "") -> dict:
+    """A decoded JSON document (support.jsondoc: already within its size, depth and number
+    bounds) against `schema`, as read_toml checks a TOML config: ConfigError naming the file
+    and the key, and `fix`, what to do. `doc` itself is returned (defaults are not filled in:
+    a document's absent key is absent)."""
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: a JSON {_json_kind(doc)}, not an object" +
+                          (f"; {fix}" if fix else ""))
+    try:
+        validate(doc, schema, where)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}" + (f"; {fix}" if fix else "")) from None
+    return doc
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+            float: "number"}.get(type(value), "null")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ from hexbundle.config.layout import ProjectLayout
 from hexbundle.config.schema import Field, read_toml
 from hexbundle.support.atomic import write_atomic
 from hexbundle.support.errors import ToolchainError
-from hexbundle.support.files import read_state
 from hexbundle.support.hashing import sha256_file
+from hexbundle.support.jsondoc import read_state_json
 
 SHA256 = r"(|[0-9a-f]{64})"
 SDK_ROOT_VARS = ("QAIRT_SDK_ROOT", "QNN_SDK_ROOT")   # newer qairt reads the first, QNN the second
@@ -101,7 +101,7 @@ def read_image_record(root: Path) -> dict | None:
     """build/image/image.json, the image `doit image` built (toolchain/image.py); None if there is
     none or it is not a JSON object."""
     try:
-        record = json.loads(read_state(ProjectLayout(root).image_record))
+        record = read_state_json(ProjectLayout(root).image_record)
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None

@@ -15,7 +15,6 @@ the previous bundle working, and the next push finds what incoming/ already hold
 """
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
@@ -28,7 +27,7 @@ from urllib.parse import urlsplit
 
 from hexbundle.config.layout import MANIFEST
 from hexbundle.formats.genie_profile import read_profile
-from hexbundle.formats.manifest import verify_bundle_files
+from hexbundle.formats.manifest import read_manifest, verify_bundle_files
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.files import (JSON_CONFIG_MAX_BYTES, about_argument, require_named_dir,
                                      require_named_file)
@@ -120,7 +119,7 @@ def _last(err: str) -> str:
 
 def bundle_files(bundle: Path) -> dict:
     """{relative path: sha256} of every file the manifest lists, and the manifest."""
-    doc = json.loads((bundle / MANIFEST).read_text())
+    doc = read_manifest(bundle)
     names = sorted(doc["files"]) + [MANIFEST]
     return {n: cached_sha256(bundle / n) for n in names}
 
@@ -191,8 +190,8 @@ def _start(board: Board, incoming: str, link: str) -> None:
 
 def _check_deployable(bundle: Path) -> dict:
     try:
-        doc = json.loads((bundle / MANIFEST).read_text())
-    except (OSError, ValueError) as exc:
+        doc = read_manifest(bundle)
+    except HexbundleError as exc:
         raise DeployError(f"{bundle / MANIFEST}: cannot read it ({exc}); build the bundle with "
                           "`doit bundle backend=qairt`") from None
     if not doc.get("deployable"):

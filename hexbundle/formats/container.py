@@ -25,6 +25,7 @@ import xxhash
 from hexbundle.formats import FORMAT_VERSION
 from hexbundle.support import atomic, progress, testhooks
 from hexbundle.support.errors import FormatError, HexbundleError, output_error
+from hexbundle.support.jsondoc import parse_json
 
 ALIGN = 4096
 PREAMBLE = struct.Struct("<8sIIQQQ24x")   # magic, version, flags, header_offset, header_length, blob_count
@@ -238,9 +239,10 @@ class ContainerReader:
             raise self.error(f"header at {header_offset}+{header_length} does not end the "
                              f"{self.size}-byte file (truncated?)")
         try:
-            header = json.loads(bytes(self._mmap[header_offset:header_offset + header_length]))
-        except (ValueError, RecursionError):
-            raise self.error("header is not valid JSON") from None
+            header = parse_json(bytes(self._mmap[header_offset:header_offset + header_length]),
+                                "header")
+        except ValueError as exc:   # support.jsondoc's JsonDocError: not JSON, or out of bounds
+            raise self.error(f"header is not valid JSON ({exc})") from None
         if not isinstance(header, dict) or not isinstance(header.get("blobs"), list):
             raise self.error("header has no 'blobs' list")
         if len(header["blobs"]) != blob_count:

@@ -25,6 +25,7 @@ import numpy as np
 
 from hexbundle.support.errors import EncodingsError
 from hexbundle.support.files import require_regular_file
+from hexbundle.support.jsondoc import JsonDocError, parse_json
 
 INT_BITWIDTHS = (4, 8, 16)
 FLOAT_BITWIDTHS = (16, 32)
@@ -100,17 +101,31 @@ def load_encodings(path: Union[str, Path]) -> Encodings:
     if path.exists():   # a FIFO would block the read below until something writes to it
         require_regular_file(path, "AIMET encodings file")
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = read_encodings_json(path)
     except FileNotFoundError:
         raise EncodingsError(f"{path}: encodings file not found; export it with AIMET "
                              f"next to the ONNX or fix the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise EncodingsError(f"{path}: cannot read encodings file ({exc})") from None
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise EncodingsError(f"{path}: not valid JSON ({exc}); re-export the encodings") from None
     return parse_encodings(data, source=str(path))
+
+
+# A 70B model's per-channel encodings are some hundred MiB of JSON
+ENCODINGS_MAX_BYTES = 4 << 30
+
+
+def read_encodings_json(path: Path):
+    """The file decoded within support.jsondoc's bounds (NaN and Infinity kept: the sections'
+    reader names the tensor and channel that holds one); EncodingsError otherwise."""
+    size = path.stat().st_size
+    if size > ENCODINGS_MAX_BYTES:
+        raise EncodingsError(f"{path}: {size} bytes, more than any encodings file (at most "
+                             f"{ENCODINGS_MAX_BYTES >> 30} GiB); re-export the encodings")
+    try:
+        return parse_json(path.read_bytes(), str(path), "re-export the encodings",
+                          max_bytes=ENCODINGS_MAX_BYTES, allow_nan=True)
+    except JsonDocError as exc:
+        raise EncodingsError(str(exc)) from None
 
 
 def parse_encodings(data: Any, source: str = "<encodings>") -> Encodings:
@@ -134,8 +149,8 @@ def encodings_header(path: Union[str, Path]) -> dict:
     """The top-level keys of an encodings file other than its sections (version, producer,
     quantizer_args, ...): what says which AIMET wrote it."""
     try:
-        data = json.loads(Path(path).read_bytes())
-    except (OSError, ValueError) as exc:
+        data = read_encodings_json(Path(path))
+    except OSError as exc:
         raise EncodingsError(f"{path}: cannot read the encodings ({exc}); re-export them") from None
     if not isinstance(data, dict):
         raise EncodingsError(f"{path}: a JSON {type(data).__name__}, not an encodings object")

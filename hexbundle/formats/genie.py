@@ -9,7 +9,6 @@ host runtime needs, as Genie would (`doit verify` runs the bundle with it).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -24,7 +23,8 @@ from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKE
 from hexbundle.config.runtime_files import BIN, DSP, LIB, TARGETS, script_name
 from hexbundle.formats.genie_ranges import range_problems
 from hexbundle.support.errors import InputError, VerifyError
-from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, kind_of, link_target, read_named_text
+from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, kind_of, link_target
+from hexbundle.support.jsondoc import read_json
 
 # What ai-hub-apps' manual_bundle.md copies beside the configs and bins: the Genie and QNN
 # libraries (libGenie.so, libQnnHtp*.so, the Hexagon skel libraries) and genie-t2t-run
@@ -224,7 +224,7 @@ def read_genie_config(bundle_dir: Path) -> GenieSettings:
     problems = entry_problems(Path(bundle_dir), entries)
     try:
         if not problems:
-            dialog = json.loads(read_named_text(path, GENIE_CONFIG, JSON_CONFIG_MAX_BYTES))["dialog"]
+            dialog = read_json(path, GENIE_CONFIG, JSON_CONFIG_MAX_BYTES)["dialog"]
     except (InputError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise VerifyError(f"{path}: not a Genie dialog config ({exc}); rebuild the bundle") from None
     if not problems and not isinstance(dialog, dict):

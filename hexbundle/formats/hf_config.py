@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from hexbundle.config.schema import FLOAT32_MAX, U32
 from hexbundle.support.errors import InputError
-from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, named, read_named_text
+from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, named
+from hexbundle.support.jsondoc import read_json
 
 # config.json's model_type -> hexbundle's family (config.model.FAMILIES). Falcon 3 is a Llama
 # (its config.json says "llama"); Mistral's decoder is Llama's without RoPE scaling.
@@ -36,16 +38,18 @@ ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 
 # ------------------------------------------------------------------------- the keys' shapes
 
+# The ranges (config.schema's): a count, a token id is a 32-bit integer where it lands (Genie,
+# the graphs' shapes); a number a float the backend holds in 32 bits. 1e30 layers is no model.
 def _count(value) -> bool:
-    return type(value) is int and value > 0   # bool is an int subclass: `true` is no count
+    return type(value) is int and 0 < value <= U32   # bool is an int subclass: `true` is no count
 
 
 def _number(value) -> bool:
-    return type(value) in (int, float) and math.isfinite(value) and value > 0
+    return type(value) in (int, float) and math.isfinite(value) and 0 < value <= FLOAT32_MAX
 
 
 def _token_id(value) -> bool:
-    return type(value) is int and value >= 0
+    return type(value) is int and 0 <= value <= U32
 
 
 def _token_ids(value) -> bool:
@@ -53,8 +57,9 @@ def _token_ids(value) -> bool:
                                 and all(_token_id(v) for v in value))
 
 
-COUNT = (_count, "a positive integer")
-NUMBER = (_number, "a positive finite number (not true/false, not a string)")
+COUNT = (_count, f"a positive integer (at most {U32})")
+NUMBER = (_number, f"a positive finite number up to {FLOAT32_MAX:g} (not true/false, not a "
+                   "string)")
 # key -> (test, the shape a message asks for); a scaling block's keys: SCALING_KEYS
 KEYS = {
     "model_type": (lambda v: isinstance(v, str), 'a string such as "llama"'),
@@ -63,9 +68,10 @@ KEYS = {
     "head_dim": COUNT, "max_position_embeddings": COUNT,
     "rope_theta": NUMBER, "rms_norm_eps": NUMBER,
     "tie_word_embeddings": (lambda v: isinstance(v, bool), "true or false"),
-    "bos_token_id": (_token_id, "a token id (an integer >= 0)"),
-    "pad_token_id": (_token_id, "a token id (an integer >= 0)"),
-    "eos_token_id": (_token_ids, "a token id (an integer >= 0) or a non-empty list of them"),
+    "bos_token_id": (_token_id, "a token id (an integer in [0, 2**32))"),
+    "pad_token_id": (_token_id, "a token id (an integer in [0, 2**32))"),
+    "eos_token_id": (_token_ids, "a token id (an integer in [0, 2**32)) or a non-empty list of "
+                                 "them"),
     "rope_scaling": (lambda v: isinstance(v, dict),
                      'an object such as {"rope_type": "llama3", "factor": 32.0, ...}'),
     "rope_parameters": (lambda v: isinstance(v, dict),
@@ -143,12 +149,9 @@ def read_hf_config(path: Path, argument: str = "--model-config") -> HfConfig:
     argument, the file and each bad key otherwise)."""
     path = Path(path).expanduser()
     shown = named(path, argument)
-    text = read_named_text(path, "model's config.json", JSON_CONFIG_MAX_BYTES, argument)
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"{shown}: not a readable JSON config ({exc}); give the model's "
-                         "config.json") from None
+    # within support.jsondoc's bounds (depth, number ranges, size): JsonDocError names the key
+    raw = read_json(path, "model's config.json", JSON_CONFIG_MAX_BYTES,
+                    "give the model's config.json", argument)
     if not isinstance(raw, dict):
         raise InputError(f"{shown}: a JSON {type(raw).__name__}, not a model config object; "
                          "give the model's config.json")
@@ -166,3 +169,22 @@ def read_hf_config(path: Path, argument: str = "--model-config") -> HfConfig:
     model_type = raw.get("model_type")
     return HfConfig(path, model_type if isinstance(model_type, str) else None, raw, wrapper,
                     archs)
+
+
+def context_problems(hf: HfConfig, context_lengths) -> list:
+    """A context length past config.json's max_position_embeddings: the model was never
+    trained (nor its RoPE scaled) for positions that far, so its output there is noise."""
+    most = hf.get("max_position_embeddings")
+    longest = max(context_lengths, default=0)
+    if not isinstance(most, int) or longest <= most:
+        return []
+    return [f"{hf.path}: max_position_embeddings is {most}, but the context length is "
+            f"{longest}: the model knows no position past {most - 1}; use a context length of "
+            f"at most {most} (or the config.json of this model)"]
+
+
+def check_context(hf: HfConfig, context_lengths) -> None:
+    """InputError if a context length is past the model's positions (context_problems)."""
+    problems = context_problems(hf, context_lengths)
+    if problems:
+        raise InputError("; ".join(problems))

@@ -11,13 +11,15 @@ import re
 from pathlib import Path
 
 from hexbundle.config.layout import MANIFEST, Layout
-from hexbundle.config.schema import table_of
+from hexbundle.config.runtime_files import TARGETS
+from hexbundle.config.schema import ANY, U32, U64, Field, check_json, table_of
 from hexbundle.formats.origins import read_origins, remote_summary
 from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
-from hexbundle.support.errors import HexbundleError
-from hexbundle.support.files import read_state
+from hexbundle.support.errors import ConfigError, HexbundleError
+from hexbundle.support.files import JSON_CONFIG_MAX_BYTES
 from hexbundle.support.hashing import file_digest
+from hexbundle.support.jsondoc import read_json, read_state_json
 
 MANIFEST_FORMAT = 1
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
@@ -90,6 +92,56 @@ class BundleIntegrityError(HexbundleError):
     """A bundle file differs from what its manifest.json records."""
 
 
+# ---------------------------------------------------------------------------------------------
+# the reader: every key a reader of manifest.json takes, of its type and range (the rest of the
+# document is a record for people, taken as it is)
+
+_ANY = Field(ANY, default=None)
+FILE_ENTRY = {"size": Field(int, min=0, max=U64), "xxh3_128": Field(str, pattern=r"[0-9a-f]{32}"),
+              "*": _ANY}
+# the QAIRT runtime a qairt bundle carries or names (backends/qairt_runtime.bundle_runtime)
+RUNTIME = {
+    "mode": Field(str, choices=("bundled", "board")),
+    "target": Field(str, choices=TARGETS),
+    "dsp_arch": Field(str, pattern=r"v\d{2,3}"),
+    "qairt_version": Field(str, pattern=r"\d+\.\d+\.\d+(\.\d+)?"),
+    "genie_version": Field(str, pattern=r"\d+\.\d+\.\d+"),
+    "htp_device_id": Field(int, min=0, max=U32),
+    "script": Field(str, choices=("run.sh", "run.cmd")),
+    "files": Field(list, item=str, pattern=r"(lib|dsp|bin)/[^/\\\x00-\x1f]+"),
+    "bins": Field({"*": Field({"buildId": Field(str, default=""), "*": _ANY})}, default={}),
+    "*": _ANY,
+}
+MANIFEST_SCHEMA = {
+    "format": Field(int, min=1, max=MANIFEST_FORMAT),
+    "backend": Field(str, pattern=r"[a-z_]+"),
+    "deployable": Field(bool, default=False),
+    "image": _ANY,   # manifest_image judges it (an image ID or null)
+    "files": Field({"*": Field(FILE_ENTRY)}),
+    "runtime": _ANY,   # RUNTIME, when there is one
+    "*": _ANY,
+}
+REBUILD = "run `doit bundle` to rebuild it"
+
+
+def read_manifest(bundle: Path, where=str) -> dict:
+    """A bundle's manifest.json, the one reader: within JSON bounds (support.jsondoc), every
+    key a reader takes of its type and range; BundleIntegrityError naming the file and the key
+    otherwise. `where` renders a path for messages."""
+    path = Path(bundle) / MANIFEST
+    if not (path.exists() or path.is_symlink()):
+        raise BundleIntegrityError(f"{where(path)}: missing, so the bundle cannot be verified; "
+                                   f"{REBUILD}")
+    try:
+        doc = read_json(path, "bundle manifest", JSON_CONFIG_MAX_BYTES, REBUILD)
+        check_json(doc, MANIFEST_SCHEMA, where(path), REBUILD)
+        if doc.get("runtime") is not None:
+            check_json(doc["runtime"], RUNTIME, f"{where(path)} (runtime)", REBUILD)
+    except (HexbundleError, ConfigError) as exc:
+        raise BundleIntegrityError(str(exc).replace(str(path), where(path), 1)) from None
+    return doc
+
+
 def manifest_image(doc: dict, where: str):
     """The manifest's `image`: an image ID (sha256:<64 hex>) or None (local executor)."""
     image = doc.get("image")
@@ -105,19 +157,8 @@ def verify_bundle_files(bundle: Path, where=str) -> int:
 
     `where` renders a path for messages (e.g. project-relative).
     """
-    manifest_path = bundle / MANIFEST
-    rebuild = "run `doit bundle` to rebuild it"
-    try:
-        doc = json.loads(manifest_path.read_bytes())
-        files = doc["files"]
-        if not isinstance(files, dict):
-            raise TypeError("'files' is not an object")
-    except FileNotFoundError:
-        raise BundleIntegrityError(f"{where(manifest_path)}: missing, so the bundle cannot be "
-                                   f"verified; {rebuild}") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BundleIntegrityError(f"{where(manifest_path)}: unreadable ({exc}); {rebuild}") \
-            from None
+    rebuild = REBUILD
+    files = read_manifest(bundle, where)["files"]
     present = bundle_files(bundle)
     extra = sorted(set(present) - set(files))
     if extra:
@@ -151,7 +192,7 @@ def read_build_info(layout: Layout) -> dict:
     """{"executor", "image", "steps", "remote_cache"} of the last bundle build; {} when there is none or it is unreadable
     (then the image now under the tag is what a caller can name)."""
     try:
-        doc = json.loads(read_state(layout.build_info))   # never through a link
+        doc = read_state_json(layout.build_info)   # never through a link
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}

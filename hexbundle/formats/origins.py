@@ -14,7 +14,6 @@ hand, drops it. build-info.json (formats.manifest) and a release's provenance ga
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hexbundle.config.layout import Layout
@@ -22,7 +21,7 @@ from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
 from hexbundle.support.console import warn
 from hexbundle.support.errors import HexbundleError
-from hexbundle.support.files import read_state
+from hexbundle.support.jsondoc import read_state_json
 
 
 def write_origin(layout: Layout, task: str, origin: dict, outputs: list) -> None:
@@ -48,7 +47,7 @@ def read_origins(layout: Layout) -> dict:
         return out
     for path in sorted(layout.origins_dir.glob("*.json")):
         try:
-            doc = json.loads(read_state(path))   # a link (never followed): no record
+            doc = read_state_json(path)   # a link (never followed): no record
         except (OSError, ValueError):
             continue
         if not isinstance(doc, dict) or not isinstance(doc.get("outputs"), dict):

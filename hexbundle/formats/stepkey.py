@@ -28,6 +28,8 @@ import json
 import struct
 from collections.abc import Mapping
 
+from hexbundle.support.jsondoc import parse_json
+
 
 class StepKeyError(TypeError):
     """A value that has no step-key encoding (a programming error: options are plain data)."""
@@ -130,7 +132,7 @@ def differences(old, new, path: str = "") -> list:
 def loads(text: str):
     """Canonical text back to encoded data; None when it is not a step key's text."""
     try:
-        data = json.loads(text)
+        data = parse_json(text, "step key")
     except (TypeError, ValueError):
         return None
     return data if isinstance(data, dict) and "type" in data else None

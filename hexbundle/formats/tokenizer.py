@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hexbundle.support.errors import InputError
 from hexbundle.support.files import TOKENIZER_MAX_BYTES, read_named_file
+from hexbundle.support.jsondoc import parse_json
 
 # The top-level keys tokenizers writes (tokenizers' TokenizerImpl serialization).
 KNOWN_KEYS = ("version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer",
@@ -93,9 +94,9 @@ def _read_text(tokenizer: Path) -> str:
 
 def _parse(tokenizer: Path, text: str) -> dict:
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"{tokenizer}: not a valid tokenizer.json ({exc}); {REPLACE}") from None
+        data = parse_json(text, str(tokenizer), max_bytes=TOKENIZER_MAX_BYTES)
+    except ValueError as exc:   # support.jsondoc's JsonDocError: not JSON, or out of bounds
+        raise InputError(f"not a valid tokenizer.json: {exc}; {REPLACE}") from None
     if not isinstance(data, dict):
         raise InputError(f"{tokenizer}: not a valid tokenizer.json (the top level is not an "
                          f"object); {REPLACE}")

@@ -47,7 +47,8 @@ from typing import Optional
 
 from hexbundle.support import hashing
 from hexbundle.support.atomic import atomic_output, set_aside_link
-from hexbundle.support.files import LinkedStateError, read_state
+from hexbundle.support.files import LinkedStateError
+from hexbundle.support.jsondoc import read_state_json
 
 PACKAGE_NAME = "hexbundle"
 PACKAGE = Path(__file__).resolve().parents[1]   # .../hexbundle
@@ -121,7 +122,7 @@ class ImportCache:
 
     def _load(self) -> dict:
         try:   # never through a symbolic link (support.files.read_state)
-            data = json.loads(read_state(self.path)) if self.path else {}
+            data = read_state_json(self.path) if self.path else {}
         except LinkedStateError:
             set_aside_link(self.path, "the import cache", "hexbundle's sources are read again")
             return {}

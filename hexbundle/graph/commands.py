@@ -39,7 +39,7 @@ from doit.reporter import JsonReporter
 
 from hexbundle.graph.session import build_of, checker_and_db
 from hexbundle.support import console
-from hexbundle.support.files import read_state
+from hexbundle.support.jsondoc import read_state_json
 
 HELP_FLAGS = ("--help", "-h")
 DRY_RUN_FLAG = "--dry-run"
@@ -189,7 +189,7 @@ class Run(cmd_run.Run):
         layout = build_of(self.loader.namespace).layout
         path = layout.verify_report
         try:
-            report = json.loads(read_state(path))   # never through a symbolic link
+            report = read_state_json(path)   # never through a symbolic link
         except FileNotFoundError:
             raise InvalidCommand(f"{layout.rel(path)}: no verify report for this variant yet: "
                                  "run `python3 -m doit verify` first") from None

@@ -36,6 +36,7 @@ from hexbundle.graph.variants import split_records
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.files import LinkedStateError, link_target, read_state
+from hexbundle.support.jsondoc import parse_json
 
 # The name DOIT_CONFIG's `backend` selects it by, as pyproject.toml registers it.
 BACKEND = "hexbundle"
@@ -86,8 +87,8 @@ class DurableJsonDB(JsonDB):
                   "hexbundle's DB: not read (every task counts as not run); a build sets it "
                   "aside", file=sys.stderr, flush=True)
             return {}
-        try:
-            return self.codec.decode(data.decode("utf-8"))
+        try:   # doit's codec is json's decoder: decoded within bounds instead
+            return parse_json(data, os.path.abspath(self.name))
         except ValueError as error:   # as doit's JsonDB says it
             raise DatabaseException(f"{error.args[0]}\nInvalid JSON data in "
                                     f"{os.path.abspath(self.name)}\nTo fix this problem, you can "

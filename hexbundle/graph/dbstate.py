@@ -13,7 +13,8 @@ from pathlib import Path
 from hexbundle.config.layout import DOIT_DB
 from hexbundle.graph.db import pair_with_model, save_file
 from hexbundle.graph.variants import seeded, split_records
-from hexbundle.support.files import LinkedStateError, read_state
+from hexbundle.support.files import LinkedStateError
+from hexbundle.support.jsondoc import read_state_json
 
 
 def seed_variant_db(variant_db: Path, model_db: Path) -> None:
@@ -44,7 +45,7 @@ def _read_db(db: Path) -> dict:
     """A DB's records; {} if there is none, or if it is a symbolic link (never read: a run sets
     it aside first; `doit --dry-run` takes it as empty)."""
     try:
-        return json.loads(read_state(db))
+        return read_state_json(db)
     except (FileNotFoundError, LinkedStateError):
         return {}
 

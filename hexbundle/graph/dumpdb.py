@@ -9,7 +9,6 @@ or says why not. Read-only: no lock, nothing written.
 """
 from __future__ import annotations
 
-import json
 import pprint
 import sys
 from pathlib import Path
@@ -17,7 +16,8 @@ from pathlib import Path
 from doit.cmd_base import Command
 
 from hexbundle.support.errors import HexbundleError
-from hexbundle.support.files import LinkedStateError, link_target, read_state
+from hexbundle.support.files import LinkedStateError, link_target
+from hexbundle.support.jsondoc import read_state_json
 
 opt_db = {
     "section": "DB",
@@ -81,7 +81,7 @@ def dump(path: Path, out=None) -> int:
               file=sys.stderr)
         return 0
     try:
-        data = json.loads(read_state(path))   # never through a symbolic link
+        data = read_state_json(path)   # never through a symbolic link
     except LinkedStateError:
         raise HexbundleError(f"{path}: a symbolic link (to {link_target(path)}), not "
                              "hexbundle's DB: not read; the next build that uses it sets it "

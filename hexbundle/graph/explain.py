@@ -29,6 +29,7 @@ from hexbundle.graph.targets import KEY as TARGETS_VALUE
 from hexbundle.graph.targets import bundle_drift, bundle_in_place, changed, targets_unchanged
 from hexbundle.support import console, hashing
 from hexbundle.support.errors import HexbundleError
+from hexbundle.support.jsondoc import read_state_json
 
 SHORT = 12   # digest characters shown
 MAX_REASONS = 3
@@ -207,8 +208,8 @@ class Explainer:
         if self.layout is None:
             return False
         try:
-            with open(self.layout.step_origin(task.name)) as fh:
-                return json.load(fh).get("origin") == "remote-cache"
+            origin = read_state_json(self.layout.step_origin(task.name))
+            return origin.get("origin") == "remote-cache"
         except (OSError, ValueError, AttributeError):
             return False
 

@@ -26,7 +26,8 @@ from typing import Optional
 from hexbundle.config.layout import DB_DIR, STATE_DIR
 from hexbundle.support.atomic import aside_name, atomic_output, discard, is_temp_name, put_back
 from hexbundle.support.errors import HexbundleError
-from hexbundle.support.files import kind_of, read_state
+from hexbundle.support.files import kind_of
+from hexbundle.support.jsondoc import read_state_json
 
 
 # 0. whose build root, and hexbundle's state in it
@@ -83,7 +84,7 @@ def marker_matches(marker: Path, build: Path) -> bool:
     """The marker was written for this very directory: a copy of it (into a shared directory,
     another disk) or a directory moved or recreated under the same name does not vouch."""
     try:
-        doc = json.loads(read_state(marker))   # never through a symbolic link
+        doc = read_state_json(marker)   # never through a symbolic link
         return isinstance(doc, dict) and doc.get("root") == root_identity(build)
     except (OSError, ValueError, RecursionError):
         return False
@@ -214,7 +215,7 @@ def set_aside_damaged_db(db: Path, root: Path) -> Optional[Path]:
                 "runs again this time")
         return aside
     try:
-        data = json.loads(read_state(db))
+        data = read_state_json(db)
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         data = None
     if isinstance(data, dict) and all(_record_ok(v) for v in data.values()):

@@ -14,7 +14,6 @@ follows it only when they fail or are stopped.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import Counter
@@ -27,7 +26,7 @@ from hexbundle.backends import describe
 from hexbundle.config.layout import Layout
 from hexbundle.graph import db
 from hexbundle.support import console, inflight
-from hexbundle.support.files import read_state
+from hexbundle.support.jsondoc import read_state_json
 
 # The tasks that build or check the variant the configs and the command line resolve to.
 VARIANT_TASKS = {"inputs", "convert", "compile", "check_sizes", "bundle", "verify", "release"}
@@ -74,7 +73,7 @@ def verify_verdict(layout: Layout) -> str:
     """`verify: PASSED (build/.../verify/report.json)`, read from the report on disk."""
     path = layout.verify_report
     try:
-        report = json.loads(read_state(path))   # never through a symbolic link
+        report = read_state_json(path)   # never through a symbolic link
     except (OSError, ValueError):
         return f"verify: no report ({layout.rel(path)} is missing or unreadable)"
     verdict = "PASSED" if report.get("ok") else "FAILED"
@@ -110,7 +109,7 @@ def step_outcome(layout: Optional[Layout], name: str) -> str:
     if layout is None or name.split(":")[0] not in STEP_TASKS:
         return BUILT
     try:
-        origin = json.loads(read_state(layout.step_origin(name))).get("origin")
+        origin = read_state_json(layout.step_origin(name)).get("origin")
     except (OSError, ValueError, AttributeError):
         return BUILT
     return ORIGIN_OUTCOMES.get(origin, BUILT)

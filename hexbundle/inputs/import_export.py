@@ -29,7 +29,7 @@ from hexbundle.config.layout import GraphInputs, ProjectLayout, check_name
 from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
                                     part_graphs)
 from hexbundle.formats.encodings import load_encodings
-from hexbundle.formats.hf_config import LLAMA3_KEYS, read_hf_config
+from hexbundle.formats.hf_config import LLAMA3_KEYS, check_context, read_hf_config
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.formats.qaihm import (CKPT_ARCHITECTURES, CKPT_CONFIG, CKPT_GRAPH,
                                      CKPT_PROMPT_AR, CKPT_REFUSED, CKPT_TOKEN_AR, CKPT_VLM,
@@ -127,6 +127,8 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
 def write_model(project: ProjectLayout, name: str, tree: ExportTree, split: str,
                 inferred: Inferred, plan_layers: tuple, hf, tokenizer: str) -> None:
     """The tokenizer found and checked, configs/models/<name>.toml written, notes printed."""
+    if hf is not None:
+        check_context(hf, inferred.context_lengths)
     tokenizer_path = find_tokenizer(tree, tokenizer)
     with about_argument("--tokenizer", tokenizer) if tokenizer else contextlib.nullcontext():
         if tokenizer_path and hf is not None:

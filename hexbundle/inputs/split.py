@@ -28,7 +28,7 @@ from typing import Optional
 from hexbundle.config.layout import GraphInputs, Layout
 from hexbundle.config.model import Model, Part
 from hexbundle.formats.encodings import (adapt_checkpoint_encodings, fill_cut_encodings,
-                                         subset_encodings)
+                                         read_encodings_json, subset_encodings)
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.inputs import validate
@@ -383,8 +383,8 @@ def _write_onnx(path: Path, proto) -> None:
 
 def _write_encodings(src: GraphInputs, out: GraphInputs, pg: PartGraph, proto) -> None:
     try:
-        data = json.loads(src.encodings.read_bytes())
-    except (OSError, ValueError) as exc:
+        data = read_encodings_json(src.encodings)
+    except OSError as exc:
         raise InputError(f"{src.encodings}: cannot read the encodings ({exc}); re-export") from None
     if pg.cut_tensors is not None:   # as qai-hub-models writes a part's (sorted, indent 4)
         part = qaihm_part_encodings(data, proto, pg, pg.cut_tensors)

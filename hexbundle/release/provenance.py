@@ -2,7 +2,6 @@
 which steps' outputs came from a remote cache (server and instance; build-info.json)."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from hexbundle.support import hashing
 from hexbundle.support.errors import FormatError, HexbundleError
 from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, read_named_text
 from hexbundle.support.hashing import sha256_file
+from hexbundle.support.jsondoc import parse_json
 
 
 def image_used(layout: Layout) -> dict:
@@ -143,7 +143,8 @@ def read_provenance(path: Path) -> dict:
     """The provenance statement at `path`, checked (check_provenance): FormatError naming the
     file and the key otherwise."""
     try:   # only a regular file, and never past a config's size (support.files)
-        doc = json.loads(read_named_text(path, "provenance statement", JSON_CONFIG_MAX_BYTES))
+        doc = parse_json(read_named_text(path, "provenance statement", JSON_CONFIG_MAX_BYTES),
+                         str(path), max_bytes=JSON_CONFIG_MAX_BYTES)
     except FileNotFoundError:
         raise
     except OSError as exc:

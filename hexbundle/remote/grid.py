@@ -9,7 +9,6 @@ the Bots API.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from hexbundle.remote.buildgrid import BuildGrid, BuildGridError, find_bgd
 from hexbundle.remote.postgres import Postgres
+from hexbundle.support.jsondoc import parse_json
 
 WORKER = Path(__file__).resolve().parents[2] / "scripts" / "reapi_worker.py"
 # Seconds after a bot's last word that BuildGrid takes it for dead and requeues its lease (its
@@ -89,7 +89,7 @@ class ExecGrid:
         out = []
         for log in logs:
             try:
-                out += [json.loads(line) for line in log.read_text().splitlines()]
+                out += [parse_json(line, str(log)) for line in log.read_text().splitlines()]
             except FileNotFoundError:
                 pass
         return sorted(out, key=lambda e: e["t"])

@@ -7,7 +7,6 @@ the executor sends to the step's log file.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 import traceback
@@ -22,6 +21,7 @@ from hexbundle.steps.inputs import generate_inputs
 from hexbundle.support import hashing, progress, testhooks
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.run import end_with_the_run
+from hexbundle.support.jsondoc import parse_json
 
 # The step names are the doit tasks' names: task `compile` runs steps/compile.py, and so on.
 STEPS = {"inputs": generate_inputs, "convert": convert_graph, "compile": compile_part,
@@ -56,4 +56,4 @@ def main(argv: list) -> int:
         return 2
     end_with_the_run()   # in a step container: its run killed, the step stops too
     progress.set_sink(progress.LineSink())   # relayed by the docker executor, not logged
-    return run(json.loads(argv[0]))
+    return run(parse_json(argv[0], "the step's spec (its argument)"))

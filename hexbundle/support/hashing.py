@@ -26,7 +26,8 @@ import xxhash
 
 from hexbundle.support.atomic import atomic_output, set_aside_link
 from hexbundle.support.errors import HexbundleError
-from hexbundle.support.files import LinkedStateError, read_state
+from hexbundle.support.files import LinkedStateError
+from hexbundle.support.jsondoc import read_state_json
 
 CHUNK = 1 << 20  # 1 MiB reads: xxh3 reaches ~15 GiB/s from page cache (8 KiB reads: ~4 GiB/s)
 
@@ -143,7 +144,7 @@ class DigestCache:
         if not self.path:
             return {}
         try:   # never through a symbolic link (support.files.read_state)
-            data = json.loads(read_state(self.path))
+            data = read_state_json(self.path)
         except LinkedStateError:
             set_aside_link(self.path, "the digest cache", "files will be hashed again")
             return {}

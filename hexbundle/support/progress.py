@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from hexbundle.support.jsondoc import parse_json
+
 LINE_PREFIX = "##hexbundle-progress "
 LINE_EVERY_S = 1.0
 
@@ -62,7 +64,7 @@ class Snapshot:
         if not line.startswith(LINE_PREFIX):
             return None
         try:
-            d = json.loads(line[len(LINE_PREFIX):])
+            d = parse_json(line[len(LINE_PREFIX):], "progress line", max_bytes=64 << 10)
             return cls(str(d["what"]), int(d["done"]), int(d["total"]), float(d["seconds"]))
         except (ValueError, KeyError, TypeError):
             return None

@@ -11,6 +11,7 @@ from pathlib import Path
 from hexbundle.bench.common import GIB, BenchError, part_weights_of, run_measured
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout, dlc_name
+from hexbundle.support.jsondoc import parse_json
 
 IDS, NEEDS_BUILD = (5,), False
 
@@ -47,7 +48,7 @@ def _backend_step(bench, step: dict, scratch: Path) -> dict:
     wall, code, out, err, maxrss = run_measured(cmd, bench.root, bench.env())
     if code != 0:
         raise BenchError(f"backend step {step} failed (exit {code}):\n{out}{err}")
-    result = json.loads(out.strip().splitlines()[-1])
+    result = parse_json(out.strip().splitlines()[-1], f"backend step {step}'s result")
     return {**result, "wall_seconds": round(wall, 2), "maxrss": maxrss}
 
 

@@ -17,7 +17,6 @@ going through REAPI, not what 2 separate worker machines would give.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from hexbundle.bench.common import BenchError, Run
 from hexbundle.support.errors import DiskSpaceError
+from hexbundle.formats.manifest import read_build_info
 
 IDS, NEEDS_BUILD = (12,), True
 WORKERS = ("w1", "w2")
@@ -164,7 +164,7 @@ def check_remote_build(bench, run: Run, per_worker: dict) -> int:
     built = {t.split(":")[0] for t in run.executed}
     if not {"convert", "compile", "bundle"} <= built:
         raise BenchError(f"the remote build did not rebuild everything: {run.executed}")
-    origins = json.loads(bench.layout.build_info.read_text())["steps"]
+    origins = read_build_info(bench.layout).get("steps", {})
     ran = {t for t in run.executed if t.split(":")[0] in ("convert", "compile")}
     local = sorted(t for t in ran if origins.get(t, {}).get("origin") != "remote-execution")
     if local:
