@@ -107,7 +107,7 @@ BROKEN = {
     "genie_config.json missing": (lambda b: os.remove(b / "genie_config.json"),
                                   "genie_config.json: missing from the bundle"),
     "genie_config.json not JSON": (lambda b: (b / "genie_config.json").write_text("{dialog"),
-                                   "genie_config.json: not readable JSON"),
+                                   "genie_config.json: not valid JSON"),
     "a listed bin missing": (lambda b: os.remove(b / BINS[2]),
                              f"ctx-bins'[2] is {BINS[2]}, which is not in the bundle"),
     "a bin listed twice": (lambda b: genie(b, lambda d: ctx_bins(d).append(BINS[0])),
@@ -207,11 +207,13 @@ ITEM1 = {
     "max-num-tokens -1": (set_number("max-num-tokens", value=-1),
                           "'dialog.max-num-tokens' is -1, outside its range"),
     "n-vocab 10**30": (set_number("context", "n-vocab", value=10 ** 30),
-                       "'dialog.context.n-vocab' is 1000000000000000000000000000000, outside"),
+                       "genie_config.json: key 'dialog.context.n-vocab' is an integer of 31 "
+                       "digits, outside +-2**64"),
     "dialog.version -1": (set_number("version", value=-1),
                           "'dialog.version' is -1, outside its range"),
     "context.version 10**30": (set_number("context", "version", value=10 ** 30),
-                               "'dialog.context.version' is 1000000000000000000000000000000"),
+                               "genie_config.json: key 'dialog.context.version' is an integer "
+                               "of 31 digits"),
     "top-p 1.5": (set_number("sampler", "top-p", value=1.5),
                   "'dialog.sampler.top-p' is 1.5, outside its range"),
 }
