@@ -60,3 +60,27 @@ def test_ctrl_c_during_start_up_is_a_line_not_a_traceback(tmp_path):
     assert "Traceback" not in stopped.out + stopped.err
     assert "interrupted while starting up" in stopped.err
     assert not (project.root / "build" / "qwen2-tiny").exists()
+
+
+@pytest.mark.parametrize("pause_at", ["plugins", "start-up"])
+def test_ctrl_c_twice_during_start_up_is_one_line_not_a_traceback(tmp_path, pause_at):
+    """Issue 47, kind 5: a second Ctrl-C while the first one's interrupt unwinds (or while the
+    run exits) printed a KeyboardInterrupt traceback. Held at hexbundle's first code (doit
+    importing its plugins) and at the loader, SIGINT is sent twice, then a third time: the run
+    ends non-zero with the one start-up line, no traceback, nothing built."""
+    project = copy_project(tmp_path / "p")
+    held = Held(project, ["bundle"], pause_at=pause_at, tmp=tmp_path / "held")
+    held.wait_paused()
+    held.proc.send_signal(signal.SIGINT)
+    held.proc.send_signal(signal.SIGINT)
+    try:
+        held.proc.wait(timeout=0.3)
+    except subprocess.TimeoutExpired:
+        held.proc.send_signal(signal.SIGINT)
+    stopped = held.finish()
+    assert stopped.code != 0, stopped.err
+    text = stopped.out + stopped.err
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert stopped.err.strip() == "hexbundle: interrupted while starting up; nothing was run", \
+        stopped.err
+    assert not (project.root / "build" / "qwen2-tiny").exists()

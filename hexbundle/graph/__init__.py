@@ -10,3 +10,14 @@
   interrupts Ctrl-C and SIGTERM: one line, no traceback
   reporter   the console reporter and its banner (what is built, with what)
 """
+
+# doit imports this package first (its command and loader plugins, pyproject.toml): from here
+# on, a Ctrl-C while the run starts up is one line, not a traceback (graph.interrupts)
+from hexbundle.graph import interrupts as _interrupts   # noqa: E402
+
+if _interrupts.running_doit():
+    _interrupts.guard_start_up()
+    from hexbundle.support import testhooks as _testhooks
+    _testhooks.set_step(_testhooks.PLUGINS)   # tests interrupt the start-up here too
+    _testhooks.pause_point()
+    _testhooks.set_step(None)

@@ -18,6 +18,7 @@ from doit.cmd_base import DodoTaskLoader
 from doit.loader import _get_task_creators
 from doit.task import Task
 
+from hexbundle.graph import interrupts
 from hexbundle.support import stdio, testhooks
 
 
@@ -35,6 +36,7 @@ class Loader(DodoTaskLoader):
     of `python3 -m doit ...`: sys.argv), which is checked here."""
 
     def __init__(self):
+        interrupts.guard_start_up()   # the first hexbundle code doit runs
         stdio.guard()   # before anything is written (support.stdio)
         super().__init__()
         refuse_empty_arguments(sys.argv[1:])
@@ -74,8 +76,11 @@ class Loader(DodoTaskLoader):
             testhooks.pause_point()
             testhooks.set_step(None)
             if self.names_only:
-                return task_stubs(self.namespace, self.cmd_names)
-            return super().load_tasks(cmd, pos_args)
+                tasks = task_stubs(self.namespace, self.cmd_names)
+            else:
+                tasks = super().load_tasks(cmd, pos_args)
+            interrupts.start_up_over()
+            return tasks
 
 
 def task_stubs(namespace: dict, command_names) -> list:
@@ -90,5 +95,6 @@ def interrupted_at_start_up():
     try:
         yield
     except KeyboardInterrupt:
-        sys.stderr.write("hexbundle: interrupted while starting up; nothing was run\n")
+        interrupts.ignore_further_interrupts()   # a second Ctrl-C while exiting: no traceback
+        sys.stderr.write(interrupts.START_UP_LINE + "\n")
         raise SystemExit(130) from None

@@ -8,6 +8,8 @@ a sleep-and-hope kill would be flaky. Each step has one pause point:
                      here leaves a partial temp file, and the step's progress meter has bytes
   bundle             the staging directory is complete, the swap into bundle/ has not happened
   start-up           (not a step) doit's loader, before dodo.py's tasks are read
+  plugins            (not a step) the first hexbundle code doit runs: its import of
+                     hexbundle.graph (the plugins), dodo.py not read yet
 
     HEXBUNDLE_TEST_PAUSE_AT=compile HEXBUNDLE_TEST_PAUSE_DIR=/tmp/p python3 -m doit bundle
 
@@ -27,6 +29,7 @@ from pathlib import Path
 PAUSE_AT_ENV = "HEXBUNDLE_TEST_PAUSE_AT"
 PAUSE_DIR_ENV = "HEXBUNDLE_TEST_PAUSE_DIR"
 START_UP = "start-up"
+PLUGINS = "plugins"
 
 _step = threading.local()      # steps of a parallel run (doit -n 2) run in separate threads
 _paused_once = threading.Event()
