@@ -28,9 +28,11 @@ Checks that work on any bundle (QNN context binaries from any tool):
   sizes        each context binary <= 4 GiB (the HTP's 32-bit address space per context: why
                7B models are split), and the total
   image        from manifest.json: the toolchain image's ID (sha256:...) or null (local build)
-  runtime      from manifest.json: the QAIRT runtime a qairt bundle carries (CPU and Hexagon
-               versions of its files, run.sh's library paths, digests) or the QAIRT version
-               the board needs (runtime = "board"); checks/runtime_check.py
+  runtime      from manifest.json (formats.manifest.read_manifest: every key of its type): the
+               QAIRT runtime a qairt bundle carries (CPU and Hexagon versions of its files,
+               64-bit, run.sh exactly as hexbundle writes it and executable, the bins' QAIRT,
+               digests) or the QAIRT version the board needs (runtime = "board", with no lib/,
+               dsp/ or bin/); checks/runtime_check.py
   model        with --model-config (the model's Hugging Face config.json): n-vocab, rope-theta,
                kv-dim, pos-id-dim, RoPE scaling and the bos/eos ids against it
 Checks that need hexbundle-format bins (the reference backend's; QNN bins are opaque here):
