@@ -127,7 +127,8 @@ BAD = [
      r"'embed'.*PER_TENSOR needs exactly one scale"),
     ("unknown version", legacy_with(lambda d: d.__setitem__("version", "7.0")), "unsupported encodings version"),
     ("scale beyond float32", set_w1("scale", 1e300), r"'w1'.*float32"),
-    ("huge integer scale", set_w1("scale", 10 ** 400), r"'w1'.*key 'scale'"),
+    ("huge integer scale", set_w1("scale", 10 ** 400),   # refused by the JSON layer, by key
+     r"key 'param_encodings\.w1\[1\]\.scale' is an integer of 401 digits"),
 ]
 
 

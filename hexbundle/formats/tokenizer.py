@@ -94,9 +94,10 @@ def _read_text(tokenizer: Path) -> str:
 
 def _parse(tokenizer: Path, text: str) -> dict:
     try:
-        data = parse_json(text, str(tokenizer), max_bytes=TOKENIZER_MAX_BYTES)
+        data = parse_json(text, "", max_bytes=TOKENIZER_MAX_BYTES)
     except ValueError as exc:   # support.jsondoc's JsonDocError: not JSON, or out of bounds
-        raise InputError(f"not a valid tokenizer.json: {exc}; {REPLACE}") from None
+        raise InputError(f"{tokenizer}: not a valid tokenizer.json ({str(exc)[2:]}); "
+                         f"{REPLACE}") from None
     if not isinstance(data, dict):
         raise InputError(f"{tokenizer}: not a valid tokenizer.json (the top level is not an "
                          f"object); {REPLACE}")

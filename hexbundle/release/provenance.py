@@ -144,13 +144,13 @@ def read_provenance(path: Path) -> dict:
     file and the key otherwise."""
     try:   # only a regular file, and never past a config's size (support.files)
         doc = parse_json(read_named_text(path, "provenance statement", JSON_CONFIG_MAX_BYTES),
-                         str(path), max_bytes=JSON_CONFIG_MAX_BYTES)
+                         "", max_bytes=JSON_CONFIG_MAX_BYTES)   # named below
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (ValueError, RecursionError) as exc:   # nested past the parser's depth, too
-        raise FormatError(f"{path}: not JSON ({str(exc)[:200] or 'nested too deeply'})") from None
+    except ValueError as exc:   # support.jsondoc's JsonDocError: not JSON, or out of bounds
+        raise FormatError(f"{path}: not JSON ({str(exc)[2:202]})") from None
     return check_provenance(doc, str(path))
 
 

@@ -87,7 +87,9 @@ def _path(parent, key) -> str:
         parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
         parent, key = parent
     text = "".join(reversed(parts)).lstrip(".")
-    return text[:60] + "..." if len(text) > 60 else text or "(the top level)"
+    if len(text) > 100:   # the start says where, the end which key
+        text = f"{text[:40]}...{text[-57:]}"
+    return text or "(the top level)"
 
 
 def parse_json(data: Union[bytes, str], where: str, fix: str = "", *,
