@@ -185,8 +185,10 @@ CONFIG_CASES = {
     "num_hidden_layers 1e30": (_config_with("num_hidden_layers", "1e30"),
                                ["num_hidden_layers is 1e+30, expected a positive integer"]),
     "num_hidden_layers 10**30": (_config_with("num_hidden_layers", "1" + "0" * 30),
-                                 ["num_hidden_layers is 1000000000000000000000000000000, "
-                                  "expected a positive integer (at most 4294967295)"]),
+                                 ["key 'num_hidden_layers' is an integer of 31 digits"]),
+    "num_hidden_layers 10**12": (_config_with("num_hidden_layers", "1" + "0" * 12),
+                                 ["num_hidden_layers is 1000000000000, expected a positive "
+                                  "integer (at most 4294967295)"]),
     "401-digit number": (_config_with("vocab_size", "9" * 401),
                          ["key 'vocab_size' is an integer of 401 digits"]),
     "NaN rope_theta": (_config_with("rope_theta", "NaN"),
