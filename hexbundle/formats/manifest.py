@@ -17,9 +17,9 @@ from hexbundle.formats.origins import read_origins, remote_summary
 from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import ConfigError, HexbundleError
-from hexbundle.support.files import JSON_CONFIG_MAX_BYTES
+from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, read_named_file
 from hexbundle.support.hashing import file_digest
-from hexbundle.support.jsondoc import read_json, read_state_json
+from hexbundle.support.jsondoc import JsonDocError, parse_json, read_state_json
 
 MANIFEST_FORMAT = 1
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
@@ -113,8 +113,8 @@ RUNTIME = {
     "*": _ANY,
 }
 MANIFEST_SCHEMA = {
-    "format": Field(int, min=1, max=MANIFEST_FORMAT),
-    "backend": Field(str, pattern=r"[a-z_]+"),
+    "format": Field(int, MANIFEST_FORMAT, min=1, max=MANIFEST_FORMAT),
+    "backend": Field(str, "", pattern=r"[a-z_]*"),
     "deployable": Field(bool, default=False),
     "image": _ANY,   # manifest_image judges it (an image ID or null)
     "files": Field({"*": Field(FILE_ENTRY)}),
@@ -133,7 +133,15 @@ def read_manifest(bundle: Path, where=str) -> dict:
         raise BundleIntegrityError(f"{where(path)}: missing, so the bundle cannot be verified; "
                                    f"{REBUILD}")
     try:
-        doc = read_json(path, "bundle manifest", JSON_CONFIG_MAX_BYTES, REBUILD)
+        data = read_named_file(path, "bundle manifest", JSON_CONFIG_MAX_BYTES)
+    except HexbundleError as exc:
+        raise BundleIntegrityError(str(exc).replace(str(path), where(path), 1)) from None
+    try:
+        doc = parse_json(data, "", max_bytes=JSON_CONFIG_MAX_BYTES)   # named below
+    except JsonDocError as exc:
+        raise BundleIntegrityError(f"{where(path)}: unreadable ({str(exc)[2:]}); {REBUILD}") \
+            from None
+    try:
         check_json(doc, MANIFEST_SCHEMA, where(path), REBUILD)
         if doc.get("runtime") is not None:
             check_json(doc["runtime"], RUNTIME, f"{where(path)} (runtime)", REBUILD)
