@@ -122,9 +122,9 @@ KIND7 = {
     "CRLF run.sh, digest updated": (_crlf, ["run.sh: CRLF line ends"]),
     "run.sh not executable": (_not_executable, ["run.sh: not executable (mode 644)"]),
     "runtime.mode board with lib/ dsp/ bin/": (_mode_board, [
-        "manifest.json: 'runtime.mode' is \"board\"", "yet it holds lib, dsp, bin/"]),
+        "manifest.json: 'runtime.mode' is \"board\"", "yet it holds lib/, dsp/, bin/"]),
     "runtime.mode board, run.sh rewritten to match": (_mode_board_script_too, [
-        "manifest.json: 'runtime.mode' is \"board\"", "yet it holds lib, dsp, bin/"]),
+        "manifest.json: 'runtime.mode' is \"board\"", "yet it holds lib/, dsp/, bin/"]),
     "32-bit library, digest updated": (_elf32, [
         "lib/libQnnHtp.so: a 32-bit ELF (its class), not a 64-bit aarch64 one"]),
     "manifest names another QAIRT": (_other_qairt, [

@@ -67,7 +67,7 @@ def check_runtime(report, htp, manifest) -> None:
         present = [d for d in (LIB, DSP, BIN) if (bundle / d).exists()]
         if present:
             report.problem("runtime", f"{MANIFEST}: 'runtime.mode' is \"board\" (no runtime in "
-                                      f"the bundle), yet it holds {', '.join(present)}/: files "
+                                      f"the bundle), yet it holds {', '.join(d + '/' for d in present)}: files "
                                       "a board would load, which no check would judge; rebuild "
                                       "the bundle (`doit bundle`)")
             _check_images(report, target, arch)
