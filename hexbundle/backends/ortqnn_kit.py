@@ -31,6 +31,7 @@ PIN_FILE = "requirements/ortqnn.txt"
 WHEELHOUSE = "build/wheelhouse/ortqnn"
 DRIVER_SOURCE = Path(__file__).with_name("ortqnn_driver.c")
 KIT_ENV = "HEXBUNDLE_ORTQNN_KIT"
+WHEELHOUSE_ENV = "HEXBUNDLE_ORTQNN_WHEELHOUSE"   # another checkout's build/wheelhouse/ortqnn
 WINE_ENV = "HEXBUNDLE_WINE64"
 MINGW_GCC = "x86_64-w64-mingw32-gcc"
 # Debian's wine64 package installs its loader here, not on PATH (the `wine` package adds it).
@@ -228,6 +229,7 @@ def _worth_logging(line: str) -> bool:
 
 
 def ensure_kit(root: Path) -> Kit:
-    kit = extract_kit(root, Path(root) / WHEELHOUSE, kit_dir(root))
+    wheelhouse = Path(os.environ.get(WHEELHOUSE_ENV) or Path(root) / WHEELHOUSE)
+    kit = extract_kit(root, wheelhouse, kit_dir(root))
     wine = "" if sys.platform == "win32" else find_wine()
     return Kit(kit, build_driver(kit), wine)
