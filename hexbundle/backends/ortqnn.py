@@ -18,7 +18,6 @@ compile: a part's graphs into ONE context binary (ortqnn_driver.c: EPContext wei
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -32,6 +31,7 @@ from hexbundle.formats.onnxfile import load_structure
 from hexbundle.formats.qairt_version import read_file_release
 from hexbundle.formats.qnn_context import is_qnn_context, read_qnn_context
 from hexbundle.runtime.conventions import ATTENTION_MASK
+from hexbundle.support.atomic import commit, output_path, temp_dir
 from hexbundle.support.errors import BackendError, FormatError
 
 QAIRT_RELEASE = "2.51.0"           # what requirements/ortqnn.txt's onnxruntime-qnn carries
@@ -62,19 +62,15 @@ class OrtQnnBackend:
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
                 options: ConvertOptions, log: Callable[[str], None]) -> None:
         from hexbundle.runtime.qdq import derived_encodings, write_qdq_model
-        scratch = dlc_path.with_name(f".{dlc_path.name}.tmp{os.getpid()}")
-        shutil.rmtree(scratch, ignore_errors=True)
-        try:
+        with temp_dir(dlc_path.parent, dlc_path.name) as scratch:
             first = write_qdq_model(onnx_path, encodings_path, scratch / "calibrate", name=graph_name,
                                     float_bitwidth=options.float_bitwidth, integer_weights=True)
             ranges = calibrate(first, onnx_path)
             final = write_qdq_model(onnx_path, encodings_path, scratch / "final", name=graph_name,
                                     float_bitwidth=options.float_bitwidth, integer_weights=True,
                                     activations=derived_encodings(ranges, ACTIVATION_BITWIDTH))
-            _save_self_contained(final, scratch / "out.onnx")
-            os.replace(scratch / "out.onnx", dlc_path)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            with output_path(dlc_path) as out:
+                _save_self_contained(final, out)
         log(f"{dlc_path.name}: the QDQ ONNX of {graph_name} ({dlc_path.stat().st_size} B; "
             f"{len(ranges)} activations without an encoding given {ACTIVATION_BITWIDTH}-bit "
             f"ranges from {CALIBRATION_RUNS} calibration runs)")
@@ -91,10 +87,8 @@ class OrtQnnBackend:
     def compile(self, dlc_paths: list, bin_path: Path, options: CompileOptions,
                 log: Callable[[str], None]) -> None:
         kit = ensure_kit(project_root())
-        scratch = bin_path.with_name(f".{bin_path.name}.tmp{os.getpid()}")
-        shutil.rmtree(scratch, ignore_errors=True)
-        (scratch / "ctx").mkdir(parents=True)
-        try:
+        with temp_dir(bin_path.parent, bin_path.name) as scratch:
+            (scratch / "ctx").mkdir()
             pairs = [(dlc, scratch / "ctx" / f"{name}.onnx")
                      for dlc, name in zip(dlc_paths, options.graph_names)]
             started = time.monotonic()
@@ -106,9 +100,7 @@ class OrtQnnBackend:
                 raise BackendError(f"the QNN EP wrote no context binary {made.name} (it wrote: "
                                    + ", ".join(p.name for p in (scratch / "ctx").iterdir()) + ")")
             self.check_bin(made, options, log)
-            os.replace(made, bin_path)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            commit(made, bin_path)
 
     def check_bin(self, bin_path: Path, options: CompileOptions,
                   log: Callable[[str], None]) -> None:

