@@ -152,3 +152,44 @@ def test_compile_is_deterministic(ortqnn_build, tmp_path):
     OrtQnnBackend().compile([layout.dlc(g) for g in cfg.model.graphs(part)], again,
                             compile_options(cfg, part), lambda line: None)
     assert again.read_bytes() == built.read_bytes()
+
+
+@pytest.mark.heavy
+def test_simulator_runs_a_graph_own_bin(tmp_path):
+    """QnnHtp's x64 HTP simulator runs the committed int8 prompt bin: its output is within two
+    output quantization steps of onnxruntime's CPU run of the same QDQ model (the graph
+    requantizes twice, at the ReLU and at the output: a rounding step each), and the int4 bin,
+    a different model, is not."""
+    missing = _kit_available()
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    import sys
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+    from hexbundle.backends.ortqnn_kit import ensure_kit
+    sys.path.insert(0, str(DATA))
+    from make_ortqnn_fixtures import qdq_mlp
+    os.environ.setdefault("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(ROOT / "build/wheelhouse/ortqnn"))
+    kit = ensure_kit(ROOT)
+    model = qdq_mlp(8, 8, tmp_path / "prompt8.onnx")
+    x = np.random.default_rng(5).standard_normal((1, 8, HIDDEN)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    cpu = ort.InferenceSession(str(model), so).run(None, {"x": x})[0]
+    proto = onnx.load(str(model))
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    out_dq = next(n for n in proto.graph.node if n.op_type == "DequantizeLinear"
+                  and n.output[0] == "y")
+    step = float(inits[out_dq.input[1]])
+
+    def steps_off(bin_model: str, where: str) -> float:
+        (sim,) = kit.simulate(fixture(bin_model), [x], tmp_path / where, lambda line: None, 600)
+        assert sim.shape == cpu.shape
+        return float(np.abs(sim - cpu).max()) / step
+
+    assert steps_off("mlp_int8_prompt.onnx", "int8") <= 2.0 + 1e-6
+    assert steps_off("mlp_int4_prompt.onnx", "int4") > 2.0
