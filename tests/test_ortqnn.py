@@ -193,3 +193,42 @@ def test_simulator_runs_a_graph_own_bin(tmp_path):
 
     assert steps_off("mlp_int8_prompt.onnx", "int8") <= 2.0 + 1e-6
     assert steps_off("mlp_int4_prompt.onnx", "int4") > 2.0
+
+
+# ------------------------------------------------------------------ the QDQ form ortqnn compiles
+
+
+def test_integer_weights_compute_what_the_float_form_does(tmp_path):
+    """qdq.write_qdq_model(integer_weights=True), the form ortqnn converts to: the weight as its
+    4-bit integers (packed two to a byte, signed: symmetric) + a DequantizeLinear per output
+    channel gives onnxruntime the same weight values as the fake-quantized float form, so the
+    same outputs; the stored weight takes half a byte a value."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, numpy_helper
+    from test_qdq import write_model
+    from hexbundle.runtime.qdq import write_qdq_model
+    path, enc_path, w, _ = write_model(tmp_path, weight_shape=(8, 6))
+    as_float = write_qdq_model(path, enc_path, tmp_path / "float")
+    as_integers = write_qdq_model(path, enc_path, tmp_path / "int", integer_weights=True)
+    proto = onnx.load(str(as_integers), load_external_data=False)
+    stored = next(i for i in proto.graph.initializer if i.name == "W__q")
+    assert stored.data_type == TensorProto.INT4
+    dq = next(n for n in proto.graph.node if n.output[0] == "W")
+    assert dq.op_type == "DequantizeLinear"
+    assert {a.name: a.i for a in dq.attribute}["axis"] == 1
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    x = {"x": np.random.default_rng(3).standard_normal((2, 8)).astype(np.float32)}
+    weight_of = {}
+    for name, model in (("float", as_float), ("int", as_integers)):
+        session = ort.InferenceSession(str(model), so)
+        weight_of[name] = session.run(None, x)[0]
+    np.testing.assert_array_equal(weight_of["int"], weight_of["float"])
+    length = {e.key: e.value for e in stored.external_data}["length"]
+    assert int(length) == w.size // 2
+    # the integers are the values: the packed bytes unpack to the float form's grid
+    loaded = onnx.load(str(as_integers))
+    q = numpy_helper.to_array(next(i for i in loaded.graph.initializer if i.name == "W__q"))
+    assert q.shape == w.shape and q.min() >= -8 and q.max() <= 7
