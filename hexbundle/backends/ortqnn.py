@@ -71,6 +71,7 @@ class OrtQnnBackend:
                                     activations=derived_encodings(ranges, ACTIVATION_BITWIDTH))
             with output_path(dlc_path) as out:
                 _save_self_contained(final, out)
+            log_real_dlc(dlc_path, scratch / "qnn-ir", log)
         log(f"{dlc_path.name}: the QDQ ONNX of {graph_name} ({dlc_path.stat().st_size} B; "
             f"{len(ranges)} activations without an encoding given {ACTIVATION_BITWIDTH}-bit "
             f"ranges from {CALIBRATION_RUNS} calibration runs)")
@@ -124,6 +125,27 @@ class OrtQnnBackend:
             f"{release.release.text}; soc_model {options.device.soc_model} is QAIRT's "
             + ", ".join(f"{s} v{a}" for s, a in facts.targets)
             + f"; vtcm {', '.join(str(v) for v in facts.vtcm_sizes)} B")
+
+
+def log_real_dlc(model: Path, scratch: Path, log: Callable[[str], None]) -> None:
+    """The graph's real DLC, written by QAIRT's QnnIr.dll through the EP, read back and logged
+    (its members and the converterVersion it states). Not kept: its metadata carry the time of
+    writing, and the compile takes the QDQ ONNX, not the DLC."""
+    from hexbundle.formats.qairt_version import parse_release
+    from hexbundle.formats.qnn_dlc import read_qnn_dlc
+    kit = ensure_kit(project_root())
+    dlcs = kit.dump_dlc(model, scratch, {"backend_path": "QnnHtp.dll"}, log, _timeout())
+    if not dlcs:
+        raise BackendError(f"{model}: QnnIr.dll wrote no DLC of it")
+    for dlc in dlcs:
+        info = read_qnn_dlc(dlc)
+        release = parse_release(info.converter_version)
+        if release is None or release.dotted != QAIRT_RELEASE:
+            raise BackendError(f"{dlc.name}: converterVersion {info.converter_version!r}, not "
+                               f"QAIRT {QAIRT_RELEASE}")
+        log(f"real DLC by QnnIr.dll ({info.tool}): {dlc.name}, {dlc.stat().st_size} B, members "
+            + ", ".join(f"{n} {b} B" for n, b in sorted(info.members.items()))
+            + f"; converterVersion {info.converter_version}")
 
 
 def ep_options(options: CompileOptions) -> dict:

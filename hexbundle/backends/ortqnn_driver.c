@@ -14,6 +14,8 @@
  * the EP writes the context binary beside it (OUT's stem + "_qnn.bin"). With more than one
  * MODEL, every session sets ep.share_ep_contexts=1 and the last also ep.stop_share_ep_contexts=1:
  * the graphs go into ONE context binary, their weights stored once, named after the first OUT.
+ * OUT "-": the session is created without EPContext generation (what an EP option such as
+ * dump_qnn_ir_dlc writes is then the only output).
  * --ep options go to the EP (backend_path, soc_model, htp_arch, ...); --session options are
  * session config entries added to every session.
  *
@@ -350,9 +352,11 @@ int main(int argc, char **argv) {
         OrtSessionOptions *so;
         OrtSession *session;
         check(FN(CreateSessionOptionsFn, CreateSessionOptions)(&so), "CreateSessionOptions");
-        add_config(so, "ep.context_enable", "1");
-        add_config(so, "ep.context_file_path", out);
-        add_config(so, "ep.context_embed_mode", "0");
+        if (strcmp(out, "-") != 0) {
+            add_config(so, "ep.context_enable", "1");
+            add_config(so, "ep.context_file_path", out);
+            add_config(so, "ep.context_embed_mode", "0");
+        }
         add_config(so, "session.disable_cpu_ep_fallback", "1");   /* the whole graph on HTP */
         if (pairs > 1) {
             add_config(so, "ep.share_ep_contexts", "1");

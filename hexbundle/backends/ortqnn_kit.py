@@ -212,8 +212,18 @@ class Kit:
             args += ["--ep", f"{key}={value}"]
         args.append("--")
         for model, out in pairs:
-            args += [windows_path(model), windows_path(out)]
+            args += [windows_path(model), "-" if out is None else windows_path(out)]
         self.run(args, log, timeout)
+
+    def dump_dlc(self, model: Path, out_dir: Path, ep_options: dict,
+                 log: Callable[[str], None], timeout: float) -> list:
+        """The model's real DLC(s), written by QnnIr.dll (the EP's dump_qnn_ir_dlc) into
+        out_dir: one per graph the EP takes."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        options = {**ep_options, "dump_qnn_ir_dlc": "1", "qnn_ir_backend_path": "QnnIr.dll",
+                   "dump_qnn_ir_dlc_dir": windows_path(out_dir)}
+        self.compile([(model, None)], options, log, timeout)
+        return sorted(out_dir.glob("*.dlc"))
 
 
     def simulate(self, model: Path, inputs: list, scratch: Path, log: Callable[[str], None],
