@@ -60,6 +60,23 @@ def test_damaged_bin_is_refused(tmp_path):
         read_qnn_context(other)
 
 
+def test_real_dlc_is_read():
+    """QnnIr.dll's DLC: a zip64 of stored members with CRC 0, read from their local headers."""
+    from hexbundle.formats.qnn_dlc import read_qnn_dlc
+    info = read_qnn_dlc(fixture("mlp_int8_prompt.dlc"))
+    assert info.converter_version.startswith("2.51.0.") and info.tool == "qnn-net-run"
+    assert {"model", "model.params", "model.params.bin"} <= set(info.members)
+    assert info.members["model.params.bin"] >= WEIGHTS   # int8: a byte a weight, at least
+
+
+def test_damaged_dlc_is_refused(tmp_path):
+    from hexbundle.formats.qnn_dlc import read_qnn_dlc
+    damaged = tmp_path / "cut.dlc"
+    damaged.write_bytes(fixture("mlp_int8_prompt.dlc").read_bytes()[:1000])
+    with pytest.raises(FormatError, match="not a DLC archive"):
+        read_qnn_dlc(damaged)
+
+
 def test_int4_weights_stay_4bit():
     """The int4 bin is smaller than the int8 one by exactly half the weight bytes."""
     int8 = fixture("mlp_int8_prompt_qnn.bin").stat().st_size
@@ -124,6 +141,9 @@ def test_bundle_builds_real_bins(ortqnn_build):
         assert read_qnn_context(path).targets == (("QCS9100", 73),)
     log = (project.build_dir(backend="ortqnn") / "logs" / "compile__part_2_of_4.log").read_text()
     assert "build v2.51.0." in log and "QAIRT's QCS9100 v73" in log
+    convert_log = (project.build_dir(backend="ortqnn") / "logs" /
+                   "convert__part_2_of_4_prompt.log").read_text()
+    assert "real DLC by QnnIr.dll" in convert_log and "converterVersion 2.51.0." in convert_log
 
 
 @pytest.mark.heavy
@@ -137,7 +157,8 @@ def test_bundle_stops_at_the_size_check(ortqnn_build):
 
 @pytest.mark.heavy
 def test_compile_is_deterministic(ortqnn_build, tmp_path):
-    """The same part compiled again gives the same bytes."""
+    """The same part compiled again, elsewhere, gives the same bytes (the graph names ONNX
+    Runtime hashes into the bin come from the models' names alone, not their paths)."""
     from hexbundle.backends.ortqnn import OrtQnnBackend
     from hexbundle.config.build import load_build
     from hexbundle.config.layout import Layout

@@ -18,6 +18,7 @@ compile: a part's graphs into ONE context binary (ortqnn_driver.c: EPContext wei
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -90,8 +91,11 @@ class OrtQnnBackend:
         kit = ensure_kit(project_root())
         with temp_dir(bin_path.parent, bin_path.name) as scratch:
             (scratch / "ctx").mkdir()
-            pairs = [(dlc, scratch / "ctx" / f"{name}.onnx")
-                     for dlc, name in zip(dlc_paths, options.graph_names)]
+            pairs = []   # the models beside their outputs (Kit.compile runs there)
+            for dlc, name in zip(dlc_paths, options.graph_names):
+                model = scratch / "ctx" / f"{name}.model.onnx"
+                link_or_copy(dlc, model)
+                pairs.append((model, scratch / "ctx" / f"{name}.onnx"))
             started = time.monotonic()
             kit.compile(pairs, ep_options(options), log, _timeout())
             log(f"compiled {len(pairs)} graphs in {time.monotonic() - started:.1f} s "
@@ -125,6 +129,13 @@ class OrtQnnBackend:
             f"{release.release.text}; soc_model {options.device.soc_model} is QAIRT's "
             + ", ".join(f"{s} v{a}" for s, a in facts.targets)
             + f"; vtcm {', '.join(str(v) for v in facts.vtcm_sizes)} B")
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def log_real_dlc(model: Path, scratch: Path, log: Callable[[str], None]) -> None:

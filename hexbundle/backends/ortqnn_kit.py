@@ -185,12 +185,13 @@ class Kit:
             env["WINEPATH"] = windows_path(self.bin)
         return env
 
-    def run(self, args: list, log: Callable[[str], None], timeout: float) -> str:
-        """The driver with args, in the kit's bin dir (the EP finds QnnHtp.dll there); its
-        output lines logged; a failure or a timeout a BackendError with its last lines."""
+    def run(self, args: list, log: Callable[[str], None], timeout: float,
+            cwd: Path = None) -> str:
+        """The driver with args, in `cwd` (default the kit's bin dir); its output lines logged;
+        a failure or a timeout a BackendError with its last lines."""
         cmd = ([self.wine] if self.wine else []) + [str(self.driver), *args]
         try:
-            proc = subprocess.run(cmd, cwd=self.bin, env=self.environment(), timeout=timeout,
+            proc = subprocess.run(cmd, cwd=cwd or self.bin, env=self.environment(), timeout=timeout,
                                   capture_output=True, text=True, errors="replace", check=False)
         except subprocess.TimeoutExpired:
             raise BackendError(f"the ortqnn driver did not finish in {timeout:.0f} s "
@@ -203,17 +204,30 @@ class Kit:
                                + "\n  ".join(lines[-12:]))
         return proc.stdout
 
+    def _ep_args(self, ep_options: dict) -> list:
+        """--ep options; a library the kit holds (backend_path=QnnHtp.dll) by its full path, so
+        the driver may run in another directory."""
+        args = []
+        for key, value in ep_options.items():
+            value = windows_path(self.bin / value) if (self.bin / str(value)).is_file() else value
+            args += ["--ep", f"{key}={value}"]
+        return args
+
     def compile(self, pairs: list, ep_options: dict, log: Callable[[str], None],
                 timeout: float) -> None:
-        """(model, EPContext output) pairs into one context binary (ortqnn_driver.c)."""
+        """(model, EPContext output) pairs into one context binary (ortqnn_driver.c), run in
+        the models' directory with their names alone: the graph names ONNX Runtime puts in the
+        bin hash the model's path as given, so a full path would make the bin's bytes depend
+        on where the build is. Every model and output must be in one directory."""
+        where = {Path(p).parent for pair in pairs for p in pair if p is not None}
+        if len(where) != 1:
+            raise BackendError("ortqnn compile: the models and outputs must share one directory")
         args = ["compile", windows_path(self.bin / "onnxruntime.dll"),
-                windows_path(self.bin / "onnxruntime_providers_qnn.dll")]
-        for key, value in ep_options.items():
-            args += ["--ep", f"{key}={value}"]
-        args.append("--")
+                windows_path(self.bin / "onnxruntime_providers_qnn.dll"),
+                *self._ep_args(ep_options), "--"]
         for model, out in pairs:
-            args += [windows_path(model), "-" if out is None else windows_path(out)]
-        self.run(args, log, timeout)
+            args += [Path(model).name, "-" if out is None else Path(out).name]
+        self.run(args, log, timeout, cwd=where.pop())
 
     def dump_dlc(self, model: Path, out_dir: Path, ep_options: dict,
                  log: Callable[[str], None], timeout: float) -> list:
@@ -239,7 +253,7 @@ class Kit:
             (in_dir / f"{index}.bin").write_bytes(np.ascontiguousarray(array).tobytes())
         stdout = self.run(["run", windows_path(self.bin / "onnxruntime.dll"),
                            windows_path(self.bin / "onnxruntime_providers_qnn.dll"),
-                           "--ep", "backend_path=QnnHtp.dll", "--",
+                           *self._ep_args({"backend_path": "QnnHtp.dll"}), "--",
                            windows_path(model), windows_path(in_dir), windows_path(out_dir)],
                           log, timeout)
         outputs = []

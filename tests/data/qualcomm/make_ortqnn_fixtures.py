@@ -12,10 +12,12 @@ the same weights:
   mlp_int8_prompt_qnn.bin    the prompt graph alone, int8 weights
   mlp_int8_token_qnn.bin     the token graph alone, int8 weights
   mlp_int4_prompt_qnn.bin    the prompt graph alone, int4 weights (packed two to a byte)
-and each bin's EPContext model (*.onnx) beside it.
+and each bin's EPContext model (*.onnx) beside it; and
+  mlp_int8_prompt.dlc        the prompt graph's real DLC, written by QnnIr.dll
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -69,6 +71,8 @@ def qdq_mlp(seq: int, weight_bits: int, out: Path) -> Path:
 
 
 def main(out_dir: Path) -> None:
+    """The bins are compiled in a scratch dir with relative names (Kit.compile): the graph
+    names ONNX Runtime hashes into them do not depend on where this runs."""
     from hexbundle.backends.ortqnn_kit import ensure_kit
     kit = ensure_kit(ROOT)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -77,11 +81,15 @@ def main(out_dir: Path) -> None:
         prompt8 = qdq_mlp(8, 8, tmp / "prompt8.onnx")
         token8 = qdq_mlp(1, 8, tmp / "token8.onnx")
         prompt4 = qdq_mlp(8, 4, tmp / "prompt4.onnx")
-        kit.compile([(prompt8, out_dir / "mlp_int8_shared.onnx"),
-                     (token8, out_dir / "mlp_int8_shared_token.onnx")], EP_OPTIONS, print, 600)
-        kit.compile([(prompt8, out_dir / "mlp_int8_prompt.onnx")], EP_OPTIONS, print, 600)
-        kit.compile([(token8, out_dir / "mlp_int8_token.onnx")], EP_OPTIONS, print, 600)
-        kit.compile([(prompt4, out_dir / "mlp_int4_prompt.onnx")], EP_OPTIONS, print, 600)
+        kit.compile([(prompt8, tmp / "mlp_int8_shared.onnx"),
+                     (token8, tmp / "mlp_int8_shared_token.onnx")], EP_OPTIONS, print, 600)
+        kit.compile([(prompt8, tmp / "mlp_int8_prompt.onnx")], EP_OPTIONS, print, 600)
+        kit.compile([(token8, tmp / "mlp_int8_token.onnx")], EP_OPTIONS, print, 600)
+        kit.compile([(prompt4, tmp / "mlp_int4_prompt.onnx")], EP_OPTIONS, print, 600)
+        (dlc,) = kit.dump_dlc(prompt8, tmp / "dlc", {"backend_path": "QnnHtp.dll"}, print, 600)
+        dlc.replace(tmp / "mlp_int8_prompt.dlc")
+        for made in sorted(tmp.glob("mlp_*")):
+            shutil.copyfile(made, out_dir / made.name)
     for path in sorted(out_dir.glob("mlp_*")):
         print(f"{path.name}: {path.stat().st_size} B")
 
