@@ -253,3 +253,48 @@ def test_integer_weights_compute_what_the_float_form_does(tmp_path):
     loaded = onnx.load(str(as_integers))
     q = numpy_helper.to_array(next(i for i in loaded.graph.initializer if i.name == "W__q"))
     assert q.shape == w.shape and q.min() >= -8 and q.max() <= 7
+
+
+# ---------------------------------------------------------------------- what is missing, said
+
+
+def test_missing_wheels_name_the_command(tmp_path, monkeypatch):
+    """No extracted kit and no pinned wheels: the error names the wheelhouse and the command
+    that fills it, and nothing is left behind."""
+    from hexbundle.backends.ortqnn_kit import ensure_kit
+    from hexbundle.support.errors import BackendError
+    monkeypatch.setenv("HEXBUNDLE_ORTQNN_KIT", str(tmp_path / "kit"))
+    monkeypatch.setenv("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(tmp_path / "empty"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BackendError, match=r"empty: no onnxruntime_qnn-2\.7\.0 wheel .*"
+                                           r"doit ortqnn_kit"):
+        ensure_kit(ROOT)
+    assert not (tmp_path / "kit").exists()
+
+
+def test_a_wheel_of_other_bytes_is_refused(tmp_path, monkeypatch):
+    """A wheel with the pinned name but other bytes does not pass for the pinned one."""
+    from hexbundle.backends.ortqnn_kit import ensure_kit, read_pins
+    from hexbundle.support.errors import BackendError
+    monkeypatch.setenv("HEXBUNDLE_ORTQNN_KIT", str(tmp_path / "kit"))
+    monkeypatch.setenv("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(tmp_path / "wheels"))
+    (tmp_path / "wheels").mkdir()
+    for pin in read_pins(ROOT):
+        (tmp_path / "wheels" / f"{pin.name}-{pin.version}-cp312-cp312-win_amd64.whl") \
+            .write_bytes(b"not the pinned wheel")
+    with pytest.raises(BackendError, match="with the sha256"):
+        ensure_kit(ROOT)
+    assert not (tmp_path / "kit").exists()
+
+
+def test_no_wine_is_a_clear_error(tmp_path):
+    """`doit compile backend=ortqnn` where wine64 cannot be found: one line naming the package,
+    non-zero exit, no traceback."""
+    project = copy_project(tmp_path / "p", (*PROJECT_FILES, "requirements"))
+    run = project.doit("compile:part_3_of_4", "backend=ortqnn", check=False,
+                       env={"HEXBUNDLE_WINE64": str(tmp_path / "no-wine64"),
+                            "HEXBUNDLE_ORTQNN_KIT": str(tmp_path / "kit"),
+                            "HEXBUNDLE_ORTQNN_WHEELHOUSE": str(ROOT / "build/wheelhouse/ortqnn")})
+    text = run.out + run.err
+    assert run.code != 0 and "Traceback" not in text
+    assert "no-wine64" in text or "wine64" in text

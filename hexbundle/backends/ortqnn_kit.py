@@ -132,7 +132,11 @@ def extract_kit(root: Path, wheelhouse: Path, dest: Path) -> Path:
 
 def find_wine() -> str:
     if os.environ.get(WINE_ENV):
-        return os.environ[WINE_ENV]
+        given = os.environ[WINE_ENV]
+        if not os.access(given, os.X_OK):
+            raise BackendError(f"{WINE_ENV}={given}: not an executable wine64; install wine64 "
+                               "(apt-get install wine64) or point it at one")
+        return given
     for candidate in WINE_CANDIDATES:
         found = shutil.which(candidate) or (candidate if os.access(candidate, os.X_OK) else None)
         if found:
@@ -196,6 +200,8 @@ class Kit:
         except subprocess.TimeoutExpired:
             raise BackendError(f"the ortqnn driver did not finish in {timeout:.0f} s "
                                f"({' '.join(cmd[:3])} ...); raise HEXBUNDLE_ORTQNN_TIMEOUT") from None
+        except OSError as exc:
+            raise BackendError(f"cannot run {cmd[0]}: {exc.strerror}") from None
         lines = [line for line in (proc.stdout + proc.stderr).splitlines() if _worth_logging(line)]
         for line in lines:
             log(line)
@@ -282,7 +288,7 @@ def _worth_logging(line: str) -> bool:
 
 
 def ensure_kit(root: Path) -> Kit:
+    wine = "" if sys.platform == "win32" else find_wine()
     wheelhouse = Path(os.environ.get(WHEELHOUSE_ENV) or Path(root) / WHEELHOUSE)
     kit = extract_kit(root, wheelhouse, kit_dir(root))
-    wine = "" if sys.platform == "win32" else find_wine()
     return Kit(kit, build_driver(kit), wine)
