@@ -251,30 +251,16 @@ class Kit:
         """An EPContext model run on QnnHtp's x64 HTP simulator: `inputs` (numpy arrays, in the
         model's input order) in, its outputs (numpy arrays) back. A bin with shared weights does
         not run there (QnnHtp: "Shared weights buffer isn't supported"): give a graph's own."""
-        import numpy as np
+        from hexbundle.formats.driver_tensors import read_outputs, write_inputs
         in_dir, out_dir = scratch / "in", scratch / "out"
-        in_dir.mkdir(parents=True, exist_ok=True)
+        write_inputs(in_dir, inputs)
         out_dir.mkdir(parents=True, exist_ok=True)
-        for index, array in enumerate(inputs):
-            (in_dir / f"{index}.bin").write_bytes(np.ascontiguousarray(array).tobytes())
         stdout = self.run(["run", windows_path(self.bin / "onnxruntime.dll"),
                            windows_path(self.bin / "onnxruntime_providers_qnn.dll"),
                            *self._ep_args({"backend_path": "QnnHtp.dll"}), "--",
                            windows_path(model), windows_path(in_dir), windows_path(out_dir)],
                           log, timeout)
-        outputs = []
-        for line in stdout.splitlines():
-            if line.startswith("output "):
-                _, index, _name, element, *dims = line.split()
-                dtype = ONNX_DTYPES[int(element)]
-                data = np.frombuffer((out_dir / f"{index}.bin").read_bytes(), dtype)
-                outputs.append(data.reshape([int(d) for d in dims]))
-        return outputs
-
-
-# ONNX element type -> numpy dtype name, for the simulator's outputs (ortqnn_driver.c writes raw)
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32",
-               7: "int64", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
+        return read_outputs(stdout, out_dir)
 
 
 # ONNX Runtime's warnings that say nothing about the build (a Linux host has no DirectX, no
