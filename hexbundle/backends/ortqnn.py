@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from hexbundle.backends import CompileOptions, ConvertOptions
-from hexbundle.backends.ortqnn_kit import ensure_kit, qnn_pin
+from hexbundle.backends.ortqnn_kit import ensure_kit, kit_fingerprint, qnn_pin
 from hexbundle.config.toolchain import project_root
 from hexbundle.formats.onnxfile import load_structure
 from hexbundle.formats.qairt_version import read_file_release
@@ -56,7 +56,11 @@ class OrtQnnBackend:
     checks_weight_values = False      # the convert step scans them before (steps/convert.py)
 
     def toolchain_version(self) -> str:
-        return f"QAIRT {QAIRT_RELEASE} (onnxruntime-qnn {qnn_pin(project_root()).version})"
+        """In every step's key (backends.describe): a change of the pins or of the driver's
+        source changes it, so convert and compile rerun."""
+        root = project_root()
+        return (f"QAIRT {QAIRT_RELEASE} (onnxruntime-qnn {qnn_pin(root).version}, kit "
+                f"{kit_fingerprint(root)})")
 
     # ---------------------------------------------------------------------------------- convert
 

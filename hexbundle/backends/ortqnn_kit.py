@@ -87,6 +87,14 @@ def qnn_pin(root: Path) -> Pin:
     return next(p for p in read_pins(root) if p.name == "onnxruntime_qnn")
 
 
+def kit_fingerprint(root: Path) -> str:
+    """12 hex digits of the pin file and the driver's source: what the kit's outputs depend on
+    beyond hexbundle's Python code."""
+    digest = hashlib.sha256((Path(root) / PIN_FILE).read_bytes())
+    digest.update(DRIVER_SOURCE.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def kit_dir(root: Path) -> Path:
     """Where the extracted kit is: HEXBUNDLE_ORTQNN_KIT, or a cache dir named after the pins."""
     if os.environ.get(KIT_ENV):
