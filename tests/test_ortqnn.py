@@ -22,13 +22,25 @@ from hexbundle.support.errors import FormatError
 
 DATA = ROOT / "tests" / "data" / "qualcomm"
 RELEASE = (2, 51, 0)
-# The fixture MLP's weights (make_ortqnn_fixtures.py): two matrices of HIDDEN x INNER
-HIDDEN, INNER = 64, 256
-WEIGHTS = 2 * HIDDEN * INNER
 
 
 def fixture(name: str) -> Path:
     return DATA / name
+
+
+def fixture_script():
+    """make_ortqnn_fixtures.py, the script that made the fixtures (its MLP, its options)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_ortqnn_fixtures",
+                                                  DATA / "make_ortqnn_fixtures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The fixture MLP's weights, as the script makes them: two matrices of HIDDEN x INNER
+HIDDEN, INNER = fixture_script().HIDDEN, fixture_script().INNER
+WEIGHTS = 2 * HIDDEN * INNER
 
 
 # ----------------------------------------------------------------------------- the committed bins
@@ -186,14 +198,12 @@ def test_simulator_runs_a_graph_own_bin(tmp_path):
         if os.environ.get("CI") == "true":
             pytest.fail(missing)
         pytest.skip(missing)
-    import sys
     import numpy as np
     import onnx
     import onnxruntime as ort
     from onnx import numpy_helper
     from hexbundle.backends.ortqnn_kit import ensure_kit
-    sys.path.insert(0, str(DATA))
-    from make_ortqnn_fixtures import qdq_mlp
+    qdq_mlp = fixture_script().qdq_mlp
     os.environ.setdefault("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(ROOT / "build/wheelhouse/ortqnn"))
     kit = ensure_kit(ROOT)
     model = qdq_mlp(8, 8, tmp_path / "prompt8.onnx")
