@@ -25,6 +25,7 @@ Each task and the module that does its work, under hexbundle/:
   verify_release  release/reproducible.py  rebuild from a release's provenance and compare
   wheelhouse      toolchain/wheelhouse.py  the image's locked Python wheels
   contract_wheel  toolchain/wheelhouse.py  qairt-dev for the real_qairt contract tests (not the image)
+  ortqnn_kit      toolchain/wheelhouse.py  the ortqnn backend's pinned Windows x64 wheels
   image           toolchain/image.py       the pinned toolchain image
   gen_inputs      inputs/generate.py       full-size stand-in inputs, streamed
   bench           bench/benchmark.py       side-by-side measurements
@@ -287,6 +288,16 @@ def task_contract_wheel():
     from hexbundle.toolchain import wheelhouse
     return {"actions": [action("hexbundle.toolchain.wheelhouse:fetch_contract", ROOT)],
             "file_dep": [rel(ROOT / wheelhouse.CONTRACT_LOCK)],
+            "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
+
+
+def task_ortqnn_kit():
+    """Fetch and verify the ortqnn backend's pinned Windows x64 wheels (build/wheelhouse/ortqnn).
+
+    Qualcomm's HTP compiler (onnxruntime-qnn), ONNX Runtime's core DLL and the MSVC runtime, as
+    requirements/ortqnn.txt pins them; the backend extracts its DLLs from there offline."""
+    return {"actions": [action("hexbundle.toolchain.wheelhouse:fetch_ortqnn", ROOT)],
+            "file_dep": ["requirements/ortqnn.txt"],
             "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
 

@@ -172,7 +172,7 @@ def test_backend_identity(backend):
 
 
 def test_get_backend_unknown_names_choices():
-    with pytest.raises(BackendError, match="choose reference or qairt"):
+    with pytest.raises(BackendError, match="choose reference, qairt or ortqnn"):
         get_backend("nonsense")
 
 

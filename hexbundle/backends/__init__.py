@@ -1,7 +1,7 @@
 """Backends turn ONNX + encodings into a DLC (convert) and DLCs into a context binary (compile).
 
 "reference" is embedded (numpy + onnx, open formats, not deployable); "qairt" drives the real
-SDK. Backends are imported lazily so nothing here needs the SDK.
+SDK; "ortqnn" drives QAIRT's HTP compiler from the onnxruntime-qnn wheel through ONNX Runtime. Backends are imported lazily so nothing here needs the SDK.
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ class Backend(Protocol):
 _BACKENDS = {
     "reference": ("hexbundle.backends.reference", "ReferenceBackend"),
     "qairt": ("hexbundle.backends.qairt", "QairtBackend"),
+    "ortqnn": ("hexbundle.backends.ortqnn", "OrtQnnBackend"),
 }
 
 
@@ -58,12 +59,15 @@ def describe(name: str) -> tuple:
     if name == "qairt":
         from hexbundle.config.toolchain import pinned_sdk_version
         return f"QAIRT {pinned_sdk_version()}", True
-    raise BackendError(f"unknown backend {name!r}; choose reference or qairt")
+    if name == "ortqnn":   # the module imports no onnx at import time
+        from hexbundle.backends.ortqnn import OrtQnnBackend
+        return OrtQnnBackend().toolchain_version(), True
+    raise BackendError(f"unknown backend {name!r}; choose reference, qairt or ortqnn")
 
 
 def get_backend(name: str) -> Backend:
     if name not in _BACKENDS:
-        raise BackendError(f"unknown backend {name!r}; choose reference or qairt")
+        raise BackendError(f"unknown backend {name!r}; choose reference, qairt or ortqnn")
     module_name, class_name = _BACKENDS[name]
     try:
         module = importlib.import_module(module_name)

@@ -29,7 +29,7 @@ from hexbundle.config.schema import (FLOAT32_MAX, I64, NO_CONTROL, U32, U64, Fie
                                      to_section, validate)
 from hexbundle.support.errors import ConfigError, UnknownNameError
 
-BACKENDS = ("reference", "qairt")
+BACKENDS = ("reference", "qairt", "ortqnn")
 # genie_config.json's max-num-tokens as Qualcomm's generator writes it (qai-hub-models 0.65.0,
 # models/templates/llm/llm_helpers.py DEFAULT_MAX_NUM_TOKENS).
 QUALCOMM_MAX_NUM_TOKENS = 2048

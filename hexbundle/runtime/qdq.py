@@ -39,6 +39,7 @@ from typing import Optional
 import numpy as np
 
 from hexbundle.formats.container import SMALL_CONSTANT_ELEMENTS
+from hexbundle.formats import encodings
 from hexbundle.formats.encodings import load_encodings
 from hexbundle.formats.onnxfile import initializer_values, load_structure
 from hexbundle.runtime.onnx_graph import OnnxGraph
@@ -121,6 +122,15 @@ def _encoded(block: np.ndarray, enc, grid, rows: slice, rounding: str = HALF_EVE
     scale, offset = (g[rows] if g.ndim and g.shape[0] > 1 else g for g in grid)
     q = np.clip(round_to_grid(block / scale - offset, rounding), 0, 2 ** enc.bitwidth - 1)
     return ((q + offset) * scale).astype(np.float32)
+
+
+def _integers(block: np.ndarray, enc, grid, rows: slice, signed: bool,
+              rounding: str = HALF_EVEN) -> np.ndarray:
+    """A block of rows of a weight as its encoding's integers q (AIMET's formula, 0..2^bw-1),
+    shifted by 2^(bw-1) when `signed` (a symmetric encoding: zero point 0)."""
+    scale, offset = (g[rows] if g.ndim and g.shape[0] > 1 else g for g in grid)
+    q = np.clip(round_to_grid(block / scale - offset, rounding), 0, 2 ** enc.bitwidth - 1)
+    return q - 2 ** (enc.bitwidth - 1) if signed else q
 
 
 def quantize_dequantize_weight(values: np.ndarray, enc, graph, name: str) -> np.ndarray:
@@ -210,6 +220,98 @@ def insert_activation_qdq(graph, activations: dict, rounding: str = HALF_EVEN) -
     return count
 
 
+# ============================================================================ integer weights
+# A compiler takes a weight as its integers and a DequantizeLinear (ONNX's QDQ form), not as
+# fake-quantized floats: `integer_weights` writes each int-encoded weight so. The integers are
+# the same AIMET formula as the float form's, so both models compute the same values.
+
+INT_TYPES = {   # (bitwidth, signed) -> ONNX element type, numpy storage type
+    (4, True): ("INT4", np.int8), (4, False): ("UINT4", np.uint8),
+    (8, True): ("INT8", np.int8), (8, False): ("UINT8", np.uint8),
+    (16, True): ("INT16", np.int16), (16, False): ("UINT16", np.uint16)}
+
+
+def _signed(enc) -> bool:
+    """A symmetric encoding (every offset -2^(bw-1)): stored signed, zero point 0, the form HTP
+    takes per channel."""
+    return bool(np.all(enc.offset == -2 ** (enc.bitwidth - 1)))
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """4-bit integers two to a byte, the first in the low nibble (ONNX's INT4/UINT4 layout; an
+    odd count ends in a half-used byte)."""
+    flat = np.append(q.reshape(-1).astype(np.int16) & 0xF, np.zeros(q.size % 2, np.int16))
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+
+
+def _dequantize_node(init, enc, graph, onnx_path: Path, shape: tuple):
+    """The DequantizeLinear that gives the graph back the weight `init` names, from its integers
+    (renamed init.name + '__q') and its scale and zero point; sets init's integer type."""
+    from onnx import TensorProto, helper, numpy_helper
+    if enc.is_blockwise:
+        raise VerifyError(f"{onnx_path}: weight '{init.name}' has a per-block encoding; the "
+                          "integer-weight QDQ model takes per-tensor and per-channel encodings")
+    if not np.all(enc.offset == np.round(enc.offset)):
+        raise VerifyError(f"{onnx_path}: weight '{init.name}' has a fractional offset, which a "
+                          "DequantizeLinear zero point cannot express")
+    signed = _signed(enc)
+    type_name, storage = INT_TYPES[(enc.bitwidth, signed)]
+    zero_point = np.zeros(enc.channels, storage) if signed else (-enc.offset).astype(storage)
+    scale, attrs = enc.scale.astype(np.float32), {}
+    if enc.channels > 1:
+        attrs["axis"] = weight_axis(graph, init.name, shape, enc.channels, enc.axis)
+    else:
+        scale, zero_point = scale.reshape(()), zero_point.reshape(())
+    s_name, z_name = init.name + "__scale", init.name + "__zero_point"
+    element_type = getattr(TensorProto, type_name)
+    zero_bytes = _pack_nibbles(zero_point) if enc.bitwidth == 4 else zero_point
+    graph.initializer.extend([
+        numpy_helper.from_array(scale, s_name),
+        helper.make_tensor(z_name, element_type, zero_point.shape,
+                           np.ascontiguousarray(zero_bytes).tobytes(), raw=True)])
+    init.data_type = element_type
+    return helper.make_node("DequantizeLinear", [init.name + "__q", s_name, z_name],
+                            [init.name], name=init.name + "__dq", domain=MS_DOMAIN, **attrs)
+
+
+FLOAT_WEIGHT_BITWIDTH = 16   # integer_weights: a float weight's own range, per tensor
+
+
+def derived_encodings(ranges: dict, bitwidth: int) -> dict:
+    """name -> (lo, hi) as asymmetric per-tensor int encodings (formats/encodings.py's own)."""
+    if not ranges:
+        return {}
+    entries = [encodings.int_entry(n, encodings.asymmetric_per_tensor(lo, hi, bitwidth))
+               for n, (lo, hi) in sorted(ranges.items())]
+    doc = encodings.encodings_document(entries, [], {})
+    return encodings.parse_encodings(doc, "derived encodings").activations
+
+
+def _float_weight_encoding(init, values):
+    """An int encoding for a float weight the export left float (a norm's scale, a bias, a
+    constant): its own range at FLOAT_WEIGHT_BITWIDTH bits, since a compiler's integer graph
+    has no float tensor."""
+    lo = hi = 0.0
+    for _, block in values.rows():
+        if block.size:
+            lo, hi = min(lo, float(block.min())), max(hi, float(block.max()))
+    return derived_encodings({init.name: (lo, hi)}, FLOAT_WEIGHT_BITWIDTH)[init.name]
+
+
+def _integer_blocks(values, enc, grid, signed: bool, rounding: str, onnx_path: Path, name: str):
+    """The weight's integers, a block of rows at a time, in their stored bytes."""
+    _, storage = INT_TYPES[(enc.bitwidth, signed)]
+    for rows, block in values.rows():
+        q = _integers(block, enc, grid, rows, signed, rounding).astype(storage)
+        if enc.bitwidth == 4:
+            if q.size % 2:
+                raise VerifyError(f"{onnx_path}: 4-bit weight '{name}' has a block of rows of "
+                                  f"{q.size} values; two to a byte needs an even count")
+            yield _pack_nibbles(q)
+        else:
+            yield q
+
+
 # ============================================================================ the model
 
 
@@ -259,10 +361,15 @@ def _float_weight(init, values, e) -> bool:
 
 def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
                     store: Optional[WeightStore] = None, name: str = "model",
-                    rounding: str = HALF_EVEN, float_bitwidth: int = 32) -> Path:
+                    rounding: str = HALF_EVEN, float_bitwidth: int = 32,
+                    integer_weights: bool = False, activations: Optional[dict] = None) -> Path:
     """The QDQ model of one graph (module docstring), written to out_dir/<name>.onnx with its
     weights in out_dir/weights.data (`store`: shared with other graphs in out_dir), streamed a
-    block of rows at a time: memory stays near one block, not the largest weight."""
+    block of rows at a time: memory stays near one block, not the largest weight.
+    `integer_weights`: each int-encoded weight as its integers + a DequantizeLinear (the form a
+    compiler takes: backends/ortqnn.py), not as fake-quantized floats; a float weight gets an
+    encoding of its own range (_float_weight_encoding). `activations`: encodings of tensors the
+    file leaves unencoded, added to its own (the file's win)."""
     import onnx
     from onnx import TensorProto
     model = load_structure(onnx_path)
@@ -270,8 +377,9 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
     enc = load_encodings(encodings_path).for_graph({i.name for i in graph.initializer})
     own = store is None
     store = store or WeightStore(out_dir)
+    dequantize = []
     try:
-        for init in graph.initializer:
+        for init in list(graph.initializer):
             values = initializer_values(init, onnx_path)
             e = enc.params.get(init.name)
             floating = np.issubdtype(values.dtype, np.floating)
@@ -280,7 +388,10 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
                 init.ClearField(field)
             del init.external_data[:]
             narrow = floating and _float_weight(init, values, e)
-            if values.nbytes <= INLINE_BYTES:   # shape constants: onnxruntime infers from them
+            integer = floating and integer_weights
+            if integer and (e is None or not e.is_int):
+                e = _float_weight_encoding(init, values)
+            if values.nbytes <= INLINE_BYTES and not integer:   # shape constants: onnxruntime infers from them
                 whole = values.whole()
                 data = _encoded(whole.astype(np.float32), e, e.is_int and weight_grid(
                     e, graph, init.name, whole.shape), slice(None), rounding).astype(whole.dtype) \
@@ -289,7 +400,14 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
                 init.data_location = TensorProto.DEFAULT
                 init.raw_data = np.ascontiguousarray(data).tobytes()
                 continue
-            if floating:
+            if integer:
+                grid = weight_grid(e, graph, init.name, values.shape)
+                signed = _signed(e)
+                dequantize.append(_dequantize_node(init, e, graph, onnx_path, values.shape))
+                blocks = _integer_blocks(values, e, grid, signed, rounding, onnx_path, init.name)
+                key = (*_source_key(init, values, e, rounding, float_bitwidth), "integers")
+                init.name += "__q"
+            elif floating:
                 grid = weight_grid(e, graph, init.name, values.shape) \
                     if e is not None and e.is_int else None
                 blocks = ((_stored_float(block, float_bitwidth) if narrow else
@@ -297,8 +415,9 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
                           for rows, block in values.rows())
             else:
                 blocks = iter([values.whole()])
-            offset, length = store.put(_source_key(init, values, e, rounding, float_bitwidth),
-                                       blocks)
+            if not integer:
+                key = _source_key(init, values, e, rounding, float_bitwidth)
+            offset, length = store.put(key, blocks)
             init.data_location = TensorProto.EXTERNAL
             for key, value in (("location", DATA_FILE), ("offset", str(offset)),
                                ("length", str(length))):
@@ -307,7 +426,12 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
     finally:
         if own:
             store.close()
-    insert_activation_qdq(graph, enc.activations, rounding)
+    if dequantize:
+        nodes = dequantize + list(graph.node)
+        del graph.node[:]
+        graph.node.extend(nodes)
+        model.ir_version = max(model.ir_version, 10)   # INT4/UINT4 tensors need IR 10
+    insert_activation_qdq(graph, {**(activations or {}), **enc.activations}, rounding)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
     path = out_dir / f"{name}.onnx"

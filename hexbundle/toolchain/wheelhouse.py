@@ -246,3 +246,39 @@ def main(argv: list) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+ORTQNN_PINS = "requirements/ortqnn.txt"   # the ortqnn backend's Windows x64 wheels
+
+
+def fetch_ortqnn(root: Path) -> Path:
+    """`doit ortqnn_kit`: the wheels requirements/ortqnn.txt pins (Qualcomm's x64 HTP compiler in
+    onnxruntime-qnn, ONNX Runtime's core DLL, the MSVC runtime: win_amd64, CPython 3.12 tags) into
+    <wheelhouse>/ortqnn, hash-checked; the ortqnn backend extracts its DLLs from there with no
+    network (backends/ortqnn_kit.py). Wheels already present with a pinned hash are kept."""
+    tc = load_toolchain(root)
+    pins = Path(root) / ORTQNN_PINS
+    entries = read_lock(pins)
+    dest = tc.wheelhouse / "ortqnn"
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def missing():
+        have = {(wheel_name(w.name), sha256_file(w)) for w in dest.glob("*.whl")}
+        return [e for e in entries if not any((e.name, h) in have for h in e.hashes)]
+
+    if missing():
+        cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest",
+               str(dest), "--only-binary=:all:", "--platform", "win_amd64", "--python-version",
+               "3.12", "--implementation", "cp", "--no-deps", "--require-hashes", "-r", str(pins)]
+        print("  $ " + " ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise ToolchainError(f"pip download failed (exit {proc.returncode}) for {pins}; it "
+                                 "needs PyPI (run it on a connected machine, then bring "
+                                 f"{dest} along):\n{proc.stderr.strip()[-3000:]}")
+    left = missing()
+    if left:
+        raise ToolchainError(f"{dest}: no wheel matching {pins} for "
+                             + ", ".join(f"{e.name}=={e.version}" for e in left))
+    print(f"ortqnn wheels in {dest} match {pins.name}")
+    return dest

@@ -1,0 +1,258 @@
+"""Backend "ortqnn": Qualcomm's own HTP compiler (QAIRT's x64 QnnHtp.dll, from the pinned
+onnxruntime-qnn wheel) through ONNX Runtime's QNN execution provider, under Wine on Linux.
+
+convert: a graph's QDQ ONNX, the export's graph with its AIMET encodings applied
+  (runtime/qdq.write_qdq_model, integer_weights: each weight as its integers + DequantizeLinear,
+  4-bit weights packed two to a byte), one self-contained file at the step's output path (the
+  file under dlc/ is this ONNX, not a DLC). HTP compiles an integer graph, so the tensors the
+  export leaves float get encodings here, and the log counts them:
+    - a float weight (norm scale, bias, constant): 16-bit, from its own range (qdq.py);
+    - an activation without an encoding: 16-bit, from its range over CALIBRATION_RUNS runs of the
+      graph in onnxruntime on inputs drawn from the graph inputs' own encodings.
+compile: a part's graphs into ONE context binary (ortqnn_driver.c: EPContext weight sharing,
+  weights stored once) for the device's soc_model and dsp_arch; its header, targets and QAIRT
+  build string read back from its bytes (formats/qnn_context.py, formats/qairt_version.py) and
+  logged. The graphs inside are named by ONNX Runtime (`QNN_QNN_<hash>_<n>_0`), not
+  `prompt_ar128_cl4096_1_of_3`: the EP gives no way to name them (docs/backends.md).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from hexbundle.backends import CompileOptions, ConvertOptions
+from hexbundle.backends.ortqnn_kit import ensure_kit, kit_fingerprint, qnn_pin
+from hexbundle.config.toolchain import project_root
+from hexbundle.formats.onnxfile import load_structure
+from hexbundle.formats.qairt_version import read_file_release
+from hexbundle.formats.qnn_context import is_qnn_context, read_qnn_context
+from hexbundle.runtime.conventions import ATTENTION_MASK
+from hexbundle.support.atomic import commit, output_path, temp_dir
+from hexbundle.support.errors import BackendError, FormatError
+
+QAIRT_RELEASE = "2.51.0"           # what requirements/ortqnn.txt's onnxruntime-qnn carries
+ACTIVATION_BITWIDTH = 16           # an activation the export leaves unencoded (a16)
+CALIBRATION_RUNS = 4
+TIMEOUT_ENV = "HEXBUNDLE_ORTQNN_TIMEOUT"
+DEFAULT_TIMEOUT = 1800.0           # seconds for one part's compile under Wine
+
+
+def _timeout() -> float:
+    try:
+        return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+    except ValueError:
+        raise BackendError(f"{TIMEOUT_ENV}={os.environ[TIMEOUT_ENV]!r} is not a number of "
+                           "seconds") from None
+
+
+class OrtQnnBackend:
+    name = "ortqnn"
+    deployable = True
+    checks_weight_values = False      # the convert step scans them before (steps/convert.py)
+
+    def toolchain_version(self) -> str:
+        """In every step's key (backends.describe): a change of the pins or of the driver's
+        source changes it, so convert and compile rerun."""
+        root = project_root()
+        return (f"QAIRT {QAIRT_RELEASE} (onnxruntime-qnn {qnn_pin(root).version}, kit "
+                f"{kit_fingerprint(root)})")
+
+    # ---------------------------------------------------------------------------------- convert
+
+    def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
+                options: ConvertOptions, log: Callable[[str], None]) -> None:
+        from hexbundle.runtime.qdq import derived_encodings, write_qdq_model
+        with temp_dir(dlc_path.parent, dlc_path.name) as scratch:
+            first = write_qdq_model(onnx_path, encodings_path, scratch / "calibrate", name=graph_name,
+                                    float_bitwidth=options.float_bitwidth, integer_weights=True)
+            ranges = calibrate(first, onnx_path)
+            final = write_qdq_model(onnx_path, encodings_path, scratch / "final", name=graph_name,
+                                    float_bitwidth=options.float_bitwidth, integer_weights=True,
+                                    activations=derived_encodings(ranges, ACTIVATION_BITWIDTH))
+            with output_path(dlc_path) as out:
+                _save_self_contained(final, out)
+            log_real_dlc(dlc_path, scratch / "qnn-ir", log)
+        log(f"{dlc_path.name}: the QDQ ONNX of {graph_name} ({dlc_path.stat().st_size} B; "
+            f"{len(ranges)} activations without an encoding given {ACTIVATION_BITWIDTH}-bit "
+            f"ranges from {CALIBRATION_RUNS} calibration runs)")
+
+    def check_dlc(self, dlc_path: Path, graph_name: str, log: Callable[[str], None]) -> None:
+        model = load_structure(dlc_path)
+        if not any(n.op_type == "DequantizeLinear" for n in model.graph.node):
+            raise BackendError(f"{dlc_path}: not an ortqnn QDQ model of {graph_name} (no "
+                               "DequantizeLinear); rebuild it with `doit convert`")
+        log(f"{dlc_path.name}: a QDQ ONNX model")
+
+    # ---------------------------------------------------------------------------------- compile
+
+    def compile(self, dlc_paths: list, bin_path: Path, options: CompileOptions,
+                log: Callable[[str], None]) -> None:
+        kit = ensure_kit(project_root())
+        with temp_dir(bin_path.parent, bin_path.name) as scratch:
+            (scratch / "ctx").mkdir()
+            pairs = []   # the models beside their outputs (Kit.compile runs there)
+            for dlc, name in zip(dlc_paths, options.graph_names):
+                model = scratch / "ctx" / f"{name}.model.onnx"
+                link_or_copy(dlc, model)
+                pairs.append((model, scratch / "ctx" / f"{name}.onnx"))
+            started = time.monotonic()
+            kit.compile(pairs, ep_options(options), log, _timeout())
+            log(f"compiled {len(pairs)} graphs in {time.monotonic() - started:.1f} s "
+                "(Wine start included)")
+            made = scratch / "ctx" / f"{options.graph_names[0]}_qnn.bin"
+            if not made.is_file():
+                raise BackendError(f"the QNN EP wrote no context binary {made.name} (it wrote: "
+                                   + ", ".join(p.name for p in (scratch / "ctx").iterdir()) + ")")
+            self.check_bin(made, options, log)
+            commit(made, bin_path)
+
+    def check_bin(self, bin_path: Path, options: CompileOptions,
+                  log: Callable[[str], None]) -> None:
+        """A real context binary for the device's dsp_arch, with a QAIRT build string of the
+        pinned release; logs what its bytes say."""
+        if not is_qnn_context(bin_path):
+            raise FormatError(f"{bin_path}: not a QNN context binary; rebuild it with "
+                              "`doit compile`")
+        facts = read_qnn_context(bin_path)
+        release = read_file_release(bin_path)
+        arch = int(options.device.dsp_arch.lstrip("v"))
+        if not facts.targets or any(a != arch for _, a in facts.targets):
+            raise BackendError(f"{bin_path}: compiled for {facts.targets or 'no target'}, not "
+                               f"dsp_arch {options.device.dsp_arch}")
+        if release.release is None or release.release.dotted != QAIRT_RELEASE:
+            raise BackendError(f"{bin_path}: QAIRT build string {release.describe()}, not "
+                               f"{QAIRT_RELEASE}")
+        h = facts.header
+        log(f"{bin_path.name}: QNN context binary, {bin_path.stat().st_size} B (metadata "
+            f"{h.metadata_size} B, payload {h.payload_size} B at {h.payload_offset}); build "
+            f"{release.release.text}; soc_model {options.device.soc_model} is QAIRT's "
+            + ", ".join(f"{s} v{a}" for s, a in facts.targets)
+            + f"; vtcm {', '.join(str(v) for v in facts.vtcm_sizes)} B")
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def log_real_dlc(model: Path, scratch: Path, log: Callable[[str], None]) -> None:
+    """The graph's real DLC, written by QAIRT's QnnIr.dll through the EP, read back and logged
+    (its members and the converterVersion it states). Not kept: its metadata carry the time of
+    writing, and the compile takes the QDQ ONNX, not the DLC."""
+    from hexbundle.formats.qairt_version import parse_release
+    from hexbundle.formats.qnn_dlc import read_qnn_dlc
+    kit = ensure_kit(project_root())
+    dlcs = kit.dump_dlc(model, scratch, {"backend_path": "QnnHtp.dll"}, log, _timeout())
+    if not dlcs:
+        raise BackendError(f"{model}: QnnIr.dll wrote no DLC of it")
+    for dlc in dlcs:
+        info = read_qnn_dlc(dlc)
+        release = parse_release(info.converter_version)
+        if release is None or release.dotted != QAIRT_RELEASE:
+            raise BackendError(f"{dlc.name}: converterVersion {info.converter_version!r}, not "
+                               f"QAIRT {QAIRT_RELEASE}")
+        log(f"real DLC by QnnIr.dll ({info.tool}): {dlc.name}, {dlc.stat().st_size} B, members "
+            + ", ".join(f"{n} {b} B" for n, b in sorted(info.members.items()))
+            + f"; converterVersion {info.converter_version}")
+
+
+def ep_options(options: CompileOptions) -> dict:
+    """The QNN EP's options for a compile: QnnHtp.dll, the device, the optimization level."""
+    device = options.device
+    out = {"backend_path": "QnnHtp.dll", "soc_model": str(device.soc_model),
+           "htp_arch": device.dsp_arch.lstrip("v"),
+           "htp_graph_finalization_optimization_mode": str(options.optimization_type)}
+    if device.vtcm_mb:
+        out["vtcm_mb"] = str(device.vtcm_mb)
+    return out
+
+
+# ==================================================================================== convert
+
+
+def _save_self_contained(model_path: Path, out: Path) -> None:
+    """The QDQ model with its weights inside (one file: the step's one output)."""
+    import onnx
+    model = onnx.load(str(model_path), load_external_data=True)
+    onnx.save(model, str(out))
+
+
+def _input_feed(value_info, encoding, rng) -> np.ndarray:
+    """A calibration input: drawn inside its encoding's range (zeros for the mask: every
+    position attends); integer inputs (token ids) small ids."""
+    from onnx import TensorProto
+    shape = [d.dim_value or 1 for d in value_info.type.tensor_type.shape.dim]
+    elem = value_info.type.tensor_type.elem_type
+    if elem in (TensorProto.INT64, TensorProto.INT32):
+        return rng.integers(0, 100, shape).astype(np.int64 if elem == TensorProto.INT64 else np.int32)
+    if value_info.name == ATTENTION_MASK or encoding is None or not encoding.is_int:
+        return np.zeros(shape, np.float32)
+    scale, offset = float(encoding.scale[0]), float(encoding.offset[0])
+    lo, hi = offset * scale, (offset + 2 ** encoding.bitwidth - 1) * scale
+    return np.clip(rng.normal(0.0, (hi - lo) / 8, shape), lo, hi).astype(np.float32)
+
+
+def calibrate(model_path: Path, source: Path) -> dict:
+    """(lo, hi) of every float tensor a node makes that has no Q/DQ after it yet, over
+    CALIBRATION_RUNS runs of the QDQ model in onnxruntime (CPU, no graph optimization). Which
+    tensors are float: shape inference of the export's own graph (`source`: standard ops only,
+    where the QDQ model's com.microsoft Q/DQ would stop it; qdq.py keeps producers' names)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, shape_inference
+    model = onnx.load(str(model_path), load_external_data=False)
+    inferred = shape_inference.infer_shapes(load_structure(source))
+    types = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    quantized = {i for n in model.graph.node if n.op_type in ("QuantizeLinear",) for i in n.input}
+    dq_outputs = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    wanted = [o for n in model.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")
+              for o in n.output if o and o not in quantized and o not in dq_outputs
+              and o in types and types[o].type.tensor_type.elem_type == TensorProto.FLOAT]
+    existing = {o.name for o in model.graph.output}
+    model.graph.output.extend(types[o] for o in wanted if o not in existing)
+    staged = model_path.with_name(model_path.stem + ".calibrate.onnx")
+    onnx.save(model, str(staged))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    session = ort.InferenceSession(str(staged), so, providers=["CPUExecutionProvider"])
+    encodings = _input_encodings(model)
+    rng = np.random.default_rng(0)
+    ranges = {}
+    for _ in range(CALIBRATION_RUNS):
+        feeds = {i.name: _input_feed(i, encodings.get(i.name), rng) for i in model.graph.input}
+        for name, value in zip(wanted, session.run(wanted, feeds)):
+            finite = value[np.isfinite(value)]
+            if finite.size:
+                lo, hi = ranges.get(name, (0.0, 0.0))
+                ranges[name] = (min(lo, float(finite.min())), max(hi, float(finite.max())))
+    return ranges
+
+
+def _input_encodings(model) -> dict:
+    """Graph input -> its activation encoding, read back from the Q/DQ pair qdq.py put after it
+    (QuantizeLinear(input, scale, zero_point))."""
+    from onnx import numpy_helper
+
+    class _Enc:
+        is_int = True
+
+        def __init__(self, scale, zero_point, bits):
+            self.scale, self.offset, self.bitwidth = [scale], [-zero_point], bits
+
+    inits = {i.name: i for i in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[0] in inputs and len(node.input) == 3:
+            scale = float(numpy_helper.to_array(inits[node.input[1]]))
+            zp = numpy_helper.to_array(inits[node.input[2]])
+            out[node.input[0]] = _Enc(scale, float(zp), zp.dtype.itemsize * 8)
+    return out

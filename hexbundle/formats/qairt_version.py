@@ -1,0 +1,142 @@
+"""Which QAIRT release a file comes from, as the file itself says in plain bytes: the one reader.
+
+Qualcomm's binaries state their release in two forms (read from the onnxruntime-qnn wheels'
+QAIRT 2.42.0 to 2.51.0 files; docs/formats.md "QAIRT versions in the files"):
+  - the build string, `v2.42.0.251225135753_193295` or `v2.45.40.260406130939`: "v", the
+    version X.Y.Z, then the build's date and time (YYMMDDhhmmss) and, in some releases, "_"
+    and a build number. In QnnHtp, HtpPrepare, the stubs and the skels; a context binary's
+    payload carries the one of the QnnHtp that made it, and qnn-context-binary-utility prints
+    it as `buildId`.
+  - `AISW_VERSION: X.Y.Z`: in those files and in libGenie and NetRunExtensions (which carry
+    no build string). QnnSystem and the catalogs carry neither.
+What identifies a release: the version X.Y.Z and, when the form has one, the build date
+(YYMMDD): the SDK's own folder and sdk.yaml name it `2.42.0.251225`, and a reader of the
+utility's JSON matches a buildId to that folder by prefix. The time and build number are not
+part of it. `Release.same_as` compares two forms by what both state.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+# v2.42.0.251225135753_193295 ; the SDK's own spelling, 2.42.0.251225, also parses
+_BUILD = rb"v?(\d{1,3})\.(\d{1,3})\.(\d{1,4})\.(\d{6})(\d{0,8})(?:_(\d{1,12}))?"
+BUILD_STRING = re.compile(rb"(?<![\w.])v(\d{1,3})\.(\d{1,3})\.(\d{1,4})\.(\d{6})(\d{6,8})"
+                          rb"(?:_(\d{1,12}))?(?![\w.])")
+AISW_VERSION = re.compile(rb"AISW_VERSION: ?(\d{1,3})\.(\d{1,3})\.(\d{1,4})(?![\w.])")
+CHUNK = 4 << 20          # read in pieces: HtpPrepare is 90 MB
+OVERLAP = 64             # longer than any match, so one split across two pieces is found
+
+
+@dataclass(frozen=True)
+class Release:
+    """A QAIRT release as one form states it; `date` is "" when the form has none."""
+    version: tuple          # (2, 45, 40)
+    date: str = ""          # "260406" (YYMMDD)
+    text: str = ""          # as written: "v2.45.40.260406130939", "AISW_VERSION: 2.45.40"
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(map(str, self.version))
+
+    def __str__(self) -> str:
+        return f"{self.dotted}.{self.date}" if self.date else self.dotted
+
+    def same_as(self, other: "Release") -> bool:
+        """One release: the same X.Y.Z and, where both state a build date, the same date."""
+        return self.version == other.version and (
+            not self.date or not other.date or self.date == other.date)
+
+
+def parse_release(text: str) -> Optional[Release]:
+    """A buildId (`v2.42.0.251225135753_193295`, `v2.42.0.251225`), an SDK version
+    (`2.42.0.251225`) or `X.Y.Z`; None if it is none of these."""
+    if not isinstance(text, str):
+        return None
+    raw = text.strip().encode("ascii", "replace")
+    m = re.fullmatch(_BUILD, raw)
+    if m:
+        return Release(tuple(int(g) for g in m.groups()[:3]), m.group(4).decode(), text.strip())
+    m = re.fullmatch(rb"v?(\d{1,3})\.(\d{1,3})\.(\d{1,4})", raw)
+    return Release(tuple(int(g) for g in m.groups()), "", text.strip()) if m else None
+
+
+@dataclass(frozen=True)
+class FileRelease:
+    """What one file says of its release: every distinct build string and AISW_VERSION in it."""
+    builds: tuple = ()      # Release, sorted by text
+    aisw: tuple = ()        # Release (no date), sorted by text
+
+    @property
+    def stated(self) -> tuple:
+        return self.builds + self.aisw
+
+    @property
+    def release(self) -> Optional[Release]:
+        """The file's release: its build string if it has one, else its AISW_VERSION; None when
+        it states none, or several that are not one release (`problem` says which)."""
+        if not self.stated or self.problem():
+            return None
+        return self.builds[0] if self.builds else self.aisw[0]
+
+    def problem(self) -> str:
+        """"" or why the file's own statements are not one release."""
+        forms = self.stated
+        if any(not a.same_as(b) for a in forms for b in forms):
+            return "states more than one QAIRT release: " + ", ".join(f.text for f in forms)
+        return ""
+
+    def describe(self) -> str:
+        return ", ".join(f.text for f in self.stated) or "no QAIRT version stated"
+
+    def record(self) -> dict:
+        """What the bundle manifest records of a file (checks compare it with the bytes)."""
+        return {"build": [b.text for b in self.builds], "aisw_version": [a.dotted for a in self.aisw]}
+
+
+def scan_bytes(data: bytes, before: int = -1) -> FileRelease:
+    """The statements in `data` that start before offset `before` (-1: anywhere)."""
+    builds, aisw = {}, {}
+    limit = len(data) if before < 0 else before
+    for m in BUILD_STRING.finditer(data, 0, len(data)):
+        if m.start() < limit:
+            text = m.group(0).decode()
+            builds[text] = Release(tuple(int(g) for g in m.groups()[:3]), m.group(4).decode(),
+                                   text)
+    for m in AISW_VERSION.finditer(data):
+        if m.start() < limit:
+            version = tuple(int(g) for g in m.groups())
+            aisw[version] = Release(version, "", m.group(0).decode())
+    return FileRelease(tuple(builds[k] for k in sorted(builds)),
+                       tuple(aisw[k] for k in sorted(aisw)))
+
+
+def read_file_release(path: Path) -> FileRelease:
+    """Every release statement in `path`, read in pieces (OSError if unreadable). A statement
+    that starts in a piece's last OVERLAP bytes is read whole from the next piece, which
+    begins with them."""
+    found = []
+    with open(path, "rb") as fh:
+        data = fh.read(CHUNK)
+        while data:
+            more = fh.read(CHUNK)
+            found.append(scan_bytes(data, len(data) - OVERLAP if more else -1))
+            data = data[-OVERLAP:] + more if more else b""
+    builds = {b.text: b for f in found for b in f.builds}
+    aisw = {a.version: a for f in found for a in f.aisw}
+    return FileRelease(tuple(builds[k] for k in sorted(builds)),
+                       tuple(aisw[k] for k in sorted(aisw)))
+
+
+def mixed_releases(stated: dict) -> str:
+    """"" when every file's release is one release; else which files say which, grouped.
+    `stated`: {name: Release}."""
+    names = sorted(stated)
+    if all(stated[a].same_as(stated[b]) for a in names for b in names):
+        return ""
+    groups = {}
+    for name in names:
+        groups.setdefault(str(stated[name]), []).append(name)
+    return "; ".join(f"QAIRT {rel}: {', '.join(files)}" for rel, files in sorted(groups.items()))

@@ -1,0 +1,310 @@
+"""Backend ortqnn (docs/backends.md): Qualcomm's own HTP compiler, QAIRT 2.51.0's x64 QnnHtp.dll
+from the pinned onnxruntime-qnn wheel, run under Wine; real context binaries, read back by
+formats/qnn_context.py and formats/qairt_version.py. Nothing here is mocked.
+
+The fixtures under tests/data/qualcomm/ are real bins made by make_ortqnn_fixtures.py there.
+The end-to-end tests (heavy) need wine64, mingw-w64 and the pinned wheels (`doit ortqnn_kit`):
+.ci/run provides them; without them they skip, except under CI=true, where they fail.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import PROJECT_FILES, ROOT, copy_project
+from hexbundle.formats.ctxbin import is_ctxbin
+from hexbundle.formats.qairt_version import read_file_release
+from hexbundle.formats.qnn_context import is_qnn_context, read_qnn_context
+from hexbundle.support.errors import FormatError
+
+DATA = ROOT / "tests" / "data" / "qualcomm"
+RELEASE = (2, 51, 0)
+
+
+def fixture(name: str) -> Path:
+    return DATA / name
+
+
+def fixture_script():
+    """make_ortqnn_fixtures.py, the script that made the fixtures (its MLP, its options)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_ortqnn_fixtures",
+                                                  DATA / "make_ortqnn_fixtures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The fixture MLP's weights, as the script makes them: two matrices of HIDDEN x INNER
+HIDDEN, INNER = fixture_script().HIDDEN, fixture_script().INNER
+WEIGHTS = 2 * HIDDEN * INNER
+
+
+# ----------------------------------------------------------------------------- the committed bins
+
+
+@pytest.mark.parametrize("name", ["mlp_int8_shared_qnn.bin", "mlp_int8_prompt_qnn.bin",
+                                  "mlp_int8_token_qnn.bin", "mlp_int4_prompt_qnn.bin"])
+def test_real_bin_header_and_build_string(name):
+    path = fixture(name)
+    assert is_qnn_context(path) and not is_ctxbin(path)
+    facts = read_qnn_context(path)
+    assert facts.header.payload_offset + facts.header.payload_size == path.stat().st_size
+    assert facts.header.metadata_size <= facts.header.payload_offset
+    assert facts.targets == (("QCS9100", 73),)      # soc_model 77 is QAIRT's QCS9100
+    release = read_file_release(path).release
+    assert release is not None and release.version == RELEASE, read_file_release(path)
+
+
+def test_damaged_bin_is_refused(tmp_path):
+    """A truncated bin fails the header's own sizes; a file of other bytes is not one."""
+    damaged = tmp_path / "cut_qnn.bin"
+    damaged.write_bytes(fixture("mlp_int8_prompt_qnn.bin").read_bytes()[:-4096])
+    with pytest.raises(FormatError, match="truncated or damaged"):
+        read_qnn_context(damaged)
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"\0" * 4096)
+    assert not is_qnn_context(other)
+    with pytest.raises(FormatError, match="not a QNN context binary"):
+        read_qnn_context(other)
+
+
+def test_real_dlc_is_read():
+    """QnnIr.dll's DLC: a zip64 of stored members with CRC 0, read from their local headers."""
+    from hexbundle.formats.qnn_dlc import read_qnn_dlc
+    info = read_qnn_dlc(fixture("mlp_int8_prompt.dlc"))
+    assert info.converter_version.startswith("2.51.0.") and info.tool == "qnn-net-run"
+    assert {"model", "model.params", "model.params.bin"} <= set(info.members)
+    assert info.members["model.params.bin"] >= WEIGHTS   # int8: a byte a weight, at least
+
+
+def test_damaged_dlc_is_refused(tmp_path):
+    from hexbundle.formats.qnn_dlc import read_qnn_dlc
+    damaged = tmp_path / "cut.dlc"
+    damaged.write_bytes(fixture("mlp_int8_prompt.dlc").read_bytes()[:1000])
+    with pytest.raises(FormatError, match="not a DLC archive"):
+        read_qnn_dlc(damaged)
+
+
+def test_int4_weights_stay_4bit():
+    """The int4 bin is smaller than the int8 one by exactly half the weight bytes."""
+    int8 = fixture("mlp_int8_prompt_qnn.bin").stat().st_size
+    int4 = fixture("mlp_int4_prompt_qnn.bin").stat().st_size
+    assert int8 - int4 == WEIGHTS // 2
+
+
+def test_shared_bin_stores_weights_once():
+    """Prompt + token in one bin take at least one weights copy less than two bins."""
+    separate = sum(fixture(f"mlp_int8_{g}_qnn.bin").stat().st_size for g in ("prompt", "token"))
+    shared = fixture("mlp_int8_shared_qnn.bin").stat().st_size
+    assert separate - shared >= WEIGHTS   # int8: a byte a weight
+    # both EPContext models point at the one bin
+    import onnx
+    for name in ("mlp_int8_shared.onnx", "mlp_int8_shared_token.onnx"):
+        node = onnx.load(str(fixture(name))).graph.node[0]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["ep_cache_context"] == b"mlp_int8_shared_qnn.bin"
+        assert attrs["ep_sdk_version"].startswith(b"v2.51.0.")
+
+
+# ------------------------------------------------------------------------------- end to end
+
+
+def _kit_available() -> str:
+    from hexbundle.backends.ortqnn_kit import WHEELHOUSE, find_wine, read_pins
+    from hexbundle.support.errors import BackendError
+    try:
+        find_wine()
+    except BackendError as exc:
+        return str(exc)
+    if not shutil.which("x86_64-w64-mingw32-gcc"):
+        return "x86_64-w64-mingw32-gcc missing (apt-get install gcc-mingw-w64-x86-64)"
+    wheels = ROOT / WHEELHOUSE
+    if len(list(wheels.glob("*.whl"))) < len(read_pins(ROOT)):
+        return f"{wheels}: the pinned wheels are missing (python3 -m doit ortqnn_kit)"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def ortqnn_build(tmp_path_factory):
+    missing = _kit_available()
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    project = copy_project(tmp_path_factory.mktemp("ortqnn"), (*PROJECT_FILES, "requirements"))
+    env = {"HEXBUNDLE_ORTQNN_WHEELHOUSE": str(ROOT / "build" / "wheelhouse" / "ortqnn")}
+    run = project.doit("bundle", "backend=ortqnn", env=env, check=False)
+    return project, run, env
+
+
+@pytest.mark.heavy
+def test_bundle_builds_real_bins(ortqnn_build):
+    """`doit bundle backend=ortqnn`: every part's bin is a real QNN context binary with QAIRT
+    2.51.0's build string, for the device's dsp_arch, and its log says so."""
+    project, run, _ = ortqnn_build
+    bins = sorted((project.build_dir(backend="ortqnn") / "bin").glob("*.bin"))
+    assert len(bins) == 4, run.out + run.err
+    for path in bins:
+        assert read_file_release(path).release.version == RELEASE
+        assert read_qnn_context(path).targets == (("QCS9100", 73),)
+    log = (project.build_dir(backend="ortqnn") / "logs" / "compile__part_2_of_4.log").read_text()
+    assert "build v2.51.0." in log and "QAIRT's QCS9100 v73" in log
+    convert_log = (project.build_dir(backend="ortqnn") / "logs" /
+                   "convert__part_2_of_4_prompt.log").read_text()
+    assert "real DLC by QnnIr.dll" in convert_log and "converterVersion 2.51.0." in convert_log
+
+
+@pytest.mark.heavy
+def test_bundle_stops_at_the_size_check(ortqnn_build):
+    """Where the bundle path stops today: the size model knows the reference container, not an
+    HTP program's overhead, so a tiny model's real bins read as unpacked (docs/backends.md)."""
+    _, run, _ = ortqnn_build
+    assert run.code != 0
+    assert "size check" in run.out + run.err
+
+
+@pytest.mark.heavy
+def test_compile_is_deterministic(ortqnn_build, tmp_path):
+    """The same part compiled again, elsewhere, gives the same bytes (the graph names ONNX
+    Runtime hashes into the bin come from the models' names alone, not their paths)."""
+    from hexbundle.backends.ortqnn import OrtQnnBackend
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps.options import compile_options
+    project, _, env = ortqnn_build
+    os.environ.update(env)
+    cfg = load_build(project.root, {"backend": "ortqnn"})
+    layout = Layout(cfg)
+    part = cfg.plan.parts()[2]
+    built = layout.bin(part)
+    again = tmp_path / built.name
+    OrtQnnBackend().compile([layout.dlc(g) for g in cfg.model.graphs(part)], again,
+                            compile_options(cfg, part), lambda line: None)
+    assert again.read_bytes() == built.read_bytes()
+
+
+@pytest.mark.heavy
+def test_simulator_runs_a_graph_own_bin(tmp_path):
+    """QnnHtp's x64 HTP simulator runs the committed int8 prompt bin: its output is within two
+    output quantization steps of onnxruntime's CPU run of the same QDQ model (the graph
+    requantizes twice, at the ReLU and at the output: a rounding step each), and the int4 bin,
+    a different model, is not."""
+    missing = _kit_available()
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+    from hexbundle.backends.ortqnn_kit import ensure_kit
+    qdq_mlp = fixture_script().qdq_mlp
+    os.environ.setdefault("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(ROOT / "build/wheelhouse/ortqnn"))
+    kit = ensure_kit(ROOT)
+    model = qdq_mlp(8, 8, tmp_path / "prompt8.onnx")
+    x = np.random.default_rng(5).standard_normal((1, 8, HIDDEN)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    cpu = ort.InferenceSession(str(model), so).run(None, {"x": x})[0]
+    proto = onnx.load(str(model))
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    out_dq = next(n for n in proto.graph.node if n.op_type == "DequantizeLinear"
+                  and n.output[0] == "y")
+    step = float(inits[out_dq.input[1]])
+
+    def steps_off(bin_model: str, where: str) -> float:
+        (sim,) = kit.simulate(fixture(bin_model), [x], tmp_path / where, lambda line: None, 600)
+        assert sim.shape == cpu.shape
+        return float(np.abs(sim - cpu).max()) / step
+
+    assert steps_off("mlp_int8_prompt.onnx", "int8") <= 2.0 + 1e-6
+    assert steps_off("mlp_int4_prompt.onnx", "int4") > 2.0
+
+
+# ------------------------------------------------------------------ the QDQ form ortqnn compiles
+
+
+def test_integer_weights_compute_what_the_float_form_does(tmp_path):
+    """qdq.write_qdq_model(integer_weights=True), the form ortqnn converts to: the weight as its
+    4-bit integers (packed two to a byte, signed: symmetric) + a DequantizeLinear per output
+    channel gives onnxruntime the same weight values as the fake-quantized float form, so the
+    same outputs; the stored weight takes half a byte a value."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, numpy_helper
+    from test_qdq import write_model
+    from hexbundle.runtime.qdq import write_qdq_model
+    path, enc_path, w, _ = write_model(tmp_path, weight_shape=(8, 6))
+    as_float = write_qdq_model(path, enc_path, tmp_path / "float")
+    as_integers = write_qdq_model(path, enc_path, tmp_path / "int", integer_weights=True)
+    proto = onnx.load(str(as_integers), load_external_data=False)
+    stored = next(i for i in proto.graph.initializer if i.name == "W__q")
+    assert stored.data_type == TensorProto.INT4
+    dq = next(n for n in proto.graph.node if n.output[0] == "W")
+    assert dq.op_type == "DequantizeLinear"
+    assert {a.name: a.i for a in dq.attribute}["axis"] == 1
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    x = {"x": np.random.default_rng(3).standard_normal((2, 8)).astype(np.float32)}
+    weight_of = {}
+    for name, model in (("float", as_float), ("int", as_integers)):
+        session = ort.InferenceSession(str(model), so)
+        weight_of[name] = session.run(None, x)[0]
+    np.testing.assert_array_equal(weight_of["int"], weight_of["float"])
+    length = {e.key: e.value for e in stored.external_data}["length"]
+    assert int(length) == w.size // 2
+    # the integers are the values: the packed bytes unpack to the float form's grid
+    loaded = onnx.load(str(as_integers))
+    q = numpy_helper.to_array(next(i for i in loaded.graph.initializer if i.name == "W__q"))
+    assert q.shape == w.shape and q.min() >= -8 and q.max() <= 7
+
+
+# ---------------------------------------------------------------------- what is missing, said
+
+
+def test_missing_wheels_name_the_command(tmp_path, monkeypatch):
+    """No extracted kit and no pinned wheels: the error names the wheelhouse and the command
+    that fills it, and nothing is left behind."""
+    from hexbundle.backends.ortqnn_kit import ensure_kit
+    from hexbundle.support.errors import BackendError
+    monkeypatch.setenv("HEXBUNDLE_ORTQNN_KIT", str(tmp_path / "kit"))
+    monkeypatch.setenv("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(tmp_path / "empty"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BackendError, match=r"empty: no onnxruntime_qnn-2\.7\.0 wheel .*"
+                                           r"doit ortqnn_kit"):
+        ensure_kit(ROOT)
+    assert not (tmp_path / "kit").exists()
+
+
+def test_a_wheel_of_other_bytes_is_refused(tmp_path, monkeypatch):
+    """A wheel with the pinned name but other bytes does not pass for the pinned one."""
+    from hexbundle.backends.ortqnn_kit import ensure_kit, read_pins
+    from hexbundle.support.errors import BackendError
+    monkeypatch.setenv("HEXBUNDLE_ORTQNN_KIT", str(tmp_path / "kit"))
+    monkeypatch.setenv("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(tmp_path / "wheels"))
+    (tmp_path / "wheels").mkdir()
+    for pin in read_pins(ROOT):
+        (tmp_path / "wheels" / f"{pin.name}-{pin.version}-cp312-cp312-win_amd64.whl") \
+            .write_bytes(b"not the pinned wheel")
+    with pytest.raises(BackendError, match="with the sha256"):
+        ensure_kit(ROOT)
+    assert not (tmp_path / "kit").exists()
+
+
+def test_no_wine_is_a_clear_error(tmp_path):
+    """`doit compile backend=ortqnn` where wine64 cannot be found: one line naming the package,
+    non-zero exit, no traceback."""
+    project = copy_project(tmp_path / "p", (*PROJECT_FILES, "requirements"))
+    run = project.doit("compile:part_3_of_4", "backend=ortqnn", check=False,
+                       env={"HEXBUNDLE_WINE64": str(tmp_path / "no-wine64"),
+                            "HEXBUNDLE_ORTQNN_KIT": str(tmp_path / "kit"),
+                            "HEXBUNDLE_ORTQNN_WHEELHOUSE": str(ROOT / "build/wheelhouse/ortqnn")})
+    text = run.out + run.err
+    assert run.code != 0 and "Traceback" not in text
+    assert "no-wine64" in text or "wine64" in text
