@@ -39,6 +39,7 @@ from hexbundle.formats.qaihm import (CKPT_ARCHITECTURES, CKPT_CONFIG, CKPT_GRAPH
                                      load_structure, qaihm_split, qaihm_split_layers,
                                      scan_checkpoint, scan_export)
 from hexbundle.formats.tokenizer import added_token_contents, special_token_ids
+from hexbundle.inputs.structure import Linear, Structure, read_structure
 from hexbundle.inputs.validate import whole_model_part
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.console import say
@@ -50,7 +51,6 @@ from hexbundle.support.files import (TOKENIZER_MAX_BYTES, about_argument, requir
 # NAME_MAX (255 bytes), long enough for any model's name
 PAST_KEY = re.compile(r"past_key_(\d+)_in")
 LAYER_IN_NAME = re.compile(r"layers\.(\d+)[./]")
-HEAD_WEIGHT = re.compile(r"layers\.(\d+)\..*q_proj[a-z_]*\.(\d+)\.weight$")
 
 
 @dataclass
@@ -71,6 +71,9 @@ class Inferred:
     rope_scaling: Optional[dict] = None
     specials: dict = field(default_factory=dict)
     specials_from: str = ""        # where the special tokens come from (default: the family)
+    sources: dict = field(default_factory=dict)   # size -> the file and what in it shows it
+    unknown: dict = field(default_factory=dict)   # size -> why the graphs do not show it
+    head: Optional[Linear] = None  # the LM head (the linear logits are computed with)
 
 
 # ============================================================================ the command
@@ -440,10 +443,10 @@ def infer(tree: ExportTree, split: str, prompt_ar: int, token_ar: int) -> Inferr
         raise InputError(f"{graphs[0].onnx}: past_key_<L>_in inputs {layers[:8]}... are not "
                          "layers 0..N-1 in order; this is not a qai-hub-models LLM export")
     out.layers_per_part = tuple(len(ls) for ls in per_graph_layers)
-    out.arch = infer_architecture(protos, ios, graphs, len(layers))
-    out.quant = infer_quantization(protos, graphs, out.arch, out.notes)
+    out.arch = infer_architecture(protos, ios, graphs, len(layers), out)
+    out.quant = infer_quantization(graphs, out.arch, out.head, out.notes)
     out.family, out.evidence = family_from_graphs(protos, graphs)
-    out.arch["tied"] = tied_head(protos, graphs, out.arch)
+    out.arch["tied"] = tied_head(protos, graphs, out.arch, out.head)
     return out
 
 
@@ -494,32 +497,31 @@ def family_from_graphs(protos: list, graphs: list) -> tuple:
     return "llama", "no q/k/v biases and no q/k norms"
 
 
-def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
-    """Whether the LM head holds the embedding's values (a tied model: the export keeps a copy),
-    compared on TIED_SAMPLES vocabulary entries spread over the vocabulary, each at
-    TIED_HIDDEN_SAMPLES positions of the hidden size: single elements of the mapped tables, so
-    a head stored [hidden, vocab] (a MatMul's, as Qwen3 checkpoints hold it) is not read whole
-    to gather its columns (a 7B model's 2.5 GB table was, at the import's peak RSS); None where
-    no head weight is found."""
+def tied_head(protos: list, graphs: list, arch: dict, head: Optional[Linear]) -> Optional[bool]:
+    """Whether the LM head (the linear logits are computed with) holds the embedding's values (a
+    tied model: the export keeps a copy), compared on TIED_SAMPLES vocabulary entries spread
+    over the vocabulary, each at TIED_HIDDEN_SAMPLES positions of the hidden size: single
+    elements of the mapped tables, so a head stored [hidden, vocab] (a MatMul's, as Qwen3
+    checkpoints hold it) is not read whole to gather its columns (a 7B model's 2.5 GB table
+    was, at the import's peak RSS); None where no head of the vocabulary's width is found."""
     vocab, hidden = arch["vocab_size"], arch["hidden_size"]
+    if head is None or (head.in_width, head.out_width) != (hidden, vocab):
+        return None
+    if head.weight == arch["embedding"]:
+        return True
     found = {}
     for proto, graph in zip(protos, graphs):
         for init in proto.graph.initializer:
-            dims = tuple(init.dims)
-            if init.name == arch["embedding"]:
-                found["embedding"] = (init, graph.onnx)
-            elif dims in ((hidden, vocab), (vocab, hidden), (vocab, hidden, 1, 1)):
-                found.setdefault("head", (init, graph.onnx))
-    if len(found) < 2:
-        return None
+            if init.name in (arch["embedding"], head.weight):
+                found.setdefault(init.name, (init, graph.onnx))
     ids = np.unique(np.linspace(0, vocab - 1, TIED_SAMPLES).astype(np.int64))[:, None]
     at = np.unique(np.linspace(0, hidden - 1, TIED_HIDDEN_SAMPLES).astype(np.int64))[None, :]
-    embedding = initializer_values(*found["embedding"]).mapped()
-    head = initializer_values(*found["head"]).mapped()
-    if head.shape == (hidden, vocab):
-        rows = head[at, ids]
-    else:
-        rows = head[(ids, at) + (0,) * (head.ndim - 2)]
+    embedding = initializer_values(*found[arch["embedding"]]).mapped()
+    weight = initializer_values(*found[head.weight]).mapped()
+    if head.out_in:   # [vocab, hidden(, 1, 1)]: Conv, Gemm transB
+        rows = weight[(ids, at) + (0,) * (weight.ndim - 2)]
+    else:             # MatMul [hidden, vocab]
+        rows = weight[at, ids]
     return bool(np.array_equal(np.asarray(embedding[ids, at], np.float32),
                                np.asarray(rows, np.float32)))
 
@@ -551,11 +553,55 @@ def specials_from_config(hf, tokenizer: Path, family_specials: dict) -> dict:
     return out
 
 
+def fill_from_config(out: Inferred, hf, tree: ExportTree) -> None:
+    """A size the graphs' structure does not show is config.json's, said so; without a
+    config.json that states it, refused naming the graph, what was looked for and the flag."""
+    for key, reason in list(out.unknown.items()):
+        hf_key = HF_DIMENSIONS[key]
+        value = hf.get(hf_key) if hf is not None else None
+        graph = _graph_files(tree)
+        if type(value) is not int:
+            fix = (f"{hf.path} has no {hf_key} either: add the model's value there, or give the "
+                   "model's own config.json with --model-config PATH/config.json"
+                   if hf is not None else
+                   "give the model's config.json: --model-config PATH/config.json")
+            raise InputError(f"{graph}: {reason}, so the graph does not show the {key}; {fix}")
+        out.arch[key] = value
+        out.sources[key] = f"{hf.path}: {hf_key} (the graph does not show it: {reason})"
+        out.notes.append(f"{key} = {value}: {hf.path.name}'s {hf_key}; {graph} does not show it "
+                         f"({reason})")
+        del out.unknown[key]
+
+
+def check_sizes_against_config(out: Inferred, hf, tree: ExportTree) -> None:
+    """Every size the graphs show, against config.json's: a disagreement names both files,
+    both values, what in the graph shows it, and the flag that gives the right config.json."""
+    a, wrong, evidence = out.arch, [], []
+    given = [(key, source, hf.get(source)) for key, source in HF_DIMENSIONS.items()]
+    given.append(("head_dim", "head_dim", hf.head_dim))
+    for key, source, value in given:
+        if type(value) is int and value != a[key] and not out.sources.get(key, "").startswith(
+                str(hf.path)):
+            wrong.append(f"{source} {value} (the graphs: {a[key]})")
+            evidence.append(f"  {key} {a[key]}: {out.sources.get(key, 'the graphs')}")
+    if wrong:
+        raise InputError(f"{hf.path}: {'; '.join(wrong)}; the graphs of {_graph_files(tree)} "
+                         "say otherwise:\n" + "\n".join(evidence) + "\nIs it the config.json "
+                         "of another model? Give the one the export was made from: "
+                         "--model-config PATH/config.json")
+
+
+def _graph_files(tree: ExportTree) -> str:
+    files = sorted({str(f.onnx) for f in tree.unsplit.values()})
+    return files[0] if len(files) == 1 else str(tree.root)
+
+
 def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> None:
     """The family and what the files cannot say, each from the best source: config.json
     (`--model-config`) where given and consistent with the graphs, else the family's known
     values (Qwen), else refused asking for config.json. --rope-theta overrides the theta."""
     a, where = out.arch, (hf.path.name if hf else "")
+    fill_from_config(out, hf, tree)
     if hf is not None:
         if hf.family is None:
             raise InputError(f"{hf.path}: model_type {hf.model_type!r} is no family hexbundle "
@@ -565,14 +611,7 @@ def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> Non
             raise InputError(f"{hf.path}: model_type {hf.model_type!r} is the {hf.family} "
                              f"family, but the graphs show {out.evidence} ({out.family}); is "
                              "this the config.json of another model?")
-        wrong = [f"{source} {hf.get(source)} (the graphs: {a[key]})"
-                 for key, source in HF_DIMENSIONS.items()
-                 if isinstance(hf.get(source), int) and hf.get(source) != a[key]]
-        if hf.head_dim and hf.head_dim != a["head_dim"]:
-            wrong.append(f"head_dim {hf.head_dim} (the graphs: {a['head_dim']})")
-        if wrong:
-            raise InputError(f"{hf.path}: {'; '.join(wrong)}: the config.json of another "
-                             "model? Give the one the export was made from")
+        check_sizes_against_config(out, hf, tree)
     family = out.family
     defaults = FAMILY_DEFAULTS.get(family, {})
     stated = {}
@@ -619,29 +658,45 @@ def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> Non
                              "the model's says otherwise")
 
 
-def infer_architecture(protos: list, ios: list, graphs: list, num_layers: int) -> dict:
+def infer_architecture(protos: list, ios: list, graphs: list, num_layers: int,
+                       out: Inferred) -> dict:
+    """The sizes the graphs show, each from the role of what shows it (inputs/structure.py):
+    the KV cache inputs, the embedding table, the logits, the attention's query projections, the
+    MLP's projections. Where each came from goes to out.sources; a size the structure does not
+    show goes to out.unknown with the reason (settled by fill_from_config)."""
     dims = {i.name: tuple(i.dims) for p in protos for i in p.graph.initializer}
-    key = next(shape for io in ios for name, (_, shape) in io.inputs.items()
-               if PAST_KEY.fullmatch(name))
+    key_at, key_name, key = next((n, name, shape) for n, io in enumerate(ios)
+                                 for name, (_, shape) in io.inputs.items()
+                                 if PAST_KEY.fullmatch(name))
     kv_heads, head_dim = key[0], key[2]
-    logits = next((io.outputs["logits"][1] for io in ios if "logits" in io.outputs), None)
-    if logits is None:
+    logits_at = next((n for n, io in enumerate(ios) if "logits" in io.outputs), None)
+    if logits_at is None:
         raise InputError(f"{graphs[-1].onnx}: no output 'logits'; the last part must end with "
-                         "the LM head")
+                         "the LM head: re-run the export (or import the folder it wrote whole)")
+    logits = ios[logits_at].outputs["logits"][1]
     vocab = logits[-1]
-    table = embedding_table(protos, graphs)
+    table, table_at = embedding_table(protos, graphs)
     hidden = dims[table][1]
-    heads = count_heads(dims, head_dim, hidden)
-    return {"num_layers": num_layers, "hidden_size": hidden, "num_attention_heads": heads,
+    cache = f"{graphs[key_at].onnx}: {key_name} {list(key)} (KV heads, 1, head_dim, positions)"
+    out.sources.update({
+        "num_layers": f"{graphs[0].onnx}: past_key_0_in..past_key_{num_layers - 1}_in",
+        "hidden_size": f"{graphs[table_at].onnx}: the embedding table {table} {list(dims[table])}",
+        "num_kv_heads": cache, "head_dim": cache,
+        "vocab_size": f"{graphs[logits_at].onnx}: logits {list(logits)}"})
+    structure = read_structure(protos, graphs)
+    arch = {"num_layers": num_layers, "hidden_size": hidden,
+            "num_attention_heads": attention_heads(structure, kv_heads, head_dim, out),
             "num_kv_heads": kv_heads, "head_dim": head_dim,
-            "intermediate_size": intermediate_size(dims, hidden, vocab,
-                                                   (heads * head_dim, kv_heads * head_dim)),
+            "intermediate_size": mlp_width(structure, out),
             "vocab_size": vocab, "embedding": table}
+    out.head = structure.head
+    return arch
 
 
-def embedding_table(protos: list, graphs: list) -> str:
-    """The initializer a Gather reads with input_ids (through a Cast, if any)."""
-    for proto in protos:
+def embedding_table(protos: list, graphs: list) -> tuple:
+    """(the initializer a Gather reads with input_ids (through a Cast, if any), the index of the
+    graph holding it)."""
+    for at, proto in enumerate(protos):
         inits = {i.name for i in proto.graph.initializer}
         ids = {"input_ids"}
         for node in proto.graph.node:
@@ -650,42 +705,68 @@ def embedding_table(protos: list, graphs: list) -> str:
         for node in proto.graph.node:
             if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in ids \
                     and node.input[0] in inits:
-                return node.input[0]
+                return node.input[0], at
     raise InputError(f"{graphs[0].onnx}: no Gather of an embedding table by input_ids; the "
-                     "first part must hold the embedding")
+                     "first part must hold the embedding: re-run the export")
 
 
-def count_heads(dims: dict, head_dim: int, hidden: int) -> int:
-    """Split-head attention (q_proj_sha.<h>.weight per head) or one q_proj weight."""
-    heads = {int(m[2]) for name in dims if (m := HEAD_WEIGHT.search(name)) and m[1] == "0"}
-    if heads:
-        return len(heads)
-    for name, shape in dims.items():
-        if "q_proj" in name and name.endswith("weight") and len(shape) in (2, 4):
-            out = shape[1] if len(shape) == 2 else shape[0]   # MatMul [in, out]; Conv [out, in]
-            return out // head_dim
-    return hidden // head_dim
+def attention_heads(structure: Structure, kv_heads: int, head_dim: int,
+                    out: Inferred) -> Optional[int]:
+    """Query heads: the summed width of the projections a layer's attention reads as its
+    queries, over head_dim; every layer alike, and its keys as wide as the KV cache."""
+    if not structure.query_widths:
+        out.unknown["num_attention_heads"] = structure.reasons["attention"]
+        return None
+    widths = sorted(set(structure.query_widths.values()))
+    layer = min(structure.query_widths)
+    where = structure.attention_graph[layer]
+    if len(widths) > 1:
+        other = next(n for n, w in sorted(structure.query_widths.items()) if w != widths[0])
+        raise InputError(f"{where}: the query projections of layer {layer} are "
+                         f"{structure.query_widths[layer]} wide, those of layer {other} "
+                         f"{structure.query_widths[other]}: hexbundle builds decoders whose "
+                         "layers are alike; this graph is not one qai-hub-models writes")
+    for key_layer, width in sorted(structure.key_widths.items()):
+        if width != kv_heads * head_dim:
+            raise InputError(f"{structure.attention_graph[key_layer]}: layer {key_layer}'s key "
+                             f"projections are {width} wide, but past_key_{key_layer}_in holds "
+                             f"{kv_heads} KV heads x head_dim {head_dim}: the graph is "
+                             "inconsistent; re-run the export")
+    if widths[0] % head_dim:
+        raise InputError(f"{where}: layer {layer}'s query projections are {widths[0]} wide, not "
+                         f"a multiple of head_dim {head_dim} (past_key_{layer}_in): the graph is "
+                         "inconsistent; re-run the export")
+    heads = widths[0] // head_dim
+    out.sources["num_attention_heads"] = (f"{where}: layer {layer}'s query projections, "
+                                          f"{widths[0]} wide = {heads} x head_dim {head_dim}")
+    return heads
 
 
-def intermediate_size(dims: dict, hidden: int, vocab: int, attention_widths: tuple) -> int:
-    """The MLP width: the up/gate weights [hidden, ff] (MatMul) or down [hidden, ff, 1, 1].
-    attention_widths: the q and the k/v projections' widths, set aside (a MatMul graph's k and
-    v weights [hidden, kv width] are as many as its gate and up weights)."""
-    widths = Counter()
-    for shape in dims.values():
-        if len(shape) == 2 and shape[0] == hidden \
-                and shape[1] not in (hidden, vocab, *attention_widths):
-            widths[shape[1]] += 1
-        if len(shape) == 4 and shape[0] == hidden and shape[2:] == (1, 1) \
-                and shape[1] not in (hidden, *attention_widths):
-            widths[shape[1]] += 1
-    if not widths:
-        raise InputError("no MLP weight [hidden, intermediate] found in the graphs; cannot tell "
-                         "the intermediate size")
-    return widths.most_common(1)[0][0]
+def mlp_width(structure: Structure, out: Inferred) -> Optional[int]:
+    """The intermediate size: the width of every MLP's gate and up projections and of its down
+    projection's input, alike in every layer."""
+    if not structure.mlp_widths:
+        out.unknown["intermediate_size"] = structure.reasons["mlp"]
+        return None
+    for where, gate, up, down in structure.mlp_widths:
+        if not gate == up == down:
+            raise InputError(f"{where}: an MLP whose gate, up and down projections are {gate}, "
+                             f"{up} and {down} wide: the graph is inconsistent; re-run the "
+                             "export")
+    widths = Counter(gate for _, gate, _, _ in structure.mlp_widths)
+    where = structure.mlp_widths[0][0]
+    if len(widths) > 1:
+        raise InputError(f"{where}: MLPs of widths {', '.join(map(str, sorted(widths)))}: "
+                         "hexbundle builds decoders whose layers are alike; this graph is not "
+                         "one qai-hub-models writes")
+    width = next(iter(widths))
+    out.sources["intermediate_size"] = (f"{where}: the MLP's gate, up and down projections "
+                                        f"({len(structure.mlp_widths)} found), {width} wide")
+    return width
 
 
-def infer_quantization(protos: list, graphs: list, arch: dict, notes: list) -> dict:
+def infer_quantization(graphs: list, arch: dict, head_linear: Optional[Linear],
+                       notes: list) -> dict:
     params, activations, embedding = {}, Counter(), None
     for g in graphs:
         encodings = load_encodings(g.encodings)
@@ -694,10 +775,11 @@ def infer_quantization(protos: list, graphs: list, arch: dict, notes: list) -> d
         # a checkpoint's embedding table has an activation entry only, which qai-hub-models
         # makes its param encoding before splitting (split.qaihm_part_encodings)
         embedding = embedding or encodings.activations.get(arch["embedding"])
-    dims = {i.name: tuple(i.dims) for p in protos for i in p.graph.initializer}
     embedding = params.get(arch["embedding"]) or embedding
-    head = [n for n, shape in dims.items() if arch["vocab_size"] in shape
-            and n != arch["embedding"] and n in params]
+    # the LM head by its role (the linear logits come from), never by a width a projection
+    # may share with the vocabulary
+    head = [head_linear.weight] if head_linear is not None and head_linear.weight in params \
+        and head_linear.weight != arch["embedding"] else []
     decoder = Counter(e.bitwidth for n, e in params.items() if e.is_int and e.per_channel
                       and n != arch["embedding"] and n not in head)
     quant = {"decoder_linear_bitwidth": decoder.most_common(1)[0][0] if decoder else 4,
@@ -716,6 +798,7 @@ def expected_graphs(tree: ExportTree) -> tuple:
     `doit inspect` checks each graph's inputs and outputs against, as the convert step will."""
     split, prompt_ar, token_ar = choose_split(tree, None)
     inferred = infer(tree, split, prompt_ar, token_ar)
+    fill_from_config(inferred, None, tree)
     model, graphs = model_of(tree, inferred)
     parts = Plan("export", inferred.layers_per_part).parts() if split == "export" else []
     several = len(inferred.context_lengths) > 1
