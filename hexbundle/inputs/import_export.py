@@ -24,20 +24,20 @@ from typing import Optional
 
 import numpy as np
 
-from hexbundle.config.build import QUALCOMM_MAX_NUM_TOKENS
+from hexbundle.config.build import MODEL_SCHEMA, QUALCOMM_MAX_NUM_TOKENS, did_you_mean
 from hexbundle.config.layout import GraphInputs, ProjectLayout, check_name
 from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
                                     part_graphs)
 from hexbundle.formats.encodings import load_encodings
 from hexbundle.formats.hf_config import LLAMA3_KEYS, read_hf_config
 from hexbundle.formats.onnxfile import initializer_values
-from hexbundle.formats.qaihm import (CKPT_ARCHITECTURES, CKPT_CONFIG, CKPT_GRAPH,
+from hexbundle.formats.qaihm import (CKPT_ARCHITECTURES, CKPT_ARGS, CKPT_CONFIG, CKPT_GRAPH,
                                      CKPT_PROMPT_AR, CKPT_REFUSED, CKPT_TOKEN_AR, CKPT_VLM,
                                      QAIHM_CHECKPOINT_MODELS, QWEN2_RMS_NORM_EPS,
                                      QWEN2_ROPE_THETA, QWEN2_SPECIALS, TOKENIZER,
                                      TOKENIZER_CONFIG, ExportTree, graph_io, is_checkpoint,
                                      load_structure, qaihm_split, qaihm_split_layers,
-                                     scan_checkpoint, scan_export)
+                                     recorded_context_length, scan_checkpoint, scan_export)
 from hexbundle.formats.tokenizer import added_token_contents, special_token_ids
 from hexbundle.inputs.structure import Linear, Structure, read_structure
 from hexbundle.inputs.validate import whole_model_part
@@ -91,7 +91,7 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
     # every path named on the command line, before the export is scanned (stats and one small
     # read: a wrong one is named at once)
     require_named_dir(Path(dir).expanduser(), "export directory", "--dir")
-    hf = read_hf_config(Path(model_config)) if model_config else None
+    hf = read_model_config(Path(model_config)) if model_config else None
     if tokenizer:
         require_named_file(Path(tokenizer).expanduser(), "tokenizer.json", TOKENIZER_MAX_BYTES,
                            "--tokenizer")
@@ -177,10 +177,16 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
         raise InputError(f"{config}: missing; the quantize command copies the model's "
                          "config.json into its output folder: copy it there from the model's "
                          "Hugging Face folder (or give --model-config PATH)")
-    hf = read_hf_config(config)
+    hf = read_model_config(config, "--model-config" if model_config else "")
     family = checkpoint_family(hf)
     model_id, spec = checkpoint_model(hf, model_id)
     lengths = parse_context_lengths(context_length)
+    # a static checkpoint's graphs fix their length; a dynamic one's args.json records it
+    recorded = None if lengths or not (root / CKPT_GRAPH).is_file() else \
+        recorded_context_length(root)
+    if recorded:   # the length the quantize calibrated at, the build's unless told otherwise
+        lengths = (check_context_length(recorded, f"{root / CKPT_ARGS}: context_length",
+                                        "give --context-length N"),)
     tree = scan_checkpoint(root, model_id, tuple(sorted(set(lengths))), spec.context_lengths)
     say(f"  format: {tree.layout}")
     for line in tree.describe()[1:]:
@@ -216,7 +222,9 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
         f"length{'s' if len(inferred.context_lengths) > 1 else ''} "
         f"{', '.join(map(str, inferred.context_lengths))}"
         + ("" if context_length else " (the static graphs' own)" if not tree.dynamic else
-           f" (qai-hub-models' default for {model_id})"))
+           f" ({CKPT_ARGS}: the context length the quantize calibrated at; --context-length "
+           "N,... builds others)" if recorded else
+           f" (qai-hub-models' default for {model_id}; --context-length N,... builds others)"))
     say_settings(inferred)
     write_model(project, name, tree, "local", inferred, plan_layers, hf, tokenizer)
 
@@ -271,7 +279,8 @@ def checkpoint_model(hf, model_id: str) -> tuple:
         spec = QAIHM_CHECKPOINT_MODELS.get(model_id)
         if spec is None:
             raise InputError(f"--model-id {model_id!r}: not a qai-hub-models model with a "
-                             f"quantize checkpoint; one of {known}")
+                             f"quantize checkpoint{did_you_mean(model_id, QAIHM_CHECKPOINT_MODELS)}"
+                             f"; give one of {known}")
         if spec.model_type != hf.model_type:
             raise InputError(f"--model-id {model_id} is a {spec.model_type} model, but "
                              f"{hf.path} says model_type {hf.model_type!r}: give the id of the "
@@ -296,10 +305,50 @@ def parse_context_lengths(text: str) -> tuple:
         lengths = tuple(int(x) for x in text.split(","))
     except ValueError:
         lengths = ()
-    if not lengths or any(cl <= CKPT_PROMPT_AR for cl in lengths):
-        raise InputError(f"--context-length {text!r}: give context lengths above the prompt "
-                         f"AR {CKPT_PROMPT_AR}, comma-separated, e.g. 512,1024,4096")
-    return lengths
+    example = "give context lengths comma-separated, e.g. 512,1024,4096"
+    if not lengths:
+        raise InputError(f"--context-length {text!r}: {example}")
+    return tuple(check_context_length(cl, f"--context-length {text!r}", example)
+                 for cl in lengths)
+
+
+def check_context_length(value: int, where: str, fix: str) -> int:
+    """A context length a checkpoint's graphs can be pinned to: above the prompt AR, within the
+    model config's range (config/build.py MODEL_SCHEMA)."""
+    bound = MODEL_SCHEMA["graphs"].type["context_length"]
+    if not CKPT_PROMPT_AR < value <= bound.max:
+        raise InputError(f"{where}: context length {value} is outside ({CKPT_PROMPT_AR}, "
+                         f"{int(bound.max)}] (above the prompt AR {CKPT_PROMPT_AR}, within "
+                         f"hexbundle's range); {fix}")
+    return value
+
+
+# config.json's keys the importer reads -> the model config's [architecture] field bounding it
+HF_RANGES = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
+             "num_attention_heads": "num_attention_heads",
+             "num_key_value_heads": "num_kv_heads", "head_dim": "head_dim",
+             "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+             "rms_norm_eps": "rms_norm_eps"}
+
+
+def read_model_config(path: Path, argument: str = "--model-config"):
+    """The model's config.json (formats/hf_config.py checks each key's type), every value the
+    importer takes from it within the range the model config allows: a `num_hidden_layers` of
+    10**30 is refused here, not met as a loop or an allocation later."""
+    hf = read_hf_config(path, argument)
+    arch = MODEL_SCHEMA["architecture"].type
+    values = [(key, hf.get(key), arch[name]) for key, name in HF_RANGES.items()]
+    values.append(("rope_theta", hf.rope_theta, arch["rope_theta"]))
+    values += [(f"rope_scaling.{key}", (hf.rope_scaling or {}).get(key),
+                arch["rope_scaling"].type[key]) for key in LLAMA3_KEYS]
+    bad = [f"{key} is {json.dumps(value)[:40]}, outside [{bound.min:g}, {bound.max:g}]"
+           for key, value, bound in values
+           if type(value) in (int, float) and not bound.min <= value <= bound.max]
+    if bad:
+        raise InputError(f"{hf.path}: {'; '.join(bad)} (the ranges hexbundle builds): fix "
+                         "config.json (the model's own, from its Hugging Face repository), or "
+                         "give the right one with --model-config PATH/config.json")
+    return hf
 
 
 def check_checkpoint_encodings(tree: ExportTree) -> None:
@@ -573,6 +622,18 @@ def fill_from_config(out: Inferred, hf, tree: ExportTree) -> None:
         del out.unknown[key]
 
 
+def check_size_ranges(out: Inferred) -> None:
+    """Each size the graphs show within the range the model config allows, else refused naming
+    the file and what in it shows the size."""
+    fields = MODEL_SCHEMA["architecture"].type
+    for key in (*HF_DIMENSIONS, "head_dim"):
+        bound, value = fields[key], out.arch[key]
+        if not bound.min <= value <= bound.max:
+            raise InputError(f"{out.sources.get(key, key)}: {key} {value} is outside "
+                             f"[{bound.min:g}, {bound.max:g}], the range hexbundle builds: not "
+                             "a model it can build; check that this is the export of an LLM")
+
+
 def check_sizes_against_config(out: Inferred, hf, tree: ExportTree) -> None:
     """Every size the graphs show, against config.json's: a disagreement names both files,
     both values, what in the graph shows it, and the flag that gives the right config.json."""
@@ -587,7 +648,8 @@ def check_sizes_against_config(out: Inferred, hf, tree: ExportTree) -> None:
     if wrong:
         raise InputError(f"{hf.path}: {'; '.join(wrong)}; the graphs of {_graph_files(tree)} "
                          "say otherwise:\n" + "\n".join(evidence) + "\nIs it the config.json "
-                         "of another model? Give the one the export was made from: "
+                         "of another model? Give the one the "
+                         f"{'checkpoint' if tree.checkpoint else 'export'} was made from: "
                          "--model-config PATH/config.json")
 
 
@@ -602,6 +664,7 @@ def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> Non
     values (Qwen), else refused asking for config.json. --rope-theta overrides the theta."""
     a, where = out.arch, (hf.path.name if hf else "")
     fill_from_config(out, hf, tree)
+    check_size_ranges(out)
     if hf is not None:
         if hf.family is None:
             raise InputError(f"{hf.path}: model_type {hf.model_type!r} is no family hexbundle "
