@@ -414,10 +414,11 @@ def check_pinnable(tree: ExportTree, model: Model) -> None:
 def check_plan(layers: tuple, num_layers: int) -> None:
     if sum(layers) != num_layers:
         raise InputError(f"plan {','.join(map(str, layers))} holds {sum(layers)} decoder layers "
-                         f"but the model has {num_layers}")
+                         f"but the model has {num_layers}: give --plan 0,... with layers "
+                         f"summing to {num_layers}")
     if len(layers) >= 10:
         raise InputError(f"plan {','.join(map(str, layers))}: {len(layers)} parts; graph names "
-                         "must sort in pipeline order, so use fewer than 10")
+                         "must sort in pipeline order, so give --plan with fewer than 10 parts")
 
 
 def choose_split(tree: ExportTree, wanted: Optional[tuple]) -> tuple:
@@ -672,8 +673,9 @@ def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> Non
                              f"{out.evidence}. Not built as another family")
         if hf.family != out.family:
             raise InputError(f"{hf.path}: model_type {hf.model_type!r} is the {hf.family} "
-                             f"family, but the graphs show {out.evidence} ({out.family}); is "
-                             "this the config.json of another model?")
+                             f"family, but the graphs show {out.evidence} ({out.family}) in "
+                             f"{_graph_files(tree)}; is this the config.json of another model? "
+                             "Give the model's own: --model-config PATH/config.json")
         check_sizes_against_config(out, hf, tree)
     family = out.family
     defaults = FAMILY_DEFAULTS.get(family, {})
@@ -700,7 +702,9 @@ def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> Non
     if out.rope_scaling:
         missing = [k for k in LLAMA3_KEYS if not isinstance(out.rope_scaling.get(k), (int, float))]
         if missing:
-            raise InputError(f"{hf.path}: rope_scaling 'llama3' lacks {', '.join(missing)}")
+            raise InputError(f"{hf.path}: rope_scaling 'llama3' lacks {', '.join(missing)}: "
+                             "give the model's own config.json (its Hugging Face repository's) "
+                             "with --model-config PATH/config.json")
     tied = hf.get("tie_word_embeddings") if hf else None
     if isinstance(tied, bool):
         if a["tied"] is not None and a["tied"] != tied:
