@@ -191,11 +191,13 @@ def read_structure(protos: list, graphs: list) -> Structure:
     if not out.query_widths:
         out.reasons["attention"] = ("no attention found (a MatMul of two computed tensors feeding "
                                     "a Softmax, its key side reaching past_key_<L>_in and its "
-                                    "query side a query projection)")
+                                    "query side a query projection of its own, not one "
+                                    "fused with the keys)")
     if not out.mlp_widths:
         out.reasons["mlp"] = ("no MLP found (a Mul of two projections of the same tensor, one "
                               "through its activation, feeding a down projection whose output "
-                              "is added to the residual)")
+                              "is added to the residual; a fused gate-up projection has "
+                              "no width of its own)")
     return out
 
 
@@ -214,6 +216,8 @@ def _attention(view: GraphView, where, out: Structure) -> None:
         if len(key_sides) != 1 or layers[1 - key_sides[0]]:
             continue
         key_side = key_sides[0]
+        if set(walks[0][0]) & set(walks[1][0]):
+            continue   # one projection for queries and keys (fused q/k/v): no width of its own
         layer = next(iter(layers[key_side]))
         queries[layer].update(walks[1 - key_side][0])
         keys[layer].update(walks[key_side][0])
