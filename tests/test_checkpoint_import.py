@@ -632,3 +632,31 @@ def test_the_context_length_args_json_records_is_the_default_and_said(tmp_path):
     run = project.doit("import_export", "--dir", str(ckpt), "--name", "ckpt",
                        "--model-id", "llama_v3_2_1b_instruct", check=False)
     assert run.code == 0 and "(qai-hub-models' default for llama_v3_2_1b_instruct" in run.out
+
+
+WIDE_MLP = CKPT_DATA / "qwen3_8b-0.64.0"   # MLP width 256 == 2 query heads x head_dim 128
+
+
+@pytest.mark.heavy   # an import and a build of the bundle
+def test_a_checkpoint_whose_mlp_is_as_wide_as_its_queries_imports_and_builds(tmp_path):
+    """Issue 46, item 3: qai-hub-models 0.64.0's own qwen3_8b quantize of a Qwen3-8B-class
+    model (hidden 160, 2 heads x head_dim 128, one KV head, intermediate 256: the MLP as wide
+    as the query projections). The width rule before the structure found no MLP here ("no MLP
+    weight [hidden, intermediate] found"); imported as a user would (no --context-length: the
+    2048 its args.json records), every size is config.json's, and it builds."""
+    cfg = json.loads((WIDE_MLP / "config.json").read_text())
+    assert cfg["intermediate_size"] == cfg["num_attention_heads"] * cfg["head_dim"]
+    project = copy_project(tmp_path / "proj")
+    run = project.doit("import_export", "--dir", str(WIDE_MLP), "--name", "wide",
+                       "--model-id", "qwen3_8b", check=False)
+    assert run.code == 0, run.out + run.err
+    assert (f"settings: num_layers {cfg['num_hidden_layers']}, hidden_size {cfg['hidden_size']}, "
+            f"num_attention_heads {cfg['num_attention_heads']}, num_kv_heads "
+            f"{cfg['num_key_value_heads']}, head_dim {cfg['head_dim']}, intermediate_size "
+            f"{cfg['intermediate_size']}, vocab_size {cfg['vocab_size']}") in run.out, run.out
+    recorded = json.loads((WIDE_MLP / "args.json").read_text())["context_length"]
+    assert f"at context length {recorded} (args.json" in run.out, run.out
+    bundle = project.doit("bundle", "model=wide", check=False)
+    assert bundle.code == 0, bundle.out + bundle.err
+    expected = _expected(WIDE_MLP.name)
+    assert len(project.manifest("wide")["graphs"]) == 2 * expected["num_splits"]
