@@ -489,7 +489,8 @@ def _graphs_and_configs() -> list:
             out += [(g, folder / "config.json") for g in sorted(folder.glob("model_*.onnx"))
                     if not g.name.startswith("model_seqlen1_")]
     for tree, config in EXPORTS_WITH_CONFIG.items():
-        out += [(g, QAIHM / config) for g in sorted((QAIHM / tree).glob("ar*_cl*/*.aimet/model.onnx"))]
+        out += [(g, QAIHM / config)
+                for g in sorted((QAIHM / tree).glob("ar*_cl*/*.aimet/model.onnx"))]
     return out
 
 
