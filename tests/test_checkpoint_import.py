@@ -575,11 +575,12 @@ def test_a_disagreement_names_both_files_both_values_and_the_flag(tmp_path):
 
 
 @pytest.mark.parametrize("change,needle", [
-    ({"num_hidden_layers": 10 ** 30}, "num_hidden_layers is 1000000000000000000000000000000, "
-                                      "outside [1, 512]"),
-    ({"vocab_size": 1 << 40}, "vocab_size is 1099511627776, outside [16, 4.1943e+06]"),
+    # past any count a config can hold (support.jsondoc's and hf_config's bounds) or past
+    # config/build.py's range for the key (the importer's own check): either names file and key
+    ({"num_hidden_layers": 10 ** 30}, "key 'num_hidden_layers' is an integer of 31 digits"),
+    ({"vocab_size": 1 << 40}, "vocab_size is 1099511627776"),
     ({"intermediate_size": 1 << 31}, "intermediate_size is 2147483648, outside [8, 1.04858e+06]"),
-    ({"rope_theta": 1e300}, "rope_theta is 1e+300, outside [1, 4.29497e+09]"),
+    ({"rope_theta": 1e300}, "rope_theta is 1e+300"),
 ], ids=["layers", "vocab", "intermediate", "theta"])
 def test_an_absurd_config_json_value_is_refused_cleanly(tmp_path, change, needle):
     """Issue 46, item 4: a value of the right type but no model's size is refused before it

@@ -180,6 +180,23 @@ def hf_config(tmp, text):
     return read_hf_config(_file(tmp, "config.json", text))
 
 
+def args_json(tmp, text):
+    from hexbundle.formats.qaihm import recorded_context_length
+    _file(tmp, "ckpt/args.json", text)
+    return recorded_context_length(tmp / "ckpt")
+
+
+def dlc_history(tmp, text):
+    """A DLC archive (members stored, as QnnIr.dll writes them) whose history member is `text`."""
+    import zipfile
+    from hexbundle.formats.qnn_dlc import HISTORY, read_qnn_dlc
+    path = tmp / "graph.dlc"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("model", b"\0" * 16)
+        archive.writestr(HISTORY, text)
+    return read_qnn_dlc(path)
+
+
 def provenance(tmp, text):
     from hexbundle.release.provenance import read_provenance
     return read_provenance(_file(tmp, "provenance.json", text))
@@ -286,6 +303,8 @@ READERS = {
     ("hexbundle/formats/encodings.py", "encodings_header"): (encodings_header, NAN_OWN),
     ("hexbundle/formats/origins.py", "read_origins"): (origins, "absent"),
     ("hexbundle/formats/hf_config.py", "read_hf_config"): (hf_config, "refused"),
+    ("hexbundle/formats/qaihm.py", "recorded_context_length"): (args_json, "refused"),
+    ("hexbundle/formats/qnn_dlc.py", "read_qnn_dlc"): (dlc_history, "refused"),
     ("hexbundle/formats/genie.py", "read_genie_config"): (genie_config, "refused"),
     ("hexbundle/formats/manifest.py", "read_manifest"): (manifest, "refused"),
     ("hexbundle/formats/manifest.py", "verify_bundle_files"): (manifest, "refused"),

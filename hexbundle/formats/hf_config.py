@@ -151,7 +151,8 @@ def read_hf_config(path: Path, argument: str = "--model-config") -> HfConfig:
     shown = named(path, argument)
     # within support.jsondoc's bounds (depth, number ranges, size): JsonDocError names the key
     raw = read_json(path, "model's config.json", JSON_CONFIG_MAX_BYTES,
-                    "give the model's config.json", argument)
+                    "fix config.json, or give the one the model was made from: "
+                    "--model-config PATH/config.json", argument)
     if not isinstance(raw, dict):
         raise InputError(f"{shown}: a JSON {type(raw).__name__}, not a model config object; "
                          "give the model's config.json")
@@ -165,7 +166,8 @@ def read_hf_config(path: Path, argument: str = "--model-config") -> HfConfig:
     problems = config_problems(raw)
     if problems:
         raise InputError(f"{shown}: " + "; ".join(problems) + ": fix config.json (the model's "
-                         "own, from its Hugging Face repository)")
+                         "own, from its Hugging Face repository), or give the one the model "
+                         "was made from: --model-config PATH/config.json")
     model_type = raw.get("model_type")
     return HfConfig(path, model_type if isinstance(model_type, str) else None, raw, wrapper,
                     archs)

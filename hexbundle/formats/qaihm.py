@@ -45,7 +45,8 @@ from typing import Optional
 
 from hexbundle.config.layout import GraphInputs
 from hexbundle.support.errors import InputError
-from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, read_named_text, require_regular_file
+from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, require_regular_file
+from hexbundle.support.jsondoc import read_json
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -486,11 +487,7 @@ def recorded_context_length(root: Path) -> Optional[int]:
         return None
     fix = ("give --context-length N (args.json is read only for the default), or restore the "
            "args.json the quantize wrote")
-    text = read_named_text(path, "quantize arguments", JSON_CONFIG_MAX_BYTES)
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc}); {fix}") from None
+    raw = read_json(path, "quantize arguments", JSON_CONFIG_MAX_BYTES, fix)
     if not isinstance(raw, dict):
         raise InputError(f"{path}: a JSON {type(raw).__name__}, not the object of arguments the "
                          f"quantize writes; {fix}")

@@ -12,13 +12,13 @@ This is not hexbundle's own DLC container (formats/dlc.py, the reference backend
 """
 from __future__ import annotations
 
-import json
 import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from hexbundle.support.errors import FormatError
+from hexbundle.support.jsondoc import parse_json
 
 HISTORY = "dlc.metadata.history.2.3.0"
 _LOCAL_HEADER = struct.Struct("<4s22xHH")   # signature ... name length, extra length
@@ -55,10 +55,14 @@ def read_qnn_dlc(path) -> QnnDlcInfo:
         raise FormatError(f"{where}: a DLC holds `model` and `{HISTORY}`; this one has "
                           + ", ".join(sorted(by_name)))
     with open(Path(path), "rb") as fh:
+        # out of bounds or not JSON: support.jsondoc's error, naming the member and the key
+        history = parse_json(_member(fh, by_name[HISTORY], where), f"{where}: {HISTORY}",
+                             "rebuild it")
         try:
-            history = json.loads(_member(fh, by_name[HISTORY], where))
             generation = history["dlcGenerationInfo"][-1]["converterCommand"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            if not isinstance(generation, dict):
+                raise TypeError
+        except (KeyError, IndexError, TypeError):
             raise FormatError(f"{where}: {HISTORY} is not the JSON QAIRT writes") from None
     return QnnDlcInfo({i.filename: i.file_size for i in infos}, str(generation.get("tool", "")),
                       str(generation.get("converterVersion", "")))
