@@ -9,6 +9,11 @@ table (config/runtime_files.py) for the board OS the manifest names:
   - every file in lib/ and bin/ built for the board's CPU: ELF aarch64, or PE arm64 on Windows;
   - every skel in dsp/ a Hexagon ELF of the device's dsp_arch (htp_backend_ext_config.json),
     read from its e_flags: a v75 skel on a v73 device is refused;
+  - on Windows, the skel's signing catalog (dsp/libqnnhtpvNN.cat) beside it, listing that
+    skel's digest (formats/catalog.py): a catalog of another release is as good as none;
+  - one QAIRT release, reread from the bytes (formats/qairt_version.py): every runtime file's
+    build string / AISW_VERSION and every bin's build string, against each other and the
+    manifest's qairt_version; and each file's statements as the manifest's "versions" records;
   - run.sh / run.cmd sets LD_LIBRARY_PATH (PATH) to lib/ and ADSP_LIBRARY_PATH ';'-separated
     with dsp/ first (formats/runscript.py's reader), and changes into the bundle;
   - every runtime file's digest is the manifest's.
@@ -21,6 +26,8 @@ from pathlib import Path
 from hexbundle.config.layout import HTP_EXT_CONFIG, MANIFEST
 from hexbundle.config.runtime_files import BIN, DSP, LIB, TARGETS, is_windows, runtime_files
 from hexbundle.formats.binimage import read_image
+from hexbundle.formats.catalog import catalog_signs
+from hexbundle.formats.qairt_version import mixed_releases, parse_release, read_file_release
 from hexbundle.formats.runscript import adsp_problems, library_paths
 from hexbundle.support.hashing import file_digest
 
@@ -52,6 +59,7 @@ def check_runtime(report, htp) -> None:
         runtime.get("genie_version")
     arch = _device_arch(htp) or runtime.get("dsp_arch", "")
     _check_script(report, runtime)
+    _check_releases(report, manifest, runtime)
     if runtime.get("mode") == "board":
         report.notes.append(f"runtime = \"board\": no runtime in the bundle; the board "
                             f"({target}) must have QAIRT {qairt} installed (libGenie {genie}), "
@@ -64,6 +72,7 @@ def check_runtime(report, htp) -> None:
             report.problem("runtime", f"{f.bundle_path}: missing ({f.role} for {target} "
                                       f"{arch}){loaded}; take it from the SDK's {f.sdk_path}")
     _check_images(report, target, arch)
+    _check_catalogs(report, target, arch)
     _check_digests(report, manifest, runtime)
     report.notes.append(f"runtime: QAIRT {qairt} for {target} {arch} (libGenie {genie}), "
                         f"{len(runtime.get('files', []))} file(s)")
@@ -93,6 +102,8 @@ def _check_images(report, target: str, arch: str) -> None:
                                       f"lib/{target} file")
     for path in _files_in(bundle / DSP):
         rel = path.relative_to(bundle).as_posix()
+        if path.suffix == ".cat":
+            continue   # a signing catalog: _check_catalogs
         image = read_image(path)
         if image.machine != "hexagon":
             report.problem("runtime", f"{rel}: {image.describe()}, not a Hexagon ELF: the NPU "
@@ -101,6 +112,64 @@ def _check_images(report, target: str, arch: str) -> None:
             report.problem("runtime", f"{rel}: a Hexagon {image.hexagon_arch} skel (its "
                                       f"e_flags), the device is {arch} ({HTP_EXT_CONFIG}): "
                                       f"take the SDK's lib/hexagon-{arch}/unsigned skel")
+
+
+def _check_catalogs(report, target: str, arch: str) -> None:
+    """Windows loads the skel only beside a catalog that signs it: the table's catalog must
+    list the table's skel (its absence is the required-files check's)."""
+    if not is_windows(target):
+        return
+    table = runtime_files(target, arch)
+    skels = [report.path / f.bundle_path for f in table if f.kind == "hexagon"]
+    for f in (f for f in table if f.kind == "catalog"):
+        cat = report.path / f.bundle_path
+        for skel in (s for s in skels if s.is_file() and cat.is_file()):
+            if not catalog_signs(cat, skel):
+                report.problem("runtime", f"{f.bundle_path}: does not sign "
+                                          f"{skel.relative_to(report.path).as_posix()} (its "
+                                          "digest is not in the catalog): Windows refuses to "
+                                          "load the skel (transportStatus 9); take the skel and "
+                                          "its catalog from one QAIRT release")
+
+
+def _stated_releases(report, names: list) -> dict:
+    """{bundle path: FileRelease} of the files that exist, read from their bytes."""
+    found = {}
+    for rel in names:
+        path = report.path / rel
+        if isinstance(rel, str) and path.is_file():
+            found[rel] = read_file_release(path)
+    return found
+
+
+def _check_releases(report, manifest: dict, runtime: dict) -> None:
+    """One QAIRT release in the bundle, from the bytes: the runtime files', the bins', and the
+    manifest's qairt_version; and each runtime file's statements as recorded."""
+    recorded = runtime.get("versions") if isinstance(runtime.get("versions"), dict) else {}
+    bins = sorted(n for n in report.entries if n.endswith(".bin") and report.has_file(n))
+    found = _stated_releases(report, list(runtime.get("files") or []) + bins)
+    stated = {}
+    for rel, release in found.items():
+        if release.problem():
+            report.problem("runtime", f"{rel}: {release.problem()}")
+        elif release.release:
+            stated[rel] = release.release
+        if rel in recorded and recorded[rel] != release.record():
+            report.problem("runtime", f"{rel}: says {release.describe()}, {MANIFEST} records "
+                                      f"{recorded[rel]}: changed since it was bundled")
+    label = parse_release(str(runtime.get("qairt_version")))
+    if label is not None:
+        stated[f"{MANIFEST} qairt_version"] = label
+    mixed = mixed_releases(stated)
+    if mixed:
+        report.problem("runtime", f"not one QAIRT release ({mixed}): the board loads them "
+                                  "together (a stub and a skel of two releases: err 1008; bins "
+                                  "of another release: err 5000/5004/5005); rebuild the bundle "
+                                  "from one SDK")
+    silent = [n for n in bins if not found[n].stated]
+    if silent:
+        report.notes.append(f"runtime: {len(silent)} bin(s) state no QAIRT build string in "
+                            "their bytes: their release is not checked here")
 
 
 def _check_script(report, runtime: dict) -> None:

@@ -23,9 +23,10 @@ from typing import Optional
 
 # v2.42.0.251225135753_193295 ; the SDK's own spelling, 2.42.0.251225, also parses
 _BUILD = rb"v?(\d{1,3})\.(\d{1,3})\.(\d{1,4})\.(\d{6})(\d{0,8})(?:_(\d{1,12}))?"
-BUILD_STRING = re.compile(rb"(?<![\w.])v(\d{1,3})\.(\d{1,3})\.(\d{1,4})\.(\d{6})(\d{6,8})"
-                          rb"(?:_(\d{1,12}))?(?![\w.])")
-AISW_VERSION = re.compile(rb"AISW_VERSION: ?(\d{1,3})\.(\d{1,3})\.(\d{1,4})(?![\w.])")
+# (in a skel also as "hexnn_ver_v2.45.40.260406130939.": only digits may not touch it)
+BUILD_STRING = re.compile(rb"(?<![\d.])v(\d{1,3})\.(\d{1,3})\.(\d{1,4})\.(\d{6})(\d{6,8})"
+                          rb"(?:_(\d{1,12}))?(?!\d)")
+AISW_VERSION = re.compile(rb"AISW_VERSION: ?(\d{1,3})\.(\d{1,3})\.(\d{1,4})(?![\d.])")
 CHUNK = 4 << 20          # read in pieces: HtpPrepare is 90 MB
 OVERLAP = 64             # longer than any match, so one split across two pieces is found
 
