@@ -140,3 +140,16 @@ def build_runtime(sdk: Path, work: Path) -> Path:
                     src.write_text(library_c(out.name, f.role))
                     (pe_dll if target == WINDOWS else aarch64_so)(src, out)
     return sdk
+
+
+def bin_sizes(project, device: str, backend: str = "qairt") -> dict:
+    """The bytes the size model expects of each bin (the stand-in compile pads to them:
+    $STANDIN_QAIRT_BIN_BYTES)."""
+    from hexbundle.checks import sizes
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps.options import bundle_options
+    layout = Layout(load_build(project.root, {"backend": backend, "device": device}))
+    o = bundle_options(layout.cfg)
+    return {layout.bin_name(e.part): e.packed
+            for e in sizes.expect_from_inputs(layout, o.convert, o.compile)}

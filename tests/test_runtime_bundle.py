@@ -15,7 +15,7 @@ from hexbundle.config.runtime_files import ANDROID, LINUX, WINDOWS, runtime_file
 from hexbundle.formats.binimage import read_image
 from hexbundle.formats.catalog import catalog_signs
 from hexbundle.formats.qairt_version import read_file_release
-from standin_runtime import build_runtime, set_hexagon_arch, x86_so
+from standin_runtime import bin_sizes, build_runtime, set_hexagon_arch, x86_so
 
 # long end-to-end builds: in the full suite (CI), not the fast tier
 pytestmark = [pytest.mark.deploy, pytest.mark.heavy]
@@ -43,18 +43,6 @@ def built(proj, sdk) -> Path:
     """The IQ-9075 qairt bundle, as the stand-in SDK makes it (up to date: nothing reruns)."""
     qairt(proj, sdk, "bundle")
     return proj.bundle(backend="qairt")
-
-
-def bin_sizes(project, device: str) -> dict:
-    """The bytes the size model expects of each bin (the stand-in compile pads to them)."""
-    from hexbundle.checks import sizes
-    from hexbundle.config.build import load_build
-    from hexbundle.config.layout import Layout
-    from hexbundle.steps.options import bundle_options
-    layout = Layout(load_build(project.root, {"backend": "qairt", "device": device}))
-    o = bundle_options(layout.cfg)
-    return {layout.bin_name(e.part): e.packed
-            for e in sizes.expect_from_inputs(layout, o.convert, o.compile)}
 
 
 def qairt(project, sdk: Path, *args, device="iq9075", mode="ok", check=True):

@@ -132,12 +132,15 @@ def read_file_release(path: Path) -> FileRelease:
 
 
 def mixed_releases(stated: dict) -> str:
-    """"" when every file's release is one release; else which files say which, grouped.
+    """"" when every file's release is one release; else which files say which, grouped (a
+    file that states no build date goes with the dated release of its version, if any).
     `stated`: {name: Release}."""
     names = sorted(stated)
     if all(stated[a].same_as(stated[b]) for a in names for b in names):
         return ""
+    dated = {r.version: str(r) for r in stated.values() if r.date}
     groups = {}
     for name in names:
-        groups.setdefault(str(stated[name]), []).append(name)
+        release = stated[name]
+        groups.setdefault(dated.get(release.version, str(release)), []).append(name)
     return "; ".join(f"QAIRT {rel}: {', '.join(files)}" for rel, files in sorted(groups.items()))
