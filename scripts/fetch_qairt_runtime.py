@@ -23,7 +23,8 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PIN = re.compile(r"^(onnxruntime-qnn==(\S+))\s+(--hash=sha256:[0-9a-f]{64})\s+#\s*platform:\s*(\S+)")
+PIN = re.compile(r"^(onnxruntime-qnn==(\S+))\s+(--hash=sha256:[0-9a-f]{64})"
+                 r"\s+#\s*platform:\s*(\S+)")
 KEEP = {"libGenie.so", "Genie.dll", "libQnnHtp.so", "QnnHtp.dll", "libQnnSystem.so",
         "QnnSystem.dll", "libQnnHtpNetRunExtensions.so", "QnnHtpNetRunExtensions.dll",
         "libQnnHtpV73Stub.so", "QnnHtpV73Stub.dll", "libQnnHtpV73Skel.so", "libqnnhtpv73.cat"}

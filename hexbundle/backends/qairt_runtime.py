@@ -119,7 +119,8 @@ def runtime_release(sdk_root: Path, plan: RuntimePlan) -> RuntimeRelease:
                            f"and sdk.yaml are not one QAIRT release ({mixed}): a board loads "
                            "them together (a stub and a skel of two releases: err 1008), and "
                            "the bundle would be labelled with a release it does not hold. "
-                           "Use one QAIRT release whole, as Qualcomm ships it (sdk.yaml and every file)")
+                           "Use one QAIRT release whole, as Qualcomm ships it (sdk.yaml and "
+                           "every file)")
     dated = [r for r in stated.values() if r.date]
     return RuntimeRelease(dated[0] if dated else sdk, versions, tuple(aisw))
 

@@ -5,7 +5,7 @@ and which optional, per board OS (the SDK's target folder names). The qairt back
 step copies them by this table (backends/qairt_runtime.py), run.sh is written from it
 (formats/runscript.py), and check_bundle judges a bundle by it (checks/runtime_check.py).
 
-Facts (../shared/reference/deploying.md): libQnnHtp, libQnnSystem and
+Facts (docs/deploy.md): libQnnHtp, libQnnSystem and
 libQnnHtpNetRunExtensions are loaded by bare name through LD_LIBRARY_PATH (PATH on Windows);
 without the extensions library Genie only warns and ignores htp_backend_ext_config.json, so
 it is required here. The skel runs on the NPU and is found through ADSP_LIBRARY_PATH; it lives

@@ -94,7 +94,8 @@ class FileRelease:
 
     def record(self) -> dict:
         """What the bundle manifest records of a file (checks compare it with the bytes)."""
-        return {"build": [b.text for b in self.builds], "aisw_version": [a.dotted for a in self.aisw]}
+        return {"build": [b.text for b in self.builds],
+                "aisw_version": [a.dotted for a in self.aisw]}
 
 
 def scan_bytes(data: bytes, before: int = -1) -> FileRelease:

@@ -1,7 +1,7 @@
 """The bundle's launcher: run.sh (POSIX sh; Linux and Android boards) and run.cmd (Windows).
 Writer (`render`) and reader (`library_paths`, what check_bundle judges).
 
-Why a launcher (../shared/reference/deploying.md): relative paths in genie_config.json follow
+Why a launcher (docs/deploy.md): relative paths in genie_config.json follow
 the working directory, so it changes into the bundle; LD_LIBRARY_PATH finds the libraries QNN
 loads by bare name; ADSP_LIBRARY_PATH is split on ';' only by fastrpc (a ':' joins nothing), and
 fastrpc appends its own defaults after it, so the bundle's dsp/ goes first or a stale skel in
