@@ -133,12 +133,17 @@ def _check_catalogs(report, target: str, arch: str) -> None:
 
 
 def _stated_releases(report, names: list) -> dict:
-    """{bundle path: FileRelease} of the files that exist, read from their bytes."""
+    """{bundle path: FileRelease} of the files that exist, read from their bytes (a bin is read
+    whole: where a real one keeps its build string in its payload is not fixed)."""
     found = {}
-    for rel in names:
+    for rel in (n for n in names if isinstance(n, str)):
         path = report.path / rel
-        if isinstance(rel, str) and path.is_file():
+        if not path.is_file():
+            continue   # the required-files and ctx-bins checks say so
+        try:
             found[rel] = read_file_release(path)
+        except OSError as exc:
+            report.problem("runtime", f"{rel}: cannot read it ({exc.strerror})")
     return found
 
 
@@ -166,7 +171,7 @@ def _check_releases(report, manifest: dict, runtime: dict) -> None:
                                   "together (a stub and a skel of two releases: err 1008; bins "
                                   "of another release: err 5000/5004/5005); rebuild the bundle "
                                   "from one SDK")
-    silent = [n for n in bins if not found[n].stated]
+    silent = [n for n in bins if n in found and not found[n].stated]
     if silent:
         report.notes.append(f"runtime: {len(silent)} bin(s) state no QAIRT build string in "
                             "their bytes: their release is not checked here")
