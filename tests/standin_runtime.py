@@ -8,12 +8,19 @@ paths for the three board OSes (hexbundle/config/runtime_files.py is the table t
   Hexagon ELF   clang --target=hexagon: lib/hexagon-vNN/unsigned/libQnnHtpVNNSkel.so. LLVM 14
                 (Debian 12's clang) knows CPUs up to hexagonv69, so the skel is built for v69 and
                 its e_flags' architecture field set to NN, as the SDK's own skels carry it.
+  catalog       Windows: the skel's signing catalog, libqnnhtpvNN.cat, holding the skel's
+                SHA-256 and SHA-1 as the real ones do (formats/catalog.py)
   x86-64 ELF    the host's cc: a library of the wrong CPU, for the refusal tests
+Each says its release in its bytes as the real file of its role does (the onnxruntime-qnn
+wheels' files): QnnHtp, the stub and the skel the build string and `AISW_VERSION: X.Y.Z`,
+libGenie and NetRunExtensions AISW_VERSION only, QnnSystem, genie-t2t-run and the catalog
+nothing. The release is the stand-in sdk.yaml's, 2.42.0.251225: v2.42.0.251225135753_193295.
 
 The tools come from .ci/run's apt-get install; a missing one fails the test naming the package.
 """
 from __future__ import annotations
 
+import hashlib
 import shutil
 import struct
 import subprocess
@@ -27,6 +34,11 @@ TOOLS = {"aarch64-linux-gnu-gcc": "gcc-aarch64-linux-gnu", "clang": "clang",
 ARCHS = ("v73", "v75")
 
 LIB_C = 'const char *standin_name(void) { return "%s"; }\n'
+VERSION_C = 'const char standin_%s[] = "%s";\n'
+BUILD = "v2.42.0.251225135753_193295"      # the real QAIRT 2.42.0.251225's build string
+# which roles carry which statement, as Qualcomm's own files do
+STATES_BUILD = {"libQnnHtp", "stub", "skel", "libQnnHtpPrepare"}
+STATES_AISW = STATES_BUILD | {"libGenie", "libQnnHtpNetRunExtensions"}
 MAIN_C = '#include <stdio.h>\nint main(void) { puts("%s"); return 0; }\n'
 PE_MAIN_C = "int mainCRTStartup(void) { return 0; }\n"
 
@@ -86,6 +98,23 @@ def set_hexagon_arch(path: Path, arch: str) -> None:
     path.write_bytes(bytes(data))
 
 
+def library_c(name: str, role: str, build: str = BUILD) -> str:
+    """A library's source: its name, and the release statements a real one of `role` has."""
+    text = LIB_C % name
+    if role in STATES_AISW:
+        text += VERSION_C % ("aisw", "AISW_VERSION: " + build.lstrip("v").rsplit(".", 1)[0])
+    if role in STATES_BUILD:
+        text += VERSION_C % ("build", build)
+    return text
+
+
+def catalog_for(skel: Path, out: Path) -> None:
+    """A stand-in signing catalog: the skel's digests, as a real catalog lists its members."""
+    data = skel.read_bytes()
+    out.write_bytes(b"stand-in catalog\0" + hashlib.sha256(data).digest()
+                    + hashlib.sha1(data).digest())
+
+
 def build_runtime(sdk: Path, work: Path) -> Path:
     """The stand-in SDK copied to `sdk` with every runtime file of every target built in."""
     shutil.copytree(STANDIN_SDK, sdk, ignore=shutil.ignore_patterns("__pycache__"))
@@ -98,13 +127,29 @@ def build_runtime(sdk: Path, work: Path) -> Path:
                     continue
                 out.parent.mkdir(parents=True, exist_ok=True)
                 src = work / (out.name + ".c")
-                if f.kind == "hexagon":
-                    src.write_text(LIB_C % out.name)
+                if f.kind == "catalog":
+                    skel = [g for g in runtime_files(target, arch) if g.kind == "hexagon"][0]
+                    catalog_for(sdk / skel.sdk_path, out)
+                elif f.kind == "hexagon":
+                    src.write_text(library_c(out.name, f.role))
                     hexagon_so(src, out, arch)
                 elif f.role == "genie-t2t-run":
                     src.write_text(PE_MAIN_C if target == WINDOWS else MAIN_C % out.name)
                     (pe_exe if target == WINDOWS else aarch64_exe)(src, out)
                 else:
-                    src.write_text(LIB_C % out.name)
+                    src.write_text(library_c(out.name, f.role))
                     (pe_dll if target == WINDOWS else aarch64_so)(src, out)
     return sdk
+
+
+def bin_sizes(project, device: str, backend: str = "qairt") -> dict:
+    """The bytes the size model expects of each bin (the stand-in compile pads to them:
+    $STANDIN_QAIRT_BIN_BYTES)."""
+    from hexbundle.checks import sizes
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps.options import bundle_options
+    layout = Layout(load_build(project.root, {"backend": backend, "device": device}))
+    o = bundle_options(layout.cfg)
+    return {layout.bin_name(e.part): e.packed
+            for e in sizes.expect_from_inputs(layout, o.convert, o.compile)}

@@ -61,6 +61,8 @@ class Sshd:
         self.libs = top / "libs"
         self.libs.mkdir()
         (self.libs / "libcdsprpc.so").write_bytes(b"")
+        # the board's libstdc++, as run.sh checks it: its symbol versions as plain strings
+        (self.libs / "libstdc++.so.6").write_bytes(b"\0GLIBCXX_3.4.28\0GLIBCXX_3.4.29\0")
         Path("/run/sshd").mkdir(exist_ok=True)      # sshd's privilege separation directory
         config = top / "sshd_config"
         config.write_text(

@@ -13,7 +13,9 @@ import pytest
 from conftest import copy_project
 from hexbundle.config.runtime_files import ANDROID, LINUX, WINDOWS, runtime_files
 from hexbundle.formats.binimage import read_image
-from standin_runtime import build_runtime, set_hexagon_arch, x86_so
+from hexbundle.formats.catalog import catalog_signs
+from hexbundle.formats.qairt_version import read_file_release
+from standin_runtime import bin_sizes, build_runtime, set_hexagon_arch, x86_so
 
 # long end-to-end builds: in the full suite (CI), not the fast tier
 pytestmark = [pytest.mark.deploy, pytest.mark.heavy]
@@ -43,18 +45,6 @@ def built(proj, sdk) -> Path:
     return proj.bundle(backend="qairt")
 
 
-def bin_sizes(project, device: str) -> dict:
-    """The bytes the size model expects of each bin (the stand-in compile pads to them)."""
-    from hexbundle.checks import sizes
-    from hexbundle.config.build import load_build
-    from hexbundle.config.layout import Layout
-    from hexbundle.steps.options import bundle_options
-    layout = Layout(load_build(project.root, {"backend": "qairt", "device": device}))
-    o = bundle_options(layout.cfg)
-    return {layout.bin_name(e.part): e.packed
-            for e in sizes.expect_from_inputs(layout, o.convert, o.compile)}
-
-
 def qairt(project, sdk: Path, *args, device="iq9075", mode="ok", check=True):
     env = {"QAIRT_SDK_ROOT": str(sdk), "STANDIN_QAIRT_MODE": mode,
            "STANDIN_QAIRT_BIN_BYTES": json.dumps(bin_sizes(project, device))}
@@ -81,6 +71,7 @@ def test_the_bundle_carries_the_runtime_of_the_boards_os(proj, sdk, device):
     runtime = man["runtime"]
     assert runtime["target"] == target and runtime["mode"] == "bundled"
     assert runtime["qairt_version"] == "2.42.0.251225"
+    assert runtime["qairt_build"] == "v2.42.0.251225135753_193295"   # read from the files
     assert runtime["genie_version"] == "1.14.0"          # the SDK's GenieCommon.h
     table = runtime_files(target, "v73")
     assert runtime["files"] == [f.bundle_path for f in table]   # the optional one is there too
@@ -88,6 +79,10 @@ def test_the_bundle_carries_the_runtime_of_the_boards_os(proj, sdk, device):
         path = bundle / f.bundle_path
         assert (sdk / f.sdk_path).read_bytes() == path.read_bytes(), f.bundle_path
         assert man["files"][f.bundle_path]["size"] == path.stat().st_size
+        assert runtime["versions"][f.bundle_path] == read_file_release(path).record()
+        if f.kind == "catalog":    # Windows: beside the skel, signing it
+            assert target == WINDOWS and catalog_signs(path, bundle / "dsp/libQnnHtpV73Skel.so")
+            continue
         image = read_image(path)
         if f.kind == "hexagon":
             assert (image.format, image.machine, image.hexagon_arch) == ("ELF", "hexagon", "v73")
@@ -99,7 +94,7 @@ def test_the_bundle_carries_the_runtime_of_the_boards_os(proj, sdk, device):
     assert runtime["script"] == script and script in man["files"]
     # what each bin says of itself, recorded
     for name, info in runtime["bins"].items():
-        assert info["buildId"] == "v2.42.0.251225" and info["dspArch"] == "v73"
+        assert info["buildId"] == "v2.42.0.251225135753_193295" and info["dspArch"] == "v73"
         assert {"contextBlobVersion", "coreApiVersion", "backendApiVersion", "socModel",
                 "graphs"} <= set(info)
     run = check_bundle(proj, bundle, check=True)
@@ -184,7 +179,8 @@ def test_a_bin_of_another_build_is_refused(proj, sdk, tmp_path):
     project.doit("inputs")
     run = qairt(project, sdk, "bundle", mode="bin_other_build", check=False)
     _refused(run, "qwen2_tiny_part_1_of_4.bin: the context binary",
-             "was made by QAIRT build v2.41.0.250101, the runtime is v2.42.0.251225")
+             "was made by QAIRT build v2.41.0.250101153012_190001, the runtime is QAIRT "
+             "2.42.0.251225 (v2.42.0.251225135753_193295)")
     assert not project.bundle(backend="qairt").exists()
 
 
@@ -228,6 +224,8 @@ def board(built):
         libs = top / "libs"
         libs.mkdir()
         (libs / "libcdsprpc.so").write_bytes(b"")
+        # a libstdc++ as the board's: its symbol versions as plain strings
+        (libs / "libstdc++.so.6").write_bytes(b"\0GLIBCXX_3.4.28\0GLIBCXX_3.4.29\0")
         (top / "elsewhere").mkdir()
         subprocess.run(["chmod", "-R", "a+rX", str(top)], check=True)
         node.chmod(0o666)
@@ -261,6 +259,21 @@ def test_run_sh_runs_genie_from_the_bundle_with_its_library_paths(board):
     assert json.loads(profile.read_text())["components"][0]["name"] == "dialog0"
 
 
+def test_a_second_profiled_run_works_as_the_first(board):
+    """genie-t2t-run refuses an existing profile file (the stand-in as the real one is
+    reported to): run.sh removes the one --profile names, so a second run is not refused."""
+    profile = board["top"] / "elsewhere" / "profile.json"
+    for _ in range(2):
+        proc = run_sh(board, "-c", "genie_config.json", "-p", "Hi", "--profile", str(profile))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert json.loads(profile.read_text())["components"][0]["name"] == "dialog0"
+    # without the removal, the second run is refused (the stand-in's check is live)
+    direct = subprocess.run([str(HOST_GENIE), "-c", "genie_config.json", "-p", "Hi",
+                             "--profile", str(profile)], cwd=board["bundle"],
+                            capture_output=True, text=True, timeout=60)
+    assert direct.returncode == 1 and "already exists" in direct.stdout
+
+
 def test_run_sh_passes_genies_own_failure_on(board):
     proc = run_sh(board, "-c", "no_such_config.json", "-p", "x")
     assert proc.returncode == 1
@@ -276,6 +289,14 @@ def test_run_sh_passes_genies_own_failure_on(board):
     ("only libcdsprpc.so.1", "libcdsprpc.so.1 is installed; the stub loads the bare name: ln -s"),
     ("old glibc", "glibc 2.31 on this board; QAIRT 2.42.0.251225's aarch64 libraries need "
                   "glibc >= 2.34"),
+    ("no libstdc++", "libstdc++.so.6: not found (LD_LIBRARY_PATH and the system library "
+                     "folders); QAIRT 2.42.0.251225's aarch64 libraries need one with "
+                     "GLIBCXX_3.4.29"),
+    ("old libstdc++", "libstdc++.so.6 has no GLIBCXX_3.4.29; QAIRT 2.42.0.251225's aarch64 "
+                      "libraries need it"),
+    ("a file of another release", "lib/libGenie.so: AISW_VERSION 2.41.0, the bundle is QAIRT "
+                                  "2.42.0.251225 (AISW_VERSION 2.42.0): the runtime files must "
+                                  "come from one QAIRT release"),
     ("other libGenie", "genie-t2t-run used libGenie.so version 1.13.0, the bundle was compiled "
                        "with QAIRT 2.42.0.251225 (libGenie 1.14.0)"),
 ])
@@ -296,6 +317,13 @@ def test_each_preflight_failure_says_what_to_do(board, case, expect):
         (fake / "getconf").write_text("#!/bin/sh\necho 'glibc 2.31'\n")
         (fake / "getconf").chmod(0o755)
         env["PATH"] = f"{fake}:{os.environ['PATH']}"
+    elif case == "no libstdc++":
+        (board["libs"] / "libstdc++.so.6").unlink()
+    elif case == "old libstdc++":
+        (board["libs"] / "libstdc++.so.6").write_bytes(b"\0GLIBCXX_3.4.28\0GLIBCXX_3.4.290\0")
+    elif case == "a file of another release":
+        lib = board["bundle"] / "lib" / "libGenie.so"
+        lib.write_bytes(lib.read_bytes().replace(b"AISW_VERSION: 2.42.0", b"AISW_VERSION: 2.41.0"))
     elif case == "other libGenie":
         env["STANDIN_GENIE_VERSION"] = "1.13.0"
     proc = run_sh(board, env=env, as_nobody=as_nobody)

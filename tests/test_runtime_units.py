@@ -47,7 +47,8 @@ def test_run_sh_passes_shellcheck(tmp_path, target, mode):
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is not installed: apt-get install shellcheck (.ci/run does)"
     script = tmp_path / "run.sh"
-    script.write_text(render(RunScript(target, mode, "2.42.0.251225", "1.14.0", 1)))
+    script.write_text(render(RunScript(target, mode, "2.42.0.251225", "1.14.0", 1, "2.42.0",
+                                       ("lib/libGenie.so", "dsp/libQnnHtpV73Skel.so"))))
     proc = subprocess.run([shellcheck, "--shell=sh", str(script)], capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout

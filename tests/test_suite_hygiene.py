@@ -14,7 +14,8 @@ from pathlib import Path
 
 from conftest import ROOT, copy_project
 
-LOCAL = {"hexbundle", "conftest", "real_qairt", "hostile_reapi", "standin_runtime"}
+LOCAL = {"hexbundle", "conftest", "real_qairt", "hostile_reapi", "standin_runtime",
+         "real_runtime"}
 
 
 def _normal(name: str) -> str:

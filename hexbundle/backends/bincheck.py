@@ -29,8 +29,9 @@ class BinFacts:
     soc_model: Optional[int]          # None: the metadata does not say
     dsp_arch: Optional[str]           # "v73"; None: the metadata does not say
     weight_copies: Optional[int]      # copies of the weights across graphs; None: not said
-    # what else the utility says (the manifest records it): buildId ("v2.42.0.251225": the SDK
-    # that made it), contextBlobVersion, coreApiVersion, backendApiVersion, socVersion
+    # what else the utility says (the manifest records it): buildId (the SDK build that made
+    # it, "v2.42.0.251225135753_193295"), contextBlobVersion, coreApiVersion,
+    # backendApiVersion, socVersion
     info: tuple = ()                  # (key, value) pairs; () for the reference reader
 
     @property

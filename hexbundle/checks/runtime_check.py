@@ -12,6 +12,11 @@ table (config/runtime_files.py) for the board OS the manifest names:
   - every file in lib/ and bin/ a 64-bit ELF (a 32-bit aarch64 library is ILP32: no board's
     loader takes it);
   - every bin recorded was made by the QAIRT the manifest names (its buildId);
+  - on Windows, the skel's signing catalog (dsp/libqnnhtpvNN.cat) beside it, listing that
+    skel's digest (formats/catalog.py): a catalog of another release is as good as none;
+  - one QAIRT release, reread from the bytes (formats/qairt_version.py): every runtime file's
+    build string / AISW_VERSION and every bin's build string, against each other and the
+    manifest's qairt_version; and each file's statements as the manifest's "versions" records;
   - run.sh / run.cmd sets LD_LIBRARY_PATH (PATH) to lib/ and ADSP_LIBRARY_PATH ';'-separated
     with dsp/ first (formats/runscript.py's reader), and changes into the bundle;
   - every runtime file's digest is the manifest's.
@@ -28,6 +33,8 @@ from pathlib import Path
 from hexbundle.config.layout import HTP_EXT_CONFIG, MANIFEST
 from hexbundle.config.runtime_files import BIN, DSP, LIB, TARGETS, is_windows, runtime_files
 from hexbundle.formats.binimage import read_image
+from hexbundle.formats.catalog import catalog_signs
+from hexbundle.formats.qairt_version import mixed_releases, parse_release, read_file_release
 from hexbundle.formats.runscript import RunScript, adsp_problems, library_paths, render
 from hexbundle.support.errors import InputError
 from hexbundle.support.files import read_named_file
@@ -63,6 +70,7 @@ def check_runtime(report, htp, manifest) -> None:
     arch = _device_arch(htp) or runtime.get("dsp_arch", "")
     _check_script(report, runtime)
     _check_bins_qairt(report, runtime)
+    _check_releases(report, manifest, runtime)
     if runtime.get("mode") == "board":
         present = [d for d in (LIB, DSP, BIN) if (bundle / d).exists()]
         if present:
@@ -82,6 +90,7 @@ def check_runtime(report, htp, manifest) -> None:
             report.problem("runtime", f"{f.bundle_path}: missing ({f.role} for {target} "
                                       f"{arch}){loaded}; take it from the SDK's {f.sdk_path}")
     _check_images(report, target, arch)
+    _check_catalogs(report, target, arch)
     _check_digests(report, manifest, runtime)
     report.notes.append(f"runtime: QAIRT {qairt} for {target} {arch} (libGenie {genie}), "
                         f"{len(runtime.get('files', []))} file(s)")
@@ -115,6 +124,8 @@ def _check_images(report, target: str, arch: str) -> None:
                                       f"refuses it; take the SDK's lib/{target} file")
     for path in _files_in(bundle / DSP):
         rel = path.relative_to(bundle).as_posix()
+        if path.suffix == ".cat":
+            continue   # a signing catalog: _check_catalogs
         image = read_image(path)
         if image.machine != "hexagon":
             report.problem("runtime", f"{rel}: {image.describe()}, not a Hexagon ELF: the NPU "
@@ -123,6 +134,69 @@ def _check_images(report, target: str, arch: str) -> None:
             report.problem("runtime", f"{rel}: a Hexagon {image.hexagon_arch} skel (its "
                                       f"e_flags), the device is {arch} ({HTP_EXT_CONFIG}): "
                                       f"take the SDK's lib/hexagon-{arch}/unsigned skel")
+
+
+def _check_catalogs(report, target: str, arch: str) -> None:
+    """Windows loads the skel only beside a catalog that signs it: the table's catalog must
+    list the table's skel (its absence is the required-files check's)."""
+    if not is_windows(target):
+        return
+    table = runtime_files(target, arch)
+    skels = [report.path / f.bundle_path for f in table if f.kind == "hexagon"]
+    for f in (f for f in table if f.kind == "catalog"):
+        cat = report.path / f.bundle_path
+        for skel in (s for s in skels if s.is_file() and cat.is_file()):
+            if not catalog_signs(cat, skel):
+                report.problem("runtime", f"{f.bundle_path}: does not sign "
+                                          f"{skel.relative_to(report.path).as_posix()} (its "
+                                          "digest is not in the catalog): Windows refuses to "
+                                          "load the skel (transportStatus 9); take the skel and "
+                                          "its catalog from one QAIRT release")
+
+
+def _stated_releases(report, names: list) -> dict:
+    """{bundle path: FileRelease} of the files that exist, read from their bytes (a bin is read
+    whole: where a real one keeps its build string in its payload is not fixed)."""
+    found = {}
+    for rel in (n for n in names if isinstance(n, str)):
+        path = report.path / rel
+        if not path.is_file():
+            continue   # the required-files and ctx-bins checks say so
+        try:
+            found[rel] = read_file_release(path)
+        except OSError as exc:
+            report.problem("runtime", f"{rel}: cannot read it ({exc.strerror})")
+    return found
+
+
+def _check_releases(report, manifest: dict, runtime: dict) -> None:
+    """One QAIRT release in the bundle, from the bytes: the runtime files', the bins', and the
+    manifest's qairt_version; and each runtime file's statements as recorded."""
+    recorded = runtime.get("versions") if isinstance(runtime.get("versions"), dict) else {}
+    bins = sorted(n for n in report.entries if n.endswith(".bin") and report.has_file(n))
+    found = _stated_releases(report, list(runtime.get("files") or []) + bins)
+    stated = {}
+    for rel, release in found.items():
+        if release.problem():
+            report.problem("runtime", f"{rel}: {release.problem()}")
+        elif release.release:
+            stated[rel] = release.release
+        if rel in recorded and recorded[rel] != release.record():
+            report.problem("runtime", f"{rel}: says {release.describe()}, {MANIFEST} records "
+                                      f"{recorded[rel]}: changed since it was bundled")
+    label = parse_release(str(runtime.get("qairt_version")))
+    if label is not None:
+        stated[f"{MANIFEST} qairt_version"] = label
+    mixed = mixed_releases(stated)
+    if mixed:
+        report.problem("runtime", f"not one QAIRT release ({mixed}): the board loads them "
+                                  "together (a stub and a skel of two releases: err 1008; bins "
+                                  "of another release: err 5000/5004/5005); rebuild the bundle "
+                                  "from one SDK")
+    silent = [n for n in bins if n in found and not found[n].stated]
+    if silent:
+        report.notes.append(f"runtime: {len(silent)} bin(s) state no QAIRT build string in "
+                            "their bytes: their release is not checked here")
 
 
 def _check_script(report, runtime: dict) -> None:
@@ -169,8 +243,7 @@ def _check_script_bytes(report, runtime: dict, name: str, data: bytes) -> None:
     """The launcher is exactly what formats/runscript.py writes for the manifest's runtime
     record: hexbundle wrote it, so any other byte is a change (a digest updated with it
     proves nothing)."""
-    want = render(RunScript(runtime["target"], runtime["mode"], runtime["qairt_version"],
-                            runtime["genie_version"], runtime["htp_device_id"])).encode()
+    want = render(_script_of(runtime)).encode()
     if data == want:
         return
     if not is_windows(runtime["target"]) and b"\r\n" in data:
@@ -190,6 +263,20 @@ def _check_script_bytes(report, runtime: dict, name: str, data: bytes) -> None:
                               f"{runtime['target']}, QAIRT {runtime['qairt_version']}): the "
                               "launcher was changed after the build, and the board would run "
                               "it; rebuild the bundle (`doit bundle`)")
+
+
+def _script_of(runtime: dict) -> RunScript:
+    """The launcher the bundle step writes for this runtime record (backends/qairt_runtime.py):
+    run.sh checks AISW_VERSION in each bundled file whose bytes stated it when it was bundled
+    (the record's "versions", in the record's file order), against the release's X.Y.Z."""
+    versions = runtime.get("versions") if isinstance(runtime.get("versions"), dict) else {}
+    release = parse_release(str(runtime.get("qairt_build", ""))) or \
+        parse_release(runtime["qairt_version"])
+    aisw = tuple(p for p in runtime["files"]
+                 if isinstance(versions.get(p), dict) and versions[p].get("aisw_version"))
+    return RunScript(runtime["target"], runtime["mode"], runtime["qairt_version"],
+                     runtime["genie_version"], runtime["htp_device_id"],
+                     release.dotted if release else "", aisw)
 
 
 def _check_bins_qairt(report, runtime: dict) -> None:

@@ -5,12 +5,16 @@ and which optional, per board OS (the SDK's target folder names). The qairt back
 step copies them by this table (backends/qairt_runtime.py), run.sh is written from it
 (formats/runscript.py), and check_bundle judges a bundle by it (checks/runtime_check.py).
 
-Facts (../shared/reference/deploying.md): libQnnHtp, libQnnSystem and
+Facts (docs/deploy.md): libQnnHtp, libQnnSystem and
 libQnnHtpNetRunExtensions are loaded by bare name through LD_LIBRARY_PATH (PATH on Windows);
 without the extensions library Genie only warns and ignores htp_backend_ext_config.json, so
 it is required here. The skel runs on the NPU and is found through ADSP_LIBRARY_PATH; it lives
 in lib/hexagon-vNN/unsigned/ of the SDK whatever the board's OS. libQnnHtpPrepare is for
 on-device graph preparation, which prebuilt context binaries do not need: optional.
+On Windows the skel is signature-checked and loads only with its signing catalog
+(libqnnhtpvNN.cat) in the same folder (Qualcomm's Windows "HTP Library Loading" tutorial; every
+win_arm64 onnxruntime-qnn wheel ships it beside the skel): required there, in dsp/. The
+catalog is not a library: it is judged by the skel digests it lists (formats/catalog.py).
 """
 from __future__ import annotations
 
@@ -36,6 +40,9 @@ LIB, DSP, BIN = "lib", "dsp", "bin"
 GENIE_VERSION_LINE = "Using libGenie.so version "
 # glibc the SDK's aarch64 Linux libraries need (onnxruntime#26634)
 MIN_GLIBC = "2.34"
+# the libstdc++ symbol version every aarch64 QAIRT library needs (2.45.40 to 2.51.0, read from
+# the onnxruntime-qnn wheels' files: their highest GLIBCXX_ version)
+MIN_GLIBCXX = "GLIBCXX_3.4.29"
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,8 @@ class RuntimeFile:
     role: str            # what it is, for messages: "libGenie", "skel", ...
     sdk_path: str        # relative to the SDK root
     bundle_path: str     # relative to the bundle
-    kind: str            # "cpu" (the board's CPU: ELF aarch64 / PE arm64) or "hexagon"
+    kind: str            # "cpu" (the board's CPU: ELF aarch64 / PE arm64), "hexagon", or
+                         # "catalog" (Windows: the skel's signing catalog)
     required: bool
     by_name: bool        # Genie or QNN dlopen()s it by bare name: it must be in lib/
 
@@ -59,6 +67,11 @@ def script_name(target: str) -> str:
 
 def _lib(target: str, stem: str) -> str:
     return f"{stem}.dll" if is_windows(target) else f"lib{stem}.so"
+
+
+def catalog_name(dsp_arch: str) -> str:
+    """The skel's signing catalog, as Qualcomm names it: libqnnhtpv73.cat (lower case)."""
+    return f"libqnnhtpv{dsp_arch.lower().lstrip('v')}.cat"
 
 
 def runtime_files(target: str, dsp_arch: str) -> tuple:
@@ -79,6 +92,10 @@ def runtime_files(target: str, dsp_arch: str) -> tuple:
     skel = f"libQnnHtpV{nn}Skel.so"
     files.append(RuntimeFile("skel", f"lib/hexagon-v{nn}/unsigned/{skel}", f"{DSP}/{skel}",
                              "hexagon", True, True))
+    if is_windows(target):
+        cat = catalog_name(dsp_arch)
+        files.append(RuntimeFile("skel's signing catalog", f"lib/hexagon-v{nn}/unsigned/{cat}",
+                                 f"{DSP}/{cat}", "catalog", True, False))
     runner = "genie-t2t-run.exe" if is_windows(target) else "genie-t2t-run"
     files.append(RuntimeFile("genie-t2t-run", f"bin/{target}/{runner}", f"{BIN}/{runner}",
                              "cpu", True, False))

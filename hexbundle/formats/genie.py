@@ -28,7 +28,8 @@ from hexbundle.support.jsondoc import read_json
 
 # What ai-hub-apps' manual_bundle.md copies beside the configs and bins: the Genie and QNN
 # libraries (libGenie.so, libQnnHtp*.so, the Hexagon skel libraries) and genie-t2t-run
-RUNTIME_FILE = re.compile(r"lib[\w.+-]*\.so(\.[\d.]+)?|genie-[\w-]+")
+# (Windows: its DLLs, genie-t2t-run.exe and the skel's signing catalog, libqnnhtpvNN.cat)
+RUNTIME_FILE = re.compile(r"lib[\w.+-]*\.so(\.[\d.]+)?|genie-[\w-]+|[\w.+-]+\.(?:dll|exe|cat)")
 # What a qairt bundle carries of the compiling SDK (config/runtime_files.py): its runtime's
 # directories, each of files only, and the launcher (checks/runtime_check.py judges their bytes)
 RUNTIME_DIRS = (LIB, DSP, BIN)

@@ -23,9 +23,10 @@ from typing import Optional
 
 # v2.42.0.251225135753_193295 ; the SDK's own spelling, 2.42.0.251225, also parses
 _BUILD = rb"v?(\d{1,3})\.(\d{1,3})\.(\d{1,4})\.(\d{6})(\d{0,8})(?:_(\d{1,12}))?"
-BUILD_STRING = re.compile(rb"(?<![\w.])v(\d{1,3})\.(\d{1,3})\.(\d{1,4})\.(\d{6})(\d{6,8})"
-                          rb"(?:_(\d{1,12}))?(?![\w.])")
-AISW_VERSION = re.compile(rb"AISW_VERSION: ?(\d{1,3})\.(\d{1,3})\.(\d{1,4})(?![\w.])")
+# (in a skel also as "hexnn_ver_v2.45.40.260406130939.": only digits may not touch it)
+BUILD_STRING = re.compile(rb"(?<![\d.])v(\d{1,3})\.(\d{1,3})\.(\d{1,4})\.(\d{6})(\d{6,8})"
+                          rb"(?:_(\d{1,12}))?(?!\d)")
+AISW_VERSION = re.compile(rb"AISW_VERSION: ?(\d{1,3})\.(\d{1,3})\.(\d{1,4})(?![\d.])")
 CHUNK = 4 << 20          # read in pieces: HtpPrepare is 90 MB
 OVERLAP = 64             # longer than any match, so one split across two pieces is found
 
@@ -93,7 +94,8 @@ class FileRelease:
 
     def record(self) -> dict:
         """What the bundle manifest records of a file (checks compare it with the bytes)."""
-        return {"build": [b.text for b in self.builds], "aisw_version": [a.dotted for a in self.aisw]}
+        return {"build": [b.text for b in self.builds],
+                "aisw_version": [a.dotted for a in self.aisw]}
 
 
 def scan_bytes(data: bytes, before: int = -1) -> FileRelease:
@@ -131,12 +133,15 @@ def read_file_release(path: Path) -> FileRelease:
 
 
 def mixed_releases(stated: dict) -> str:
-    """"" when every file's release is one release; else which files say which, grouped.
+    """"" when every file's release is one release; else which files say which, grouped (a
+    file that states no build date goes with the dated release of its version, if any).
     `stated`: {name: Release}."""
     names = sorted(stated)
     if all(stated[a].same_as(stated[b]) for a in names for b in names):
         return ""
+    dated = {r.version: str(r) for r in stated.values() if r.date}
     groups = {}
     for name in names:
-        groups.setdefault(str(stated[name]), []).append(name)
+        release = stated[name]
+        groups.setdefault(dated.get(release.version, str(release)), []).append(name)
     return "; ".join(f"QAIRT {rel}: {', '.join(files)}" for rel, files in sorted(groups.items()))

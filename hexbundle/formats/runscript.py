@@ -1,13 +1,19 @@
 """The bundle's launcher: run.sh (POSIX sh; Linux and Android boards) and run.cmd (Windows).
 Writer (`render`) and reader (`library_paths`, what check_bundle judges).
 
-Why a launcher (../shared/reference/deploying.md): relative paths in genie_config.json follow
+Why a launcher (docs/deploy.md): relative paths in genie_config.json follow
 the working directory, so it changes into the bundle; LD_LIBRARY_PATH finds the libraries QNN
 loads by bare name; ADSP_LIBRARY_PATH is split on ';' only by fastrpc (a ':' joins nothing), and
 fastrpc appends its own defaults after it, so the bundle's dsp/ goes first or a stale skel in
 /usr/lib/rfsa/adsp wins (err 1008). Before the run it checks what the board must give: the
-fastrpc node of the configured NPU, readable and writable; a bare libcdsprpc.so; glibc >= 2.34.
-After the run it fails when the libGenie version genie-t2t-run printed is not the bundle's.
+fastrpc node of the configured NPU, readable and writable; a bare libcdsprpc.so; glibc >= 2.34
+and a libstdc++ with GLIBCXX_3.4.29 (every aarch64 QAIRT library needs both); and each runtime
+file's own `AISW_VERSION: X.Y.Z` (the bundle's files, or the board's libGenie and libQnnHtp when
+the board's install runs it). After the run it fails when the libGenie version genie-t2t-run
+printed is not the bundle's. That Genie API version alone cannot name a release: it repeats
+across QAIRT releases (2.46 and 2.47 both give 1.18.0, 2.49.40 and 2.50.40 both 1.20.0), which
+is why the files' AISW_VERSION is checked first. `--profile FILE` is removed before the run:
+genie-t2t-run refuses an existing profile file, so every second run would fail.
 
 HEXBUNDLE_FASTRPC_NODE overrides the node checked (boards that name it otherwise).
 """
@@ -16,7 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hexbundle.config.runtime_files import BIN, DSP, GENIE_VERSION_LINE, LIB, MIN_GLIBC, WINDOWS
+from hexbundle.config.runtime_files import (BIN, DSP, GENIE_VERSION_LINE, LIB, MIN_GLIBC,
+                                            MIN_GLIBCXX, WINDOWS)
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,8 @@ class RunScript:
     qairt_version: str    # the compiling SDK's
     genie_version: str    # the libGenie version genie-t2t-run must print
     htp_device_id: int    # which NPU (IQ-9075: 0 or 1): its fastrpc node
+    aisw_version: str = ""     # X.Y.Z: what each runtime file's AISW_VERSION must say
+    aisw_files: tuple = ()     # the bundle's files that state it (bundle paths)
 
 
 def fastrpc_node(device_id: int) -> str:
@@ -113,6 +122,9 @@ def _render_sh(s: RunScript) -> str:
             'libraries need glibc >= $MIN_GLIBC: use a newer board image"',
             "fi",
         ]
+        lines += _glibcxx_check()
+    lines += _aisw_check(s)
+    lines += _profile_removal()
     lines += [
         "",
         "# the run; its output streams, and is read afterwards for the libGenie version",
@@ -130,6 +142,82 @@ def _render_sh(s: RunScript) -> str:
         'exit "$rc"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _glibcxx_check() -> list:
+    """The board's libstdc++ (the first on LD_LIBRARY_PATH or in the system folders) must
+    define the symbol version every aarch64 QAIRT library needs."""
+    return [
+        f'MIN_GLIBCXX="{MIN_GLIBCXX}"',
+        "cxx=",
+        "for dir in $dirs; do",
+        '    if [ -e "$dir/libstdc++.so.6" ]; then cxx=$dir/libstdc++.so.6; break; fi',
+        "done",
+        'if [ -z "$cxx" ]; then',
+        '    fail "libstdc++.so.6: not found (LD_LIBRARY_PATH and the system library folders); ' +
+        'QAIRT $QAIRT_VERSION\'s aarch64 libraries need one with $MIN_GLIBCXX"',
+        "fi",
+        'if ! tr -c "[:print:]" "\n" < "$cxx" | grep -q -x "$MIN_GLIBCXX"; then',
+        '    fail "$cxx has no $MIN_GLIBCXX; QAIRT $QAIRT_VERSION\'s aarch64 libraries need it ' +
+        '(GCC 11 or newer\'s libstdc++): use a newer board image"',
+        "fi",
+    ]
+
+
+def _aisw_check(s: RunScript) -> list:
+    """Each runtime file's own AISW_VERSION, before the run: the bundle's files (a file
+    replaced on the board by another release's), or the board's libGenie and libQnnHtp when
+    the board's install runs the bundle. The Genie API version checked after the run repeats
+    across releases and cannot tell them apart."""
+    if not s.aisw_version:
+        return []
+    lines = [
+        "",
+        "# each runtime file's own release (AISW_VERSION, in its bytes): the Genie API version",
+        "# checked after the run repeats across QAIRT releases (2.46 and 2.47: 1.18.0)",
+        f'AISW_VERSION="{s.aisw_version}"',
+        "aisw_of() {",
+        '    tr -c "[:print:]" "\n" < "$1" | sed -n "s/^AISW_VERSION: *//p" | head -n 1',
+        "}",
+        "check_aisw() {",
+        '    said=$(aisw_of "$1")',
+        '    if [ "$said" != "$AISW_VERSION" ]; then',
+        '        fail "$1: AISW_VERSION ${said:-(none)}, the bundle is QAIRT $QAIRT_VERSION ' +
+        '(AISW_VERSION $AISW_VERSION): $2"',
+        "    fi",
+        "}",
+    ]
+    if s.runtime == "bundled":
+        lines += [f'for f in {" ".join(s.aisw_files)}; do',
+                  '    check_aisw "$HERE/$f" "the runtime files must come from one QAIRT ' +
+                  'release: deploy the bundle again"',
+                  "done"] if s.aisw_files else []
+    else:
+        lines += [
+            "for name in libGenie.so libQnnHtp.so; do",
+            "    for dir in $dirs; do",
+            '        if [ -e "$dir/$name" ]; then',
+            '            check_aisw "$dir/$name" "install QAIRT $QAIRT_VERSION on the board"',
+            "            break",
+            "        fi",
+            "    done",
+            "done",
+        ]
+    return lines
+
+
+def _profile_removal() -> list:
+    """genie-t2t-run refuses a profile file that exists: the one `--profile FILE` names is
+    removed first, so a second run works as the first."""
+    return [
+        "",
+        "# genie-t2t-run refuses an existing profile file: remove the one --profile names",
+        "prev=",
+        'for arg in "$@"; do',
+        '    if [ "$prev" = "--profile" ]; then rm -f -- "$arg"; fi',
+        '    prev=$arg',
+        "done",
+    ]
 
 
 def _render_cmd(s: RunScript) -> str:

@@ -71,14 +71,18 @@ def lint(staging: Path, options: BundleOptions, log) -> None:
 def qairt_runtime(options: BundleOptions, bins: list, staging: Path, log) -> dict:
     """The qairt bundle's runtime, from the SDK root that compiled the bins, after checking
     each bin against it and the device (backends/qairt_runtime.py)."""
-    from hexbundle.backends.qairt_runtime import RuntimePlan, bundle_runtime, check_bins
+    from hexbundle.backends.qairt_runtime import (RuntimePlan, bundle_runtime, check_bins,
+                                                  runtime_release)
     backend = get_backend("qairt")
     device = options.genie.device
     plan = RuntimePlan(options.runtime, options.target, device.dsp_arch, device.soc_model,
                        backend.sdk.version, htp_device_id=options.genie.device_id)
-    records = check_bins({b.name: backend.bin_info(b, log) for b in bins}, plan)
+    release = runtime_release(backend.sdk.root, plan)
+    log(f"runtime: QAIRT {release.release} ({release.release.text}), read from the SDK's "
+        f"files for {plan.target} and sdk.yaml")
+    records = check_bins({b.name: backend.bin_info(b, log) for b in bins}, plan, release)
     try:
-        section = bundle_runtime(backend.sdk.root, plan, staging, log)
+        section = bundle_runtime(backend.sdk.root, plan, release, staging, log)
     except OSError as exc:   # a full disk while copying: the previous bundle stays
         raise output_error(exc.filename or staging, exc) from None
     return {**section, "bins": records}

@@ -5,7 +5,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from qairt._standin import mode, record
+from qairt._standin import mode, record, sdk_build
 from qairt.api.compiler.config import CompileConfig
 from qairt.utils.loggers import get_logger, maybe_suppress_stdout
 
@@ -146,7 +146,7 @@ def _binary_facts(graphs, config):
     if mode() == "bin_other_soc":
         soc_model = 69
     # the SDK build that made it, as qnn-context-binary-utility reports it (buildId)
-    build = "v2.41.0.250101" if mode() == "bin_other_build" else "v2.42.0.251225"
+    build = "v2.41.0.250101153012_190001" if mode() == "bin_other_build" else sdk_build()
     return {"device": {"soc_model": soc_model, "dsp_arch": dsp_arch}, "build_id": build,
             "weight_buffers": {g: (1 if shared else i + 1) for i, g in enumerate(graphs)},
             "graphs": graphs}

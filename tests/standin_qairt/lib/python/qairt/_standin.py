@@ -2,6 +2,8 @@
 import enum
 import json
 import os
+import re
+from pathlib import Path
 
 
 def serialize(value):
@@ -30,6 +32,22 @@ def record(call: str, *args, **kwargs) -> None:
 
 def mode() -> str:
     return os.environ.get("STANDIN_QAIRT_MODE", "ok")
+
+
+# The build strings real QAIRT releases print (qnn-context-binary-utility's buildId) and carry
+# in their libraries, by the sdk.yaml version (read from the onnxruntime-qnn wheels' files).
+REAL_BUILDS = {"2.42.0.251225": "v2.42.0.251225135753_193295",
+               "2.45.40.260406": "v2.45.40.260406130939",
+               "2.51.0.260929": "v2.51.0.260929181845"}
+
+
+def sdk_build() -> str:
+    """The long-form build string of the release this stand-in SDK says it is (its sdk.yaml,
+    as hexbundle reads it): what a real compile writes into its context binaries."""
+    root = Path(__file__).resolve().parents[3]
+    text = (root / "sdk.yaml").read_text()
+    version = re.search(r"^version:\s*(\S+)", text, re.MULTILINE).group(1)
+    return REAL_BUILDS.get(version, f"v{version}000000")
 
 
 REQUIRED = object()
