@@ -128,7 +128,7 @@ KIND7 = {
     "32-bit library, digest updated": (_elf32, [
         "lib/libQnnHtp.so: a 32-bit ELF (its class), not a 64-bit aarch64 one"]),
     "manifest names another QAIRT": (_other_qairt, [
-        "manifest.json: 'runtime.bins.", ".buildId' is 'v2.42.0.251225', but "
+        "manifest.json: 'runtime.bins.", ".buildId' is 'v2.42.0.251225135753_193295', but "
         "'runtime.qairt_version' names QAIRT 2.41.0.250101"]),
     "runtime.files a string": (_runtime_key("files", "lib/libGenie.so"), [
         "manifest.json (runtime): key 'files' is str 'lib/libGenie.so'; expected a list"]),

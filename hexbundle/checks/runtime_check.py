@@ -243,7 +243,7 @@ def _check_script_bytes(report, runtime: dict, name: str, data: bytes) -> None:
     """The launcher is exactly what formats/runscript.py writes for the manifest's runtime
     record: hexbundle wrote it, so any other byte is a change (a digest updated with it
     proves nothing)."""
-    want = render(_script_of(runtime)).encode()
+    want = render(_script_of(report.path, runtime)).encode()
     if data == want:
         return
     if not is_windows(runtime["target"]) and b"\r\n" in data:
@@ -265,18 +265,23 @@ def _check_script_bytes(report, runtime: dict, name: str, data: bytes) -> None:
                               "it; rebuild the bundle (`doit bundle`)")
 
 
-def _script_of(runtime: dict) -> RunScript:
+def _script_of(bundle: Path, runtime: dict) -> RunScript:
     """The launcher the bundle step writes for this runtime record (backends/qairt_runtime.py):
-    run.sh checks AISW_VERSION in each bundled file whose bytes stated it when it was bundled
-    (the record's "versions", in the record's file order), against the release's X.Y.Z."""
-    versions = runtime.get("versions") if isinstance(runtime.get("versions"), dict) else {}
+    run.sh checks AISW_VERSION in each bundled file whose bytes state one (read here from the
+    bundle's files, in the record's file order), against the release's X.Y.Z."""
     release = parse_release(str(runtime.get("qairt_build", ""))) or \
         parse_release(runtime["qairt_version"])
-    aisw = tuple(p for p in runtime["files"]
-                 if isinstance(versions.get(p), dict) and versions[p].get("aisw_version"))
+    aisw = tuple(p for p in runtime["files"] if _states_aisw(bundle / p))
     return RunScript(runtime["target"], runtime["mode"], runtime["qairt_version"],
                      runtime["genie_version"], runtime["htp_device_id"],
                      release.dotted if release else "", aisw)
+
+
+def _states_aisw(path: Path) -> bool:
+    try:
+        return path.is_file() and bool(read_file_release(path).aisw)
+    except OSError:
+        return False   # the digest check names an unreadable file
 
 
 def _check_bins_qairt(report, runtime: dict) -> None:
