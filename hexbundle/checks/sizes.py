@@ -20,6 +20,12 @@ architecture figure is only noted in the table.
 
 A part that comes out near its *unpacked* expectation is reported as what it almost always is:
 4-bit weights that were not packed (the QAIRT CLI ignores weights_packing in multi-graph mode).
+
+Real HTP bins (backend ortqnn: a backend with `compile_unpacked_probe`) carry program and
+container bytes no model of ours knows, so they are judged against the same part compiled in
+the same run with its 4-bit weights stored as bytes: the weights' buffer the bin's metadata
+record must be smaller by exactly half a byte per declared 4-bit weight (section "real HTP
+bins" below; docs/backends.md).
 """
 from __future__ import annotations
 
