@@ -96,6 +96,20 @@ def test_int4_weights_stay_4bit():
     assert int8 - int4 == WEIGHTS // 2
 
 
+def test_weights_buffer_is_read_from_the_metadata(tmp_path):
+    """formats/qnn_context.weights_shrink, the size check's measure of real bins: the int8 and
+    int4 bins of the fixture MLP (the same graph structure) record weights' buffers that differ
+    by exactly half the weight bytes; a bin against itself shrinks by 0; a bin of other graphs
+    (other metadata length) is refused."""
+    from hexbundle.formats.qnn_context import weights_shrink
+    int8, int4 = fixture("mlp_int8_prompt_qnn.bin"), fixture("mlp_int4_prompt_qnn.bin")
+    assert weights_shrink(int8, int4) == WEIGHTS // 2
+    assert weights_shrink(int8, int8) == 0
+    assert weights_shrink(int4, int8) == 0     # int8 weights as the smaller: nothing shrinks
+    with pytest.raises(FormatError, match="not a compile of the same graphs"):
+        weights_shrink(fixture("mlp_int8_shared_qnn.bin"), int8)
+
+
 def test_shared_bin_stores_weights_once():
     """Prompt + token in one bin take at least one weights copy less than two bins."""
     separate = sum(fixture(f"mlp_int8_{g}_qnn.bin").stat().st_size for g in ("prompt", "token"))

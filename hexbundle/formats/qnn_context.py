@@ -116,10 +116,13 @@ def metadata_words(path) -> tuple:
 
 def weights_shrink(larger, smaller) -> int:
     """Bytes by which the weights' buffer of `smaller` is less than that of `larger`, two bins
-    compiled from the same graphs (the largest drop of a metadata word; 0 when none drops).
-    FormatError when their metadata differ in length: not the same graphs."""
+    compiled from the same graphs: the largest drop of a metadata word that can be a size in
+    the payload (both values at most `larger`'s payload size; a hash or a flag word can take
+    any value), 0 when none drops. FormatError when their metadata differ in length: not the
+    same graphs."""
     a, b = metadata_words(larger), metadata_words(smaller)
     if len(a) != len(b):
         raise FormatError(f"{smaller}: its metadata ({len(b)} words) are not laid out as "
                           f"{larger}'s ({len(a)}): not a compile of the same graphs")
-    return max((x - y for x, y in zip(a, b) if x > y), default=0)
+    payload = read_qnn_context(larger).header.payload_size
+    return max((x - y for x, y in zip(a, b) if y < x <= payload), default=0)
