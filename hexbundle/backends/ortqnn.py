@@ -134,7 +134,6 @@ class OrtQnnBackend:
             + ", ".join(f"{s} v{a}" for s, a in facts.targets)
             + f"; vtcm {', '.join(str(v) for v in facts.vtcm_sizes)} B")
 
-
     def compile_unpacked_probe(self, dlc_paths: list, options: CompileOptions, scratch: Path,
                                log: Callable[[str], None]) -> Path:
         """The size check's yardstick (checks/sizes.py): this part's bin compiled again, in the
@@ -210,7 +209,6 @@ def widen_4bit_weights(model_path: Path, out: Path) -> int:
             init.CopyFrom(numpy_helper.from_array(values.astype(wider[init.data_type]), init.name))
     onnx.save(model, str(out))
     return count
-
 
 
 def _save_self_contained(model_path: Path, out: Path) -> None:

@@ -415,7 +415,7 @@ def declared_4bit_saving(graphs: list) -> int:
     return sum(n // 2 for n in counts.values())
 
 
-def probe_part(layout: Layout, backend, part: Part, convert, compile_options) -> ProbedRow:
+def probe_part(layout: Layout, backend, part: Part, convert, compiled_with) -> ProbedRow:
     from hexbundle.formats.qnn_context import weights_shrink
     from hexbundle.support.atomic import temp_dir
     graphs = layout.cfg.model.graphs(part)
@@ -427,7 +427,7 @@ def probe_part(layout: Layout, backend, part: Part, convert, compile_options) ->
         return ProbedRow(part, actual, actual, 0, weights_shrink(built, built))
     with temp_dir(built.parent, built.name + ".probe") as scratch:
         probe = backend.compile_unpacked_probe([layout.dlc(g) for g in graphs],
-                                               compile_options, scratch, lambda line: None)
+                                               compiled_with, scratch, lambda line: None)
         return ProbedRow(part, actual, probe.stat().st_size, expected,
                          weights_shrink(probe, built))
 
