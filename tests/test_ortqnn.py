@@ -96,6 +96,20 @@ def test_int4_weights_stay_4bit():
     assert int8 - int4 == WEIGHTS // 2
 
 
+def test_weights_buffer_is_read_from_the_metadata(tmp_path):
+    """formats/qnn_context.weights_shrink, the size check's measure of real bins: the int8 and
+    int4 bins of the fixture MLP (the same graph structure) record weights' buffers that differ
+    by exactly half the weight bytes; a bin against itself shrinks by 0; a bin of other graphs
+    (other metadata length) is refused."""
+    from hexbundle.formats.qnn_context import weights_shrink
+    int8, int4 = fixture("mlp_int8_prompt_qnn.bin"), fixture("mlp_int4_prompt_qnn.bin")
+    assert weights_shrink(int8, int4) == WEIGHTS // 2
+    assert weights_shrink(int8, int8) == 0
+    assert weights_shrink(int4, int8) == 0     # int8 weights as the smaller: nothing shrinks
+    with pytest.raises(FormatError, match="not a compile of the same graphs"):
+        weights_shrink(fixture("mlp_int8_shared_qnn.bin"), int8)
+
+
 def test_shared_bin_stores_weights_once():
     """Prompt + token in one bin take at least one weights copy less than two bins."""
     separate = sum(fixture(f"mlp_int8_{g}_qnn.bin").stat().st_size for g in ("prompt", "token"))
@@ -159,12 +173,75 @@ def test_bundle_builds_real_bins(ortqnn_build):
 
 
 @pytest.mark.heavy
-def test_bundle_stops_at_the_size_check(ortqnn_build):
-    """Where the bundle path stops today: the size model knows the reference container, not an
-    HTP program's overhead, so a tiny model's real bins read as unpacked (docs/backends.md)."""
-    _, run, _ = ortqnn_build
-    assert run.code != 0
-    assert "size check" in run.out + run.err
+def test_bundle_passes_the_size_check(ortqnn_build):
+    """`doit bundle backend=ortqnn` completes: every part's weights' buffer is smaller than the
+    same part's compiled with its 4-bit weights stored as bytes by exactly half a byte per
+    4-bit weight its encodings declare (checks/sizes.py), and the bundle passes check_bundle."""
+    from hexbundle.checks.genie_bundle import check_bundle
+    project, run, _ = ortqnn_build
+    text = run.out + run.err
+    assert run.code == 0, text
+    table = text[text.index("size check: qwen2-tiny"):].splitlines()[2:6]
+    rows = [line.split() for line in table]
+    assert [r[-1] for r in rows] == ["ok"] * 4, text
+    assert any(int(r[3]) > 0 for r in rows), text    # the tiny model has 4-bit weights
+    bundle = project.build_dir(backend="ortqnn") / "bundle"
+    report = check_bundle(bundle, {77: "v73"})
+    assert not report.problems, report.problems
+
+
+def _with_4bit_weights_as_bytes(monkeypatch):
+    """The convert step's own QDQ writer (runtime/qdq.py), made to store each 4-bit weight and
+    zero point one per byte (INT8/UINT8 of the same integers): a convert that lost packing."""
+    import numpy as np
+    from hexbundle.runtime import qdq
+    types = dict(qdq.INT_TYPES)
+    types[(4, True)], types[(4, False)] = types[(8, True)], types[(8, False)]
+    monkeypatch.setattr(qdq, "INT_TYPES", types)
+    monkeypatch.setattr(qdq, "_pack_nibbles", lambda q: np.asarray(q))
+
+
+@pytest.mark.heavy
+def test_4bit_weights_stored_as_bytes_fail_the_size_check(ortqnn_build, monkeypatch, tmp_path):
+    """The seeds' trap, with Qualcomm's compiler: part 2 converted with its 4-bit weights stored
+    as 8 bits and compiled makes a bin that the size check refuses, naming the part, the bytes
+    expected and measured. The faithful bin is restored afterwards."""
+    from hexbundle.backends import get_backend
+    from hexbundle.checks.sizes import check_built_sizes
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps.options import bundle_options, compile_options, convert_options
+    from hexbundle.support.errors import SizeError
+    project, _, env = ortqnn_build
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg = load_build(project.root, {"backend": "ortqnn"})
+    layout, backend = Layout(cfg), get_backend("ortqnn")
+    part = cfg.plan.parts()[1]
+    graphs = cfg.model.graphs(part)
+    kept = [layout.bin(part)] + [layout.dlc(g) for g in graphs]
+    for path in kept:
+        shutil.copy2(path, tmp_path / path.name)
+    try:
+        with monkeypatch.context() as patched:
+            _with_4bit_weights_as_bytes(patched)
+            for g in graphs:
+                backend.convert(layout.onnx(g), layout.encodings(g), layout.dlc(g), g.name,
+                                convert_options(cfg), lambda line: None)
+        backend.compile([layout.dlc(g) for g in graphs], layout.bin(part),
+                        compile_options(cfg, part), lambda line: None)
+        options = bundle_options(cfg)
+        with pytest.raises(SizeError) as failure:
+            check_built_sizes(layout, options.convert, options.compile)
+    finally:
+        for path in kept:
+            shutil.copy2(tmp_path / path.name, path)
+    message = str(failure.value)
+    assert message.startswith("4-bit weights stored as 8 bits: part 2 "), message
+    assert layout.bin(part).name in message and "measured 0 B smaller" in message, message
+    assert "part 1 " not in message.split("\n")[0] and "part 3 " not in message.split("\n")[0]
+    expected = int(message.split("expected ")[1].split(" B")[0])
+    assert expected > 0, message
 
 
 @pytest.mark.heavy

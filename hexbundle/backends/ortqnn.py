@@ -134,6 +134,22 @@ class OrtQnnBackend:
             + ", ".join(f"{s} v{a}" for s, a in facts.targets)
             + f"; vtcm {', '.join(str(v) for v in facts.vtcm_sizes)} B")
 
+    def compile_unpacked_probe(self, dlc_paths: list, options: CompileOptions, scratch: Path,
+                               log: Callable[[str], None]) -> Path:
+        """The size check's yardstick (checks/sizes.py): this part's bin compiled again, in the
+        same run, from the same QDQ models with every 4-bit weight stored one per byte
+        (INT4/UINT4 -> INT8/UINT8, the same integers). Same graphs, so the same HTP program
+        and container: it differs from a faithful bin in the weights' bytes."""
+        (scratch / "probe").mkdir(parents=True, exist_ok=True)
+        probes = []
+        for dlc in dlc_paths:
+            probe = scratch / "probe" / dlc.name
+            widen_4bit_weights(dlc, probe)
+            probes.append(probe)
+        out = scratch / "probe" / "unpacked.bin"
+        self.compile(probes, out, options, log)
+        return out
+
 
 def link_or_copy(src: Path, dst: Path) -> None:
     try:
@@ -175,6 +191,24 @@ def ep_options(options: CompileOptions) -> dict:
 
 
 # ==================================================================================== convert
+
+
+def widen_4bit_weights(model_path: Path, out: Path) -> int:
+    """The QDQ model with every 4-bit initializer (INT4/UINT4: weights and their zero points)
+    stored as 8-bit integers of the same values: what a convert that lost weights packing
+    writes. Returns how many 4-bit values it widened."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+    model = onnx.load(str(model_path), load_external_data=True)
+    wider = {TensorProto.INT4: np.int8, TensorProto.UINT4: np.uint8}
+    count = 0
+    for init in model.graph.initializer:
+        if init.data_type in wider:
+            values = numpy_helper.to_array(init)
+            count += values.size
+            init.CopyFrom(numpy_helper.from_array(values.astype(wider[init.data_type]), init.name))
+    onnx.save(model, str(out))
+    return count
 
 
 def _save_self_contained(model_path: Path, out: Path) -> None:

@@ -20,6 +20,12 @@ architecture figure is only noted in the table.
 
 A part that comes out near its *unpacked* expectation is reported as what it almost always is:
 4-bit weights that were not packed (the QAIRT CLI ignores weights_packing in multi-graph mode).
+
+Real HTP bins (backend ortqnn: a backend with `compile_unpacked_probe`) carry program and
+container bytes no model of ours knows, so they are judged against the same part compiled in
+the same run with its 4-bit weights stored as bytes: the weights' buffer the bin's metadata
+record must be smaller by exactly half a byte per declared 4-bit weight (section "real HTP
+bins" below; docs/backends.md).
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from hexbundle.backends import reference_toolchain_version
+from hexbundle.backends import get_backend, reference_toolchain_version
 from hexbundle.backends.weightplan import (WeightPlan, constant_stand_in, graph_encodings, graph_info,
                                            load_onnx_structure, plan_weights, topology_bytes)
 from hexbundle.config.layout import Layout
@@ -367,9 +373,106 @@ def raise_on_failure(model: Model, plan: Plan, rows: list, table: str) -> None:
                     "\n" + table)
 
 
+# ============================================================ real HTP bins (backend ortqnn)
+# A real QNN context binary holds the HTP program and QNN's own container besides the weights;
+# no model of ours knows those bytes. So the yardstick is measured in the same run: the backend
+# compiles the part again from its own QDQ models with every 4-bit weight stored one per byte
+# (backends/ortqnn.py compile_unpacked_probe). Same graphs, so the same program and layout; the
+# weights' buffer, which the bin's metadata record (formats/qnn_context.py weights_shrink), must
+# be smaller in the bin than in the probe by exactly half a byte per 4-bit weight the part's
+# encodings declare, each weight once (prompt and token share them). Measured exact on every
+# part of the tiny model and on the fixtures. A bin whose 4-bit weights went in as bytes IS
+# the probe: its weights' buffer is not smaller at all. File sizes are shown, not judged: QNN
+# pads each section to pages, and the program of an int4 graph is not the int8 one's.
+
+
+@dataclass(frozen=True)
+class ProbedRow:
+    part: Part
+    actual: int          # bytes of the built bin
+    probe: int           # bytes of the same part compiled with its 4-bit weights as bytes
+    expected_saving: int  # bytes the part's declared 4-bit weights save when packed
+    measured_saving: int  # bytes the bin's weights' buffer is smaller than the probe's
+
+    @property
+    def verdict(self) -> str:
+        if self.measured_saving == self.expected_saving:
+            return "ok"
+        return "NOT PACKED" if self.measured_saving == 0 else "OFF"
+
+
+def declared_4bit_saving(graphs: list) -> int:
+    """Bytes packing saves on the part's 4-bit weights, as its encodings declare them: half a
+    byte each (an odd count ends in a half-used byte), every weight counted once by name."""
+    counts = {}
+    for g in graphs:
+        for w in plan_graph(g).weights:
+            if w.encoding is not None and w.encoding.bitwidth == 4:
+                n = 1
+                for d in w.shape:
+                    n *= d
+                counts[w.name] = n
+    return sum(n // 2 for n in counts.values())
+
+
+def probe_part(layout: Layout, backend, part: Part, convert, compiled_with) -> ProbedRow:
+    from hexbundle.formats.qnn_context import weights_shrink
+    from hexbundle.support.atomic import temp_dir
+    graphs = layout.cfg.model.graphs(part)
+    expected = declared_4bit_saving([NamedGraph(g.name, layout.onnx(g), layout.encodings(g),
+                                                convert.unencoded_weights) for g in graphs])
+    built = layout.bin(part)
+    actual = built.stat().st_size
+    if not expected:   # nothing 4-bit: nothing to pack; the bin is its own yardstick
+        return ProbedRow(part, actual, actual, 0, weights_shrink(built, built))
+    with temp_dir(built.parent, built.name + ".probe") as scratch:
+        probe = backend.compile_unpacked_probe([layout.dlc(g) for g in graphs],
+                                               compiled_with, scratch, lambda line: None)
+        return ProbedRow(part, actual, probe.stat().st_size, expected,
+                         weights_shrink(probe, built))
+
+
+def format_probed_table(model: Model, plan: Plan, rows: list) -> str:
+    head = ["part", "bin B", "4-bit as bytes B", "packing saves B", "bin saves B", "verdict"]
+    body = [[r.part.index, r.actual, r.probe, r.expected_saving, r.measured_saving, r.verdict]
+            for r in rows]
+    lines = [f"size check: {model.name}, plan {plan.name} ({len(rows)} parts), real HTP bins "
+             "against the same part compiled with its 4-bit weights as bytes: the weights' "
+             "buffer must shrink by half a byte per declared 4-bit weight, exactly"]
+    lines += tables.table(head, body, right={0, 1, 2, 3, 4})
+    return "\n".join(lines)
+
+
+def check_probed_sizes(layout: Layout, backend, convert, compiles: tuple) -> None:
+    """The size check for a backend that makes real HTP bins (see above)."""
+    cfg = layout.cfg
+    missing = [p.index for p in cfg.plan.parts() if not layout.bin(p).is_file()]
+    if missing:
+        raise SizeError("missing context binaries for part(s) "
+                        + ", ".join(str(i) for i in missing) + ": run `doit bundle`.")
+    rows = [probe_part(layout, backend, p, convert, c) for p, c in zip(cfg.plan.parts(), compiles)]
+    table = format_probed_table(cfg.model, cfg.plan, rows)
+    bad = [r for r in rows if r.verdict != "ok"]
+    if not bad:
+        say(table)
+        return
+    said = "; ".join(
+        f"part {r.part.index} ({layout.bin(r.part).name}, {r.actual} B): its weights' buffer "
+        f"is expected {r.expected_saving} B smaller than with 4-bit weights stored as bytes "
+        f"({r.probe} B), measured {r.measured_saving} B smaller" for r in bad)
+    if all(r.verdict == "NOT PACKED" for r in bad):
+        raise SizeError(f"4-bit weights stored as 8 bits: {said}. The convert step must write "
+                        "them as INT4/UINT4; rebuild with `doit bundle`.\n" + table)
+    raise SizeError(f"weights' bytes off the part's encodings: {said}.\n" + table)
+
+
 def check_built_sizes(layout: Layout, convert, compiles: tuple) -> None:
     """Size every part's context binary against what its inputs' tensors make, by the options
-    the steps built them with; a SizeError explains itself."""
+    the steps built them with; a SizeError explains itself. A backend that makes real HTP bins
+    (one with `unpacked_probe_size`) is judged against a probe compiled in the same run."""
+    backend = get_backend(layout.cfg.backend)
+    if hasattr(backend, "compile_unpacked_probe"):
+        return check_probed_sizes(layout, backend, convert, compiles)
     cfg = layout.cfg
     actual = {p.index: (layout.bin(p).stat().st_size if layout.bin(p).is_file() else None)
               for p in cfg.plan.parts()}

@@ -93,3 +93,36 @@ def read_qnn_context(path) -> QnnContextFacts:
                     vtcm.append(int(m.group(1)))
             tail = data[-128:]
     return QnnContextFacts(header, tuple(targets), tuple(vtcm), count)
+
+
+_WORD = struct.Struct("<I")
+
+
+def metadata_words(path) -> tuple:
+    """The metadata (the flatbuffer after the header) as little-endian u32 words (its size
+    fields are u32 at 4-byte alignment: a part's buffers stay under the DSP's 4 GiB address
+    space). Its schema is not published; what is known, from bins compiled from the same graphs with 4-bit weights
+    packed and stored as bytes (tests/test_ortqnn.py): the metadata have the same length and
+    differ only in size words, the largest change being the weights' buffer size, by exactly
+    the weights' bytes (the payload size and each graph's program size change too)."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        header = parse_header(fh.read(HEADER_SIZE), path.stat().st_size, str(path))
+        meta = fh.read(header.metadata_size)
+    if len(meta) != header.metadata_size:
+        raise FormatError(f"{path}: QNN context binary metadata cut short; rebuild it")
+    return tuple(w for (w,) in _WORD.iter_unpack(meta[:len(meta) - len(meta) % _WORD.size]))
+
+
+def weights_shrink(larger, smaller) -> int:
+    """Bytes by which the weights' buffer of `smaller` is less than that of `larger`, two bins
+    compiled from the same graphs: the largest drop of a metadata word that can be a size in
+    the payload (both values at most `larger`'s payload size; a hash or a flag word can take
+    any value), 0 when none drops. FormatError when their metadata differ in length: not the
+    same graphs."""
+    a, b = metadata_words(larger), metadata_words(smaller)
+    if len(a) != len(b):
+        raise FormatError(f"{smaller}: its metadata ({len(b)} words) are not laid out as "
+                          f"{larger}'s ({len(a)}): not a compile of the same graphs")
+    payload = read_qnn_context(larger).header.payload_size
+    return max((x - y for x, y in zip(a, b) if y < x <= payload), default=0)
