@@ -26,7 +26,7 @@ from hexbundle.support.errors import HexbundleError
 CHUNK = 1 << 20
 ANSWER_LIMIT = 16 << 20    # a listing of digests, a kernel log: what deploy reads back
 SMALL_ANSWER_LIMIT = 64 << 10   # df, wc
-STDERR_LIMIT = 64 << 10    # what is kept of the board's stderr (the last line is shown)
+STDERR_LIMIT = 64 << 10    # what is kept of the board's stderr: its end (the last line is shown)
 DEFAULT_TIMEOUT_S = 120    # the board silent this long: deploy gives up (--timeout)
 REFUSED = 3                # a PRELUDE script's exit code when it refused a path
 
@@ -241,8 +241,8 @@ def exchange(argv: list, what: str, board: Board, limit: int, feed: Optional[Bin
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE if feed else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     sink = tempfile.TemporaryFile(prefix="hexbundle-deploy-")
-    err = bytearray()
-    got = 0
+    err = b""
+    got = err_total = 0
     pending = b""
     started = moved = time.monotonic()
     selector = selectors.DefaultSelector()
@@ -289,7 +289,11 @@ def exchange(argv: list, what: str, board: Board, limit: int, feed: Optional[Bin
                     continue
                 moved = time.monotonic()
                 if key.data == "err":
-                    err += chunk[:max(0, STDERR_LIMIT - len(err))]
+                    err_total += len(chunk)
+                    if err_total > ANSWER_LIMIT:
+                        raise DeployError(f"{board.target.where}: {what}: the board's error "
+                                          f"output passed {ANSWER_LIMIT} bytes; stopped")
+                    err = (err + chunk)[-STDERR_LIMIT:]
                     continue
                 got += len(chunk)
                 if got > limit:

@@ -76,9 +76,10 @@ def _query_s(board: Board) -> float:
 
 def remote_digests(board: Board, folder: str) -> dict:
     """{relative path: sha256} of the regular files under `folder` on the board ({} if none);
-    links, FIFOs, devices, NAME.part and deploy's marks are not listed."""
-    proc = board.run(f"if [ -d {q(folder)} ]; then cd -- {q(folder)} && find . -type f "
-                     f"! -name '*.part' ! -name '.hexbundle-*' -exec sha256sum {{}} + "
+    links, FIFOs, devices, deploy's marks and anything named NAME.part (or under it) are not
+    listed, so never taken for stale and removed."""
+    proc = board.run(f"if [ -d {q(folder)} ]; then cd -- {q(folder)} && find . -name '*.part' "
+                     "-prune -o -type f ! -name '.hexbundle-*' -exec sha256sum {} + "
                      f"| head -c {ANSWER_LIMIT + 1}; fi", "listing the digests of " + folder,
                      total_s=_query_s(board))
     out = {}
@@ -233,7 +234,7 @@ def _send(board: Board, local: Path, name: str, say: Callable[[str], None]) -> i
             say(f"  {local.name}: {size(done)} of {size(total)}, {size(rate)}/s, "
                 f"ETA {duration((total - done) / max(rate, 1))}")
     with open(local, "rb") as fh:
-        board.run(script, f"sending {name}", limit=SMALL_ANSWER_LIMIT, feed=fh, on_feed=fed)
+        board.run(script, "sending " + name, limit=SMALL_ANSWER_LIMIT, feed=fh, on_feed=fed)
     say(f"  sent {local.name}: {size(total)} in {duration(time.monotonic() - started)}")
     return total
 
@@ -331,14 +332,14 @@ def run_on_board(target: Target, ssh_config: str, prompt: str, script: str,
                        limit=SMALL_ANSWER_LIMIT, total_s=_query_s(board))
     count = marker.out.decode(errors="replace").strip()
     before = int(count) if count.isdigit() and marker.code == 0 else None
-    cmd = f"cd -- {q(target.path)} && ./{script} -c genie_config.json -p {q(prompt)} " \
-          f"--profile {q(profile)}"
+    cmd = f"cd -- {q(target.path)} && {q('./' + script)} -c genie_config.json " \
+          f"-p {q(prompt)} --profile {q(profile)}"
     say(f"run on {target.host}: {printable(cmd)}")
     lines = _Lines(say)
     try:
         answer = board.run(sh(_dir_is_ours(target), f"own_dir {q(target.state)} {STATE_MARK}",
                               f"mkdir -- {q(run_dir)}", "set +e", f"{{ {cmd}; }} 2>&1"),
-                           f"running {script}", limit=RUN_OUTPUT_LIMIT, check=False,
+                           "running " + script, limit=RUN_OUTPUT_LIMIT, check=False,
                            on_out=lines.feed)
     finally:
         lines.close()
