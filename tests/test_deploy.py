@@ -622,11 +622,11 @@ def test_kind4_table_covers_every_read_from_the_board():
 
 
 @contextlib.contextmanager
-def board_tool(sshd, name: str, script: str, always: bool = False):
+def board_tool(sshd, name: str, script: str, always: bool = False, when: str = ""):
     """The board's `name` (first on its PATH) runs `script` when deploy calls it (its working
     folder or an argument under the test's boards/), the real tool otherwise: the login shell's
     own start-up (~/.bashrc, pyenv's rehash and its lock) must keep working. `always`: for a
-    tool only deploy calls (the test's dmesg)."""
+    tool only deploy calls (the test's dmesg); `when`: a narrower sh pattern of "$PWD $*"."""
     path = sshd.fakebin / name
     old = path.read_bytes() if path.exists() else None
     real = old and f"{sshd.top}/real-{name}"
@@ -635,7 +635,7 @@ def board_tool(sshd, name: str, script: str, always: bool = False):
         Path(real).chmod(0o755)
     else:
         real = shutil.which(name, path="/usr/local/bin:/usr/bin:/bin")
-    pattern = "*" if always else f"*{sshd.top}/boards*"
+    pattern = "*" if always else when or f"*{sshd.top}/boards*"
     path.write_text(f'#!/bin/sh\ncase "$PWD $*" in {pattern})\n{script}\nexit $? ;;\n'
                     f'esac\nexec {real} "$@"\n')
     path.chmod(0o755)
@@ -757,7 +757,7 @@ def test_kind4_run_reads_that_never_end(proj, sshd, deployed):
         stopped(deploy(proj, sshd, deployed, deployed, *TIMEOUT, *RUN, check=False),
                 "reading the kernel log")
     flag.unlink()
-    with board_tool(sshd, "rm", HANG):
+    with board_tool(sshd, "rm", HANG, when="*.hexbundle/run-*"):   # not run.sh's own rm
         stopped(deploy(proj, sshd, deployed, deployed, *TIMEOUT, *RUN, check=False),
                 "removing ")
     runner(deployed, 'print("[BEGIN]', 'time.sleep(60)\nprint("[BEGIN]')
