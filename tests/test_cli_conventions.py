@@ -208,9 +208,14 @@ def test_reading_commands_work_from_a_subdirectory(fresh, args):
     (["model=x", "bundle", "device=y"], ["bundle"], {"model": "x", "device": "y"}),
 ])
 def test_split_settings_leaves_an_options_value_alone(argv, rest, settings):
-    from hexbundle.graph.session import command_line_overrides, split_settings
+    from doit.doit_cmd import DoitMain
+    from hexbundle.graph.session import command_line_overrides, split_settings, \
+        with_option_values
     assert split_settings(argv) == (rest, settings)
     assert command_line_overrides(argv) == settings
+    # what doit hands the run command (its own split), given back its options' values
+    doits = DoitMain().process_args(list(argv))      # no command named: all go to `run`
+    assert with_option_values(doits, argv) == rest
 
 
 def test_every_flag_task_option_is_known_to_take_no_value():
@@ -232,10 +237,22 @@ def test_every_flag_task_option_is_known_to_take_no_value():
 
 @pytest.mark.parametrize("args, named", [
     (("import_export", "--dir", "/nonexistent/a=b", "--name", "x"), "/nonexistent/a=b"),
-    (("deploy", "--to", "ssh://b=c/x", "--path", "/nonexistent/p=q"), "/nonexistent/p=q"),
+    (("deploy", "--to", "ssh://board/x=1", "--path", "/nonexistent/p=q"), "/nonexistent/p=q"),
 ])
 def test_an_option_value_holding_an_equals_sign_reaches_the_option(fresh, args, named):
     run = fresh.doit(*args, check=False)
     text = run.out + run.err
     assert run.code != 0 and "Traceback" not in text
     assert "unknown setting" not in text and named in text, text
+
+
+@pytest.mark.parametrize("argv, doits, expect", [
+    (["run", "deploy", "--run", "x=1"], ["deploy", "--run"], ["deploy", "--run", "x=1"]),
+    (["-f", "dodo.py", "deploy", "--to", "ssh://b/a=b", "model=m"], ["deploy", "--to"],
+     ["deploy", "--to", "ssh://b/a=b"]),
+    (["deploy", "--run", "a=b", "--run", "a=b"], ["deploy", "--run", "--run"],
+     ["deploy", "--run", "a=b", "--run", "a=b"]),
+])
+def test_with_option_values_after_a_command_name_or_loader_options(argv, doits, expect):
+    from hexbundle.graph.session import with_option_values
+    assert with_option_values(doits, argv) == expect

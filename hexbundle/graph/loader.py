@@ -15,7 +15,6 @@ import sys
 from contextlib import contextmanager
 
 from doit.cmd_base import DodoTaskLoader
-from doit.doit_cmd import DoitMain, reset_vars, set_var
 from doit.loader import _get_task_creators
 from doit.task import Task
 
@@ -31,18 +30,6 @@ def refuse_empty_arguments(args: list) -> None:
             raise SystemExit(3)
 
 
-def split_settings_as_hexbundle_does(main: DoitMain, cmd_args: list) -> list:
-    """DoitMain.process_args, through graph.session.split_settings: doit's own took every
-    argument holding a '=' for a setting, an option's value too (`--run "what is x=1+1"`:
-    "unknown setting 'what is x'", and --run then took the next argument)."""
-    from hexbundle.graph.session import split_settings
-    reset_vars()
-    args, settings = split_settings(cmd_args)
-    for name, value in settings.items():
-        set_var(name, value)
-    return args
-
-
 class Loader(DodoTaskLoader):
     """doit's dodo.py loader; made by doit before it parses the command line (doit's own run
     of `python3 -m doit ...`: sys.argv), which is checked here."""
@@ -51,8 +38,6 @@ class Loader(DodoTaskLoader):
         stdio.guard()   # before anything is written (support.stdio)
         super().__init__()
         refuse_empty_arguments(sys.argv[1:])
-        # made by doit right before it splits the command line's settings (DoitMain.run)
-        DoitMain.process_args = split_settings_as_hexbundle_does
 
     # Start-up (reading dodo.py, its imports, the configs) may take seconds: Ctrl-C there stops
     # the run with a line, not a KeyboardInterrupt traceback (nothing has been built yet).

@@ -90,7 +90,8 @@ def split_settings(args: list) -> tuple:
     """(the other arguments, {key: value}): doit's reading of `key=value` settings
     (DoitMain.process_args: not an option, holding a '='), except that an option's value is
     never a setting: `--run "what is x=1+1"` is a prompt. The one place the command line is split
-    (graph.loader makes doit use it; command_line_overrides reads the settings from it)."""
+    (graph.commands.Run gives its arguments back to the options through with_option_values;
+    command_line_overrides reads the settings from it)."""
     rest, settings = [], {}
     value_next = False
     for arg in args:
@@ -106,9 +107,33 @@ def split_settings(args: list) -> tuple:
     return rest, settings
 
 
+def with_option_values(doit_args: list, argv=None) -> list:
+    """The arguments doit hands a command (after its loader options, the command name and
+    what it took for settings: DoitMain.process_args, which takes an option's value holding a
+    '=' for a setting too), with those values back where they were: split_settings' reading of
+    the same command line. doit's own record of the settings (doit.get_var) is set to
+    split_settings' as well."""
+    from doit.doit_cmd import reset_vars, set_var
+    argv = sys.argv[1:] if argv is None else argv
+    ours, settings = split_settings(list(argv))
+    reset_vars()
+    for name, value in settings.items():
+        set_var(name, value)
+    # doit's list is ours without the values it took: match it from the end; what comes before
+    # its first argument (loader options, the command's name) is not the command's
+    start, at = len(ours), len(ours) - 1
+    for arg in reversed(doit_args):
+        while at >= 0 and ours[at] != arg:
+            at -= 1
+        if at < 0:
+            return list(doit_args)      # not this command line's (a call from the API)
+        start, at = at, at - 1
+    return ours[start:] if doit_args else list(doit_args)
+
+
 def command_line_overrides(argv=None) -> dict:
     """Every `key=value` given to doit (typos included: load_build rejects unknown keys), as
-    split_settings reads them (doit's own split, graph.loader, is the same function)."""
+    split_settings reads them."""
     argv = sys.argv[1:] if argv is None else argv
     return split_settings(list(argv))[1]
 
