@@ -800,3 +800,31 @@ def test_kind6_option_values_with_equals_signs_are_values(proj, sshd, deployed, 
     run = proj.doit("deploy", "--to", f"ssh://board{dest}", "--ssh-config", str(config),
                     "--path", str(bundle), "--timeout", "30")
     assert same_tree(dest, bundle)
+
+
+def test_every_board_script_passes_shellcheck_as_posix_sh():
+    """The scripts deploy runs on the board, as built for a DIR with a space and a quote."""
+    from hexbundle.deploy.board import Target
+    target = Target("", "board", None, "/opt/my dir/bun'dle")
+    scripts = []
+
+    class Recording:
+        timeout_s = 5.0
+
+        def __init__(self):
+            self.target = target
+
+        def run(self, script, what, **_):
+            scripts.append(script)
+            return type("Answer", (), {"code": 0, "out": b"", "err": ""})()
+    board = Recording()
+    push_module._start(board)
+    push_module._prepare(board, ["lib/a.so"], ["old/x"], {"lib/a.so": 0o644})
+    push_module._swap(board, "0123456789abcdef")
+    push_module._remove_run_dir(board, "/opt/.bundle.hexbundle/run-1")
+    push_module._send(board, PUSH_SOURCE, "lib/a.so", lambda line: None)
+    assert len(scripts) == 5
+    for script in scripts:
+        proc = subprocess.run(["shellcheck", "-s", "sh", "-e", "SC2317", "-"], input=script,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + script
