@@ -391,6 +391,7 @@ def test_kind1_table_covers_every_write_on_the_board():
     write must join KIND1 and this list."""
     writes = {
         "own_dir": ("DIR", ".DIR.hexbundle", "incoming/", "incoming/lib/"),
+        "_start": ("DIR", ".DIR.hexbundle", "incoming/"),     # through own_dir
         "_send": ("incoming/NAME.part", "incoming/NAME"),
         "_prepare": ("incoming/NAME",),
         "_swap": ("the temporary link's name", "the new bundle's folder"),
@@ -434,6 +435,15 @@ def test_kind1_what_deploy_did_not_make_is_refused_by_name_and_left_untouched(
     assert "refused, and left untouched" in text or \
         "exists and is not a bundle hexbundle deployed" in text, text
     assert {**snapshot(planted), **snapshot(user)} == before
+
+
+def test_a_dir_whose_folder_is_missing_is_named(proj, sshd):
+    dest = sshd.top / "boards" / "k1-no-parent" / "sub" / "bundle"
+    run = deploy(proj, sshd, proj.bundle(backend="qairt"), dest, check=False)
+    text = run.out + run.err
+    assert run.code != 0 and "Traceback" not in text
+    assert f"{dest.parent}: no such folder on the board: make it (mkdir -p)" in text, text
+    assert not os.path.lexists(dest.parent)
 
 
 def test_a_users_own_folder_beside_deploys_bundles_is_kept(proj, sshd):

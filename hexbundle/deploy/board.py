@@ -205,11 +205,14 @@ class Board:
             return DeployError(f"{t.where}: {printable(path)}: {printable(reason)}: refused, and "
                                "left untouched; move it away (or choose another DIR) and push "
                                "again")
-        if "Host key verification failed" in err or "REMOTE HOST IDENTIFICATION HAS CHANGED" in err:
+        # ssh's own failures exit 255; a command's "Permission denied" (mkdir in /opt) is not a
+        # refused login
+        if code == 255 and ("Host key verification failed" in err
+                            or "REMOTE HOST IDENTIFICATION HAS CHANGED" in err):
             return DeployError(f"{t.host}: its host key is not in your known_hosts (or changed): "
                                f"connect once with `ssh {t.host}` and check the fingerprint, or "
                                "add it with ssh-keyscan; nothing was sent")
-        if "Permission denied" in err:
+        if code == 255 and "Permission denied" in err:
             return DeployError(f"{t.user or 'you'}@{t.host}: login refused "
                                f"({printable(_last(err))}): add your public key to the board's "
                                "~/.ssh/authorized_keys or name the key in your ssh config; "

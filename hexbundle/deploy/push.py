@@ -145,7 +145,10 @@ def _start(board: Board) -> None:
     absent or deploy's link; nothing in incoming/ but files and folders."""
     t = board.target
     incoming = f"{t.state}/incoming"
-    board.run(sh(_dir_is_ours(t),
+    parent = t.path.rpartition("/")[0] or "/"
+    board.run(sh(f"if [ ! -d {q(parent)} ]; then printf '%s: no such folder on the board: make "
+                 f"it (mkdir -p) or choose another DIR\\n' {q(parent)} >&2; exit 4; fi",
+                 _dir_is_ours(t),
                  f"own_dir {q(t.state)} {STATE_MARK}",
                  f"own_dir {q(incoming)} {INCOMING_MARK}",
                  f"bad=$(find {q(incoming)} ! -type f ! -type d -print | head -n 1)",
