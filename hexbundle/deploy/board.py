@@ -205,7 +205,7 @@ class Board:
             return DeployError(f"{t.where}: {printable(path)}: {printable(reason)}: refused, and "
                                "left untouched; move it away (or choose another DIR) and push "
                                "again")
-        # ssh's own failures exit 255; a command's "Permission denied" (mkdir in /opt) is not a
+        # ssh's own failures exit 255; a command's "Permission denied" (in /opt) is not a
         # refused login
         if code == 255 and ("Host key verification failed" in err
                             or "REMOTE HOST IDENTIFICATION HAS CHANGED" in err):
