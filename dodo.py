@@ -228,7 +228,8 @@ def task_deploy():
     """Push the bundle to a board over SSH (only what differs; swapped in whole), optionally run it.
 
     `doit deploy --to ssh://USER@HOST[:PORT]/DIR [--run "PROMPT"] [--ssh-config FILE]
-    [--path BUNDLE] [--no-push]`: through the system's ssh (your config, agent, known_hosts);
+    [--path BUNDLE] [--no-push] [--timeout SECONDS]`: through the system's ssh (your config,
+    agent, known_hosts);
     digests checked on the board; a not deployable (reference) bundle is refused."""
     layout = BUILD.layout
     return {"actions": [action("hexbundle.deploy.push:deploy_command")],
@@ -240,6 +241,8 @@ def task_deploy():
                         "help": "an ssh config file (ssh -F)"},
                        {"name": "bundle", "long": "path", "default": str(layout.bundle_dir),
                         "help": "the bundle directory (default: the configured build's)"},
+                       {"name": "timeout", "long": "timeout", "default": "120",
+                        "help": "seconds the board may stay silent before deploy stops"},
                        {"name": "push_first", "long": "push", "inverse": "no-push",
                         "type": bool, "default": True,
                         "help": "--no-push: only run what is on the board"}],

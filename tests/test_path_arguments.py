@@ -53,7 +53,8 @@ NOT_PATHS = {("import_export", "plan"), ("import_export", "rope_theta"), ("image
              ("import_export", "context_length"), ("import_export", "model_id"),
              ("image", "network"), ("gen_inputs", "part"), ("bench", "small"),
              ("bench", "keep"), ("bench", "rows"), ("load_kit", "expect_sha256"),
-             ("deploy", "to"), ("deploy", "run"), ("deploy", "push_first")}
+             ("deploy", "to"), ("deploy", "run"), ("deploy", "push_first"),
+             ("deploy", "timeout")}
 
 SHAPES = ("symlink out of the tree", "dangling symlink", "FIFO", "/dev/zero", "the other kind",
           "name too long", "unreadable", "empty", "huge")

@@ -37,7 +37,7 @@ from doit.control import TaskControl
 from doit.exceptions import InvalidCommand
 from doit.reporter import JsonReporter
 
-from hexbundle.graph.session import build_of, checker_and_db
+from hexbundle.graph.session import build_of, checker_and_db, with_option_values
 from hexbundle.support import console
 from hexbundle.support.jsondoc import read_state_json
 
@@ -144,6 +144,7 @@ class Run(cmd_run.Run):
     def parse_execute(self, in_args):
         """doit's, plus: --help/-h and --dry-run anywhere (doit takes what follows a task name
         for the task's own options); an unknown option in one line, with the nearest."""
+        in_args = with_option_values(in_args)   # an option's value is never a setting
         flags = HELP_FLAGS + (DRY_RUN_FLAG, EXPLAIN_FLAG, JSON_FLAG)
         wants_help = any(a in HELP_FLAGS for a in in_args)
         dry_run = DRY_RUN_FLAG in in_args

@@ -5,6 +5,7 @@ Kept out of dodo.py so that dodo.py reads as the task graph and nothing else.
 """
 from __future__ import annotations
 
+import functools
 import getopt
 import os
 import sys
@@ -41,7 +42,7 @@ def command_name(argv: list) -> str:
         _, args = getopt.getopt(argv[1:], "f:d:k", ["file=", "dir=", "seek-file"])
     except getopt.GetoptError:   # doit then looks at the arguments as given
         args = argv[1:]
-    args = [a for a in args if a.startswith("-") or "=" not in a]
+    args = split_settings(args)[0]
     return args[0] if args else ""
 
 
@@ -53,15 +54,88 @@ def command_writes(argv: list) -> bool:
     return command_name(argv) not in READ_ONLY_COMMANDS
 
 
-def command_line_overrides(argv=None) -> dict:
-    """Every `key=value` given to doit (typos included: load_build rejects unknown keys).
+# The tasks' options that take no value (dodo.py's boolean params and their inverses): the
+# argument after any other task option is that option's value. test_cli_conventions checks that
+# every boolean param dodo.py declares is here (a new one must join).
+TASK_FLAGS = frozenset({"--push", "--no-push", "--small", "--keep"})
 
-    doit's public API reads a variable by name (doit.get_var); the names are the arguments doit
-    takes as variables: not an option, holding a '=' (doit 0.37, DoitMain.process_args)."""
+
+@functools.lru_cache(maxsize=None)
+def _doit_options() -> tuple:
+    """(long options that take no value, short options that take one), of doit's own commands
+    and of hexbundle's (RUN_FLAGS): read from doit's option tables, not copied."""
+    from doit.cmd_base import DoitCmdBase, DodoTaskLoader
+    from doit.doit_cmd import DoitMain
+    options = [opt for cmd in DoitMain.DOIT_CMDS for opt in getattr(cmd, "cmd_options", ())]
+    options += list(DoitCmdBase.base_options) + list(DodoTaskLoader.cmd_options)
+    flags = set(RUN_FLAGS) | set(TASK_FLAGS) | {"--version"}
+    value_shorts = set()
+    for opt in options:
+        if opt.get("type") is bool:
+            flags.update(f"--{opt[key]}" for key in ("long", "inverse") if opt.get(key))
+        elif opt.get("short"):
+            value_shorts.add(f"-{opt['short']}")
+    return frozenset(flags), frozenset(value_shorts)
+
+
+def takes_value(arg: str) -> bool:
+    """True if the argument after `arg` is `arg`'s value (getopt's reading: `--to X`, `-n 2`)."""
+    flags, value_shorts = _doit_options()
+    if arg.startswith("--"):
+        return arg != "--" and "=" not in arg and arg not in flags
+    return arg in value_shorts
+
+
+def split_settings(args: list) -> tuple:
+    """(the other arguments, {key: value}): doit's reading of `key=value` settings
+    (DoitMain.process_args: not an option, holding a '='), except that an option's value is
+    never a setting: `--run "what is x=1+1"` is a prompt. The one place the command line is split
+    (graph.commands.Run gives its arguments back to the options through with_option_values;
+    command_line_overrides reads the settings from it)."""
+    rest, settings = [], {}
+    value_next = False
+    for arg in args:
+        if value_next:
+            rest.append(arg)
+            value_next = False
+        elif arg[:1] not in ("", "-") and "=" in arg:
+            name, value = arg.split("=", 1)
+            settings[name] = value
+        else:
+            rest.append(arg)
+            value_next = takes_value(arg)
+    return rest, settings
+
+
+def with_option_values(doit_args: list, argv=None) -> list:
+    """The arguments doit hands a command (after its loader options, the command name and
+    what it took for settings: DoitMain.process_args, which takes an option's value holding a
+    '=' for a setting too), with those values back where they were: split_settings' reading of
+    the same command line. doit's own record of the settings (doit.get_var) is set to
+    split_settings' as well."""
+    from doit.doit_cmd import reset_vars, set_var
     argv = sys.argv[1:] if argv is None else argv
-    names = dict.fromkeys(a.split("=", 1)[0] for a in argv if a[:1] not in ("", "-") and "=" in a)
-    values = {name: doit.get_var(name) for name in names}
-    return {name: value for name, value in values.items() if value is not None}
+    ours, settings = split_settings(list(argv))
+    reset_vars()
+    for name, value in settings.items():
+        set_var(name, value)
+    # doit's list is ours without the values it took: match it from the end; what comes before
+    # its first argument (loader options, the command's name) is not the command's
+    start, at = len(ours), len(ours) - 1
+    for arg in reversed(doit_args):
+        while at >= 0 and ours[at] != arg:
+            at -= 1
+        if at < 0:
+            return list(doit_args)      # not this command line's (a call from the API)
+        start, at = at, at - 1
+    return ours[start:] if doit_args else list(doit_args)
+
+
+def command_line_overrides(argv=None) -> dict:
+    """Every `key=value` given to doit (typos included: load_build rejects unknown keys), as
+    split_settings reads them."""
+    argv = sys.argv[1:] if argv is None else argv
+    return split_settings(list(argv))[1]
 
 
 def started_in_project(root: Path) -> bool:

@@ -145,3 +145,20 @@ def warn(msg: str) -> None:
     stream = sys.__stderr__
     with _lock:
         _write(stream, msg)
+
+
+def printable(text: str) -> str:
+    """Text from outside (a board, a server) as it may reach the user's terminal: every control
+    character but tab, C1 included (ESC, CSI, BEL, CR, ...: a terminal would act on them: retitle,
+    recolour, move the cursor, hide a line), shown as \\xNN / \\uNNNN instead; the rest as is."""
+    return "".join(ch if ch == "\t" or not _is_control(ch) else
+                   (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+                   for ch in text)
+
+
+def _is_control(ch: str) -> bool:
+    # Cc (C0, DEL, C1), and the bidi overrides and line/paragraph separators (Zl, Zp, Cf bidi)
+    # that reorder or split what the user reads
+    code = ord(ch)
+    return code < 0x20 or 0x7f <= code < 0xa0 or ch in "\u2028\u2029" \
+        or 0x202a <= code <= 0x202e or 0x2066 <= code <= 0x2069
