@@ -32,6 +32,12 @@ def run_step_recorded(run, layout: Layout, task_name: str, step: str,
     record where its outputs came from (formats.origins), cache or not."""
     if step not in CACHED_STEPS:
         run(layout, task_name, step, **extra)
+    elif step not in FETCH_CHECKED and layout.cfg.remote.cache_trust == "verify":
+        # The inputs step's files (ONNX, AIMET encodings, external data) are not ours to mark
+        # and are what the exact checks compare against: a cache not trusted never gives them.
+        run(layout, task_name, step, **extra)
+        record_origin(layout, task_name, {"origin": "local"},
+                      [layout.root / t for t in task.targets])
     elif layout.cfg.remote.executor:
         run_through_executor(run, layout, task_name, step, extra, task)
     elif layout.cfg.remote.cache:
