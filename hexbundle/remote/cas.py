@@ -65,7 +65,7 @@ def open_channel(settings: RemoteSettings, root: Path) -> grpc.Channel:
 
 def _unary(channel, path: str, request_cls, response_cls):
     return channel.unary_unary(path, request_serializer=request_cls.SerializeToString,
-                               response_deserializer=response_cls.FromString)
+                               response_deserializer=reapi.decoder(response_cls))
 
 
 class CasClient:
@@ -92,10 +92,10 @@ class CasClient:
                                     reapi.ServerCapabilities)
         self._read = c.unary_stream(reapi.BYTESTREAM_READ,
                                     request_serializer=reapi.ReadRequest.SerializeToString,
-                                    response_deserializer=reapi.ReadResponse.FromString)
+                                    response_deserializer=reapi.decoder(reapi.ReadResponse))
         self._write = c.stream_unary(reapi.BYTESTREAM_WRITE,
                                      request_serializer=reapi.WriteRequest.SerializeToString,
-                                     response_deserializer=reapi.WriteResponse.FromString)
+                                     response_deserializer=reapi.decoder(reapi.WriteResponse))
 
     @property
     def where(self) -> str:
@@ -116,6 +116,9 @@ class CasClient:
         name = code.name if code else "?"
         if code in UNREACHABLE:
             return RemoteUnavailable(f"remote cache {self.where}: {what}: {name} ({detail})")
+        if code == grpc.StatusCode.INTERNAL and detail == reapi.GARBLED_DETAIL:
+            return RemoteError(f"remote cache {self.where}: {what}: the server's answer is not "
+                               "a valid REAPI message (bytes that do not parse); refused")
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
             return RemoteError(f"remote cache {self.where}: {what}: {name} ({detail}); check "
                                "remote_header (its credentials) and remote_instance")
