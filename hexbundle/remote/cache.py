@@ -287,22 +287,19 @@ def _write_hit_log(layout: Layout, remote: RemoteSession, task: str, step: StepA
              f"# action {step.key}; the step did not run here",
              *[f"# {out.path} sha256 {reapi.digest_text(out.digest)}"
                for out in result.output_files]]
-    built_log = b""
-    if result.stdout_raw:
-        built_log = bytes(result.stdout_raw)
-    elif result.stdout_digest.hash and result.stdout_digest.size_bytes <= LOG_BYTES:
-        pieces = []
-        try:
-            remote.client.read_blob(result.stdout_digest, pieces.append)
-            built_log = b"".join(pieces)
-        except RemoteError:
-            built_log = b""
-    if built_log:
-        lines.append("# the log of the run that built them:")
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
     try:
         with open_in_place(layout.log(task), "wb") as fh:   # never through a link
-            fh.write(("\n".join(lines) + "\n").encode() + built_log)
+            fh.write(("\n".join(lines) + "\n").encode())
+            if result.stdout_raw or result.stdout_digest.hash:
+                fh.write(b"# the log of the run that built them:\n")
+                try:   # streamed in, at most LOG_BYTES, within remote_timeout (cas.read_log)
+                    note = remote.client.read_log(bytes(result.stdout_raw), result.stdout_digest,
+                                                  fh.write, LOG_BYTES)
+                except RemoteError as exc:
+                    note = f"(not read: {exc})"
+                if note:
+                    fh.write(f"\n# that log {note}\n".encode())
     except OSError:
         pass   # a log is a note
 

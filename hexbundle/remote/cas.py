@@ -231,6 +231,52 @@ class CasClient:
     def _stream_timeout(self, size: int) -> float:
         return self.timeout + size / STREAM_BYTES_PER_S
 
+    def read_log(self, raw: bytes, digest, sink: Callable[[bytes], None], limit: int,
+                 tail: bool = False) -> str:
+        """A log an ActionResult names (inline `raw`, else the blob `digest`) into `sink`: at
+        most `limit` bytes (the last ones when `tail`), within one deadline (remote_timeout plus
+        the time `limit` bytes take: a log declared a TiB and sent a byte at a time is cut, and
+        never held whole). What arrived is written as it comes (callers pass a file's write).
+        Returns a note for the reader: "" when the whole log arrived and matched its digest."""
+        if raw:
+            piece = raw[-limit:] if tail else raw[:limit]
+            sink(piece)
+            return "" if len(piece) == len(raw) else f"(the last {limit} of {len(raw)} bytes)" \
+                if tail else f"(the first {limit} of {len(raw)} bytes)"
+        if not digest.hash:
+            return ""
+        size = digest.size_bytes
+        if size <= limit:
+            self.read_blob(digest, sink)
+            return ""
+        offset = size - limit if tail else 0
+        self._read_range(digest, offset, limit, sink)
+        where = "last" if tail else "first"
+        return f"(the {where} {limit} of {size} bytes, unchecked: its digest is of the whole log)"
+
+    def _read_range(self, digest, offset: int, limit: int, sink) -> None:
+        """ByteStream Read of `limit` bytes from `offset` (read_offset, read_limit): a server
+        that sends more is cut at `limit`."""
+        request = reapi.ReadRequest(resource_name=self._resource("blobs", reapi.digest_key(
+            digest)), read_offset=offset, read_limit=limit)
+        call = self._read(request, timeout=self._stream_timeout(limit), metadata=self.metadata)
+        idle = IdleWatch(call, self.timeout)
+        got = 0
+        try:
+            for response in call:
+                idle.touch()
+                data = bytes(response.data)[:limit - got]
+                got += len(data)
+                sink(data)
+                if got >= limit:
+                    call.cancel()   # more than asked for: not read
+                    break
+        except grpc.RpcError as exc:
+            raise self._error(f"ByteStream.Read {reapi.digest_text(digest)} (bytes {offset}+"
+                              f"{limit})", exc) from None
+        finally:
+            idle.stop()
+
     def read_blob(self, digest, sink: Callable[[bytes], None]) -> None:
         """Fetch a blob into `sink`, piece by piece, checking size and SHA-256 as it arrives:
         BlobMismatch when they differ (the sink has then seen bytes the caller must throw

@@ -271,29 +271,29 @@ class RemoteExecutor:
         return ActionFailed(text)
 
     def _stderr_tail(self, result) -> str:
-        data = bytes(result.stderr_raw)
-        if not data and result.stderr_digest.hash:
-            pieces: list = []
-            try:
-                self.cas.read_blob(result.stderr_digest, pieces.append)
-                data = b"".join(pieces)
-            except RemoteError:
-                return ""
-        text = data[-STDERR_SHOWN:].decode(errors="replace").rstrip()
+        """The last STDERR_SHOWN bytes of a failed action's stderr (never more is read)."""
+        pieces: list = []
+        try:
+            self.cas.read_log(bytes(result.stderr_raw), result.stderr_digest, pieces.append,
+                              STDERR_SHOWN, tail=True)
+        except RemoteError:
+            return ""
+        text = b"".join(pieces).decode(errors="replace").rstrip()
         return f"; its stderr:\n{text}" if text else ""
 
-    def logs(self, result) -> tuple:
-        """(stdout, stderr) bytes the worker kept (empty when it kept none)."""
-        out = []
-        for raw, digest in ((result.stdout_raw, result.stdout_digest),
-                            (result.stderr_raw, result.stderr_digest)):
-            data = bytes(raw)
-            if not data and digest.hash:
-                pieces: list = []
-                self.cas.read_blob(digest, pieces.append)
-                data = b"".join(pieces)
-            out.append(data)
-        return tuple(out)
+    def write_logs(self, result, fh, limit: int) -> None:
+        """The worker's stdout and stderr into the open log file `fh`, each at most `limit`
+        bytes, streamed (cas.read_log: a size and a time limit); what could not be read is
+        said in the file."""
+        for name, raw, digest in (("stdout", result.stdout_raw, result.stdout_digest),
+                                  ("stderr", result.stderr_raw, result.stderr_digest)):
+            fh.write(f"# the worker's {name}:\n".encode())
+            try:
+                note = self.cas.read_log(bytes(raw), digest, fh.write, limit)
+            except RemoteError as exc:
+                note = f"(not read: {exc})"
+            if note:
+                fh.write(f"\n# {name} {note}\n".encode())
 
     # ------------------------------------------------------------------ cancel
 

@@ -30,8 +30,8 @@ from hexbundle.config.layout import Layout
 from hexbundle.config.remote import executor_settings
 from hexbundle.formats.origins import record_origin
 from hexbundle.remote.action import StepAction
-from hexbundle.remote.cache import (OutputsRefused, _download, _unusable, action_or_local,
-                                    build_locally)
+from hexbundle.remote.cache import (LOG_BYTES, OutputsRefused, _download, _unusable,
+                                    action_or_local, build_locally)
 from hexbundle.remote.cas import BlobMismatch, RemoteError
 from hexbundle.remote.execute import (Cancelled, ExecutionError, ExecutionUnavailable,
                                       RemoteExecutor)
@@ -165,10 +165,9 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
     problem = _unusable(result, step)
     if problem:
         raise OutputsRefused(f"the result of action {step.key} {problem}")
-    stdout, stderr = _logs(remote, result)
     fetched = _download(remote, result, step, check)   # raises OutputsRefused, BlobMismatch
     worker = result.execution_metadata.worker or "?"
-    _write_log(layout, remote, task, step, worker, stdout, stderr)
+    _write_log(layout, remote, task, step, worker, result)
     record_origin(layout, task, {"origin": "remote-execution", "server": remote.client.url,
                                  "instance": remote.client.instance, "action": step.key,
                                  "worker": worker}, list(step.outputs.values()))
@@ -176,22 +175,17 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
         f"worker {worker}")
 
 
-def _logs(remote: ExecSession, result) -> tuple:
-    try:
-        return remote.executor.logs(result)
-    except RemoteError:
-        return b"", b""
-
-
 def _write_log(layout: Layout, remote: ExecSession, task: str, step: StepAction, worker: str,
-               stdout: bytes, stderr: bytes) -> None:
+               result) -> None:
+    """The step's log: where it ran, then the worker's stdout and stderr, streamed from the
+    server into the file (each at most LOG_BYTES, within remote_timeout: execute.write_logs)."""
     head = (f"# remote execution on {remote.where}, worker {worker}\n"
             f"# action {step.key}\n" +
             "".join(f"# {path}\n" for path in sorted(step.outputs)))
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
     try:
         with open_in_place(layout.log(task), "wb") as fh:   # never through a link
-            fh.write(head.encode() + b"# the worker's stdout:\n" + stdout +
-                     b"# the worker's stderr:\n" + stderr)
+            fh.write(head.encode())
+            remote.executor.write_logs(result, fh, LOG_BYTES)
     except OSError:
         pass   # a log is a note
