@@ -34,7 +34,7 @@ from typing import Callable, Optional
 from hexbundle import __version__
 from hexbundle.config.build import RemoteSettings
 from hexbundle.config.layout import Layout
-from hexbundle.formats.origins import record_origin
+from hexbundle.formats.origins import record_origin, refuse_action, refused_actions
 from hexbundle.remote import reapi
 from hexbundle.remote.action import StepAction
 from hexbundle.remote.cas import (BlobCheck, BlobMismatch, CasClient, RemoteError,
@@ -142,6 +142,8 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction,
           check: Optional[Callable[[dict], None]] = None) -> bool:
     """True if the step's outputs came from the cache and are in place."""
     started = time.monotonic()
+    if step.key in refused_actions(layout):   # refused here before: never used again
+        return False
     try:
         result = remote.client.get_action_result(step.digest)
     except RemoteError as exc:
@@ -159,6 +161,7 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction,
     try:
         fetched = _download(remote, result, step, check)
     except OutputsRefused as exc:
+        refuse_action(layout, step.key)
         warn(f"hexbundle: warning: {task}: the cached result of action {step.key} on "
              f"{remote.where} fails the checks a local build gets ({exc}); discarded, building "
              "locally")

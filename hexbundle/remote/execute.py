@@ -143,9 +143,11 @@ class RemoteExecutor:
     # ------------------------------------------------------------------ execute
 
     def execute(self, action_digest, blobs: dict, timeout: float,
-                on_stage: Optional[Callable[[str], None]] = None, label: str = ""):
+                on_stage: Optional[Callable[[str], None]] = None, label: str = "",
+                skip_cache_lookup: bool = False):
         """The ActionResult of the Action (exit code 0), its blobs uploaded first. `label`:
-        how cancel_all names its Operation (the step)."""
+        how cancel_all names its Operation (the step). `skip_cache_lookup`: run it even if the
+        server's ActionCache has a result (one refused here before)."""
         try:
             self.upload_missing(blobs)
         except RemoteUnavailable as exc:
@@ -155,7 +157,8 @@ class RemoteExecutor:
         self._check_stopped()
         deadline = time.monotonic() + timeout
         request = reapi.ExecuteRequest(instance_name=self.cas.instance,
-                                       action_digest=action_digest)
+                                       action_digest=action_digest,
+                                       skip_cache_lookup=skip_cache_lookup)
         call = self._start(self._execute, request, deadline, "Execute")
         name = ""
         last_stage = None

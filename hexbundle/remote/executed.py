@@ -28,7 +28,7 @@ from typing import Callable, Optional
 
 from hexbundle.config.layout import Layout
 from hexbundle.config.remote import executor_settings
-from hexbundle.formats.origins import record_origin
+from hexbundle.formats.origins import record_origin, refuse_action, refused_actions
 from hexbundle.remote.action import StepAction
 from hexbundle.remote.cache import (LOG_BYTES, OutputsRefused, _download, _unusable,
                                     action_or_local, build_locally)
@@ -157,7 +157,8 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
     blobs = {**step.files, **step.blobs}
     try:
         result = remote.executor.execute(step.digest, blobs, float(layout.cfg.remote.exec_timeout),
-                                         on_stage, label=task)
+                                         on_stage, label=task,
+                                         skip_cache_lookup=step.key in refused_actions(layout))
     except BaseException as exc:
         if not isinstance(exc, Exception):   # Ctrl-C, SIGTERM: the server stops it too
             remote.executor.cancel_all()
@@ -165,7 +166,11 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
     problem = _unusable(result, step)
     if problem:
         raise OutputsRefused(f"the result of action {step.key} {problem}")
-    fetched = _download(remote, result, step, check)   # raises OutputsRefused, BlobMismatch
+    try:
+        fetched = _download(remote, result, step, check)   # raises OutputsRefused, BlobMismatch
+    except OutputsRefused:
+        refuse_action(layout, step.key)   # the server's cached answer is not asked for again
+        raise
     worker = result.execution_metadata.worker or "?"
     _write_log(layout, remote, task, step, worker, result)
     record_origin(layout, task, {"origin": "remote-execution", "server": remote.client.url,
