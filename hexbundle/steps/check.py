@@ -47,7 +47,8 @@ def check_fetched(layout: Layout, spec: dict, log) -> None:
         if verify:
             with read_dlc(dlc) as reader:
                 exact(DlcAsPart(reader), [PartGraph(graph.name, layout.onnx(graph),
-                                                    layout.encodings(graph))], dlc, log)
+                                                    layout.encodings(graph))], layout.dlc(graph),
+                      log)
     elif spec["of"] == "compile":
         part = cfg.part(spec["part"])
         binary = files[layout.bin(part)]
@@ -57,7 +58,7 @@ def check_fetched(layout: Layout, spec: dict, log) -> None:
         if verify:
             with read_ctxbin(binary) as reader:
                 exact(reader, [PartGraph(g.name, layout.onnx(g), layout.encodings(g))
-                               for g in cfg.model.graphs(part)], binary, log)
+                               for g in cfg.model.graphs(part)], layout.bin(part), log)
     else:
         raise HexbundleError(f"check: no checks for outputs of step {spec['of']!r}")
 
@@ -82,7 +83,7 @@ def check_key(backend, path: Path, target: Path, expected: str, verify: bool, lo
 
 
 def exact(reader, graphs: list, path: Path, log) -> None:
-    """checks/exact.py's three checks; any difference refuses the file."""
+    """checks/exact.py's three checks; any difference refuses the file (`path`: its target)."""
     for result in exact_checks(reader, graphs):
         if result.problems:
             raise FetchRefused(f"{path.name}: {result.check}: "
