@@ -245,7 +245,7 @@ def decode(cls, data: bytes, what: str):
         return cls.FromString(data)
     except _UNDECODABLE as exc:
         raise Undecodable(f"{what}: {len(data)} bytes that are not a valid "
-                          f"{cls.DESCRIPTOR.full_name} ({type(exc).__name__}: {exc})") from None
+                          f"{cls.DESCRIPTOR.full_name} ({exc})") from None
 
 
 def decoder(cls):
