@@ -71,6 +71,15 @@ def describe(name: str) -> tuple:
     raise BackendError(f"unknown backend {name!r}; choose reference or qairt")
 
 
+# The backends whose DLC and bin record the key they were made for (Backend.marks_outputs),
+# known without importing them (graph.remote_steps asks before a step runs).
+MARKING_BACKENDS = ("reference",)
+
+
+def marks_outputs(name: str) -> bool:
+    return name in MARKING_BACKENDS
+
+
 def get_backend(name: str) -> Backend:
     if name not in _BACKENDS:
         raise BackendError(f"unknown backend {name!r}; choose reference or qairt")

@@ -69,9 +69,10 @@ def _run_step_recorded(run, layout: Layout, task_name: str, step: str,
                        extra: dict, task) -> None:
     if step not in CACHED_STEPS:
         run(layout, task_name, step, **extra)
-    elif step not in FETCH_CHECKED and layout.cfg.remote.cache_trust == "verify":
+    elif layout.cfg.remote.cache_trust == "verify" and not exact_checkable(layout, step):
         # The inputs step's files (ONNX, AIMET encodings, external data) are not ours to mark
-        # and are what the exact checks compare against: a cache not trusted never gives them.
+        # and are what the exact checks compare against; a real SDK's DLCs and bins are not
+        # read by them: a cache not trusted never gives them.
         run(layout, task_name, step, **extra)
         record_origin(layout, task_name, {"origin": "local"},
                       [layout.root / t for t in task.targets])
@@ -83,6 +84,12 @@ def _run_step_recorded(run, layout: Layout, task_name: str, step: str,
         run(layout, task_name, step, **extra)
         record_origin(layout, task_name, {"origin": "local"},
                       [layout.root / t for t in task.targets])
+
+
+def exact_checkable(layout: Layout, step: str) -> bool:
+    """Whether a fetched output of `step` can get the exact checks (steps/check.py)."""
+    from hexbundle.backends import marks_outputs
+    return step in FETCH_CHECKED and marks_outputs(layout.cfg.backend)
 
 
 def task_options(task) -> dict:

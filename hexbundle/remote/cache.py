@@ -17,7 +17,10 @@ Failures degrade, never corrupt, never fail the build:
     other files: refused with a warning naming it; the step runs locally (and, read-write,
     uploads its good outputs again);
   - an upload that fails: a warning; the local build stands.
-A partial download never lands: temp files are removed, targets stay as they were.
+A partial download never lands: temp files are removed, targets stay as they were. A result
+refused by the step's checks (its key among them: steps/check.py) is remembered in the build
+root (formats.origins.refuse_action) and never fetched again there. A result's log is streamed
+into the step's log, bounded in size and time (cas.read_log).
 
 Each run of a step leaves a record (formats.origins) of where its outputs came from; the
 bundle's build-info.json and a release's provenance gather them.
