@@ -35,8 +35,9 @@ def run_step_recorded(run, layout: Layout, task_name: str, step: str,
     evicts the inputs it read that came from a remote cache or executor (evict_fetched)."""
     try:
         _run_step_recorded(run, layout, task_name, step, extra, task)
-    except HexbundleError:
-        evict_fetched(layout, task_name, task.file_dep)
+    except HexbundleError as exc:
+        if not getattr(exc, "remote_failure", False):   # not the server's failure: the inputs'
+            evict_fetched(layout, task_name, task.file_dep)
         raise
 
 

@@ -44,6 +44,8 @@ from hexbundle.support.files import open_in_place
 class RemoteExecutionFailed(HexbundleError):
     """remote_fallback = fail and the step could not be executed remotely."""
 
+    remote_failure = True   # about the server, not the step's inputs: nothing is evicted
+
 
 class ExecSession:
     """The Execution server of one doit run, shared by the steps' threads."""
