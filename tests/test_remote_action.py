@@ -328,3 +328,38 @@ def test_a_remote_executions_action_holds_no_absolute_path_and_its_whole_input_r
         assert layout.script("step.py") in step.files.values()
         actions.append(step.key)
     assert actions[0] == actions[1]
+
+
+# ------------------------------------------------- issue 47: what a fetched output is checked for
+
+def test_under_verify_only_what_the_exact_checks_read_is_fetched(tmp_path):
+    """remote_cache_trust = verify: the reference backend's converts and compiles are fetched
+    (their files record their key and the exact checks read them); the inputs step's files
+    and every qairt output are built here (graph.remote_steps.exact_checkable)."""
+    from hexbundle.graph.remote_steps import exact_checkable
+    project = copy_project(tmp_path / "p")
+    reference = Layout(load_build(project.root, overrides={"remote_cache_trust": "verify"}))
+    qairt = Layout(load_build(project.root, overrides={"remote_cache_trust": "verify",
+                                                       "backend": "qairt"}))
+    assert [exact_checkable(reference, s) for s in ("inputs", "convert", "compile")] == \
+        [False, True, True]
+    assert [exact_checkable(qairt, s) for s in ("inputs", "convert", "compile")] == \
+        [False, False, False]
+
+
+def test_an_output_key_covers_the_inputs_bytes_and_the_options(tmp_path):
+    """steps/outputkey.py: another input's bytes or another option is another key; the same
+    ones (another checkout, another path) the same key."""
+    from hexbundle.backends import CompileOptions, DeviceOptions
+    from hexbundle.steps.outputkey import output_key
+    a, b = tmp_path / "a" / "x.dlc", tmp_path / "b" / "x.dlc"
+    for p in (a, b):
+        p.parent.mkdir()
+        p.write_bytes(b"same bytes")
+    options = CompileOptions(("g",), DeviceOptions(soc_model=0, dsp_arch="v73"), True, True, 3)
+    key = output_key("compile", {"part": 1}, options, [a])
+    assert len(key) == 64 and key == output_key("compile", {"part": 1}, options, [b])
+    assert key != output_key("compile", {"part": 1},
+                             dataclasses.replace(options, optimization_type=2), [a])
+    b.write_bytes(b"other bytes")
+    assert key != output_key("compile", {"part": 1}, options, [b])

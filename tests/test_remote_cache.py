@@ -640,3 +640,231 @@ def test_a_stream_that_stalls_is_cut_after_the_remote_timeout(server, tmp_path):
     assert any("no data for 5s after 1048576 of" in w for w in warnings(run)), run.err
     assert "inputs:part_2_of_4" in ran_here(run)
     assert snapshot(b.bundle()) == snapshot(a.bundle())
+
+
+# ---------------------------------------------------------------- issue 47: results trusted by shape
+# Every fetched output type x each lie, one build answered by a lying server: each row a task
+# whose result is replaced. The outputs are checked for the key they were made for
+# (steps/outputkey.py, "made_for" in the DLC and bin headers); under remote_cache_trust =
+# verify also by the exact checks, and the inputs step is not fetched at all.
+
+OTHER_PARTS = (2, 3)   # the parts whose weights machine O changed (negate_a_weight)
+
+
+@pytest.fixture(scope="module")
+def other_weights(shared, tmp_path_factory):
+    """Machine O: the same model, names and shapes, with other weights in parts 2 and 3; its
+    converts and compiles of those parts are in the cache under their own actions."""
+    server, _ = shared
+    o = copy_project(tmp_path_factory.mktemp("other") / "o")
+    o.doit("inputs", f"remote_cache={server.url}")
+    for part in OTHER_PARTS:
+        negate_a_weight(o, part)
+    o.doit("bundle", f"remote_cache={server.url}")
+    return o
+
+
+def cached_result(server, project, task: str):
+    """The ActionResult the server holds for the action `task` ran as on `project`."""
+    from hexbundle.config.build import remote_settings
+    from hexbundle.remote.cas import CasClient
+    client = CasClient(remote_settings(cache=server.url), project.root)
+    try:
+        return client.get_action_result(_digest(action_of(project, task)))
+    finally:
+        client.close()
+
+
+def plant(server, data: bytes):
+    """A blob put straight into the server's CAS (under its own digest): its Digest."""
+    sha = hashlib.sha256(data).hexdigest()
+    server.blob_path(sha).parent.mkdir(parents=True, exist_ok=True)
+    server.blob_path(sha).write_bytes(data)
+    return reapi.Digest(hash=sha, size_bytes=len(data))
+
+
+def output_of(server, project, task: str) -> Path:
+    """The one file a convert or compile wrote (where the cached result names it)."""
+    return project.root / cached_result(server, project, task).output_files[0].path
+
+
+def garbage(size: int) -> bytes:
+    import numpy as np
+    return np.random.default_rng(47).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def forged(server, o, a, task: str) -> bytes:
+    """O's output of `task` with the key it records replaced by A's (same length): a server
+    that knows how the key is made."""
+    from hexbundle.backends.reference import ReferenceBackend
+    theirs, ours = (ReferenceBackend().made_for(output_of(server, p, task)) for p in (o, a))
+    data = output_of(server, o, task).read_bytes()
+    assert theirs != ours and data.count(theirs.encode()) == 1
+    return data.replace(theirs.encode(), ours.encode())
+
+
+TIB = 1 << 40
+# (task, lie, what the warning says); every output type the cache hands back: a DLC, a bin
+# (and the inputs step's files: not fetched under verify, the eviction test below otherwise)
+LIES = [
+    ("convert:part_2_of_4_prompt", "other weights", "made for key"),
+    ("compile:part_3_of_4", "other weights", "made for key"),
+    ("convert:part_2_of_4_token", "other weights, key forged", "weights vs the export's"),
+    ("convert:part_4_of_4_prompt", "garbage bytes", "fails the checks a local build gets"),
+    ("compile:part_1_of_4", "truncated", "fails the checks a local build gets"),
+    ("compile:part_4_of_4", "log of a TiB, trickled", None),   # taken: its outputs are right
+]
+
+
+def caught_under(trust: str, lie: str) -> bool:
+    """Whether the lie is refused under that trust: a key forged by a server that knows how it
+    is made passes the key check; only verify's exact checks see the weights (the docs say so)."""
+    return trust == "verify" or lie != "other weights, key forged"
+
+
+@pytest.fixture(scope="module", params=["verify", "trusted"])
+def lied(request, shared, other_weights, tmp_path_factory):
+    """Machine B (A's weights) builds through a server that tells every lie of LIES at once
+    (under trusted, all but the forged key), with remote_cache_trust = `param`; then a local
+    `doit bundle` without the cache."""
+    import time
+    trust = request.param
+    server, a = shared
+    o = other_weights
+    lies, sent = {}, {}
+    for task, lie, _ in LIES:
+        if not caught_under(trust, lie):
+            continue
+        result = cached_result(server, a, task)
+        if lie == "other weights":
+            result = cached_result(server, o, task)
+        elif lie == "other weights, key forged":
+            result.output_files[0].digest.CopyFrom(plant(server, forged(server, o, a, task)))
+        elif lie == "garbage bytes":
+            size = result.output_files[0].digest.size_bytes
+            result.output_files[0].digest.CopyFrom(plant(server, garbage(size)))
+        elif lie == "truncated":
+            whole = output_of(server, a, task).read_bytes()
+            result.output_files[0].digest.CopyFrom(plant(server, whole[:len(whole) // 2]))
+        elif lie == "log of a TiB, trickled":
+            result.stdout_digest.CopyFrom(reapi.Digest(hash="ab" * 32, size_bytes=TIB))
+        lies[action_of(a, task)] = result
+        sent[task] = result
+
+    def answer(request, real):
+        return lies.get(reapi.digest_text(request.action_digest), real)
+
+    def trickle(request):
+        if not request.resource_name.endswith(f"/{TIB}"):
+            return None
+
+        def one_byte_every_2s():
+            for _ in range(60):
+                yield reapi.ReadResponse(data=b"x")
+                time.sleep(2)
+        return one_byte_every_2s()
+
+    proxy = HostileProxy(server.url, answer, read=trickle)
+    try:
+        b = copy_project(tmp_path_factory.mktemp(f"lied-{trust}") / "b")
+        run = b.doit("bundle", f"remote_cache={proxy.url}", f"remote_cache_trust={trust}",
+                     "remote_timeout=5", check=False)
+    finally:
+        proxy.stop()
+    later = b.doit("bundle", check=False)   # a later local build: nothing poisoned to keep
+    return trust, a, o, b, run, later, sent
+
+
+@pytest.mark.parametrize("task,lie,said", LIES, ids=[f"{t}-{lie}" for t, lie, _ in LIES])
+def test_every_fetched_output_type_and_lie_is_refused_and_never_stored(lied, task, lie, said):
+    trust, a, o, b, run, later, sent = lied
+    if not caught_under(trust, lie):
+        pytest.skip(f"not told under remote_cache_trust = {trust} (docs/remote-cache.md)")
+    refused = [w for w in warnings(run) if task in w]
+    lied_bytes = {f.digest.hash for f in sent[task].output_files}
+    on_disk = {sha256(p) for p in (b.root / "build").rglob("*")
+               if p.is_file() and not p.is_symlink()
+               and p.stat().st_size in {f.digest.size_bytes for f in sent[task].output_files}}
+    if said is None:   # the trickled log: the hit is taken, its log cut and said so
+        assert task in hits(run) and not refused, run.out + run.err
+        log = (b.build_dir() / "logs" / (task.replace(":", "__") + ".log")).read_text()
+        assert "# that log (not read:" in log, log
+        return
+    assert len(refused) == 1 and said in refused[0], run.err
+    assert "discarded, building locally" in refused[0], refused[0]
+    assert task in ran_here(run) and task not in hits(run), run.out
+    assert not lied_bytes & on_disk, "a refused output was stored"
+    refused_actions = json.loads((b.root / "build" / ".hexbundle" / "remote-refused.json")
+                                 .read_text())["actions"]
+    assert action_of(a, task) in refused_actions
+
+
+def test_a_lying_cache_ships_nothing_and_a_later_local_build_keeps_nothing(lied):
+    trust, a, o, b, run, later, _ = lied
+    assert run.code == 0 and "Traceback" not in run.err, run.out + run.err
+    assert snapshot(b.bundle()) == snapshot(a.bundle())   # a clean local build's bundle
+    assert snapshot(b.bundle()) != snapshot(o.bundle())   # (the other weights do show)
+    assert not leftovers(b.root / "build")
+    fetched_inputs = {t for t in hits(run) if t.startswith("inputs:")}
+    if trust == "verify":   # the inputs step is never fetched: the checks compare with its files
+        assert fetched_inputs == set(), run.out
+        assert {t for t in ran_here(run) if t.startswith("inputs:")}, run.out
+        exact_lines = re.findall(r"weights vs the export's: \d+ weight", 
+                                 "".join(p.read_text() for p in
+                                         (b.build_dir() / "logs").glob("*cache-check*")))
+        assert exact_lines, "no exact check ran on a hit"
+    else:
+        assert fetched_inputs, run.out
+    assert checked_hits(run) == {t for t in hits(run) if not t.startswith("inputs:")}
+    assert later.code == 0 and ran_here(later) == set(), later.out   # all up to date, kept
+    assert snapshot(b.bundle()) == snapshot(a.bundle())
+
+
+def test_a_fetched_input_a_later_step_fails_on_is_evicted_and_never_reused(shared, tmp_path):
+    """remote_cache_trust = trusted (the default): the inputs step's files cannot record a key,
+    so a server answering part 2's inputs with garbage .data (under its own digest) gets them
+    fetched; the convert that reads them refuses them (NaN). They are removed, with their
+    origin, and that result is never asked for again: the next run builds them here."""
+    server, a = shared
+    task = "inputs:part_2_of_4"
+    result = cached_result(server, a, task)
+    data = next(f for f in result.output_files if f.path.endswith(".data"))
+    data.digest.CopyFrom(plant(server, garbage(data.digest.size_bytes)))
+    key = action_of(a, task)
+
+    def answer(request, real):
+        return result if reapi.digest_text(request.action_digest) == key else real
+
+    proxy = HostileProxy(server.url, answer)
+    try:
+        b = copy_project(tmp_path / "b")
+        first = b.doit("bundle", f"remote_cache={proxy.url}", check=False)
+        second = b.doit("bundle", f"remote_cache={proxy.url}", check=False)
+    finally:
+        proxy.stop()
+    assert first.code != 0 and task in hits(first), first.out + first.err
+    assert "Traceback" not in first.out + first.err
+    evicted = [w for w in warnings(first) if f"failed on the outputs of {task}" in w]
+    assert len(evicted) == 1 and key in evicted[0] and "will not be used again" in evicted[0], \
+        first.err
+    assert second.code == 0, second.out + second.err
+    assert task in ran_here(second) and task not in hits(second), second.out
+    assert snapshot(b.bundle()) == snapshot(a.bundle())
+    assert not leftovers(b.root / "build")
+
+
+def test_a_garbage_answer_is_a_clear_error_not_a_decode_traceback(shared, tmp_path, capfd):
+    """GetActionResult answered with bytes that are no ActionResult: a RemoteError saying so
+    (the build gives the cache up with one warning), and grpc logs no traceback."""
+    from hexbundle.config.build import remote_settings
+    from hexbundle.remote.cas import CasClient, RemoteError
+    server, a = shared
+    proxy = HostileProxy(server.url, lambda request, real: b"\xff" * 64)
+    client = CasClient(remote_settings(cache=proxy.url), tmp_path)
+    try:
+        with pytest.raises(RemoteError, match="not a valid REAPI message"):
+            client.get_action_result(_digest(action_of(a, "compile:part_1_of_4")))
+    finally:
+        client.close()
+        proxy.stop()
+    assert "Traceback" not in capfd.readouterr().err

@@ -119,6 +119,17 @@ def executor(url: str, tmp: Path, timeout: int = 60) -> RemoteExecutor:
     return RemoteExecutor(remote_settings(cache=url, timeout=timeout), tmp)
 
 
+def worker_logs(ex: RemoteExecutor, result) -> tuple:
+    """(stdout, stderr) of a result, read as a build reads them (cas.read_log: bounded)."""
+    out = []
+    for raw, digest in ((result.stdout_raw, result.stdout_digest),
+                        (result.stderr_raw, result.stderr_digest)):
+        pieces: list = []
+        ex.cas.read_log(bytes(raw), digest, pieces.append, 1 << 20)
+        out.append(b"".join(pieces))
+    return tuple(out)
+
+
 def fetched(ex: RemoteExecutor, digest) -> bytes:
     pieces = []
     ex.cas.read_blob(digest, pieces.append)
@@ -134,7 +145,7 @@ def test_an_action_runs_on_a_worker_with_its_whole_input_root(grid, tmp_path):
     result = ex.execute(digest, blobs, timeout=60, on_stage=stages.append)
     assert [f.path for f in result.output_files] == ["out/ab.txt"]
     assert fetched(ex, result.output_files[0].digest) == b"alpha\nbeta\n"
-    assert ex.logs(result) == (b"to-stdout\n", b"to-stderr\n")
+    assert worker_logs(ex, result) == (b"to-stdout\n", b"to-stderr\n")
     assert result.execution_metadata.worker in ("w1", "w2")
     assert stages[-1] == "completed" and "queued" in stages, stages
     # uploaded first: nothing the action needs is missing on the server now
@@ -154,7 +165,7 @@ def test_the_action_runs_in_a_bubblewrap_sandbox_holding_its_input_root(grid, tm
               "echo net: $(tail -n +3 /proc/net/dev | cut -d: -f1); cat in.txt")
     digest, blobs = action(tmp_path, script, inputs={"in.txt": b"input root\n"})
     ex = executor(grid.url, tmp_path)
-    out, _ = ex.logs(ex.execute(digest, blobs, timeout=60))
+    out, _ = worker_logs(ex, ex.execute(digest, blobs, timeout=60))
     lines = out.decode().splitlines()
     assert "sees-outside" not in lines and "writes-probe" not in lines, lines
     assert "buildbox" in lines, lines        # bwrap --hostname buildbox (its own uts namespace)
@@ -525,3 +536,126 @@ def test_off_a_terminal_each_remote_stage_is_one_whole_line(remote_build):
     assert {t.split(":")[0] for t in stages} == set(CACHED), stages
     for task, seen in stages.items():
         assert "queued" in seen and all(a != b for a, b in zip(seen, seen[1:])), (task, seen)
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 47: an Execution server that lies (tests/hostile_reapi.py in front of the grid)
+
+GIB, TIB = 1 << 30, 1 << 40
+# (task, the lie in its done Operation, what the run says); part 1's chain, at
+# optimization_type=2 so that the compile's key is not the local build's (optimization_type=3)
+EXEC_LIES = [
+    ("convert:part_1_of_4_prompt", "garbage ExecuteResponse", "remote execution failed (garbled answer)"),
+    ("convert:part_1_of_4_token", "garbage metadata", "remote execution failed (garbled answer)"),
+    ("inputs:part_1_of_4", "stdout of 2 GiB, stderr of a TiB trickled", None),
+    ("compile:part_1_of_4", "another build's bin", "made for key"),
+]
+OUTPUT_OF = {"convert:part_1_of_4_prompt": "prompt_ar128_cl256_1_of_4.dlc",
+             "convert:part_1_of_4_token": "token_ar1_cl256_1_of_4.dlc",
+             "inputs:part_1_of_4": "inputs/", "compile:part_1_of_4": "qwen2_tiny_part_1_of_4.bin"}
+
+
+def lying_executor(grid, local_build, lies: dict):
+    """A HostileProxy in front of the grid telling `lies` ({task: lie}) in the done Operation of
+    the task's action (found by the outputs its result lists)."""
+    from hostile_reapi import HostileProxy
+    from hexbundle.remote.cas import CasClient
+    other_bin = local_build.build_dir() / "bin" / "qwen2_tiny_part_1_of_4.bin"
+    cas = CasClient(remote_settings(cache=grid.url), local_build.root)
+    other = reapi.digest_of(other_bin.read_bytes())
+    cas.upload({reapi.digest_key(other): other_bin})
+    cas.close()
+
+    def task_of(result) -> str:
+        paths = [f.path for f in result.output_files]
+        return next((t for t, name in OUTPUT_OF.items()
+                     if any(name in p and ("1_of_4" in p) for p in paths)), "")
+
+    def operation(raw: bytes) -> bytes:
+        op = reapi.Operation.FromString(raw)
+        if not op.done or not op.response.value:
+            return raw
+        response = reapi.ExecuteResponse.FromString(op.response.value)
+        lie = lies.get(task_of(response.result))
+        if lie == "garbage ExecuteResponse":
+            op.response.value = b"\xff" * 40
+        elif lie == "garbage metadata":
+            op.metadata.value = b"\x0a\xff\xff\xff\xff\x0f"
+        elif lie == "stdout of 2 GiB, stderr of a TiB trickled":
+            response.result.stdout_digest.CopyFrom(reapi.Digest(hash="cd" * 32, size_bytes=2 * GIB))
+            response.result.stderr_digest.CopyFrom(reapi.Digest(hash="ef" * 32, size_bytes=TIB))
+            response.result.ClearField("stdout_raw")
+            response.result.ClearField("stderr_raw")
+            op.response.value = response.SerializeToString()
+        elif lie == "another build's bin":
+            response.result.output_files[0].digest.CopyFrom(other)
+            op.response.value = response.SerializeToString()
+        return op.SerializeToString()
+
+    def read(request):
+        if request.resource_name.endswith(f"/{2 * GIB}"):
+            return (reapi.ReadResponse(data=bytes(1 << 20)) for _ in range(2048))
+        if request.resource_name.endswith(f"/{TIB}"):
+            def one_byte_every_2s():
+                for _ in range(60):
+                    yield reapi.ReadResponse(data=b"x")
+                    time.sleep(2)
+            return one_byte_every_2s()
+        return None
+
+    return HostileProxy(grid.url, operation=operation, read=read)
+
+
+def test_every_lie_of_an_execution_server_is_refused_or_bounded(grid, local_build, tmp_path):
+    """Part 1's chain on the grid through a proxy that garbles one step's ExecuteResponse,
+    another's metadata, declares a step's logs 2 GiB (sent fast) and a TiB (a byte every 2 s),
+    and answers the compile with another build's bin: the garbled ones fall back with one
+    warning each (no DecodeError), the logs are cut (1 MiB; remote_timeout) and the step taken,
+    the bin refused by its key; the DLCs and bin are a local build's."""
+    proxy = lying_executor(grid, local_build, {t: lie for t, lie, _ in EXEC_LIES})
+    project = copy_project(tmp_path / "p")
+    try:
+        run = project.doit("compile:part_1_of_4", "optimization_type=2", "remote_timeout=5",
+                           f"remote_executor={proxy.url}", check=False)
+    finally:
+        proxy.stop()
+    text = run.out + run.err
+    assert run.code == 0 and "Traceback" not in text and "DecodeError" not in text, text[-4000:]
+    for task, lie, said in EXEC_LIES:
+        told = [w for w in warnings(run) if f"{task}:" in w]
+        if said is None:
+            assert not told, told
+            log = (project.build_dir() / "logs" / (task.replace(":", "__") + ".log")).read_bytes()
+            assert len(log) < 3 << 20, len(log)   # at most 1 MiB of each log
+            assert b"# stdout (the first 1048576 of 2147483648 bytes" in log, log[-600:]
+            assert b"# stderr (not read:" in log and b"DEADLINE_EXCEEDED" in log, log[-600:]
+            continue
+        assert len(told) == 1 and said in told[0] and "building locally" in told[0], (lie, told)
+        assert task in steps_run(run.out), (task, run.out)
+    assert not leftovers(project.root / "build")
+    here = copy_project(tmp_path / "here")
+    local = here.doit("compile:part_1_of_4", "optimization_type=2")
+    for sub in ("dlc", "bin"):
+        assert snapshot(project.build_dir() / sub) == snapshot(here.build_dir() / sub), sub
+    assert local.code == 0
+
+
+def test_under_remote_fallback_fail_another_builds_output_fails_the_build_and_is_not_kept(
+        grid, local_build, tmp_path):
+    proxy = lying_executor(grid, local_build, {"compile:part_1_of_4": "another build's bin"})
+    project = copy_project(tmp_path / "p")
+    try:
+        run = project.doit("compile:part_1_of_4", "optimization_type=2", "remote_fallback=fail",
+                           f"remote_executor={proxy.url}", check=False)
+    finally:
+        proxy.stop()
+    text = run.out + run.err
+    assert run.code != 0 and "Traceback" not in text, text[-4000:]
+    assert "compile:part_1_of_4: remote execution failed (wrong outputs)" in text, text[-4000:]
+    assert "made for key" in text and "remote_fallback = fail" in text
+    assert not (project.build_dir() / "bin").exists() or \
+        not list((project.build_dir() / "bin").iterdir())
+    assert not leftovers(project.root / "build")
+    assert "will not be used again" not in text   # the DLCs it read were not at fault: kept
+    later = project.doit("compile:part_1_of_4", "optimization_type=2")   # local: builds it
+    assert steps_run(later.out) == {"compile:part_1_of_4"}, later.out

@@ -22,14 +22,24 @@ class Backend(Protocol):
     # True: convert checks each weight's values (inputs.validate.WeightValueCheck) in the pass
     # that reads them anyway; False: the convert step scans them before the backend runs
     checks_weight_values: bool
+    # True: its outputs record the key they were made for (made_for); a fetched one that
+    # records none or another is refused (steps/check.py)
+    marks_outputs: bool
 
     def toolchain_version(self) -> str: ...
 
+    # `made_for`: the step's output key (steps/outputkey.py), recorded in the output by a
+    # backend whose format can hold it (reference); a real SDK's files cannot (qairt).
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
-                options: ConvertOptions, log: Callable[[str], None]) -> None: ...
+                options: ConvertOptions, log: Callable[[str], None],
+                made_for: str = ...) -> None: ...
 
     def compile(self, dlc_paths: list, bin_path: Path, options: CompileOptions,
-                log: Callable[[str], None]) -> None: ...
+                log: Callable[[str], None], made_for: str = ...) -> None: ...
+
+    # The key an output records it was made for; None when the backend's format cannot record
+    # one (then only remote_cache_trust says whether a fetched one is believed).
+    def made_for(self, path: Path) -> "str | None": ...
 
     # What the backend checks of an output it made, for one it did not make here (a remote
     # cache's): a BackendError/FormatError if the file is not what it must be.
@@ -63,6 +73,15 @@ def describe(name: str) -> tuple:
         from hexbundle.backends.ortqnn import OrtQnnBackend
         return OrtQnnBackend().toolchain_version(), True
     raise BackendError(f"unknown backend {name!r}; choose reference, qairt or ortqnn")
+
+
+# The backends whose DLC and bin record the key they were made for (Backend.marks_outputs),
+# known without importing them (graph.remote_steps asks before a step runs).
+MARKING_BACKENDS = ("reference",)
+
+
+def marks_outputs(name: str) -> bool:
+    return name in MARKING_BACKENDS
 
 
 def get_backend(name: str) -> Backend:

@@ -65,6 +65,7 @@ SHOWN_FLAGGED = 10
 class QairtBackend:
     name = "qairt"
     deployable = True
+    marks_outputs = False             # the SDK's formats have no place for the step's key
     checks_weight_values = False      # the SDK reads the weights: the convert step scans them first
 
     def __init__(self):
@@ -76,8 +77,14 @@ class QairtBackend:
         return f"QAIRT {self.sdk.version}"
 
     # -----------------------------------------------------------------------------------------
+    # The SDK's DLCs and context binaries have no place for the step's output key (`made_for`,
+    # steps/outputkey.py): it is not recorded, and made_for() answers None (docs/remote-cache.md:
+    # what a cache must be trusted with, remote_cache_trust).
+    def made_for(self, path: Path) -> None:
+        return None
+
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
-                options: ConvertOptions, log: Callable[[str], None]) -> None:
+                options: ConvertOptions, log: Callable[[str], None], made_for: str = "") -> None:
         kwargs = convert_kwargs(options)
         log(f"qairt.convert({onnx_path.name}, encodings={encodings_path.name}, "
             + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + f") -> {dlc_path.name}")
@@ -90,7 +97,7 @@ class QairtBackend:
             _settle(saved, target, tmp, log)
 
     def compile(self, dlc_paths: list, bin_path: Path, options: CompileOptions,
-                log: Callable[[str], None]) -> None:
+                log: Callable[[str], None], made_for: str = "") -> None:
         config = self.compile_config(options)
         log(f"qairt.compile([{', '.join(p.name for p in dlc_paths)}], config={config!r}) -> "
             f"{bin_path.name}")

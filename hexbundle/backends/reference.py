@@ -25,8 +25,8 @@ from hexbundle.backends.bincheck import check_bin_facts, facts_from_ctxbin
 from hexbundle.backends.weightplan import (graph_encodings, graph_info, load_onnx_structure,
                                           outputs_without_encoding, plan_weights,
                                           topology_bytes)
-from hexbundle.formats.container import QuantParams, TensorStream
-from hexbundle.formats.ctxbin import CtxGraph, read_ctxbin, write_ctxbin
+from hexbundle.formats.container import UNKEYED, QuantParams, TensorStream
+from hexbundle.formats.ctxbin import CtxGraph, is_ctxbin, read_ctxbin, write_ctxbin
 from hexbundle.formats.dlc import DlcGraph, DlcReader, read_dlc, write_dlc
 from hexbundle.formats.onnxfile import BLOCK_ELEMENTS, TensorValues, initializer_values
 from hexbundle.inputs.validate import WeightValueCheck
@@ -42,6 +42,7 @@ QUANTIZE_BLOCK_ELEMENTS = BLOCK_ELEMENTS   # rows per block ~ 16 MiB of float32 
 class ReferenceBackend:
     name = "reference"
     deployable = False
+    marks_outputs = True             # its DLC and bin record the step's key (made_for)
     checks_weight_values = True       # in the conversion pass itself (_stored_tensors)
 
     def toolchain_version(self) -> str:
@@ -57,9 +58,16 @@ class ReferenceBackend:
                   log: Callable[[str], None]) -> None:
         check_bin(bin_path, options, log)
 
+    def made_for(self, path: Path) -> "str | None":
+        """The key the DLC or context binary records (None: it records none)."""
+        reader = read_ctxbin(path) if is_ctxbin(path) else read_dlc(path)
+        with reader:
+            return reader.made_for
+
     # ---------------------------------------------------------------------------------- convert
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
-                options: ConvertOptions, log: Callable[[str], None]) -> None:
+                options: ConvertOptions, log: Callable[[str], None],
+                made_for: str = UNKEYED) -> None:
         onnx_path, encodings_path, dlc_path = Path(onnx_path), Path(encodings_path), Path(dlc_path)
         if options.float_bitwidth not in (16, 32):
             raise BackendError(f"float_bitwidth {options.float_bitwidth} is not supported; use 16 or 32")
@@ -84,14 +92,15 @@ class ReferenceBackend:
         with progress.meter(f"{onnx_path.stem} weights", _bytes_read(weights, onnx_path)):
             size = write_dlc(dlc_path, DlcGraph(info, topology, tensors, self._producer(),
                                                 options.float_bitwidth, onnx_path.name,
-                                                encodings_path.name, deployable=self.deployable))
+                                                encodings_path.name, deployable=self.deployable,
+                                                made_for=made_for))
         quantized = sum(1 for w in weights if w.encoding is not None)
         log(f"{dlc_path.name}: graph {graph_name}: {quantized} quantized + {len(weights) - quantized} "
             f"float weights, {len(constants)} constants in topology, {size} bytes")
 
     # ---------------------------------------------------------------------------------- compile
     def compile(self, dlc_paths: list, bin_path: Path, options: CompileOptions,
-                log: Callable[[str], None]) -> None:
+                log: Callable[[str], None], made_for: str = UNKEYED) -> None:
         bin_path = Path(bin_path)
         names = tuple(options.graph_names)
         _check_compile_options(names, dlc_paths, options)
@@ -113,7 +122,8 @@ class ReferenceBackend:
                                     weight_sharing=options.weight_sharing,
                                     optimization_type=options.optimization_type,
                                     vtcm_mb=options.device.vtcm_mb, device=device,
-                                    producer=self._producer(), deployable=self.deployable)
+                                    producer=self._producer(), deployable=self.deployable,
+                                    made_for=made_for)
         finally:
             for reader in readers:
                 reader.close()

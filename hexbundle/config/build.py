@@ -115,6 +115,11 @@ REMOTE_SCHEMA = run_settings({
     "remote_exec_timeout": Field(int, 3600, min=1, max=7 * 86400,
                                  doc="seconds a step may take on the Execution server, queued "
                                      "and running, before it is cancelled"),
+    "remote_cache_trust": Field(str, "trusted", choices=("trusted", "verify"),
+                                doc="what a fetched output that cannot record its key is given: "
+                                    "trusted: the backend's checks; verify: the exact checks "
+                                    "against the inputs, and what they cannot read is built "
+                                    "here (docs/remote-cache.md)"),
 })
 REMOTE_ENV_PREFIX = "HEXBUNDLE_"   # remote_cache -> HEXBUNDLE_REMOTE_CACHE, and so on
 

@@ -76,6 +76,20 @@ class BlobEntry:
 # is known before any byte is hashed.
 DIGEST_PLACEHOLDER = "0" * 32
 
+# The key a file was made for ("made_for": the build step's output key, steps/outputkey.py, a
+# SHA-256 in lower-case hex): a fetched output recording another key is refused. Of fixed length
+# too, so a planned header's length does not depend on it; a file written outside a build step
+# records UNKEYED, which no step's key equals.
+UNKEYED = "0" * 64
+
+
+def made_for_field(key: str) -> str:
+    """The header's "made_for" value: a 64-digit lower-case hex key (ValueError otherwise: a
+    programming error, never a user's input)."""
+    if not (isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key)):
+        raise ValueError(f"made_for must be 64 lower-case hex digits, not {key!r}")
+    return key
+
 
 def header_bytes(header_fields: dict, blobs: Iterable) -> bytes:
     """The header as written: the format's fields and the blob table (BlobEntry, in order)."""
@@ -803,6 +817,16 @@ class FormatReader:
     @property
     def deployable(self) -> bool:
         return bool(self.header.get("deployable"))
+
+    @property
+    def made_for(self) -> Optional[str]:
+        """The key the file records it was made for (None: it records none, or not as 64
+        lower-case hex digits: an older hexbundle's file, or not one of ours)."""
+        key = self.header.get("made_for")
+        try:
+            return made_for_field(key)
+        except ValueError:
+            return None
 
     @property
     def size(self) -> int:

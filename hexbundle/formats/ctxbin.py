@@ -16,11 +16,11 @@ import numpy as np
 import onnx
 import xxhash
 
-from hexbundle.formats.container import (ContainerLayout, ContainerReader, ContainerWriter,
-                                         FormatReader, GraphInfo,
+from hexbundle.formats.container import (UNKEYED, ContainerLayout, ContainerReader,
+                                         ContainerWriter, FormatReader, GraphInfo,
                                          QuantParams, TensorRecord, dequantize, encode_tensor,
-                                         parse_graph_record, parse_tensor_record, tensor_blocks,
-                                         tensor_quant_params, tensor_values)
+                                         made_for_field, parse_graph_record, parse_tensor_record,
+                                         tensor_blocks, tensor_quant_params, tensor_values)
 from hexbundle.formats.container import plan_layout as container_plan
 from hexbundle.support.errors import BackendError, FormatError, SharedWeightError
 
@@ -99,16 +99,19 @@ class _BlobOrder:
 
 
 def header_fields(*, producer: dict, deployable: bool, device: dict, weights_packing: bool,
-                  weight_sharing: bool, optimization_type: int, vtcm_mb: int) -> dict:
-    """The header fields besides the graphs and tensors."""
+                  weight_sharing: bool, optimization_type: int, vtcm_mb: int,
+                  made_for: str = UNKEYED) -> dict:
+    """The header fields besides the graphs and tensors (`made_for`: the compile step's output
+    key, formats.container.made_for_field)."""
     return {"producer": producer, "deployable": deployable, "device": device,
+            "made_for": made_for_field(made_for),
             "options": {"weights_packing": weights_packing, "weight_sharing": weight_sharing,
                         "optimization_type": optimization_type, "vtcm_mb": vtcm_mb}}
 
 
 def write_ctxbin(path: Union[str, Path], graphs: Iterable, *, weights_packing: bool,
                  weight_sharing: bool, optimization_type: int, vtcm_mb: int, device: dict,
-                 producer: dict, deployable: bool = False) -> int:
+                 producer: dict, deployable: bool = False, made_for: str = UNKEYED) -> int:
     """Write a context binary atomically; returns its size. Graphs keep the given order.
 
     With weight_sharing, a tensor name claimed by two graphs must have identical bytes
@@ -140,7 +143,7 @@ def write_ctxbin(path: Union[str, Path], graphs: Iterable, *, weights_packing: b
         return writer.finish(order.header(header_fields(
             producer=producer, deployable=deployable, device=device,
             weights_packing=weights_packing, weight_sharing=weight_sharing,
-            optimization_type=optimization_type, vtcm_mb=vtcm_mb)))
+            optimization_type=optimization_type, vtcm_mb=vtcm_mb, made_for=made_for)))
 
 
 def plan_layout(graphs: Iterable, fields: dict) -> ContainerLayout:
@@ -161,10 +164,11 @@ def plan_layout(graphs: Iterable, fields: dict) -> ContainerLayout:
 
 
 def ctxbin_header(*, producer: dict, deployable: bool, options: dict, device: dict, graphs: list,
-                  tensors: list) -> dict:
+                  tensors: list, made_for: str = UNKEYED) -> dict:
     """The header fields (all but the blob table), composed for the writer and plan_layout."""
     return {"kind": "ctxbin", "producer": producer, "deployable": deployable, "options": options,
-            "device": device, "graphs": [g.to_json() for g in graphs], "tensors": tensors}
+            "device": device, "made_for": made_for_field(made_for),
+            "graphs": [g.to_json() for g in graphs], "tensors": tensors}
 
 
 def _hashed(chunks: Iterable, digest) -> Iterable:

@@ -13,11 +13,12 @@ from typing import Iterable, Union
 import numpy as np
 import onnx
 
-from hexbundle.formats.container import (ContainerLayout, ContainerReader, ContainerWriter,
-                                         FormatReader, GraphInfo,
+from hexbundle.formats.container import (UNKEYED, ContainerLayout, ContainerReader,
+                                         ContainerWriter, FormatReader, GraphInfo,
                                          Tensor, TensorRecord, TensorStream, dequantize,
                                          encode_tensor, parse_graph_record, parse_tensor_record,
-                                         tensor_quant_params, tensor_values)
+                                         made_for_field, tensor_blocks, tensor_quant_params,
+                                         tensor_values)
 from hexbundle.formats.container import plan_layout as container_plan
 from hexbundle.support.errors import FormatError
 
@@ -42,6 +43,7 @@ class DlcGraph:
     source_onnx: str                 # basename only: bytes must not depend on where inputs live
     source_encodings: str
     deployable: bool = False
+    made_for: str = UNKEYED          # the step's output key (formats.container.made_for_field)
 
 
 def write_dlc(path: Union[str, Path], graph: DlcGraph) -> int:
@@ -73,6 +75,7 @@ def _header(graph: DlcGraph, records: list) -> dict:
         "float_bitwidth": graph.float_bitwidth,
         "source": {"onnx": Path(graph.source_onnx).name, "encodings": Path(graph.source_encodings).name},
         "deployable": graph.deployable,
+        "made_for": made_for_field(graph.made_for),
         "graph": info.to_json(),
         "tensors": [r.to_json() for r in records],
     }
@@ -121,6 +124,11 @@ class DlcReader(FormatReader):
         """Stored elements in the logical shape (uint8 per 4-bit value), a view into the file."""
         record = self.record(name)
         return tensor_values(record, self._container.blob(record.blob))
+
+    def weight_blocks(self, name: str, block_elements: int):
+        """The stored elements of a weight in flat order, a block at a time."""
+        record = self.record(name)
+        return tensor_blocks(record, self._container.blob(record.blob), block_elements)
 
     def quant_params(self, name: str):
         record = self.record(name)

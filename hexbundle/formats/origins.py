@@ -11,6 +11,11 @@ written after every run of a step (hexbundle.remote.cache):
 A record is only believed while its outputs are still those bytes (`read_origins` compares the
 digests, through the digest cache): a step rebuilt without a record, or an output edited by
 hand, drops it. build-info.json (formats.manifest) and a release's provenance gather them.
+
+Refused remote results: `build/.hexbundle/remote-refused.json`, {"actions": ["<sha256>/<size>",
+...]}, the Actions whose fetched outputs were refused (at the fetch, or later by a step that
+read them: graph/remote_steps.py evicts those): their cached results are never used again in
+this build root (remote/cache.py, remote/executed.py).
 """
 from __future__ import annotations
 
@@ -59,8 +64,7 @@ def read_origins(layout: Layout) -> dict:
 
 
 def _still(layout: Layout, logical: str, digest) -> bool:
-    path = layout.build_root / logical[len("build/"):] if logical.startswith("build/") \
-        else layout.root / logical
+    path = _path(layout, logical)
     try:
         return hashing.digest(path) == digest
     except OSError:
@@ -73,3 +77,62 @@ def remote_summary(origins: dict) -> dict:
     servers = sorted({(o.get("server", ""), o.get("instance", "")) for o in hits.values()})
     return {"steps_from_cache": sorted(hits),
             "servers": [{"server": s, "instance": i} for s, i in servers]}
+
+
+REMOTE_ORIGINS = ("remote-cache", "remote-execution")
+
+
+def fetched_records(layout: Layout, files: list) -> dict:
+    """task -> (its record, its output paths) of the steps whose outputs came from a remote
+    cache or executor, are still those bytes, and include one of `files`."""
+    wanted = {layout.logical(Path(f)) for f in files}
+    out = {}
+    if not layout.origins_dir.is_dir():
+        return out
+    for path in sorted(layout.origins_dir.glob("*.json")):
+        try:
+            doc = json.loads(read_state(path))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or doc.get("origin") not in REMOTE_ORIGINS or \
+                not isinstance(doc.get("outputs"), dict) or not wanted & set(doc["outputs"]):
+            continue
+        if all(_still(layout, name, digest) for name, digest in doc["outputs"].items()):
+            out[str(doc.get("task", path.stem))] = (doc, [_path(layout, n) for n in doc["outputs"]])
+    return out
+
+
+def forget_origin(layout: Layout, task: str) -> None:
+    try:
+        layout.step_origin(task).unlink()
+    except OSError:
+        pass
+
+
+def refused_path(layout: Layout) -> Path:
+    return layout.state_dir / "remote-refused.json"
+
+
+def refused_actions(layout: Layout) -> set:
+    """The Action keys ("hash/size") whose remote results were refused in this build root."""
+    try:
+        doc = json.loads(read_state(refused_path(layout)))
+    except (OSError, ValueError):
+        return set()
+    actions = doc.get("actions") if isinstance(doc, dict) else None
+    return {a for a in actions if isinstance(a, str)} if isinstance(actions, list) else set()
+
+
+def refuse_action(layout: Layout, action: str) -> None:
+    """Never use the remote result of `action` again here (a note: a full disk warns)."""
+    try:
+        layout.state_dir.mkdir(parents=True, exist_ok=True)
+        write_json(refused_path(layout),
+                   {"actions": sorted(refused_actions(layout) | {action})})
+    except (OSError, HexbundleError) as exc:
+        warn(f"hexbundle: warning: cannot record the refused remote result {action} ({exc})")
+
+
+def _path(layout: Layout, logical: str) -> Path:
+    return layout.build_root / logical[len("build/"):] if logical.startswith("build/") \
+        else layout.root / logical

@@ -16,8 +16,10 @@ with or without a cache: build-info.json and a release's provenance gather them.
 from __future__ import annotations
 
 from hexbundle.config.layout import Layout
-from hexbundle.formats.origins import record_origin
+from hexbundle.formats.origins import (fetched_records, forget_origin, record_origin,
+                                       refuse_action)
 from hexbundle.graph.keys import image_id, step_key
+from hexbundle.support.console import warn
 from hexbundle.support.errors import HexbundleError, StepFailed
 
 CACHED_STEPS = ("inputs", "convert", "compile")
@@ -29,9 +31,52 @@ FETCH_CHECKED = ("convert", "compile")
 def run_step_recorded(run, layout: Layout, task_name: str, step: str,
                       extra: dict, task) -> None:
     """Run the step (through the remote cache when one is configured); for the cacheable steps,
-    record where its outputs came from (formats.origins), cache or not."""
+    record where its outputs came from (formats.origins), cache or not. A step that fails
+    evicts the inputs it read that came from a remote cache or executor (evict_fetched)."""
+    try:
+        _run_step_recorded(run, layout, task_name, step, extra, task)
+    except HexbundleError as exc:
+        if not getattr(exc, "remote_failure", False):   # not the server's failure: the inputs'
+            evict_fetched(layout, task_name, task.file_dep)
+        raise
+
+
+def evict_fetched(layout: Layout, task_name: str, inputs) -> None:
+    """A step failed on inputs fetched from a remote cache or executor: their bytes were right
+    for their digests but may not be right (a result trusted by its shape). They are removed,
+    with their origin records, and their Action's remote result is never used again here
+    (formats.origins.refuse_action): the next run builds them here instead of keeping them
+    up to date."""
+    fetched = fetched_records(layout, [layout.root / f for f in inputs])
+    for source, (record, outputs) in sorted(fetched.items()):
+        for path in outputs:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                warn(f"hexbundle: warning: cannot remove {layout.rel(path)} ({exc})")
+        forget_origin(layout, source)
+        if record.get("action"):
+            refuse_action(layout, str(record["action"]))
+        warn(f"hexbundle: warning: {task_name} failed on the outputs of {source}, which came "
+             f"from the {record['origin'].replace('-', ' ')} {record.get('server', '')} "
+             f"(action {record.get('action', '?')}): removed "
+             f"({', '.join(layout.rel(p) for p in outputs)}), and that result will not be used "
+             f"again here; the next run builds {source} here")
+
+
+def _run_step_recorded(run, layout: Layout, task_name: str, step: str,
+                       extra: dict, task) -> None:
     if step not in CACHED_STEPS:
         run(layout, task_name, step, **extra)
+    elif layout.cfg.remote.cache_trust == "verify" and not exact_checkable(layout, step):
+        # The inputs step's files (ONNX, AIMET encodings, external data) are not ours to mark
+        # and are what the exact checks compare against; a real SDK's DLCs and bins are not
+        # read by them: a cache not trusted never gives them.
+        run(layout, task_name, step, **extra)
+        record_origin(layout, task_name, {"origin": "local"},
+                      [layout.root / t for t in task.targets])
     elif layout.cfg.remote.executor:
         run_through_executor(run, layout, task_name, step, extra, task)
     elif layout.cfg.remote.cache:
@@ -40,6 +85,12 @@ def run_step_recorded(run, layout: Layout, task_name: str, step: str,
         run(layout, task_name, step, **extra)
         record_origin(layout, task_name, {"origin": "local"},
                       [layout.root / t for t in task.targets])
+
+
+def exact_checkable(layout: Layout, step: str) -> bool:
+    """Whether a fetched output of `step` can get the exact checks (steps/check.py)."""
+    from hexbundle.backends import marks_outputs
+    return step in FETCH_CHECKED and marks_outputs(layout.cfg.backend)
 
 
 def task_options(task) -> dict:

@@ -17,7 +17,10 @@ Failures degrade, never corrupt, never fail the build:
     other files: refused with a warning naming it; the step runs locally (and, read-write,
     uploads its good outputs again);
   - an upload that fails: a warning; the local build stands.
-A partial download never lands: temp files are removed, targets stay as they were.
+A partial download never lands: temp files are removed, targets stay as they were. A result
+refused by the step's checks (its key among them: steps/check.py) is remembered in the build
+root (formats.origins.refuse_action) and never fetched again there. A result's log is streamed
+into the step's log, bounded in size and time (cas.read_log).
 
 Each run of a step leaves a record (formats.origins) of where its outputs came from; the
 bundle's build-info.json and a release's provenance gather them.
@@ -34,7 +37,7 @@ from typing import Callable, Optional
 from hexbundle import __version__
 from hexbundle.config.build import RemoteSettings
 from hexbundle.config.layout import Layout
-from hexbundle.formats.origins import record_origin
+from hexbundle.formats.origins import record_origin, refuse_action, refused_actions
 from hexbundle.remote import reapi
 from hexbundle.remote.action import StepAction
 from hexbundle.remote.cas import (BlobCheck, BlobMismatch, CasClient, RemoteError,
@@ -142,6 +145,8 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction,
           check: Optional[Callable[[dict], None]] = None) -> bool:
     """True if the step's outputs came from the cache and are in place."""
     started = time.monotonic()
+    if step.key in refused_actions(layout):   # refused here before: never used again
+        return False
     try:
         result = remote.client.get_action_result(step.digest)
     except RemoteError as exc:
@@ -159,6 +164,7 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction,
     try:
         fetched = _download(remote, result, step, check)
     except OutputsRefused as exc:
+        refuse_action(layout, step.key)
         warn(f"hexbundle: warning: {task}: the cached result of action {step.key} on "
              f"{remote.where} fails the checks a local build gets ({exc}); discarded, building "
              "locally")
@@ -287,22 +293,19 @@ def _write_hit_log(layout: Layout, remote: RemoteSession, task: str, step: StepA
              f"# action {step.key}; the step did not run here",
              *[f"# {out.path} sha256 {reapi.digest_text(out.digest)}"
                for out in result.output_files]]
-    built_log = b""
-    if result.stdout_raw:
-        built_log = bytes(result.stdout_raw)
-    elif result.stdout_digest.hash and result.stdout_digest.size_bytes <= LOG_BYTES:
-        pieces = []
-        try:
-            remote.client.read_blob(result.stdout_digest, pieces.append)
-            built_log = b"".join(pieces)
-        except RemoteError:
-            built_log = b""
-    if built_log:
-        lines.append("# the log of the run that built them:")
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
     try:
         with open_in_place(layout.log(task), "wb") as fh:   # never through a link
-            fh.write(("\n".join(lines) + "\n").encode() + built_log)
+            fh.write(("\n".join(lines) + "\n").encode())
+            if result.stdout_raw or result.stdout_digest.hash:
+                fh.write(b"# the log of the run that built them:\n")
+                try:   # streamed in, at most LOG_BYTES, within remote_timeout (cas.read_log)
+                    note = remote.client.read_log(bytes(result.stdout_raw), result.stdout_digest,
+                                                  fh.write, LOG_BYTES)
+                except RemoteError as exc:
+                    note = f"(not read: {exc})"
+                if note:
+                    fh.write(f"\n# that log {note}\n".encode())
     except OSError:
         pass   # a log is a note
 

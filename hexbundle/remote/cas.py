@@ -65,7 +65,7 @@ def open_channel(settings: RemoteSettings, root: Path) -> grpc.Channel:
 
 def _unary(channel, path: str, request_cls, response_cls):
     return channel.unary_unary(path, request_serializer=request_cls.SerializeToString,
-                               response_deserializer=response_cls.FromString)
+                               response_deserializer=reapi.decoder(response_cls))
 
 
 class CasClient:
@@ -92,10 +92,10 @@ class CasClient:
                                     reapi.ServerCapabilities)
         self._read = c.unary_stream(reapi.BYTESTREAM_READ,
                                     request_serializer=reapi.ReadRequest.SerializeToString,
-                                    response_deserializer=reapi.ReadResponse.FromString)
+                                    response_deserializer=reapi.decoder(reapi.ReadResponse))
         self._write = c.stream_unary(reapi.BYTESTREAM_WRITE,
                                      request_serializer=reapi.WriteRequest.SerializeToString,
-                                     response_deserializer=reapi.WriteResponse.FromString)
+                                     response_deserializer=reapi.decoder(reapi.WriteResponse))
 
     @property
     def where(self) -> str:
@@ -116,6 +116,9 @@ class CasClient:
         name = code.name if code else "?"
         if code in UNREACHABLE:
             return RemoteUnavailable(f"remote cache {self.where}: {what}: {name} ({detail})")
+        if code == grpc.StatusCode.INTERNAL and detail == reapi.GARBLED_DETAIL:
+            return RemoteError(f"remote cache {self.where}: {what}: the server's answer is not "
+                               "a valid REAPI message (bytes that do not parse); refused")
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
             return RemoteError(f"remote cache {self.where}: {what}: {name} ({detail}); check "
                                "remote_header (its credentials) and remote_instance")
@@ -227,6 +230,52 @@ class CasClient:
 
     def _stream_timeout(self, size: int) -> float:
         return self.timeout + size / STREAM_BYTES_PER_S
+
+    def read_log(self, raw: bytes, digest, sink: Callable[[bytes], None], limit: int,
+                 tail: bool = False) -> str:
+        """A log an ActionResult names (inline `raw`, else the blob `digest`) into `sink`: at
+        most `limit` bytes (the last ones when `tail`), within one deadline (remote_timeout plus
+        the time `limit` bytes take: a log declared a TiB and sent a byte at a time is cut, and
+        never held whole). What arrived is written as it comes (callers pass a file's write).
+        Returns a note for the reader: "" when the whole log arrived and matched its digest."""
+        if raw:
+            piece = raw[-limit:] if tail else raw[:limit]
+            sink(piece)
+            return "" if len(piece) == len(raw) else f"(the last {limit} of {len(raw)} bytes)" \
+                if tail else f"(the first {limit} of {len(raw)} bytes)"
+        if not digest.hash:
+            return ""
+        size = digest.size_bytes
+        if size <= limit:
+            self.read_blob(digest, sink)
+            return ""
+        offset = size - limit if tail else 0
+        self._read_range(digest, offset, limit, sink)
+        where = "last" if tail else "first"
+        return f"(the {where} {limit} of {size} bytes, unchecked: its digest is of the whole log)"
+
+    def _read_range(self, digest, offset: int, limit: int, sink) -> None:
+        """ByteStream Read of `limit` bytes from `offset` (read_offset, read_limit): a server
+        that sends more is cut at `limit`."""
+        request = reapi.ReadRequest(resource_name=self._resource("blobs", reapi.digest_key(
+            digest)), read_offset=offset, read_limit=limit)
+        call = self._read(request, timeout=self._stream_timeout(limit), metadata=self.metadata)
+        idle = IdleWatch(call, self.timeout)
+        got = 0
+        try:
+            for response in call:
+                idle.touch()
+                data = bytes(response.data)[:limit - got]
+                got += len(data)
+                sink(data)
+                if got >= limit:
+                    call.cancel()   # more than asked for: not read
+                    break
+        except grpc.RpcError as exc:
+            raise self._error(f"ByteStream.Read {reapi.digest_text(digest)} (bytes {offset}+"
+                              f"{limit})", exc) from None
+        finally:
+            idle.stop()
 
     def read_blob(self, digest, sink: Callable[[bytes], None]) -> None:
         """Fetch a blob into `sink`, piece by piece, checking size and SHA-256 as it arrives:

@@ -24,6 +24,8 @@ the server and what to do:
                            stays QUEUED for ever): the Operation is cancelled
   ActionFailed             the Command exited non-zero, or the server's status is an error
                            (its stderr, when the worker kept it, is in the message)
+  ExecutionGarbled         an Operation, its metadata or its ExecuteResponse that is not the
+                           message it must be (bytes that do not parse, an Any of another type)
 
 `cancel_all()` sends CancelOperation for every Operation in flight (Ctrl-C, SIGTERM) and stops
 the executor: a step still uploading, or whose Execute is just being answered, has its
@@ -82,9 +84,21 @@ class ActionFailed(ExecutionError):
         self.result = result
 
 
-def _unpack(any_msg, cls):
-    """An Any's message (our private pool's Any: type_url + bytes)."""
-    return cls.FromString(any_msg.value)
+class ExecutionGarbled(ExecutionError):
+    kind = "garbled answer"
+
+
+def _unpack(any_msg, cls, where: str):
+    """An Any's message (our private pool's Any: type_url + bytes), from a server: an Any of
+    another type, or bytes that are not the message, is ExecutionGarbled (reapi.decode)."""
+    name = cls.DESCRIPTOR.full_name
+    if any_msg.type_url and not any_msg.type_url.endswith("/" + name):
+        raise ExecutionGarbled(f"{where}: the server sent a {any_msg.type_url} where a {name} "
+                               "belongs; refused")
+    try:
+        return reapi.decode(cls, any_msg.value, f"{where}: the server sent")
+    except reapi.Undecodable as exc:
+        raise ExecutionGarbled(f"{exc}; refused") from None
 
 
 class RemoteExecutor:
@@ -95,10 +109,10 @@ class RemoteExecutor:
         c = self.cas.channel
         self._execute = c.unary_stream(reapi.EXECUTE,
                                        request_serializer=reapi.ExecuteRequest.SerializeToString,
-                                       response_deserializer=reapi.Operation.FromString)
+                                       response_deserializer=reapi.decoder(reapi.Operation))
         self._wait = c.unary_stream(reapi.WAIT_EXECUTION,
                                     request_serializer=reapi.WaitExecutionRequest.SerializeToString,
-                                    response_deserializer=reapi.Operation.FromString)
+                                    response_deserializer=reapi.decoder(reapi.Operation))
         self._cancel = _unary(c, reapi.CANCEL_OPERATION, reapi.CancelOperationRequest,
                               reapi.Empty)
         self._lock = threading.Lock()
@@ -129,9 +143,11 @@ class RemoteExecutor:
     # ------------------------------------------------------------------ execute
 
     def execute(self, action_digest, blobs: dict, timeout: float,
-                on_stage: Optional[Callable[[str], None]] = None, label: str = ""):
+                on_stage: Optional[Callable[[str], None]] = None, label: str = "",
+                skip_cache_lookup: bool = False):
         """The ActionResult of the Action (exit code 0), its blobs uploaded first. `label`:
-        how cancel_all names its Operation (the step)."""
+        how cancel_all names its Operation (the step). `skip_cache_lookup`: run it even if the
+        server's ActionCache has a result (one refused here before)."""
         try:
             self.upload_missing(blobs)
         except RemoteUnavailable as exc:
@@ -141,7 +157,8 @@ class RemoteExecutor:
         self._check_stopped()
         deadline = time.monotonic() + timeout
         request = reapi.ExecuteRequest(instance_name=self.cas.instance,
-                                       action_digest=action_digest)
+                                       action_digest=action_digest,
+                                       skip_cache_lookup=skip_cache_lookup)
         call = self._start(self._execute, request, deadline, "Execute")
         name = ""
         last_stage = None
@@ -152,7 +169,8 @@ class RemoteExecutor:
                         name = op.name
                         self._track(name, call, label)
                     self._check_stopped()   # cancelled: its last stage is not the step's
-                    stage = STAGES.get(_unpack(op.metadata, reapi.ExecuteOperationMetadata).stage,
+                    stage = STAGES.get(_unpack(op.metadata, reapi.ExecuteOperationMetadata,
+                                               f"{self.where}: operation {name} metadata").stage,
                                        "unknown") if op.metadata.value else None
                     if stage and stage != last_stage and on_stage:
                         on_stage(stage)
@@ -160,6 +178,10 @@ class RemoteExecutor:
                     if op.done:
                         self._forget(name)
                         return self._result(op, action_digest)
+            except ExecutionGarbled:
+                self._forget(name)
+                self.cancel(name)   # nothing it answers is believed: it need not run on
+                raise
             except grpc.RpcError as exc:
                 self._forget(name)
                 self._check_stopped()   # cancelled by cancel_all: not an error of the server
@@ -224,7 +246,8 @@ class RemoteExecutor:
         key = reapi.digest_text(action_digest)
         if op.error.code != 0:
             raise self._status_error(op.error, key)
-        response = _unpack(op.response, reapi.ExecuteResponse)
+        response = _unpack(op.response, reapi.ExecuteResponse,
+                           f"{self.where}: the response to action {key}")
         if response.status.code != 0:
             raise self._status_error(response.status, key)
         result = response.result
@@ -251,29 +274,29 @@ class RemoteExecutor:
         return ActionFailed(text)
 
     def _stderr_tail(self, result) -> str:
-        data = bytes(result.stderr_raw)
-        if not data and result.stderr_digest.hash:
-            pieces: list = []
-            try:
-                self.cas.read_blob(result.stderr_digest, pieces.append)
-                data = b"".join(pieces)
-            except RemoteError:
-                return ""
-        text = data[-STDERR_SHOWN:].decode(errors="replace").rstrip()
+        """The last STDERR_SHOWN bytes of a failed action's stderr (never more is read)."""
+        pieces: list = []
+        try:
+            self.cas.read_log(bytes(result.stderr_raw), result.stderr_digest, pieces.append,
+                              STDERR_SHOWN, tail=True)
+        except RemoteError:
+            return ""
+        text = b"".join(pieces).decode(errors="replace").rstrip()
         return f"; its stderr:\n{text}" if text else ""
 
-    def logs(self, result) -> tuple:
-        """(stdout, stderr) bytes the worker kept (empty when it kept none)."""
-        out = []
-        for raw, digest in ((result.stdout_raw, result.stdout_digest),
-                            (result.stderr_raw, result.stderr_digest)):
-            data = bytes(raw)
-            if not data and digest.hash:
-                pieces: list = []
-                self.cas.read_blob(digest, pieces.append)
-                data = b"".join(pieces)
-            out.append(data)
-        return tuple(out)
+    def write_logs(self, result, fh, limit: int) -> None:
+        """The worker's stdout and stderr into the open log file `fh`, each at most `limit`
+        bytes, streamed (cas.read_log: a size and a time limit); what could not be read is
+        said in the file."""
+        for name, raw, digest in (("stdout", result.stdout_raw, result.stdout_digest),
+                                  ("stderr", result.stderr_raw, result.stderr_digest)):
+            fh.write(f"# the worker's {name}:\n".encode())
+            try:
+                note = self.cas.read_log(bytes(raw), digest, fh.write, limit)
+            except RemoteError as exc:
+                note = f"(not read: {exc})"
+            if note:
+                fh.write(f"\n# {name} {note}\n".encode())
 
     # ------------------------------------------------------------------ cancel
 

@@ -28,10 +28,10 @@ from typing import Callable, Optional
 
 from hexbundle.config.layout import Layout
 from hexbundle.config.remote import executor_settings
-from hexbundle.formats.origins import record_origin
+from hexbundle.formats.origins import record_origin, refuse_action, refused_actions
 from hexbundle.remote.action import StepAction
-from hexbundle.remote.cache import (OutputsRefused, _download, _unusable, action_or_local,
-                                    build_locally)
+from hexbundle.remote.cache import (LOG_BYTES, OutputsRefused, _download, _unusable,
+                                    action_or_local, build_locally)
 from hexbundle.remote.cas import BlobMismatch, RemoteError
 from hexbundle.remote.execute import (Cancelled, ExecutionError, ExecutionUnavailable,
                                       RemoteExecutor)
@@ -43,6 +43,8 @@ from hexbundle.support.files import open_in_place
 
 class RemoteExecutionFailed(HexbundleError):
     """remote_fallback = fail and the step could not be executed remotely."""
+
+    remote_failure = True   # about the server, not the step's inputs: nothing is evicted
 
 
 class ExecSession:
@@ -157,7 +159,8 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
     blobs = {**step.files, **step.blobs}
     try:
         result = remote.executor.execute(step.digest, blobs, float(layout.cfg.remote.exec_timeout),
-                                         on_stage, label=task)
+                                         on_stage, label=task,
+                                         skip_cache_lookup=step.key in refused_actions(layout))
     except BaseException as exc:
         if not isinstance(exc, Exception):   # Ctrl-C, SIGTERM: the server stops it too
             remote.executor.cancel_all()
@@ -165,10 +168,13 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
     problem = _unusable(result, step)
     if problem:
         raise OutputsRefused(f"the result of action {step.key} {problem}")
-    stdout, stderr = _logs(remote, result)
-    fetched = _download(remote, result, step, check)   # raises OutputsRefused, BlobMismatch
+    try:
+        fetched = _download(remote, result, step, check)   # raises OutputsRefused, BlobMismatch
+    except OutputsRefused:
+        refuse_action(layout, step.key)   # the server's cached answer is not asked for again
+        raise
     worker = result.execution_metadata.worker or "?"
-    _write_log(layout, remote, task, step, worker, stdout, stderr)
+    _write_log(layout, remote, task, step, worker, result)
     record_origin(layout, task, {"origin": "remote-execution", "server": remote.client.url,
                                  "instance": remote.client.instance, "action": step.key,
                                  "worker": worker}, list(step.outputs.values()))
@@ -176,22 +182,17 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
         f"worker {worker}")
 
 
-def _logs(remote: ExecSession, result) -> tuple:
-    try:
-        return remote.executor.logs(result)
-    except RemoteError:
-        return b"", b""
-
-
 def _write_log(layout: Layout, remote: ExecSession, task: str, step: StepAction, worker: str,
-               stdout: bytes, stderr: bytes) -> None:
+               result) -> None:
+    """The step's log: where it ran, then the worker's stdout and stderr, streamed from the
+    server into the file (each at most LOG_BYTES, within remote_timeout: execute.write_logs)."""
     head = (f"# remote execution on {remote.where}, worker {worker}\n"
             f"# action {step.key}\n" +
             "".join(f"# {path}\n" for path in sorted(step.outputs)))
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
     try:
         with open_in_place(layout.log(task), "wb") as fh:   # never through a link
-            fh.write(head.encode() + b"# the worker's stdout:\n" + stdout +
-                     b"# the worker's stderr:\n" + stderr)
+            fh.write(head.encode())
+            remote.executor.write_logs(result, fh, LOG_BYTES)
     except OSError:
         pass   # a log is a note

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 
 REAPI = "build.bazel.remote.execution.v2"
 BYTESTREAM = "google.bytestream"
@@ -225,6 +226,41 @@ ReadRequest = message(f"{BYTESTREAM}.ReadRequest")
 ReadResponse = message(f"{BYTESTREAM}.ReadResponse")
 WriteRequest = message(f"{BYTESTREAM}.WriteRequest")
 WriteResponse = message(f"{BYTESTREAM}.WriteResponse")
+
+
+# What parsing bytes that are not the message raises (protobuf's DecodeError; deep nesting:
+# RecursionError; some runtimes: ValueError). Caught here, by kind, for every message a server
+# sends: no other module parses a server's bytes.
+_UNDECODABLE = (DecodeError, RecursionError, ValueError)
+
+
+class Undecodable(Exception):
+    """Bytes a server sent that are not the message they must be."""
+
+
+def decode(cls, data: bytes, what: str):
+    """The `cls` message in `data`, bytes a server sent (an Any's payload, a blob): Undecodable
+    naming `what` when they are not one."""
+    try:
+        return cls.FromString(data)
+    except _UNDECODABLE as exc:
+        raise Undecodable(f"{what}: {len(data)} bytes that are not a valid "
+                          f"{cls.DESCRIPTOR.full_name} ({exc})") from None
+
+
+def decoder(cls):
+    """A gRPC response deserializer for `cls` that never raises: None for bytes that are not
+    one, which grpc turns into the call's INTERNAL "Exception deserializing response!"
+    (remote.cas names it; an exception here would first be logged by grpc, traceback and all)."""
+    def parse(data: bytes):
+        try:
+            return cls.FromString(data)
+        except _UNDECODABLE:
+            return None
+    return parse
+
+
+GARBLED_DETAIL = "Exception deserializing response!"   # grpc's details for a None from decoder
 
 
 def encode(msg) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from hexbundle.backends import get_backend
 from hexbundle.config.layout import Layout
 from hexbundle.steps.options import compile_options
+from hexbundle.steps.outputkey import compile_key
 from hexbundle.support.errors import HexbundleError, SharedWeightError
 
 
@@ -23,7 +24,8 @@ def compile_part(layout: Layout, spec: dict, log) -> None:
     layout.bin_dir.mkdir(parents=True, exist_ok=True)
     dlcs = [layout.dlc(g) for g in cfg.model.graphs(part)]
     try:
-        backend.compile(dlcs, layout.bin(part), options, log)
+        backend.compile(dlcs, layout.bin(part), options, log,
+                        made_for=compile_key(layout, spec["part"]))
     except HexbundleError as exc:
         # A refusal here (e.g. a shared weight whose bytes differ between two graphs) is about
         # the user's files, not the DLCs: name the files the DLCs came from (of the graphs it

@@ -16,6 +16,7 @@ from hexbundle.inputs import validate
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.inputs.export import check_pins
 from hexbundle.steps.options import convert_options
+from hexbundle.steps.outputkey import convert_key
 from hexbundle.support import progress
 
 
@@ -32,7 +33,7 @@ def convert_graph(layout: Layout, spec: dict, log) -> None:
         f"{options.truncate_64bit_io}, quantize_io {options.quantize_io}, quantize_full_type "
         f"{options.quantize_full_type or '(not passed)'}")
     backend.convert(layout.onnx(graph), layout.encodings(graph), layout.dlc(graph), graph.name,
-                    options, log)
+                    options, log, made_for=convert_key(layout, spec["part"], spec["graph"]))
 
 
 def validate_graph_inputs(layout: Layout, graph, options: ConvertOptions, log,

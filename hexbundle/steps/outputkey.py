@@ -1,0 +1,49 @@
+"""The key a step's output records it was made for: the DLC's and the context binary's
+"made_for" (formats/container.py, docs/formats.md).
+
+    key = SHA-256 of the canonical text (formats/stepkey.py) of
+          {"step": "convert" | "compile", "arguments": {"part": N[, "graph": G]},
+           "options": the step's ConvertOptions | CompileOptions (steps/options.py),
+           "inputs": [[file name, XXH3-128 of its bytes], ...]}
+
+the inputs in the order the step reads them (a convert: its ONNX, external data, encodings;
+a compile: its DLCs in bin order). The step computes it where it runs (here, in the toolchain
+container, on a remote worker) and writes it into its output; the check of an output fetched
+from a remote cache or executor (steps/check.py) computes it again from the local inputs and
+refuses a file that records another one: another build's output with the same names, graphs
+and sizes (other weights, other options) is not this step's.
+
+Not in it: the code and the toolchain image (the step key has them, docs/step-key.md). A local
+build, a cached one and a docker or remote one of the same inputs and options therefore write
+the same bytes; a result made by an older hexbundle from the same inputs and options records
+the same key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hexbundle.config.layout import Layout
+from hexbundle.formats.stepkey import canonical, key_of
+from hexbundle.steps.options import compile_options, convert_options
+from hexbundle.support import hashing
+
+
+def output_key(step: str, arguments: dict, options, inputs: list) -> str:
+    """The key of the outputs of `step` made of the files `inputs` (read now, through the
+    digest cache: a file doit has hashed is not read again)."""
+    files = [[Path(p).name, hashing.digest(p)] for p in inputs]
+    return key_of(canonical({"step": step, "arguments": arguments, "options": options,
+                             "inputs": files}))
+
+
+def convert_key(layout: Layout, part: int, graph_kind: str) -> str:
+    graph = layout.cfg.graph(part, graph_kind)
+    return output_key("convert", {"part": part, "graph": graph_kind}, convert_options(layout.cfg),
+                      layout.graph_inputs(graph))
+
+
+def compile_key(layout: Layout, part_index: int) -> str:
+    cfg = layout.cfg
+    part = cfg.part(part_index)
+    return output_key("compile", {"part": part_index}, compile_options(cfg, part),
+                      [layout.dlc(g) for g in cfg.model.graphs(part)])
