@@ -91,7 +91,7 @@ def fetched_records(layout: Layout, files: list) -> dict:
         return out
     for path in sorted(layout.origins_dir.glob("*.json")):
         try:
-            doc = json.loads(read_state(path))
+            doc = read_state_json(path)   # a link (never followed): no record
         except (OSError, ValueError):
             continue
         if not isinstance(doc, dict) or doc.get("origin") not in REMOTE_ORIGINS or \
@@ -116,7 +116,7 @@ def refused_path(layout: Layout) -> Path:
 def refused_actions(layout: Layout) -> set:
     """The Action keys ("hash/size") whose remote results were refused in this build root."""
     try:
-        doc = json.loads(read_state(refused_path(layout)))
+        doc = read_state_json(refused_path(layout))
     except (OSError, ValueError):
         return set()
     actions = doc.get("actions") if isinstance(doc, dict) else None

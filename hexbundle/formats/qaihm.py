@@ -37,7 +37,6 @@ ONNX, and that is reported naming the ONNX and the location it records.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
