@@ -382,3 +382,24 @@ def test_a_tokenizer_that_maps_ordinary_text_past_the_vocabulary_is_refused():
     path = ROOT / TOKENIZERS[0]
     with pytest.raises(VerifyError, match=rf"{path}: none of verify's ordinary sentences"):
         ordinary_prompt(path, 3, 0, 16)
+
+
+# ------------------------------------------------------------------------------ interrupted
+
+
+def test_an_interrupted_verify_says_what_is_true_for_verify():
+    """`doit verify` keeps no partial result: the line an interrupt prints says so and names
+    the command to run again, not `doit bundle` (graph.loader remembers the command line)."""
+    from hexbundle.graph import interrupts
+    try:
+        interrupts.remember_command(["verify", "model=smollm2"])
+        line = interrupts.what_next()
+        assert "`doit verify model=smollm2` runs it again from the start" in line, line
+        assert "verify itself keeps no partial result" in line and "bundle" not in line
+        interrupts.remember_command(["convert:part_1_of_4_prompt"])
+        assert interrupts.what_next().endswith(
+            "the next `doit convert:part_1_of_4_prompt` carries on from there")
+        interrupts.remember_command(None)   # `doit`: its default task
+        assert "the next `doit bundle` carries on" in interrupts.what_next()
+    finally:
+        interrupts.remember_command(None)

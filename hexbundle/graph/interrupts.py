@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import Optional
 
 from hexbundle.support import inflight
 
@@ -24,6 +25,29 @@ class Terminated(KeyboardInterrupt):
 def _terminate(signum, frame) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)   # once: the clean-up is not cut short
     raise Terminated()
+
+
+# What the run was asked to do (graph.loader: the command line's task names and variables),
+# for the line that says what happens next; None: `doit` with its default tasks.
+_command: Optional[list] = None
+
+
+def remember_command(arguments) -> None:
+    global _command
+    _command = list(arguments or [])
+
+
+def what_next() -> str:
+    """What an interrupted run leaves and how to go on, true for the command that ran: the
+    steps that finished are kept, and the same command carries on from there; verify keeps no
+    partial result (its report is written whole at its end, the last one left as it was)."""
+    command = "`doit " + " ".join(_command or ["bundle"]) + "`"
+    tasks = {a.split(":")[0] for a in (_command or []) if "=" not in a and not a.startswith("-")}
+    if "verify" in tasks:
+        return ("the steps that finished are saved; verify itself keeps no partial result (the "
+                "last report, if any, is as it was): " + command + " runs it again from the "
+                "start")
+    return f"the steps that finished are saved and the next {command} carries on from there"
 
 
 def report_interrupts_cleanly() -> None:
@@ -38,14 +62,12 @@ def report_interrupts_cleanly() -> None:
         stopped = stop_in_flight()   # the run has unwound: this thread holds no lock
         if issubclass(kind, Terminated):
             print("\n" + "\n".join(stopped + [
-                "hexbundle: terminated (SIGTERM); temporary files removed, the steps that "
-                "finished are saved and the next `doit bundle` carries on from there"]),
+                f"hexbundle: terminated (SIGTERM); temporary files removed, {what_next()}"]),
                 file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(128 + signal.SIGTERM)   # as a process killed by it reports (143)
-        print("\n" + "\n".join(stopped + [
-            "hexbundle: interrupted; the steps that finished are saved and the next "
-            "`doit bundle` carries on from there"]), file=sys.stderr, flush=True)
+        print("\n" + "\n".join(stopped + [f"hexbundle: interrupted; {what_next()}"]),
+              file=sys.stderr, flush=True)
 
     hook.hexbundle = True
     sys.excepthook = hook
