@@ -186,16 +186,40 @@ class ComparisonRow:
 FLOAT32_STEP = float(np.finfo(np.float32).eps)
 
 
+# positions compared at a time: float64 copies of a block of rows, never of a whole logits
+# sequence (192 x 152064 of the 7B shape: 234 MB each)
+COMPARE_ROWS = 16
+
+
 def compare(got: np.ndarray, want: np.ndarray, logits: bool) -> dict:
     """Per position (row): the cosine and the relative difference |got - want| / max(|got|,
     |want|), both decided by the difference first: two identical rows (all-zero ones too) have
     cosine 1 and difference 0, never a ratio undefined at zero; a zero row against a non-zero
     one has cosine 0 and difference 1. A NaN anywhere stays NaN (and fails every gate)."""
-    got = got.reshape(got.shape[0], -1).astype(np.float64)
-    want = want.reshape(want.shape[0], -1).astype(np.float64)
+    got = got.reshape(got.shape[0], -1)
+    want = want.reshape(want.shape[0], -1)
+    cos, rel, biggest, top1 = [], [], [], []
+    for start in range(0, got.shape[0], COMPARE_ROWS):
+        g = got[start:start + COMPARE_ROWS].astype(np.float64)
+        w = want[start:start + COMPARE_ROWS].astype(np.float64)
+        c, r, m = _compare_rows(g, w)
+        cos.append(c)
+        rel.append(r)
+        biggest.append(m)
+        if logits:
+            top1.append(g.argmax(1) == w.argmax(1))
+    cos, rel = np.concatenate(cos or [np.ones(0)]), np.concatenate(rel or [np.zeros(0)])
+    return {"cos_min": _min(cos), "cos_mean": float(cos.mean()) if cos.size else 1.0,
+            "max_abs": float(np.max(biggest)) if biggest else 0.0, "rel": _max(rel),
+            "top1": float(np.concatenate(top1).mean()) if logits and top1 else None}
+
+
+def _compare_rows(got: np.ndarray, want: np.ndarray) -> tuple:
+    """(cosine per row, relative difference per row, largest |difference|) of a block."""
     diff = got - want
-    same = ~np.any(diff != 0, axis=1) & ~np.isnan(diff).any(axis=1)
-    dot = (got * want).sum(axis=1)
+    finite = ~np.isnan(diff).any(axis=1)
+    same = finite & ~np.any(diff != 0, axis=1)
+    dot = np.einsum("ij,ij->i", got, want)
     g, w = np.linalg.norm(got, axis=1), np.linalg.norm(want, axis=1)
     norms, larger = g * w, np.maximum(g, w)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -203,9 +227,8 @@ def compare(got: np.ndarray, want: np.ndarray, logits: bool) -> dict:
                                            np.where(np.isnan(norms), np.nan, 0.0)))
         rel = np.where(same, 0.0, np.linalg.norm(diff, axis=1)
                        / np.where(larger > 0, larger, np.nan))
-    return {"cos_min": _min(cos), "cos_mean": float(cos.mean()) if cos.size else 1.0,
-            "max_abs": float(np.abs(diff).max()) if diff.size else 0.0, "rel": _max(rel),
-            "top1": float((got.argmax(1) == want.argmax(1)).mean()) if logits else None}
+    np.abs(diff, out=diff)
+    return cos, rel, float(diff.max()) if diff.size else 0.0
 
 
 def _min(values: np.ndarray) -> float:
@@ -291,11 +314,11 @@ def exact_rows(label: str, index: int, reader, graphs: list) -> list:
 @dataclass
 class PartRuns:
     """A part's sequences at one context length: the bundle, the two references fed the
-    bundle's input, and the float chained on its own."""
+    bundle's input, and the float chained on its own (None: its row comes later, drift_row)."""
     bundle: SequenceRun
     reference: SequenceRun        # half-to-even rounding (onnxruntime's QuantizeLinear)
     reference2: SequenceRun       # AIMET's rounding: the second correct reference
-    floats: SequenceRun
+    floats: Optional[SequenceRun] = None
 
 
 def part_rows(label: str, index: int, logits: bool, n_prompt: int, runs: PartRuns,
@@ -320,9 +343,14 @@ def part_rows(label: str, index: int, logits: bool, n_prompt: int, runs: PartRun
     rows.append(make_row(label, index, "reference vs reference (AIMET rounding)", ref2.outputs,
                          ref.outputs, logits, scale=scale))
     rows += token_vs_prompt_rows(label, index, logits, b, ref, ref2, v, scale, kv_scales)
-    rows.append(make_row(label, index, "drift from float (chained)", b.outputs,
-                         runs.floats.outputs, logits))
+    if runs.floats is not None:
+        rows.append(drift_row(label, index, logits, b.outputs, runs.floats.outputs))
     return rows
+
+
+def drift_row(label: str, index: int, logits: bool, bundle: np.ndarray,
+              floats: np.ndarray) -> ComparisonRow:
+    return make_row(label, index, "drift from float (chained)", bundle, floats, logits)
 
 
 def _token_vs_prompt(run: SequenceRun) -> tuple:
@@ -685,10 +713,17 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                                                    x_ref, n_prompt, options.float_bitwidth)
                     same2, chained2 = _run_reference(bp, layout, cl, scratch, AIMET, x_bundle,
                                                      x_ref2, n_prompt, options.float_bitwidth)
-                    f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt)
                     rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
-                                      PartRuns(b, same, same2, f), v, scales[cl], kv_scales)
-                    chains[cl] = (b.outputs, chained.outputs, chained2.outputs, f.outputs)
+                                      PartRuns(b, same, same2), v, scales[cl], kv_scales)
+                    # the references fed the bundle's input are compared: only the chains stay
+                    # under the float's weights (a 7B logits sequence is 117 MB each)
+                    chains[cl] = (b.outputs, chained.outputs, chained2.outputs)
+                    del same, same2, chained, chained2
+                    f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt)
+                    rows.append(drift_row(label, bp.part.index, bp.part.has_head, b.outputs,
+                                          f.outputs))
+                    chains[cl] += (f.outputs,)
+                    del b, f
                 bp.reader.close()
     finally:
         for bp in opened:
