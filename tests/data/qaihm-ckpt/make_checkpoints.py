@@ -28,6 +28,11 @@ Environments (Python 3.10.13 from pyenv; every package from PyPI):
         torch==2.10.0 torchvision==0.25.0 transformers==4.51.0 accelerate==1.12.0 \
         onnx==1.18.0 onnxscript==0.7.0 onnx-ir==0.2.1 onnxruntime==1.22.0 \
         sentencepiece==0.2.1 psutil==6.1.1
+  0.64.0 (venv /work/venvs/qaihm064; issue 46's checkpoints): the 0.65.0 line with
+    qai-hub-models==0.64.0 aimet-onnx==2.28.0 (0.64.0's own aimet-onnx pin); `pip freeze` in
+    freeze-qaihm064.txt (identical to freeze-qaihm065.txt but for those two and the CLI).
+    The 0.65.0 venv for split_expected.py was remade (issue 46) as a copy of that venv plus
+    `python -m pip install qai-hub-models==0.65.0 qai_hub_models_cli==0.65.0 aimet-onnx==2.35.0`.
   torch 2.10.0 on PyPI for linux x86_64 is the CUDA build (a 915 MB wheel plus ~3 GB of
   nvidia-* wheels); PyPI has no CPU-only build in qai-hub-models' range (>=2.9, <=2.11), so
   that is what is installed; it runs on CPU here.
@@ -35,6 +40,7 @@ Environments (Python 3.10.13 from pyenv; every package from PyPI):
 Run (rerunnable; each checkpoint in its own process because the model classes cache):
   /work/venvs/qaihm065/bin/python make_checkpoints.py qwen3 llama3_2 falcon3 smollm2
   /work/venvs/qaihm057/bin/python make_checkpoints.py qwen3_old
+  /work/venvs/qaihm064/bin/python make_checkpoints.py qwen3_8b falcon3_pad llama3_2_6l smollm2_pad
 then split_expected.py (0.65's split code) on each folder.
 """
 
@@ -187,6 +193,123 @@ SPECS: dict[str, dict] = {
         },
         "tokenizer": "qwen",
     },
+    # Issue 46: shapes unlike all of the above, made by a release not used above (0.64.0, its
+    # own aimet-onnx pin 2.28.0).
+    "qwen3_8b": {
+        # Qwen3-8B class (module qwen3_8b, NUM_SPLITS 5): heads x head_dim (2 x 128 = 256) !=
+        # hidden (160); MQA (1 KV head); the MLP width (256) equal to the query projection's
+        # width; 12 layers; untied like the real Qwen3-8B; calibrated at context 2048.
+        "folder": "qwen3_8b-0.64.0",
+        "module": "qwen3_8b",
+        "release": "0.64.0",
+        "seed": 4601,
+        "context_length": 2048,
+        "config": {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "vocab_size": 544,
+            "hidden_size": 160,
+            "intermediate_size": 256,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 128,
+            "max_position_embeddings": 40960,
+            "rope_theta": 1000000.0,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer": "qwen",
+    },
+    "falcon3_pad": {
+        # Falcon 3 whose pad token's embedding row is all zeros (as the real Falcon 3 and
+        # SmolLM2 ship it): <|pad|> is added to the tokenizer after BPE training, so its id
+        # comes right after the ordinary merges (not among the low special ids); config.json
+        # and the tokenizer name it as pad; build_source zeroes that row. Larger vocab.
+        "folder": "falcon_v3_7b_instruct-0.64.0",
+        "module": "falcon_v3_7b_instruct",
+        "release": "0.64.0",
+        "seed": 4602,
+        "context_length": 1024,
+        "zero_pad_row": True,
+        "config": {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": 1152,
+            "hidden_size": 72,
+            "intermediate_size": 200,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 3,
+            "num_key_value_heads": 1,
+            "head_dim": 24,
+            "max_position_embeddings": 32768,
+            "rope_theta": 1000042.0,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer": "falcon3_late_pad",
+    },
+    "llama3_2_6l": {
+        # Llama 3.2 with 6 layers and llama3 rope scaling factor 32 (module
+        # llama_v3_2_3b_instruct, NUM_SPLITS 3: two blocks of 3 layers).
+        "folder": "llama_v3_2_3b_instruct-0.64.0",
+        "module": "llama_v3_2_3b_instruct",
+        "release": "0.64.0",
+        "seed": 4603,
+        "context_length": 1024,
+        "config": {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": 640,
+            "hidden_size": 96,
+            "intermediate_size": 256,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "max_position_embeddings": 131072,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "factor": 32.0,
+                "high_freq_factor": 4.0,
+                "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer": "llama3",
+    },
+    "smollm2_pad": {
+        # SmolLM2 as the real one ships: pad = <|im_end|> (id 2), its embedding row zeroed.
+        "folder": "smollm2_1_7b_it-0.64.0",
+        "module": "smollm2_1_7b_it",
+        "release": "0.64.0",
+        "seed": 4604,
+        "context_length": 1024,
+        "zero_pad_row": True,
+        "config": {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": 704,
+            "hidden_size": 48,
+            "intermediate_size": 136,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 3,
+            "num_key_value_heads": 3,
+            "head_dim": 16,
+            "max_position_embeddings": 8192,
+            "rope_theta": 130000.0,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer": "smollm2",
+    },
 }
 
 # Special tokens and chat templates as the real families spell them (shortened templates).
@@ -220,6 +343,21 @@ TOKENIZERS = {
     },
     "falcon3": {
         "special": ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|pad|>"],
+        "bos": None,
+        "config_bos": "<|endoftext|>",
+        "eos": "<|endoftext|>",
+        "pad": "<|pad|>",
+        "cls": "PreTrainedTokenizerFast",
+        "chat_template": (
+            "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + "
+            "message['content'] + '\\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+        ),
+    },
+    # Falcon 3 with <|pad|> added after training (late_special): its id follows the merges.
+    "falcon3_late_pad": {
+        "special": ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>"],
+        "late_special": ["<|pad|>"],
         "bos": None,
         "config_bos": "<|endoftext|>",
         "eos": "<|endoftext|>",
@@ -307,6 +445,8 @@ def build_tokenizer(kind: str, vocab_size: int, seed: int, dest: Path) -> None:
         vocab_size=vocab_size, special_tokens=spec["special"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(local_text(seed, 20000).split("\n"), trainer=trainer)
+    if spec.get("late_special"):
+        tok.add_special_tokens(spec["late_special"])
     if spec["bos"]:
         tok.post_processor = processors.TemplateProcessing(
             single=f"{spec['bos']} $A", pair=f"{spec['bos']} $A $B",
@@ -345,6 +485,8 @@ def build_source(name: str, spec: dict, dest: Path) -> None:
     bos = tk.bos_token or TOKENIZERS[spec["tokenizer"]].get("config_bos")
     cfg["bos_token_id"] = tk.convert_tokens_to_ids(bos)
     cfg["eos_token_id"] = tk.eos_token_id
+    if spec.get("zero_pad_row"):
+        cfg["pad_token_id"] = tk.pad_token_id
     model_type = cfg.pop("model_type")
     config = AutoConfig.for_model(model_type, **cfg)
     torch.manual_seed(spec["seed"])
@@ -356,6 +498,11 @@ def build_source(name: str, spec: dict, dest: Path) -> None:
                 p.normal_(0.0, 0.02 if "embed" in pname else 0.08)
             else:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        if spec.get("zero_pad_row"):
+            # The pad token's input embedding row all zeros, as real SmolLM2 (row 2) and
+            # Falcon 3 ship it (tied, as SmolLM2, the LM head's row is the same tensor; an
+            # own LM head, as Falcon 3's, keeps its random row).
+            model.get_input_embeddings().weight[cfg["pad_token_id"]] = 0.0
     model.save_pretrained(dest, safe_serialization=True)
 
 
