@@ -120,7 +120,8 @@ def task_import_export():
                                                 "family's"},
                        {"name": "context_length", "long": "context-length", "default": "",
                         "help": "a quantize checkpoint: the context lengths to build, e.g. "
-                                "512,1024 (default: the model's qai-hub-models default)"},
+                                "512,1024 (default: the one its args.json records, else the "
+                                "model's qai-hub-models default)"},
                        {"name": "model_id", "long": "model-id", "default": "",
                         "help": "a quantize checkpoint: the qai-hub-models model it was made "
                                 "with (e.g. qwen3_4b; default: found from config.json's sizes)"}],

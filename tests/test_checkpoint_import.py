@@ -173,7 +173,10 @@ def _off_by_one(key: str) -> tuple:
     _off_by_one("num_attention_heads"),
     _off_by_one("num_key_value_heads"),
     _off_by_one("vocab_size"),
-], ids=["gemma4", "qwen3.5", "vlm", "phi3", "layers", "heads", "kv-heads", "vocab"])
+    _off_by_one("intermediate_size"),
+    _off_by_one("head_dim"),
+], ids=["gemma4", "qwen3.5", "vlm", "phi3", "layers", "heads", "kv-heads", "vocab",
+        "intermediate", "head-dim"])
 def test_a_bad_config_json_is_refused_by_name(tmp_path, change, needles):
     project = copy_project(tmp_path / "proj")
     ckpt = make_checkpoint(tmp_path / "ckpt", change)
@@ -464,3 +467,168 @@ def test_a_graph_without_residual_adds_is_refused(tmp_path):
     _refused(_import(project, ckpt), "model_dynamic.onnx", "no residual Add",
              "not a decoder graph qai-hub-models writes")
     assert not (project.root / "configs" / "models" / "ckpt.toml").exists()
+
+
+# ======================================================================= sizes from the structure
+# Issue 46, item 3: each size the import writes is read from the role of what shows it (the
+# attention's query projections, the MLP's gate/up/down, the KV cache, the embedding, logits:
+# hexbundle/inputs/structure.py), never from which width a weight has, and checked against
+# config.json.
+
+EXPORTS_WITH_CONFIG = {"export-llama32": "config-llama32.json",
+                       "export-falcon3": "config-falcon3.json",
+                       "export-llama32-deep": "config-llama32-deep.json",
+                       "export-qwen3-kv16": "config-qwen3-kv16.json"}
+
+
+def _graphs_and_configs() -> list:
+    """(unsplit graph, its config.json) for every committed checkpoint and export that has one."""
+    out = []
+    for folder in sorted(CKPT_DATA.iterdir()):
+        if (folder / "config.json").is_file():
+            out += [(g, folder / "config.json") for g in sorted(folder.glob("model_*.onnx"))
+                    if not g.name.startswith("model_seqlen1_")]
+    for tree, config in EXPORTS_WITH_CONFIG.items():
+        out += [(g, QAIHM / config) for g in sorted((QAIHM / tree).glob("ar*_cl*/*.aimet/model.onnx"))]
+    return out
+
+
+@pytest.mark.parametrize("graph,config", _graphs_and_configs(),
+                         ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name}")
+def test_the_structure_shows_the_sizes_config_json_states(graph, config):
+    """Every committed graph Qualcomm's code wrote: its attention's query projections are heads
+    x head_dim wide, its keys KV heads x head_dim, every layer's MLP is the config's width, the
+    LM head maps hidden to the vocabulary; one attention and one MLP per layer."""
+    from types import SimpleNamespace
+    from hexbundle.formats.qaihm import load_structure
+    from hexbundle.inputs.structure import read_structure
+    cfg = json.loads(config.read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    structure = read_structure([load_structure(graph)], [SimpleNamespace(onnx=graph)])
+    layers = cfg["num_hidden_layers"]
+    assert structure.query_widths == {n: cfg["num_attention_heads"] * head_dim
+                                      for n in range(layers)}
+    assert structure.key_widths == {n: cfg["num_key_value_heads"] * head_dim
+                                    for n in range(layers)}
+    width = cfg["intermediate_size"]
+    assert [w[1:] for w in structure.mlp_widths] == [(width, width, width)] * layers
+    assert (structure.head.in_width, structure.head.out_width) == (cfg["hidden_size"],
+                                                                   cfg["vocab_size"])
+
+
+def _hide_the_gate_and_up_projections(ckpt: Path) -> None:
+    """Each MLP's gate and up MatMul reads its weight through an Identity: the same model, but
+    no MatMul of an initializer there, so the structure shows no MLP (a graph of a shape
+    hexbundle does not know)."""
+    proto = onnx.load(str(ckpt / "model_dynamic.onnx"))
+    weights = {t.name for t in proto.graph.initializer}
+    gates = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in weights
+             and any(r.op_type == "Sigmoid" and r.input[0] == n.output[0]
+                     for r in proto.graph.node)]
+    ups = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in weights
+           and n.input[0] in {g.input[0] for g in gates} and n not in gates]
+    assert len(gates) == len(ups) == base_config()["num_hidden_layers"]
+    for node in gates + ups:
+        hidden = node.input[1] + "_hidden"
+        proto.graph.node.append(onnx.helper.make_node("Identity", [node.input[1]], [hidden]))
+        node.input[1] = hidden
+    nodes = list(proto.graph.node)   # the Identities first: the graph stays sorted
+    del proto.graph.node[:]
+    proto.graph.node.extend([n for n in nodes if n.op_type == "Identity"]
+                            + [n for n in nodes if n.op_type != "Identity"])
+    onnx.save(proto, str(ckpt / "model_dynamic.onnx"))
+
+
+def test_a_size_the_structure_does_not_show_is_config_jsons_said_or_refused(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    _hide_the_gate_and_up_projections(ckpt)
+    run = _import(project, ckpt)
+    assert run.code == 0, run.out + run.err
+    width = base_config()["intermediate_size"]
+    assert (f"note: intermediate_size = {width}: config.json's intermediate_size; "
+            f"{ckpt / 'model_dynamic.onnx'} does not show it (no MLP found") in run.out, run.out
+    text = (project.root / "configs" / "models" / "ckpt.toml").read_text()
+    assert f"intermediate_size = {width}\n" in text
+    config = json.loads((ckpt / "config.json").read_text())
+    del config["intermediate_size"]
+    (ckpt / "config.json").write_text(json.dumps(config))
+    (project.root / "configs" / "models" / "ckpt.toml").unlink()
+    _refused(_import(project, ckpt), f"{ckpt / 'model_dynamic.onnx'}: no MLP found",
+             "does not show the intermediate_size", f"{ckpt / 'config.json'} has no "
+             "intermediate_size either", "--model-config PATH/config.json")
+    assert not (project.root / "configs" / "models" / "ckpt.toml").exists()
+
+
+def test_a_disagreement_names_both_files_both_values_and_the_flag(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    width = base_config()["intermediate_size"]
+    ckpt = make_checkpoint(tmp_path / "ckpt", {"intermediate_size": width + 64})
+    _refused(_import(project, ckpt), f"{ckpt / 'config.json'}: intermediate_size {width + 64} "
+             f"(the graphs: {width})", f"intermediate_size {width}: "
+             f"{ckpt / 'model_dynamic.onnx'}: the MLP's gate, up and down projections",
+             "Give the one the checkpoint was made from: --model-config PATH/config.json")
+    # the right config.json given with --model-config is taken instead of the folder's
+    run = _import(project, ckpt, "--model-config", str(BASE / "config.json"))
+    assert run.code == 0, run.out + run.err
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"num_hidden_layers": 10 ** 30}, "num_hidden_layers is 1000000000000000000000000000000, "
+                                      "outside [1, 512]"),
+    ({"vocab_size": 1 << 40}, "vocab_size is 1099511627776, outside [16, 4.1943e+06]"),
+    ({"intermediate_size": 1 << 31}, "intermediate_size is 2147483648, outside [8, 1.04858e+06]"),
+    ({"rope_theta": 1e300}, "rope_theta is 1e+300, outside [1, 4.29497e+09]"),
+], ids=["layers", "vocab", "intermediate", "theta"])
+def test_an_absurd_config_json_value_is_refused_cleanly(tmp_path, change, needle):
+    """Issue 46, item 4: a value of the right type but no model's size is refused before it
+    sizes anything (the graphs pinned from config.json's sizes), naming the file and the fix."""
+    project = copy_project(tmp_path / "proj")
+    ckpt = make_checkpoint(tmp_path / "ckpt", change)
+    _refused(_import(project, ckpt), f"{ckpt / 'config.json'}: {needle}",
+             "--model-config PATH/config.json")
+    assert not (project.root / "configs" / "models" / "ckpt.toml").exists()
+
+
+def test_a_mistyped_model_id_gets_did_you_mean(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    run = project.doit("import_export", "--dir", str(BASE), "--name", "ckpt", "--model-id",
+                       "qwen3-4b", check=False)
+    _refused(run, "--model-id 'qwen3-4b'", "(did you mean 'qwen3_4b'?)", "give one of")
+
+
+LLAMA_CKPT = CKPT_DATA / "llama_v3_2_1b_instruct-0.65.0"   # args.json: context_length 1024
+
+
+def test_the_context_length_args_json_records_is_the_default_and_said(tmp_path):
+    project = copy_project(tmp_path / "proj")
+    recorded = json.loads((LLAMA_CKPT / "args.json").read_text())["context_length"]
+    run = project.doit("import_export", "--dir", str(LLAMA_CKPT), "--name", "ckpt",
+                       "--model-id", "llama_v3_2_1b_instruct", check=False)
+    assert run.code == 0, run.out + run.err
+    assert (f"at context length {recorded} (args.json: the context length the quantize "
+            "calibrated at; --context-length N,... builds others)") in run.out, run.out
+    text = (project.root / "configs" / "models" / "ckpt.toml").read_text()
+    assert f"context_length = {recorded}\n" in text, text
+    # given, --context-length wins, and args.json is not read at all
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(LLAMA_CKPT, ckpt, ignore=shutil.ignore_patterns("expected_split*"))
+    (ckpt / "args.json").write_text('{"context_length": "long"}')
+    run = project.doit("import_export", "--dir", str(ckpt), "--name", "ckpt",
+                       "--model-id", "llama_v3_2_1b_instruct", "--context-length", "512",
+                       check=False)
+    assert run.code == 0, run.out + run.err
+    assert "context_length = 512\n" in (project.root / "configs" / "models" /
+                                        "ckpt.toml").read_text()
+    # not given, a broken args.json is named with the flag that makes it unneeded
+    for text, says in (('{"context_length": "long"}', 'context_length is "long"'),
+                       ('{"context_length": 64}', "context length 64 is outside (128,"),
+                       ("[1, 2]", "a JSON list"), ("{", "not readable JSON")):
+        (ckpt / "args.json").write_text(text)
+        _refused(project.doit("import_export", "--dir", str(ckpt), "--name", "ckpt2",
+                              "--model-id", "llama_v3_2_1b_instruct", check=False),
+                 f"{ckpt / 'args.json'}", says, "--context-length N")
+    (ckpt / "args.json").unlink()   # no args.json: qai-hub-models' default, said so
+    run = project.doit("import_export", "--dir", str(ckpt), "--name", "ckpt",
+                       "--model-id", "llama_v3_2_1b_instruct", check=False)
+    assert run.code == 0 and "(qai-hub-models' default for llama_v3_2_1b_instruct" in run.out

@@ -37,6 +37,7 @@ ONNX, and that is reported naming the ONNX and the location it records.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ from typing import Optional
 
 from hexbundle.config.layout import GraphInputs
 from hexbundle.support.errors import InputError
-from hexbundle.support.files import require_regular_file
+from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, read_named_text, require_regular_file
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -473,6 +474,33 @@ def static_graphs(root: Path) -> dict:
 
 def is_checkpoint(root: Path) -> bool:
     return (Path(root) / CKPT_GRAPH).is_file() or bool(static_graphs(root))
+
+
+def recorded_context_length(root: Path) -> Optional[int]:
+    """The context length a checkpoint's args.json records (the quantize's --context-length, the
+    length it calibrated at), or None where there is no args.json or it records none. args.json
+    is what the quantize CLI wrote beside its output; one that cannot be read is named, with the
+    flag that makes it unneeded."""
+    path = Path(root) / CKPT_ARGS
+    if not path.is_file():
+        return None
+    fix = ("give --context-length N (args.json is read only for the default), or restore the "
+           "args.json the quantize wrote")
+    text = read_named_text(path, "quantize arguments", JSON_CONFIG_MAX_BYTES)
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{path}: not readable JSON ({exc}); {fix}") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: a JSON {type(raw).__name__}, not the object of arguments the "
+                         f"quantize writes; {fix}")
+    value = raw.get("context_length")
+    if value is None:
+        return None
+    if type(value) is not int or value <= 0:
+        raise InputError(f"{path}: context_length is {json_text(value)[:60]}, not a positive "
+                         f"integer (the quantize's --context-length); {fix}")
+    return value
 
 
 def scan_checkpoint(root: Path, slug: str, context_lengths: tuple,

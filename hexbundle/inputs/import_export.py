@@ -24,21 +24,22 @@ from typing import Optional
 
 import numpy as np
 
-from hexbundle.config.build import QUALCOMM_MAX_NUM_TOKENS
+from hexbundle.config.build import MODEL_SCHEMA, QUALCOMM_MAX_NUM_TOKENS, did_you_mean
 from hexbundle.config.layout import GraphInputs, ProjectLayout, check_name
 from hexbundle.config.model import (Architecture, Graph, Model, Part, Plan, Quantization,
                                     part_graphs)
 from hexbundle.formats.encodings import load_encodings
 from hexbundle.formats.hf_config import LLAMA3_KEYS, read_hf_config
 from hexbundle.formats.onnxfile import initializer_values
-from hexbundle.formats.qaihm import (CKPT_ARCHITECTURES, CKPT_CONFIG, CKPT_GRAPH,
+from hexbundle.formats.qaihm import (CKPT_ARCHITECTURES, CKPT_ARGS, CKPT_CONFIG, CKPT_GRAPH,
                                      CKPT_PROMPT_AR, CKPT_REFUSED, CKPT_TOKEN_AR, CKPT_VLM,
                                      QAIHM_CHECKPOINT_MODELS, QWEN2_RMS_NORM_EPS,
                                      QWEN2_ROPE_THETA, QWEN2_SPECIALS, TOKENIZER,
                                      TOKENIZER_CONFIG, ExportTree, graph_io, is_checkpoint,
                                      load_structure, qaihm_split, qaihm_split_layers,
-                                     scan_checkpoint, scan_export)
+                                     recorded_context_length, scan_checkpoint, scan_export)
 from hexbundle.formats.tokenizer import added_token_contents, special_token_ids
+from hexbundle.inputs.structure import Linear, Structure, read_structure
 from hexbundle.inputs.validate import whole_model_part
 from hexbundle.support.atomic import atomic_output
 from hexbundle.support.console import say
@@ -50,7 +51,6 @@ from hexbundle.support.files import (TOKENIZER_MAX_BYTES, about_argument, requir
 # NAME_MAX (255 bytes), long enough for any model's name
 PAST_KEY = re.compile(r"past_key_(\d+)_in")
 LAYER_IN_NAME = re.compile(r"layers\.(\d+)[./]")
-HEAD_WEIGHT = re.compile(r"layers\.(\d+)\..*q_proj[a-z_]*\.(\d+)\.weight$")
 
 
 @dataclass
@@ -71,6 +71,9 @@ class Inferred:
     rope_scaling: Optional[dict] = None
     specials: dict = field(default_factory=dict)
     specials_from: str = ""        # where the special tokens come from (default: the family)
+    sources: dict = field(default_factory=dict)   # size -> the file and what in it shows it
+    unknown: dict = field(default_factory=dict)   # size -> why the graphs do not show it
+    head: Optional[Linear] = None  # the LM head (the linear logits are computed with)
 
 
 # ============================================================================ the command
@@ -88,7 +91,7 @@ def import_export(root: Path, dir: str, name: str, plan: str = "", tokenizer: st
     # every path named on the command line, before the export is scanned (stats and one small
     # read: a wrong one is named at once)
     require_named_dir(Path(dir).expanduser(), "export directory", "--dir")
-    hf = read_hf_config(Path(model_config)) if model_config else None
+    hf = read_model_config(Path(model_config)) if model_config else None
     if tokenizer:
         require_named_file(Path(tokenizer).expanduser(), "tokenizer.json", TOKENIZER_MAX_BYTES,
                            "--tokenizer")
@@ -174,10 +177,16 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
         raise InputError(f"{config}: missing; the quantize command copies the model's "
                          "config.json into its output folder: copy it there from the model's "
                          "Hugging Face folder (or give --model-config PATH)")
-    hf = read_hf_config(config)
+    hf = read_model_config(config, "--model-config" if model_config else "")
     family = checkpoint_family(hf)
     model_id, spec = checkpoint_model(hf, model_id)
     lengths = parse_context_lengths(context_length)
+    # a static checkpoint's graphs fix their length; a dynamic one's args.json records it
+    recorded = None if lengths or not (root / CKPT_GRAPH).is_file() else \
+        recorded_context_length(root)
+    if recorded:   # the length the quantize calibrated at, the build's unless told otherwise
+        lengths = (check_context_length(recorded, f"{root / CKPT_ARGS}: context_length",
+                                        "give --context-length N"),)
     tree = scan_checkpoint(root, model_id, tuple(sorted(set(lengths))), spec.context_lengths)
     say(f"  format: {tree.layout}")
     for line in tree.describe()[1:]:
@@ -213,7 +222,9 @@ def import_checkpoint(project: ProjectLayout, root: Path, name: str, plan: str, 
         f"length{'s' if len(inferred.context_lengths) > 1 else ''} "
         f"{', '.join(map(str, inferred.context_lengths))}"
         + ("" if context_length else " (the static graphs' own)" if not tree.dynamic else
-           f" (qai-hub-models' default for {model_id})"))
+           f" ({CKPT_ARGS}: the context length the quantize calibrated at; --context-length "
+           "N,... builds others)" if recorded else
+           f" (qai-hub-models' default for {model_id}; --context-length N,... builds others)"))
     say_settings(inferred)
     write_model(project, name, tree, "local", inferred, plan_layers, hf, tokenizer)
 
@@ -268,7 +279,8 @@ def checkpoint_model(hf, model_id: str) -> tuple:
         spec = QAIHM_CHECKPOINT_MODELS.get(model_id)
         if spec is None:
             raise InputError(f"--model-id {model_id!r}: not a qai-hub-models model with a "
-                             f"quantize checkpoint; one of {known}")
+                             f"quantize checkpoint{did_you_mean(model_id, QAIHM_CHECKPOINT_MODELS)}"
+                             f"; give one of {known}")
         if spec.model_type != hf.model_type:
             raise InputError(f"--model-id {model_id} is a {spec.model_type} model, but "
                              f"{hf.path} says model_type {hf.model_type!r}: give the id of the "
@@ -293,10 +305,50 @@ def parse_context_lengths(text: str) -> tuple:
         lengths = tuple(int(x) for x in text.split(","))
     except ValueError:
         lengths = ()
-    if not lengths or any(cl <= CKPT_PROMPT_AR for cl in lengths):
-        raise InputError(f"--context-length {text!r}: give context lengths above the prompt "
-                         f"AR {CKPT_PROMPT_AR}, comma-separated, e.g. 512,1024,4096")
-    return lengths
+    example = "give context lengths comma-separated, e.g. 512,1024,4096"
+    if not lengths:
+        raise InputError(f"--context-length {text!r}: {example}")
+    return tuple(check_context_length(cl, f"--context-length {text!r}", example)
+                 for cl in lengths)
+
+
+def check_context_length(value: int, where: str, fix: str) -> int:
+    """A context length a checkpoint's graphs can be pinned to: above the prompt AR, within the
+    model config's range (config/build.py MODEL_SCHEMA)."""
+    bound = MODEL_SCHEMA["graphs"].type["context_length"]
+    if not CKPT_PROMPT_AR < value <= bound.max:
+        raise InputError(f"{where}: context length {value} is outside ({CKPT_PROMPT_AR}, "
+                         f"{int(bound.max)}] (above the prompt AR {CKPT_PROMPT_AR}, within "
+                         f"hexbundle's range); {fix}")
+    return value
+
+
+# config.json's keys the importer reads -> the model config's [architecture] field bounding it
+HF_RANGES = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
+             "num_attention_heads": "num_attention_heads",
+             "num_key_value_heads": "num_kv_heads", "head_dim": "head_dim",
+             "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+             "rms_norm_eps": "rms_norm_eps"}
+
+
+def read_model_config(path: Path, argument: str = "--model-config"):
+    """The model's config.json (formats/hf_config.py checks each key's type), every value the
+    importer takes from it within the range the model config allows: a `num_hidden_layers` of
+    10**30 is refused here, not met as a loop or an allocation later."""
+    hf = read_hf_config(path, argument)
+    arch = MODEL_SCHEMA["architecture"].type
+    values = [(key, hf.get(key), arch[name]) for key, name in HF_RANGES.items()]
+    values.append(("rope_theta", hf.rope_theta, arch["rope_theta"]))
+    values += [(f"rope_scaling.{key}", (hf.rope_scaling or {}).get(key),
+                arch["rope_scaling"].type[key]) for key in LLAMA3_KEYS]
+    bad = [f"{key} is {json.dumps(value)[:40]}, outside [{bound.min:g}, {bound.max:g}]"
+           for key, value, bound in values
+           if type(value) in (int, float) and not bound.min <= value <= bound.max]
+    if bad:
+        raise InputError(f"{hf.path}: {'; '.join(bad)} (the ranges hexbundle builds): fix "
+                         "config.json (the model's own, from its Hugging Face repository), or "
+                         "give the right one with --model-config PATH/config.json")
+    return hf
 
 
 def check_checkpoint_encodings(tree: ExportTree) -> None:
@@ -362,10 +414,11 @@ def check_pinnable(tree: ExportTree, model: Model) -> None:
 def check_plan(layers: tuple, num_layers: int) -> None:
     if sum(layers) != num_layers:
         raise InputError(f"plan {','.join(map(str, layers))} holds {sum(layers)} decoder layers "
-                         f"but the model has {num_layers}")
+                         f"but the model has {num_layers}: give --plan 0,... with layers "
+                         f"summing to {num_layers}")
     if len(layers) >= 10:
         raise InputError(f"plan {','.join(map(str, layers))}: {len(layers)} parts; graph names "
-                         "must sort in pipeline order, so use fewer than 10")
+                         "must sort in pipeline order, so give --plan with fewer than 10 parts")
 
 
 def choose_split(tree: ExportTree, wanted: Optional[tuple]) -> tuple:
@@ -440,10 +493,10 @@ def infer(tree: ExportTree, split: str, prompt_ar: int, token_ar: int) -> Inferr
         raise InputError(f"{graphs[0].onnx}: past_key_<L>_in inputs {layers[:8]}... are not "
                          "layers 0..N-1 in order; this is not a qai-hub-models LLM export")
     out.layers_per_part = tuple(len(ls) for ls in per_graph_layers)
-    out.arch = infer_architecture(protos, ios, graphs, len(layers))
-    out.quant = infer_quantization(protos, graphs, out.arch, out.notes)
+    out.arch = infer_architecture(protos, ios, graphs, len(layers), out)
+    out.quant = infer_quantization(graphs, out.arch, out.head, out.notes)
     out.family, out.evidence = family_from_graphs(protos, graphs)
-    out.arch["tied"] = tied_head(protos, graphs, out.arch)
+    out.arch["tied"] = tied_head(protos, graphs, out.arch, out.head)
     return out
 
 
@@ -494,32 +547,31 @@ def family_from_graphs(protos: list, graphs: list) -> tuple:
     return "llama", "no q/k/v biases and no q/k norms"
 
 
-def tied_head(protos: list, graphs: list, arch: dict) -> Optional[bool]:
-    """Whether the LM head holds the embedding's values (a tied model: the export keeps a copy),
-    compared on TIED_SAMPLES vocabulary entries spread over the vocabulary, each at
-    TIED_HIDDEN_SAMPLES positions of the hidden size: single elements of the mapped tables, so
-    a head stored [hidden, vocab] (a MatMul's, as Qwen3 checkpoints hold it) is not read whole
-    to gather its columns (a 7B model's 2.5 GB table was, at the import's peak RSS); None where
-    no head weight is found."""
+def tied_head(protos: list, graphs: list, arch: dict, head: Optional[Linear]) -> Optional[bool]:
+    """Whether the LM head (the linear logits are computed with) holds the embedding's values (a
+    tied model: the export keeps a copy), compared on TIED_SAMPLES vocabulary entries spread
+    over the vocabulary, each at TIED_HIDDEN_SAMPLES positions of the hidden size: single
+    elements of the mapped tables, so a head stored [hidden, vocab] (a MatMul's, as Qwen3
+    checkpoints hold it) is not read whole to gather its columns (a 7B model's 2.5 GB table
+    was, at the import's peak RSS); None where no head of the vocabulary's width is found."""
     vocab, hidden = arch["vocab_size"], arch["hidden_size"]
+    if head is None or (head.in_width, head.out_width) != (hidden, vocab):
+        return None
+    if head.weight == arch["embedding"]:
+        return True
     found = {}
     for proto, graph in zip(protos, graphs):
         for init in proto.graph.initializer:
-            dims = tuple(init.dims)
-            if init.name == arch["embedding"]:
-                found["embedding"] = (init, graph.onnx)
-            elif dims in ((hidden, vocab), (vocab, hidden), (vocab, hidden, 1, 1)):
-                found.setdefault("head", (init, graph.onnx))
-    if len(found) < 2:
-        return None
+            if init.name in (arch["embedding"], head.weight):
+                found.setdefault(init.name, (init, graph.onnx))
     ids = np.unique(np.linspace(0, vocab - 1, TIED_SAMPLES).astype(np.int64))[:, None]
     at = np.unique(np.linspace(0, hidden - 1, TIED_HIDDEN_SAMPLES).astype(np.int64))[None, :]
-    embedding = initializer_values(*found["embedding"]).mapped()
-    head = initializer_values(*found["head"]).mapped()
-    if head.shape == (hidden, vocab):
-        rows = head[at, ids]
-    else:
-        rows = head[(ids, at) + (0,) * (head.ndim - 2)]
+    embedding = initializer_values(*found[arch["embedding"]]).mapped()
+    weight = initializer_values(*found[head.weight]).mapped()
+    if head.out_in:   # [vocab, hidden(, 1, 1)]: Conv, Gemm transB
+        rows = weight[(ids, at) + (0,) * (weight.ndim - 2)]
+    else:             # MatMul [hidden, vocab]
+        rows = weight[at, ids]
     return bool(np.array_equal(np.asarray(embedding[ids, at], np.float32),
                                np.asarray(rows, np.float32)))
 
@@ -551,11 +603,69 @@ def specials_from_config(hf, tokenizer: Path, family_specials: dict) -> dict:
     return out
 
 
+def fill_from_config(out: Inferred, hf, tree: ExportTree) -> None:
+    """A size the graphs' structure does not show is config.json's, said so; without a
+    config.json that states it, refused naming the graph, what was looked for and the flag."""
+    for key, reason in list(out.unknown.items()):
+        hf_key = HF_DIMENSIONS[key]
+        value = hf.get(hf_key) if hf is not None else None
+        graph = _graph_files(tree)
+        if type(value) is not int:
+            fix = (f"{hf.path} has no {hf_key} either: add the model's value there, or give the "
+                   "model's own config.json with --model-config PATH/config.json"
+                   if hf is not None else
+                   "give the model's config.json: --model-config PATH/config.json")
+            raise InputError(f"{graph}: {reason}, so the graph does not show the {key}; {fix}")
+        out.arch[key] = value
+        out.sources[key] = f"{hf.path}: {hf_key} (the graph does not show it: {reason})"
+        out.notes.append(f"{key} = {value}: {hf.path.name}'s {hf_key}; {graph} does not show it "
+                         f"({reason})")
+        del out.unknown[key]
+
+
+def check_size_ranges(out: Inferred) -> None:
+    """Each size the graphs show within the range the model config allows, else refused naming
+    the file and what in it shows the size."""
+    fields = MODEL_SCHEMA["architecture"].type
+    for key in (*HF_DIMENSIONS, "head_dim"):
+        bound, value = fields[key], out.arch[key]
+        if not bound.min <= value <= bound.max:
+            raise InputError(f"{out.sources.get(key, key)}: {key} {value} is outside "
+                             f"[{bound.min:g}, {bound.max:g}], the range hexbundle builds: not "
+                             "a model it can build; check that this is the export of an LLM")
+
+
+def check_sizes_against_config(out: Inferred, hf, tree: ExportTree) -> None:
+    """Every size the graphs show, against config.json's: a disagreement names both files,
+    both values, what in the graph shows it, and the flag that gives the right config.json."""
+    a, wrong, evidence = out.arch, [], []
+    given = [(key, source, hf.get(source)) for key, source in HF_DIMENSIONS.items()]
+    given.append(("head_dim", "head_dim", hf.head_dim))
+    for key, source, value in given:
+        if type(value) is int and value != a[key] and not out.sources.get(key, "").startswith(
+                str(hf.path)):
+            wrong.append(f"{source} {value} (the graphs: {a[key]})")
+            evidence.append(f"  {key} {a[key]}: {out.sources.get(key, 'the graphs')}")
+    if wrong:
+        raise InputError(f"{hf.path}: {'; '.join(wrong)}; the graphs of {_graph_files(tree)} "
+                         "say otherwise:\n" + "\n".join(evidence) + "\nIs it the config.json "
+                         "of another model? Give the one the "
+                         f"{'checkpoint' if tree.checkpoint else 'export'} was made from: "
+                         "--model-config PATH/config.json")
+
+
+def _graph_files(tree: ExportTree) -> str:
+    files = sorted({str(f.onnx) for f in tree.unsplit.values()})
+    return files[0] if len(files) == 1 else str(tree.root)
+
+
 def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> None:
     """The family and what the files cannot say, each from the best source: config.json
     (`--model-config`) where given and consistent with the graphs, else the family's known
     values (Qwen), else refused asking for config.json. --rope-theta overrides the theta."""
     a, where = out.arch, (hf.path.name if hf else "")
+    fill_from_config(out, hf, tree)
+    check_size_ranges(out)
     if hf is not None:
         if hf.family is None:
             raise InputError(f"{hf.path}: model_type {hf.model_type!r} is no family hexbundle "
@@ -563,16 +673,10 @@ def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> Non
                              f"{out.evidence}. Not built as another family")
         if hf.family != out.family:
             raise InputError(f"{hf.path}: model_type {hf.model_type!r} is the {hf.family} "
-                             f"family, but the graphs show {out.evidence} ({out.family}); is "
-                             "this the config.json of another model?")
-        wrong = [f"{source} {hf.get(source)} (the graphs: {a[key]})"
-                 for key, source in HF_DIMENSIONS.items()
-                 if isinstance(hf.get(source), int) and hf.get(source) != a[key]]
-        if hf.head_dim and hf.head_dim != a["head_dim"]:
-            wrong.append(f"head_dim {hf.head_dim} (the graphs: {a['head_dim']})")
-        if wrong:
-            raise InputError(f"{hf.path}: {'; '.join(wrong)}: the config.json of another "
-                             "model? Give the one the export was made from")
+                             f"family, but the graphs show {out.evidence} ({out.family}) in "
+                             f"{_graph_files(tree)}; is this the config.json of another model? "
+                             "Give the model's own: --model-config PATH/config.json")
+        check_sizes_against_config(out, hf, tree)
     family = out.family
     defaults = FAMILY_DEFAULTS.get(family, {})
     stated = {}
@@ -598,7 +702,9 @@ def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> Non
     if out.rope_scaling:
         missing = [k for k in LLAMA3_KEYS if not isinstance(out.rope_scaling.get(k), (int, float))]
         if missing:
-            raise InputError(f"{hf.path}: rope_scaling 'llama3' lacks {', '.join(missing)}")
+            raise InputError(f"{hf.path}: rope_scaling 'llama3' lacks {', '.join(missing)}: "
+                             "give the model's own config.json (its Hugging Face repository's) "
+                             "with --model-config PATH/config.json")
     tied = hf.get("tie_word_embeddings") if hf else None
     if isinstance(tied, bool):
         if a["tied"] is not None and a["tied"] != tied:
@@ -619,29 +725,45 @@ def decide_family(out: Inferred, hf, rope_theta: float, tree: ExportTree) -> Non
                              "the model's says otherwise")
 
 
-def infer_architecture(protos: list, ios: list, graphs: list, num_layers: int) -> dict:
+def infer_architecture(protos: list, ios: list, graphs: list, num_layers: int,
+                       out: Inferred) -> dict:
+    """The sizes the graphs show, each from the role of what shows it (inputs/structure.py):
+    the KV cache inputs, the embedding table, the logits, the attention's query projections, the
+    MLP's projections. Where each came from goes to out.sources; a size the structure does not
+    show goes to out.unknown with the reason (settled by fill_from_config)."""
     dims = {i.name: tuple(i.dims) for p in protos for i in p.graph.initializer}
-    key = next(shape for io in ios for name, (_, shape) in io.inputs.items()
-               if PAST_KEY.fullmatch(name))
+    key_at, key_name, key = next((n, name, shape) for n, io in enumerate(ios)
+                                 for name, (_, shape) in io.inputs.items()
+                                 if PAST_KEY.fullmatch(name))
     kv_heads, head_dim = key[0], key[2]
-    logits = next((io.outputs["logits"][1] for io in ios if "logits" in io.outputs), None)
-    if logits is None:
+    logits_at = next((n for n, io in enumerate(ios) if "logits" in io.outputs), None)
+    if logits_at is None:
         raise InputError(f"{graphs[-1].onnx}: no output 'logits'; the last part must end with "
-                         "the LM head")
+                         "the LM head: re-run the export (or import the folder it wrote whole)")
+    logits = ios[logits_at].outputs["logits"][1]
     vocab = logits[-1]
-    table = embedding_table(protos, graphs)
+    table, table_at = embedding_table(protos, graphs)
     hidden = dims[table][1]
-    heads = count_heads(dims, head_dim, hidden)
-    return {"num_layers": num_layers, "hidden_size": hidden, "num_attention_heads": heads,
+    cache = f"{graphs[key_at].onnx}: {key_name} {list(key)} (KV heads, 1, head_dim, positions)"
+    out.sources.update({
+        "num_layers": f"{graphs[0].onnx}: past_key_0_in..past_key_{num_layers - 1}_in",
+        "hidden_size": f"{graphs[table_at].onnx}: the embedding table {table} {list(dims[table])}",
+        "num_kv_heads": cache, "head_dim": cache,
+        "vocab_size": f"{graphs[logits_at].onnx}: logits {list(logits)}"})
+    structure = read_structure(protos, graphs)
+    arch = {"num_layers": num_layers, "hidden_size": hidden,
+            "num_attention_heads": attention_heads(structure, kv_heads, head_dim, out),
             "num_kv_heads": kv_heads, "head_dim": head_dim,
-            "intermediate_size": intermediate_size(dims, hidden, vocab,
-                                                   (heads * head_dim, kv_heads * head_dim)),
+            "intermediate_size": mlp_width(structure, out),
             "vocab_size": vocab, "embedding": table}
+    out.head = structure.head
+    return arch
 
 
-def embedding_table(protos: list, graphs: list) -> str:
-    """The initializer a Gather reads with input_ids (through a Cast, if any)."""
-    for proto in protos:
+def embedding_table(protos: list, graphs: list) -> tuple:
+    """(the initializer a Gather reads with input_ids (through a Cast, if any), the index of the
+    graph holding it)."""
+    for at, proto in enumerate(protos):
         inits = {i.name for i in proto.graph.initializer}
         ids = {"input_ids"}
         for node in proto.graph.node:
@@ -650,42 +772,68 @@ def embedding_table(protos: list, graphs: list) -> str:
         for node in proto.graph.node:
             if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in ids \
                     and node.input[0] in inits:
-                return node.input[0]
+                return node.input[0], at
     raise InputError(f"{graphs[0].onnx}: no Gather of an embedding table by input_ids; the "
-                     "first part must hold the embedding")
+                     "first part must hold the embedding: re-run the export")
 
 
-def count_heads(dims: dict, head_dim: int, hidden: int) -> int:
-    """Split-head attention (q_proj_sha.<h>.weight per head) or one q_proj weight."""
-    heads = {int(m[2]) for name in dims if (m := HEAD_WEIGHT.search(name)) and m[1] == "0"}
-    if heads:
-        return len(heads)
-    for name, shape in dims.items():
-        if "q_proj" in name and name.endswith("weight") and len(shape) in (2, 4):
-            out = shape[1] if len(shape) == 2 else shape[0]   # MatMul [in, out]; Conv [out, in]
-            return out // head_dim
-    return hidden // head_dim
+def attention_heads(structure: Structure, kv_heads: int, head_dim: int,
+                    out: Inferred) -> Optional[int]:
+    """Query heads: the summed width of the projections a layer's attention reads as its
+    queries, over head_dim; every layer alike, and its keys as wide as the KV cache."""
+    if not structure.query_widths:
+        out.unknown["num_attention_heads"] = structure.reasons["attention"]
+        return None
+    widths = sorted(set(structure.query_widths.values()))
+    layer = min(structure.query_widths)
+    where = structure.attention_graph[layer]
+    if len(widths) > 1:
+        other = next(n for n, w in sorted(structure.query_widths.items()) if w != widths[0])
+        raise InputError(f"{where}: the query projections of layer {layer} are "
+                         f"{structure.query_widths[layer]} wide, those of layer {other} "
+                         f"{structure.query_widths[other]}: hexbundle builds decoders whose "
+                         "layers are alike; this graph is not one qai-hub-models writes")
+    for key_layer, width in sorted(structure.key_widths.items()):
+        if width != kv_heads * head_dim:
+            raise InputError(f"{structure.attention_graph[key_layer]}: layer {key_layer}'s key "
+                             f"projections are {width} wide, but past_key_{key_layer}_in holds "
+                             f"{kv_heads} KV heads x head_dim {head_dim}: the graph is "
+                             "inconsistent; re-run the export")
+    if widths[0] % head_dim:
+        raise InputError(f"{where}: layer {layer}'s query projections are {widths[0]} wide, not "
+                         f"a multiple of head_dim {head_dim} (past_key_{layer}_in): the graph is "
+                         "inconsistent; re-run the export")
+    heads = widths[0] // head_dim
+    out.sources["num_attention_heads"] = (f"{where}: layer {layer}'s query projections, "
+                                          f"{widths[0]} wide = {heads} x head_dim {head_dim}")
+    return heads
 
 
-def intermediate_size(dims: dict, hidden: int, vocab: int, attention_widths: tuple) -> int:
-    """The MLP width: the up/gate weights [hidden, ff] (MatMul) or down [hidden, ff, 1, 1].
-    attention_widths: the q and the k/v projections' widths, set aside (a MatMul graph's k and
-    v weights [hidden, kv width] are as many as its gate and up weights)."""
-    widths = Counter()
-    for shape in dims.values():
-        if len(shape) == 2 and shape[0] == hidden \
-                and shape[1] not in (hidden, vocab, *attention_widths):
-            widths[shape[1]] += 1
-        if len(shape) == 4 and shape[0] == hidden and shape[2:] == (1, 1) \
-                and shape[1] not in (hidden, *attention_widths):
-            widths[shape[1]] += 1
-    if not widths:
-        raise InputError("no MLP weight [hidden, intermediate] found in the graphs; cannot tell "
-                         "the intermediate size")
-    return widths.most_common(1)[0][0]
+def mlp_width(structure: Structure, out: Inferred) -> Optional[int]:
+    """The intermediate size: the width of every MLP's gate and up projections and of its down
+    projection's input, alike in every layer."""
+    if not structure.mlp_widths:
+        out.unknown["intermediate_size"] = structure.reasons["mlp"]
+        return None
+    for where, gate, up, down in structure.mlp_widths:
+        if not gate == up == down:
+            raise InputError(f"{where}: an MLP whose gate, up and down projections are {gate}, "
+                             f"{up} and {down} wide: the graph is inconsistent; re-run the "
+                             "export")
+    widths = Counter(gate for _, gate, _, _ in structure.mlp_widths)
+    where = structure.mlp_widths[0][0]
+    if len(widths) > 1:
+        raise InputError(f"{where}: MLPs of widths {', '.join(map(str, sorted(widths)))}: "
+                         "hexbundle builds decoders whose layers are alike; this graph is not "
+                         "one qai-hub-models writes")
+    width = next(iter(widths))
+    out.sources["intermediate_size"] = (f"{where}: the MLP's gate, up and down projections "
+                                        f"({len(structure.mlp_widths)} found), {width} wide")
+    return width
 
 
-def infer_quantization(protos: list, graphs: list, arch: dict, notes: list) -> dict:
+def infer_quantization(graphs: list, arch: dict, head_linear: Optional[Linear],
+                       notes: list) -> dict:
     params, activations, embedding = {}, Counter(), None
     for g in graphs:
         encodings = load_encodings(g.encodings)
@@ -694,10 +842,11 @@ def infer_quantization(protos: list, graphs: list, arch: dict, notes: list) -> d
         # a checkpoint's embedding table has an activation entry only, which qai-hub-models
         # makes its param encoding before splitting (split.qaihm_part_encodings)
         embedding = embedding or encodings.activations.get(arch["embedding"])
-    dims = {i.name: tuple(i.dims) for p in protos for i in p.graph.initializer}
     embedding = params.get(arch["embedding"]) or embedding
-    head = [n for n, shape in dims.items() if arch["vocab_size"] in shape
-            and n != arch["embedding"] and n in params]
+    # the LM head by its role (the linear logits come from), never by a width a projection
+    # may share with the vocabulary
+    head = [head_linear.weight] if head_linear is not None and head_linear.weight in params \
+        and head_linear.weight != arch["embedding"] else []
     decoder = Counter(e.bitwidth for n, e in params.items() if e.is_int and e.per_channel
                       and n != arch["embedding"] and n not in head)
     quant = {"decoder_linear_bitwidth": decoder.most_common(1)[0][0] if decoder else 4,
@@ -716,6 +865,7 @@ def expected_graphs(tree: ExportTree) -> tuple:
     `doit inspect` checks each graph's inputs and outputs against, as the convert step will."""
     split, prompt_ar, token_ar = choose_split(tree, None)
     inferred = infer(tree, split, prompt_ar, token_ar)
+    fill_from_config(inferred, None, tree)
     model, graphs = model_of(tree, inferred)
     parts = Plan("export", inferred.layers_per_part).parts() if split == "export" else []
     several = len(inferred.context_lengths) > 1
