@@ -284,6 +284,40 @@ SPECS: dict[str, dict] = {
         },
         "tokenizer": "llama3",
     },
+    "llama3_2_6l_065": {
+        # Llama 3.2, 6 layers, rope scaling 32 again, by 0.65.0 (aimet-onnx 2.35.0) and wider
+        # (hidden 128, 4 heads x 32, 1 KV head): a second try at issue 46's constant-gate case.
+        # Made and tried, NOT committed (its faithful bundle passed at seeds 0-3: STATUS.md).
+        "folder": "llama_v3_2_3b_instruct-0.65.0",
+        "module": "llama_v3_2_3b_instruct",
+        "release": "0.65.0",
+        "seed": 4605,
+        "context_length": 1024,
+        "config": {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": 512,
+            "hidden_size": 128,
+            "intermediate_size": 384,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "max_position_embeddings": 131072,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "factor": 32.0,
+                "high_freq_factor": 4.0,
+                "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": True,
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer": "llama3",
+    },
     "smollm2_pad": {
         # SmolLM2 as the real one ships: pad = <|im_end|> (id 2), its embedding row zeroed.
         "folder": "smollm2_1_7b_it-0.64.0",
