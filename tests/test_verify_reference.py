@@ -89,7 +89,8 @@ def test_a_faithful_bundle_of_the_export_passes_with_the_defaults(export_build, 
     # LSBs, well above min_floor_lsb) and the bundle passes against it
     assert report.noise_floor_from.endswith("reference vs reference")
     gated = [r for r in per_part if r.unit == "LSB"]   # part 1's output: float, relative
-    assert report.noise_floor_lsb > 8 and len(gated) == 5 and all(r.ratio < 1 for r in gated), \
+    # (with the ordinary-text prompt the part that sets the floor errs by exactly it: ratio 1)
+    assert report.noise_floor_lsb > 8 and len(gated) == 5 and all(r.ratio <= 1 for r in gated), \
         report.full_table()
     embedding = [r for r in per_part if r.unit == "rel"]
     assert len(embedding) == 1 and embedding[0].ok and embedding[0].part_index == 1
