@@ -132,10 +132,14 @@ def test_doit_verify_passes_on_the_built_bundle_and_prints_the_table(built):
     run = built.doit("verify")
     assert "verify" in run.executed
     for index in range(1, PARTS + 1):
-        rows = [line for line in run.out.splitlines() if line.startswith(f"part {index} of 4 (")]
-        assert rows and all(line.rstrip().endswith(("ok", "(reported)")) for line in rows), run.out
-    assert re.search(r"^end to end .* chained vs reference .*ok$", run.out, re.M), run.out
-    report = json.loads((built.build_dir() / "verify" / "report.json").read_text())
+        rows = [line for line in run.out.splitlines() if line.startswith(f"part {index}/4 ")]
+        assert rows and all(line.rstrip().endswith("ok") for line in rows), run.out
+    assert re.search(r"^end to end +chained vs reference .*ok$", run.out, re.M), run.out
+    table = run.out[run.out.index("verify qwen2-tiny:"):run.out.index("every row, with the")]
+    assert max(len(line) for line in table.splitlines()) <= 120, table
+    report = json.loads((built.build_dir() / "verify" / "report.json").read_text(),
+                        parse_constant=lambda name: pytest.fail(f"report.json holds {name}"))
+    assert len(report["prompt_ids"]) == 160 + 32 and report["prompt_text"][:40] in run.out
     assert report["ok"] and {r["check"] for r in report["rows"]} >= {
         "prefill vs reference", "decode vs reference", "token vs prompt", "token vs prompt kv",
         "encodings vs the export's", "bundle drift from float"}
@@ -150,7 +154,11 @@ def test_doit_verify_passes_on_the_built_bundle_and_prints_the_table(built):
     ("min_cosine_hidden", "floor_multiplier, min_floor_lsb"),
     ("min_cosine_logits", "floor_multiplier, min_floor_lsb"),
     ("min_cosine_prompt_vs_token", "token_vs_prompt_factor"),
-    ("min_top1_agreement", "top1_tolerance")])
+    ("min_top1_agreement", "chained_max_ratio"),
+    ("top1_tolerance", "chained_max_ratio"),
+    ("max_drift_margin", "chained_max_ratio"),
+    ("min_cosine_reference", "floor_multiplier"),
+    ("chained_min_cosine", "chained_max_ratio")])
 def test_a_retired_verify_key_is_refused_with_what_replaced_it(project, key, replacement):
     path = project.root / "configs/models/qwen2-tiny.toml"
     path.write_text(path.read_text().replace("[verify]\n", f"[verify]\n{key} = 0.95\n"))

@@ -88,9 +88,12 @@ def test_a_faithful_bundle_of_the_export_passes_with_the_defaults(export_build, 
     # the floor is large here (a 16-bit part whose two correct references differ by tens of
     # LSBs, well above min_floor_lsb) and the bundle passes against it
     assert report.noise_floor_from.endswith("reference vs reference")
-    gated = [r for r in per_part if r.ratio is not None]   # part 1's output: float, cosine only
-    assert report.noise_floor_lsb > 8 and len(gated) == 5 and all(r.ratio < 1 for r in gated), \
-        report.table()
+    gated = [r for r in per_part if r.unit == "LSB"]   # part 1's output: float, relative
+    # (with the ordinary-text prompt the part that sets the floor errs by exactly it: ratio 1)
+    assert report.noise_floor_lsb > 8 and len(gated) == 5 and all(r.ratio <= 1 for r in gated), \
+        report.full_table()
+    embedding = [r for r in per_part if r.unit == "rel"]
+    assert len(embedding) == 1 and embedding[0].ok and embedding[0].part_index == 1
     exact = [r for r in report.rows if r.what == "exact"]
     assert len(exact) == 3 * 6 and all(r.ok for r in exact)
     # the bundle's float drift is the export's own, not the build's

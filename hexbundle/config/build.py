@@ -158,45 +158,38 @@ PLAN_SCHEMA = {
 # (docs/verify.md). What the build writes exactly (weights, encodings, topology) is compared
 # exactly; the numbers are judged relative to what the run measures itself -- the difference
 # between two correct references (half-to-even and AIMET's rounding), the reference's own
-# token-vs-prompt and float drift -- never against a constant tuned on one export.
+# token-vs-prompt -- never against a constant tuned on one export. The factors below are
+# multiples of those, measured on exports and checkpoints they were not set on (docs/verify.md).
 VERIFY_SCHEMA = {
     "prompt_tokens": Field(int, 160, min=1, max=1 << 20,
                            doc="prefilled through the prompt graphs, in chunks"),
     "decode_steps": Field(int, 32, min=0, max=1 << 20,
                           doc="then decoded one by one through the token graphs"),
     "seed": Field(int, 0, min=0, max=U64,
-                  doc="seed of the random token ids fed to both sides"),
+                  doc="the order of the ordinary-text sentences whose token ids (the bundle's "
+                      "tokenizer) are fed to both sides"),
     # 8: measured (docs/verify.md): largest errors are heavy-tailed, and on 7 exports x 4 seeds
     # a faithful bundle's worst part reached 3.8 x the floor (an 11-layer Llama's logits part)
     "floor_multiplier": Field(float, 8.0, min=1, max=1000, example=12.0,
                               doc="a part's largest error vs the reference, in LSBs of its "
                                   "output encoding, may be this many times the noise floor (the "
                                   "largest difference between the two correct references over "
-                                  "every part, at least min_floor_lsb)"),
+                                  "every part, at least min_floor_lsb); a float output's "
+                                  "relative difference this many times the two references' "
+                                  "own (at least min_floor_lsb float32 steps)"),
     "min_floor_lsb": Field(float, 8.0, min=1, max=1e6, example=16.0,
-                           doc="the noise floor's least value, in LSBs"),
-    "min_cosine_reference": Field(float, 0.9999, min=-1, max=1,
-                                  doc="backstop for gross errors: each part's cosine vs the "
-                                      "reference, per position (minimum), same input"),
-    "chained_min_cosine": Field(float, 0.999, min=-1, max=1, example=0.99,
-                                doc="end to end, each side chained on its own: fails only when "
-                                    "the cosine is below this AND the error is more than "
-                                    "chained_max_ratio times the two references' own"),
+                           doc="the noise floor's least value, in LSBs (a float output's: in "
+                               "float32 steps, 2^-23 relative)"),
     "chained_max_ratio": Field(float, 20.0, min=1, max=1e6, example=40.0,
-                               doc="see chained_min_cosine"),
+                               doc="end to end, each side chained on its own: fails only when "
+                                   "the bundle's largest error and its cosine distance are both "
+                                   "more than this times the two references' own"),
     "token_vs_prompt_factor": Field(float, 2.0, min=1, max=1000, example=4.0,
                                     doc="a part's token graph vs its prompt graph (output "
                                         "and KV entry, in LSBs of their encodings): the "
                                         "bundle's largest difference at most this times the "
                                         "reference's own, or the two references' difference "
                                         "on the same entries, or min_floor_lsb"),
-    "max_drift_margin": Field(float, 0.005, min=0, max=2,
-                              doc="the bundle's float drift (1 - logits cosine vs the float "
-                                  "ONNX, end to end, minimum over positions) may exceed the "
-                                  "reference's own drift by at most this"),
-    "top1_tolerance": Field(float, 0.02, min=0.02, max=1, example=0.05,
-                            doc="top-1 agreement with the float ONNX, end to end, may be at most "
-                                "this below the reference's own (never an absolute value)"),
 }
 for _old in ("min_cosine_hidden", "min_cosine_logits"):
     retire(f"verify.{_old}", "verify compares the bundle with the export's quantized reference "
@@ -205,9 +198,19 @@ for _old in ("min_cosine_hidden", "min_cosine_logits"):
 retire("verify.min_cosine_prompt_vs_token", "token vs prompt is judged relative to the "
        "reference's own value (an 8-bit KV cache fed back makes the export's two graphs differ): "
        "remove it; token_vs_prompt_factor (default 2) sets how much worse the bundle may be")
-retire("verify.min_top1_agreement", "top-1 agreement with float is judged relative to the "
-       "reference's own (a random or heavily quantized model agrees with float on few tokens "
-       "whoever builds it): remove it; top1_tolerance (default 0.02) sets the allowed gap")
+for _old in ("min_top1_agreement", "top1_tolerance", "max_drift_margin"):
+    retire(f"verify.{_old}", "the bundle's float drift and top-1 agreement with float are "
+           "reported, not gated (a random or heavily quantized model agrees with float on few "
+           "tokens whoever builds it, and the bundle's drift is at most the reference's plus its "
+           "distance from the reference, which `chained vs reference` judges): remove it; "
+           "chained_max_ratio sets how far the bundle may be from the reference")
+retire("verify.min_cosine_reference", "each part is judged against the two correct "
+       "references' own difference measured in the same run (LSBs of its output encoding, or "
+       "the relative difference of a float output), not a constant cosine: remove it; "
+       "floor_multiplier (default 8) sets how much worse the bundle may be")
+retire("verify.chained_min_cosine", "end to end, the bundle's cosine distance from the "
+       "reference is judged against the two references' own: remove it; chained_max_ratio "
+       "(default 20) sets how much worse the bundle may be")
 
 INPUT_SOURCES = ("generated", "export", "qai-hub-models")
 SPLITS = ("export", "local")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import Optional
 
 from hexbundle.support import inflight
 
@@ -94,6 +95,29 @@ def start_up_over() -> None:
         pass
 
 
+# What the run was asked to do (graph.loader: the command line's task names and variables),
+# for the line that says what happens next; None: `doit` with its default tasks.
+_command: Optional[list] = None
+
+
+def remember_command(arguments) -> None:
+    global _command
+    _command = list(arguments or [])
+
+
+def what_next() -> str:
+    """What an interrupted run leaves and how to go on, true for the command that ran: the
+    steps that finished are kept, and the same command carries on from there; verify keeps no
+    partial result (its report is written whole at its end, the last one left as it was)."""
+    command = "`doit " + " ".join(_command or ["bundle"]) + "`"
+    tasks = {a.split(":")[0] for a in (_command or []) if "=" not in a and not a.startswith("-")}
+    if "verify" in tasks:
+        return ("the steps that finished are saved; verify itself keeps no partial result (the "
+                "last report, if any, is as it was): " + command + " runs it again from the "
+                "start")
+    return f"the steps that finished are saved and the next {command} carries on from there"
+
+
 def report_interrupts_cleanly() -> None:
     if getattr(sys.excepthook, "hexbundle_run", False):
         return
@@ -107,14 +131,12 @@ def report_interrupts_cleanly() -> None:
         ignore_further_interrupts()   # the run is exiting: no traceback from another Ctrl-C
         if issubclass(kind, Terminated):
             print("\n" + "\n".join(stopped + [
-                "hexbundle: terminated (SIGTERM); temporary files removed, the steps that "
-                "finished are saved and the next `doit bundle` carries on from there"]),
+                f"hexbundle: terminated (SIGTERM); temporary files removed, {what_next()}"]),
                 file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(128 + signal.SIGTERM)   # as a process killed by it reports (143)
-        print("\n" + "\n".join(stopped + [
-            "hexbundle: interrupted; the steps that finished are saved and the next "
-            "`doit bundle` carries on from there"]), file=sys.stderr, flush=True)
+        print("\n" + "\n".join(stopped + [f"hexbundle: interrupted; {what_next()}"]),
+              file=sys.stderr, flush=True)
 
     hook.hexbundle = hook.hexbundle_run = True
     sys.excepthook = hook

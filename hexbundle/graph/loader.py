@@ -71,6 +71,8 @@ class Loader(DodoTaskLoader):
             session.start_guard(build.layout)
 
     def load_tasks(self, cmd, pos_args):
+        from hexbundle.graph import interrupts
+        interrupts.remember_command(pos_args)   # what an interrupted run says comes next
         with interrupted_at_start_up():
             testhooks.set_step(testhooks.START_UP)   # tests interrupt the start-up here
             testhooks.pause_point()
