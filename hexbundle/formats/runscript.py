@@ -128,10 +128,12 @@ def _render_sh(s: RunScript) -> str:
     lines += [
         "",
         "# the run; its output streams, and is read afterwards for the libGenie version",
-        'out=$(mktemp "${TMPDIR:-/tmp}/genie-run.XXXXXX")',
-        'trap \'rm -f "$out" "$out.rc"\' EXIT',
-        '{ "$RUNNER" "$@" 2>&1; echo $? > "$out.rc"; } | tee "$out"',
-        'rc=$(cat "$out.rc")',
+        "# (in a folder of its own, made by mktemp -d: never a name in /tmp someone else made)",
+        'work=$(mktemp -d "${TMPDIR:-/tmp}/genie-run.XXXXXX")',
+        'out="$work/out"',
+        'trap \'rm -rf "$work"\' EXIT',
+        '{ "$RUNNER" "$@" 2>&1; echo $? > "$work/rc"; } | tee "$out"',
+        'rc=$(cat "$work/rc")',
         f'printed=$(sed -n "s/^{GENIE_VERSION_LINE}\\([^ ]*\\).*/\\1/p" "$out" | head -n 1)',
         'if [ "$printed" != "$GENIE_VERSION" ]; then',
         '    fail "genie-t2t-run used libGenie.so version ${printed:-(none printed)}, the bundle ' +
