@@ -143,13 +143,6 @@ def origins(tmp, text):
     return read_origins(SimpleNamespace(origins_dir=tmp / "origins"))
 
 
-def fetched_records(tmp, text):
-    from hexbundle.formats.origins import fetched_records
-    _file(tmp, "origins/convert.json", text)
-    layout = SimpleNamespace(origins_dir=tmp / "origins", logical=lambda p: p.name)
-    return fetched_records(layout, [tmp / "a.dlc"])
-
-
 def refused_actions(tmp, text):
     from hexbundle.formats.origins import refused_actions
     _file(tmp, "state/remote-refused.json", text)
@@ -314,8 +307,7 @@ READERS = {
     ("hexbundle/formats/encodings.py", "load_encodings"): (encodings, NAN_OWN),
     ("hexbundle/formats/encodings.py", "read_encodings_json"): (encodings, NAN_OWN),
     ("hexbundle/formats/encodings.py", "encodings_header"): (encodings_header, NAN_OWN),
-    ("hexbundle/formats/origins.py", "read_origins"): (origins, "absent"),
-    ("hexbundle/formats/origins.py", "fetched_records"): (fetched_records, "absent"),
+    ("hexbundle/formats/origins.py", "_records"): (origins, "absent"),
     ("hexbundle/formats/origins.py", "refused_actions"): (refused_actions, "absent"),
     ("hexbundle/formats/hf_config.py", "read_hf_config"): (hf_config, "refused"),
     ("hexbundle/formats/qaihm.py", "recorded_context_length"): (args_json, "refused"),

@@ -44,19 +44,24 @@ def record_origin(layout: Layout, task: str, origin: dict, outputs: list) -> Non
         warn(f"hexbundle: warning: cannot record where {task}'s outputs came from ({exc})")
 
 
-def read_origins(layout: Layout) -> dict:
-    """task -> its record (without "task" and "outputs"), for the records whose outputs are all
-    still the bytes they name; sorted by task."""
-    out = {}
+def _records(layout: Layout):
+    """(path, record) of each readable origin record with its outputs, sorted by file name."""
     if not layout.origins_dir.is_dir():
-        return out
+        return
     for path in sorted(layout.origins_dir.glob("*.json")):
         try:
             doc = read_state_json(path)   # a link (never followed): no record
         except (OSError, ValueError):
             continue
-        if not isinstance(doc, dict) or not isinstance(doc.get("outputs"), dict):
-            continue
+        if isinstance(doc, dict) and isinstance(doc.get("outputs"), dict):
+            yield path, doc
+
+
+def read_origins(layout: Layout) -> dict:
+    """task -> its record (without "task" and "outputs"), for the records whose outputs are all
+    still the bytes they name; sorted by task."""
+    out = {}
+    for path, doc in _records(layout):
         if all(_still(layout, name, digest) for name, digest in doc["outputs"].items()):
             out[str(doc.get("task", path.stem))] = {k: v for k, v in doc.items()
                                                     if k not in ("task", "outputs")}
@@ -87,15 +92,8 @@ def fetched_records(layout: Layout, files: list) -> dict:
     cache or executor, are still those bytes, and include one of `files`."""
     wanted = {layout.logical(Path(f)) for f in files}
     out = {}
-    if not layout.origins_dir.is_dir():
-        return out
-    for path in sorted(layout.origins_dir.glob("*.json")):
-        try:
-            doc = read_state_json(path)   # a link (never followed): no record
-        except (OSError, ValueError):
-            continue
-        if not isinstance(doc, dict) or doc.get("origin") not in REMOTE_ORIGINS or \
-                not isinstance(doc.get("outputs"), dict) or not wanted & set(doc["outputs"]):
+    for path, doc in _records(layout):
+        if doc.get("origin") not in REMOTE_ORIGINS or not wanted & set(doc["outputs"]):
             continue
         if all(_still(layout, name, digest) for name, digest in doc["outputs"].items()):
             out[str(doc.get("task", path.stem))] = (doc, [_path(layout, n) for n in doc["outputs"]])
