@@ -510,15 +510,15 @@ def _outside_file(man: dict, dest: Path) -> None:
 # (case, the manifest's edit, --run or not, what the message names)
 KIND2_MANIFEST = [
     ("runtime.script a command", lambda m, d: m["runtime"].update(script="run.sh; touch PWNED #"),
-     True, "runtime.script 'run.sh; touch PWNED #'"),
+     True, "key 'script' is 'run.sh; touch PWNED #'"),
     ("runtime.script a path", lambda m, d: m["runtime"].update(script="../run.sh"), True,
-     "runtime.script '../run.sh'"),
+     "key 'script' is '../run.sh'"),
     ("runtime.script an option", lambda m, d: m["runtime"].update(script="-x"), True,
-     "runtime.script '-x'"),
+     "key 'script' is '-x'"),
     ("runtime.script not the bundle's", lambda m, d: m["runtime"].update(script="other.sh"),
-     True, "runtime.script 'other.sh'"),
+     True, "key 'script' is 'other.sh'"),
     ("runtime.script not a string", lambda m, d: m["runtime"].update(script=["run.sh"]), True,
-     "runtime.script ['run.sh']"),
+     "key 'script' is list"),
     ("a file name outside the bundle", _outside_file, False,
      "the file name '../escape.txt' cannot be sent"),
 ]
