@@ -206,7 +206,7 @@ def test_a_push_killed_mid_transfer_leaves_the_previous_bundle_and_the_next_comp
     assert target.name in sent(run)
     assert same_tree(dest, big)
     # bytes, rate and ETA of a large file
-    assert re.search(rf"  {target.name}: [0-9.]+ MiB of 9\.[0-9] MiB, [0-9.]+ [KMG]?i?B/s, "
+    assert re.search(rf"  {target.name}: [0-9.]+ [KMG]?i?B of 9\.[0-9] MiB, [0-9.]+ [KMG]?i?B/s, "
                      r"ETA \d+", run.out), run.out
 
 
@@ -769,7 +769,8 @@ def test_kind4_run_reads_that_never_end(proj, sshd, deployed):
         stopped(deploy(proj, sshd, deployed, deployed, *TIMEOUT, *RUN, check=False),
                 "reading the kernel log")
     flag.unlink()
-    with board_tool(sshd, "rm", HANG, when="*.hexbundle/run-*"):   # not run.sh's own rm
+    # deploy's `rm -rf -- RUN_DIR`, not run.sh's own `rm -f -- RUN_DIR/profile.json`
+    with board_tool(sshd, "rm", HANG, when="* -rf -- *.hexbundle/run-*"):
         stopped(deploy(proj, sshd, deployed, deployed, *TIMEOUT, *RUN, check=False),
                 "removing ")
     runner(deployed, 'print("[BEGIN]', 'time.sleep(60)\nprint("[BEGIN]')
