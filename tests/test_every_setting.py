@@ -57,6 +57,12 @@ NOT_BUILD_INPUTS = {
     "HEXBUNDLE_REMOTE_": "the prefix of the remote_* settings (covered as build settings)",
     "HEXBUNDLE_ENGINE_TIMEOUT": "how long one call may wait for the Docker engine, never what "
                                 "a step writes",
+    # the ortqnn backend's tools: where they are and how long a call may take; what they are is
+    # in every ortqnn step's key (the pins' and the driver source's digest)
+    "HEXBUNDLE_ORTQNN_KIT": "where the extracted ortqnn kit is kept (its content: the pins)",
+    "HEXBUNDLE_ORTQNN_WHEELHOUSE": "where doit ortqnn_kit's pinned wheels are (checked by sha256)",
+    "HEXBUNDLE_ORTQNN_TIMEOUT": "how long one compile under Wine may take, never what it writes",
+    "HEXBUNDLE_WINE64": "which wine64 loader runs QnnHtp.dll (the compiler is the pinned DLL)",
 }
 ENV_VALUES = {
     "HEXBUNDLE_BUILD_ROOT": "{root}/elsewhere",
