@@ -292,6 +292,20 @@ def pytest_report_header(config):
     return "tier: as selected on the command line"
 
 
+# Above this many characters an operand of a failed `==`/`in` is not diffed: pytest's own
+# explanation runs difflib over it (quadratic in a line's length), and a step log of a MiB shown
+# in a doit run's output took an xdist worker down while it formatted the failure.
+HUGE_OPERAND = 1 << 16
+
+
+def pytest_assertrepr_compare(config, op, left, right):
+    sizes = [len(v) for v in (left, right) if isinstance(v, (str, bytes))]
+    if sizes and max(sizes) > HUGE_OPERAND:
+        return [f"{type(left).__name__} {op} {type(right).__name__} failed "
+                f"(operand sizes {sizes}: too long to diff; the message shows the part that matters)"]
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--full") or config.getoption("markexpr") or not names_no_file(config):
         return

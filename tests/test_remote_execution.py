@@ -615,7 +615,7 @@ def test_every_lie_of_an_execution_server_is_refused_or_bounded(grid, local_buil
     proxy = lying_executor(grid, local_build, {t: lie for t, lie, _ in EXEC_LIES})
     project = copy_project(tmp_path / "p")
     try:
-        run = project.doit("compile:part_1_of_4", "optimization_type=2", "remote_timeout=5",
+        run = project.doit("compile:part_1_of_4", "optimization_type=2", "remote_timeout=30",
                            f"remote_executor={proxy.url}", check=False)
     finally:
         proxy.stop()
