@@ -81,7 +81,10 @@ class Sshd:
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "PubkeyAuthentication yes\nUsePAM no\nStrictModes no\n"
             "PermitRootLogin prohibit-password\n"
-            f"SetEnv PATH={self.fakebin}:/usr/local/bin:/usr/bin:/bin "
+            # SHLVL=1: bash run by sshd reads the user's ~/.bashrc only at shell level 1; this
+            # "board" is the machine's own user, whose ~/.bashrc is not a board's (here: pyenv
+            # init, whose `pyenv rehash` waits 60 s on a lock a killed session left, per command)
+            f"SetEnv SHLVL=1 PATH={self.fakebin}:/usr/local/bin:/usr/bin:/bin "
             f"HEXBUNDLE_FASTRPC_NODE={self.node} LD_LIBRARY_PATH={self.libs}\n")
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
                                      stdout=subprocess.DEVNULL, stderr=open(top / "sshd.log", "w"))
@@ -636,9 +639,9 @@ def test_kind4_table_covers_every_read_from_the_board():
 @contextlib.contextmanager
 def board_tool(sshd, name: str, script: str, always: bool = False, when: str = ""):
     """The board's `name` (first on its PATH) runs `script` when deploy calls it (its working
-    folder or an argument under the test's boards/), the real tool otherwise: the login shell's
-    own start-up (~/.bashrc, pyenv's rehash and its lock) must keep working. `always`: for a
-    tool only deploy calls (the test's dmesg); `when`: a narrower sh pattern of "$PWD $*"."""
+    folder or an argument under the test's boards/), the real tool otherwise. `always`: for a
+    tool only deploy calls (the test's dmesg); `when`: a narrower sh case pattern of "$PWD $*"
+    (its spaces quoted)."""
     path = sshd.fakebin / name
     old = path.read_bytes() if path.exists() else None
     real = old and f"{sshd.top}/real-{name}"
@@ -770,7 +773,7 @@ def test_kind4_run_reads_that_never_end(proj, sshd, deployed):
                 "reading the kernel log")
     flag.unlink()
     # deploy's `rm -rf -- RUN_DIR`, not run.sh's own `rm -f -- RUN_DIR/profile.json`
-    with board_tool(sshd, "rm", HANG, when="* -rf -- *.hexbundle/run-*"):
+    with board_tool(sshd, "rm", HANG, when='*" -rf -- "*.hexbundle/run-*'):
         stopped(deploy(proj, sshd, deployed, deployed, *TIMEOUT, *RUN, check=False),
                 "removing ")
     runner(deployed, 'print("[BEGIN]', 'time.sleep(60)\nprint("[BEGIN]')
