@@ -26,11 +26,15 @@ from hexbundle.config.layout import Layout
 from hexbundle.formats.stepkey import canonical, key_of
 from hexbundle.steps.options import compile_options, convert_options
 from hexbundle.support import hashing
+from hexbundle.support.files import require_regular_file
 
 
 def output_key(step: str, arguments: dict, options, inputs: list) -> str:
     """The key of the outputs of `step` made of the files `inputs` (read now, through the
-    digest cache: a file doit has hashed is not read again)."""
+    digest cache: a file doit has hashed is not read again). Each is a regular file first: the
+    key is made before the step's own readers look at its inputs, and a FIFO would hang it."""
+    for path in inputs:
+        require_regular_file(Path(path), f"{step} step's input")
     files = [[Path(p).name, hashing.digest(p)] for p in inputs]
     return key_of(canonical({"step": step, "arguments": arguments, "options": options,
                              "inputs": files}))
