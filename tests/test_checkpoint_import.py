@@ -625,7 +625,7 @@ def test_the_context_length_args_json_records_is_the_default_and_said(tmp_path):
     # not given, a broken args.json is named with the flag that makes it unneeded
     for text, says in (('{"context_length": "long"}', 'context_length is "long"'),
                        ('{"context_length": 64}', "context length 64 is outside (128,"),
-                       ("[1, 2]", "a JSON list"), ("{", "not readable JSON")):
+                       ("[1, 2]", "a JSON list"), ("{", "not valid JSON")):
         (ckpt / "args.json").write_text(text)
         _refused(project.doit("import_export", "--dir", str(ckpt), "--name", "ckpt2",
                               "--model-id", "llama_v3_2_1b_instruct", check=False),
