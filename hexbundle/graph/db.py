@@ -5,7 +5,9 @@ DOIT_CONFIG's `backend` (graph.session.doit_config): doit makes its Dependency m
 class, on the variant's `dep_file`. What it adds to doit's JsonDB (doit 0.37 opens the file with
 'w' and writes it in place, once, when the run ends):
 
-- every save is temp + fsync + rename (support.atomic): a kill never leaves half a DB;
+- every save is temp + fsync + rename (support.atomic): a kill never leaves half a DB; a save
+  of the bytes the file already holds (a no-op run, the final save after the last task's) writes
+  nothing;
 - the DB is never read through a symbolic link (O_NOFOLLOW, support.files.read_state): a run has
   set such a link aside before doit opens the DB (graph.recovery); a read-only command (`doit
   list`, `doit info`, a dry run) takes it as empty, saying so;
@@ -88,12 +90,26 @@ class DurableJsonDB(JsonDB):
                   "aside", file=sys.stderr, flush=True)
             return {}
         try:   # doit's codec is json's decoder: decoded within bounds instead
-            return parse_json(data, os.path.abspath(self.name))
+            records = parse_json(data, os.path.abspath(self.name))
         except ValueError as error:   # as doit's JsonDB says it
             raise DatabaseException(f"{error.args[0]}\nInvalid JSON data in "
                                     f"{os.path.abspath(self.name)}\nTo fix this problem, you can "
                                     "just remove the corrupted file, a new one will be "
                                     "generated.\n") from None
+        self._on_disk = (data, _file_id(self.name))
+        return records
+
+    # (the bytes the file holds, its identity then) as this process last read or wrote it
+    _on_disk: Optional[tuple] = None
+
+    def _holds(self, text: str) -> bool:
+        """True if the file holds `text` already, as this process last read or wrote it, and
+        it is still that file (a no-op run, or the final save after each task's: nothing to
+        write, no fsync)."""
+        if self._on_disk is None:
+            return False
+        data, file_id = self._on_disk
+        return file_id is not None and _file_id(self.name) == file_id and data == text.encode()
 
     def save(self) -> None:
         """Write the DB (temp + fsync + rename); DbSaveError on a full disk. A variant's DB
@@ -107,7 +123,11 @@ class DurableJsonDB(JsonDB):
             if model != saved:
                 save_file(model_db, lambda: self.codec.encode(model))
                 _model_dbs[key] = (model_db, copy.deepcopy(model))
-        save_file(Path(self.name), lambda: self.codec.encode(self._db))
+        text = self.codec.encode(self._db)
+        if self._holds(text):
+            return
+        save_file(Path(self.name), lambda: text)
+        self._on_disk = (text.encode(), _file_id(self.name))
 
     def dump(self) -> None:
         """doit's last save (Dependency.close, when the run or command ends): a failure ends the
@@ -118,6 +138,16 @@ class DurableJsonDB(JsonDB):
             report_db_failure(exc)
             sys.stdout.flush()
             raise SystemExit(3) from None
+
+
+def _file_id(path) -> Optional[tuple]:
+    """The file's identity and change stamps (device, inode, size, mtime, ctime: any write or
+    replacement changes one), or None if there is none."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def save_progress() -> None:
