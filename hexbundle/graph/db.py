@@ -96,20 +96,7 @@ class DurableJsonDB(JsonDB):
                                     f"{os.path.abspath(self.name)}\nTo fix this problem, you can "
                                     "just remove the corrupted file, a new one will be "
                                     "generated.\n") from None
-        self._on_disk = (data, _file_id(self.name))
         return records
-
-    # (the bytes the file holds, its identity then) as this process last read or wrote it
-    _on_disk: Optional[tuple] = None
-
-    def _holds(self, text: str) -> bool:
-        """True if the file holds `text` already, as this process last read or wrote it, and
-        it is still that file (a no-op run, or the final save after each task's: nothing to
-        write, no fsync)."""
-        if self._on_disk is None:
-            return False
-        data, file_id = self._on_disk
-        return file_id is not None and _file_id(self.name) == file_id and data == text.encode()
 
     def save(self) -> None:
         """Write the DB (temp + fsync + rename); DbSaveError on a full disk. A variant's DB
@@ -124,10 +111,9 @@ class DurableJsonDB(JsonDB):
                 save_file(model_db, lambda: self.codec.encode(model))
                 _model_dbs[key] = (model_db, copy.deepcopy(model))
         text = self.codec.encode(self._db)
-        if self._holds(text):
+        if _holds(Path(self.name), text):
             return
         save_file(Path(self.name), lambda: text)
-        self._on_disk = (text.encode(), _file_id(self.name))
 
     def dump(self) -> None:
         """doit's last save (Dependency.close, when the run or command ends): a failure ends the
@@ -140,14 +126,13 @@ class DurableJsonDB(JsonDB):
             raise SystemExit(3) from None
 
 
-def _file_id(path) -> Optional[tuple]:
-    """The file's identity and change stamps (device, inode, size, mtime, ctime: any write or
-    replacement changes one), or None if there is none."""
+def _holds(path: Path, text: str) -> bool:
+    """True if the file holds exactly `text` already (a no-op run; the final save after the
+    last task's): nothing to write, no fsync. Reading it back costs far less than a rewrite."""
     try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+        return read_state(path) == text.encode()
+    except OSError:   # none, a link, unreadable: written as ever
+        return False
 
 
 def save_progress() -> None:
