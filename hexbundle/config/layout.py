@@ -27,6 +27,7 @@ the next are the same string (doit matches them exactly).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from contextlib import contextmanager
@@ -414,9 +415,10 @@ class Layout(ProjectLayout):
     def _named_variant(self) -> tuple:
         return tuple(zip(("model", "device", "plan", "backend"), self.variant))
 
-    @property
+    @functools.cached_property
     def build_dir(self) -> Path:
-        """The variant's own directory, under its model's."""
+        """The variant's own directory, under its model's. Made (its names checked) once per
+        layout: the task graph asks for it hundreds of times (every DLC, bin and bundle file)."""
         return self.in_build_root(*self._named_variant)
 
     def doit_db(self, name: str = DOIT_DB) -> Path:
