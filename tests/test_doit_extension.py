@@ -183,6 +183,32 @@ def test_dependency_close_saves_through_the_backends_dump(tmp_path, monkeypatch,
     assert json.loads(path.read_text()) == {"t": {"k": 1}}
 
 
+def test_a_save_of_what_the_db_holds_writes_nothing(tmp_path, monkeypatch):
+    """A no-op run (and the final save after the last task's) writes no DB: same bytes, same
+    file. A changed record, or a file changed since it was read, is written as ever."""
+    path = tmp_path / "db.json"
+    first = DurableJsonDB(str(path), codec=JSONCodec())
+    first.set("t", "k", 1)
+    first.save()
+    writes = []
+    real_save_file = durable.save_file
+    monkeypatch.setattr(durable, "save_file", lambda p, encode: (writes.append(p),
+                                                                 real_save_file(p, encode)))
+    db = DurableJsonDB(str(path), codec=JSONCodec())
+    before = os.stat(path)
+    db.save()
+    db.dump()
+    assert writes == [] and os.stat(path).st_ino == before.st_ino   # untouched
+    db.set("t", "k", 2)
+    db.save()
+    assert len(writes) == 1 and json.loads(path.read_text()) == {"t": {"k": 2}}
+    db.save()
+    assert len(writes) == 1   # what it just wrote: nothing again
+    path.write_text(json.dumps({"t": {"k": 3}}))   # changed under it: its own records go back
+    db.save()
+    assert len(writes) == 2 and json.loads(path.read_text()) == {"t": {"k": 2}}
+
+
 def test_save_progress_saves_the_db_doit_opened_last(tmp_path):
     first = DurableJsonDB(str(tmp_path / "a.json"), codec=JSONCodec())
     second = DurableJsonDB(str(tmp_path / "b.json"), codec=JSONCodec())

@@ -245,3 +245,36 @@ def test_fuzz_raw_bytes(tmp_path_factory, raw):
         load_encodings(path)
     except EncodingsError:
         pass
+
+
+# Values a scale or offset may hold in a file: in range, out of it, of the wrong kind.
+_CHANNEL_VALUE = st.one_of(
+    st.integers(-2 ** 40, 2 ** 40), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+    st.none(), st.text(max_size=2),
+    st.sampled_from([0.5, 0.3, -127.5, -7.5, -8, -15, -16, -255, -256, 1e-45, 1.2e-38, 3.5e38,
+                     2 ** 70, 10 ** 400]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(channels=st.lists(st.tuples(_CHANNEL_VALUE, _CHANNEL_VALUE), min_size=1, max_size=4),
+       bitwidth=st.sampled_from([4, 8, 16, 32]))
+def test_a_scale_list_judged_whole_is_judged_as_channel_by_channel(channels, bitwidth):
+    """formats.encodings judges a scale/offset list whole (numpy) and only on doubt channel by
+    channel: the same verdict, message and arrays as the channel-by-channel loop alone."""
+    from hexbundle.formats import encodings as reader
+    scales, offsets = [s for s, _ in channels], [o for _, o in channels]
+
+    def judged(whole: bool):
+        saved = reader._channels_valid
+        if not whole:
+            reader._channels_valid = lambda *args: False
+        try:
+            scale, offset = reader._scale_offset_arrays(scales, offsets, bitwidth, "t")
+            return "ok", scale.tobytes(), offset.tobytes()
+        except EncodingsError as exc:
+            return "refused", str(exc)
+        except OverflowError:
+            return "overflow"
+        finally:
+            reader._channels_valid = saved
+    assert judged(True) == judged(False)

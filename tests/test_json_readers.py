@@ -18,6 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.jsondoc import MAX_DEPTH, JsonDocError, parse_json
@@ -440,3 +442,24 @@ def test_a_huge_user_file_is_refused_before_it_is_read(tmp_path, harness):
     big = " " * ((4 << 20) + 1) + "{}"
     with pytest.raises(HexbundleError, match=r"bytes, more than any"):
         harness(tmp_path, big)
+
+
+_JSON_LEAF = (st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=True, allow_infinity=True)
+              | st.booleans() | st.none() | st.text(max_size=2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(doc=st.recursive(_JSON_LEAF, lambda inner: st.lists(inner, max_size=4)
+                        | st.dictionaries(st.text(max_size=2), inner, max_size=3), max_leaves=12),
+       allow_nan=st.booleans())
+def test_a_list_looked_at_whole_gets_the_walks_verdict(doc, allow_nan):
+    """support.jsondoc passes a list of plain scalars in one look (an encodings file is mostly
+    such lists) and walks any other: the same verdict and key path as walking every element."""
+    from hexbundle.support import jsondoc
+    saved = jsondoc._in_bounds_list
+    jsondoc._in_bounds_list = lambda values, allow_nan: False
+    try:
+        walked = jsondoc._out_of_bounds(doc, MAX_DEPTH, allow_nan)
+    finally:
+        jsondoc._in_bounds_list = saved
+    assert jsondoc._out_of_bounds(doc, MAX_DEPTH, allow_nan) == walked

@@ -40,3 +40,31 @@ def test_project_paths_need_no_build_config(tmp_path):
     assert project.script("step.py") == tmp_path.resolve() / "scripts" / "step.py"
     assert project.rel(tmp_path / "configs" / "x.toml") == "configs/x.toml"
     assert project.rel("/elsewhere/y") == "/elsewhere/y"
+
+
+def test_rel_with_settled_directories_is_rel(tmp_path):
+    """While the task graph is declared (ProjectLayout.paths_settled) each directory's real path
+    is looked up once; every path still comes out as rel gives it: through a linked directory,
+    a linked file, a link loop, a missing file, '..', outside the project."""
+    import os
+    root = tmp_path / "proj"
+    (root / "real" / "sub").mkdir(parents=True)
+    (root / "real" / "f.onnx").write_text("x")
+    (root / "linked").symlink_to(root / "real")
+    (root / "real" / "file_link").symlink_to(root / "real" / "f.onnx")
+    (root / "real" / "outside").symlink_to(tmp_path)
+    (root / "loop").symlink_to(root / "loop")
+    project = ProjectLayout(root, tmp_path / "build")
+    paths = [root / "real" / "f.onnx", root / "linked" / "f.onnx", root / "linked" / "sub",
+             root / "linked" / "file_link", root / "linked" / "missing.data",
+             root / "loop" / "x", root / "loop", root / "linked" / "sub" / "..",
+             root / "linked" / "outside" / "elsewhere", tmp_path / "other" / "y", root]
+    plain = [project.rel(p) for p in paths]
+    with project.paths_settled():
+        settled = [project.rel(p) for p in paths] + [project.rel(p) for p in paths]
+    assert settled == plain + plain
+    assert plain[1] == os.path.join("real", "f.onnx") and plain[3] == plain[1]
+    # the directories are looked up once only while settled: a link changed afterwards counts
+    (root / "linked").unlink()
+    (root / "linked").symlink_to(root / "real" / "sub")
+    assert project.rel(root / "linked" / "f.onnx") == os.path.join("real", "sub", "f.onnx")

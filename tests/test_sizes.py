@@ -16,7 +16,7 @@ from hexbundle.config.layout import graph_files
 from hexbundle.config.model import Plan
 from hexbundle.formats.encodings import encodings_bytes
 from hexbundle.inputs.synthetic import generate_part
-from hexbundle.support.errors import SizeError
+from hexbundle.support.errors import HexbundleError, SizeError
 from conftest import CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,3 +300,19 @@ def test_qaihm_shaped_unpacked_part_is_named_not_packed(qaihm_built, qwen7b):
     assert rows[0].verdict == "NOT PACKED"
     with pytest.raises(SizeError, match=r"part\(s\) 1: 4-bit weights were not packed"):
         sizes.raise_on_failure(qwen7b, plan, rows, "")
+
+
+def test_a_graph_is_planned_once_for_the_same_bytes(tiny_built, tmp_path):
+    """The bundle task's size check and its step plan the same graphs in one process: the plan
+    is made once for the same bytes, and made again when the encodings change."""
+    model, parts = tiny_built
+    g = parts[1][1][0]
+    for path in (g.onnx, g.encodings):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    graph = sizes.NamedGraph(g.name, tmp_path / g.onnx.name, tmp_path / g.encodings.name)
+    first = sizes.plan_graph(graph)
+    assert sizes.plan_graph(graph) is first
+    # another part's encodings (other layers' weights) under the same name: read again, refused
+    graph.encodings.write_bytes(parts[2][1][0].encodings.read_bytes())
+    with pytest.raises(HexbundleError, match="encoding"):
+        sizes.plan_graph(graph)

@@ -29,6 +29,7 @@ bins" below; docs/backends.md).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -41,6 +42,7 @@ from hexbundle.config.model import Model, Part, Plan, WeightSpec, part_weights
 from hexbundle.formats import ctxbin
 from hexbundle.formats.container import (QUANT_DTYPE_FOR_BITWIDTH, GraphInfo, TensorStream,
                                          align_up, container_size, tensor_blob_nbytes)
+from hexbundle.support import hashing
 from hexbundle.support import table as tables
 from hexbundle.support.console import say
 from hexbundle.support.errors import SizeError
@@ -154,7 +156,26 @@ class PlannedGraph:
 
 
 def plan_graph(graph: NamedGraph) -> PlannedGraph:
-    """Read the graph's ONNX structure and encodings; decide per initializer as convert does."""
+    """Read the graph's ONNX structure and encodings; decide per initializer as convert does.
+    Once per process for the same bytes: the bundle task's size check and its step (in the
+    same doit process under the local executor) both plan every part's graphs, and reading
+    the encodings is most of that (docs/perf-notes.md). Keyed on the files' XXH3 (through
+    support.hashing's cache), so an edited file is planned again."""
+    try:
+        digests = hashing.digest(graph.onnx), hashing.digest(graph.encodings)
+    except OSError:   # missing or unreadable: the readers say which and what to do
+        return _plan(graph)
+    return _planned(graph, *digests)
+
+
+@functools.lru_cache(maxsize=64)
+def _planned(graph: NamedGraph, onnx_digest: str, encodings_digest: str) -> PlannedGraph:
+    """_plan of these bytes (the ONNX is read without its external data: the .data files are
+    no part of the plan)."""
+    return _plan(graph)
+
+
+def _plan(graph: NamedGraph) -> PlannedGraph:
     model = load_onnx_structure(graph.onnx)
     encodings = graph_encodings(model, graph.onnx, graph.encodings)
     weights, constants = plan_weights(model.graph, encodings, graph.onnx, graph.encodings,

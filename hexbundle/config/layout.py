@@ -27,8 +27,10 @@ the next are the same string (doit matches them exactly).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -163,12 +165,37 @@ class ProjectLayout:
             check_build_root(self.root, self.build_root,
                              f"{BUILD_ROOT_ENV}={self._given}: " if self._from_env else "")
 
+    _real_dirs = None   # directory -> its real path, while paths_settled()
+
+    @contextmanager
+    def paths_settled(self):
+        """While doit calls the task creators (graph.loader), which write nothing: each
+        directory's real path is looked up once, not once per file in it (realpath lstats every
+        component of every path; a task graph names hundreds of files in a few directories).
+        A file that is itself a symbolic link is still resolved whole."""
+        self._real_dirs = {}
+        try:
+            yield
+        finally:
+            self._real_dirs = None
+
+    def _real_path(self, path: Path) -> Path:
+        """_real(path), through paths_settled's directories when they are settled."""
+        dirs = self._real_dirs
+        if dirs is None or path.name in ("", "..") or os.path.islink(path):
+            return _real(path)
+        parent = path.parent
+        real_parent = dirs.get(parent)
+        if real_parent is None:
+            real_parent = dirs[parent] = _real(parent)
+        return real_parent / path.name
+
     def rel(self, path: Path) -> str:
         """Project-relative when inside the project (stable doit keys), else absolute."""
         path = Path(path)
         if not path.is_absolute():
             return str(path)
-        real = _real(path)
+        real = self._real_path(path)
         try:
             return str(real.relative_to(self.root))
         except ValueError:
@@ -388,9 +415,10 @@ class Layout(ProjectLayout):
     def _named_variant(self) -> tuple:
         return tuple(zip(("model", "device", "plan", "backend"), self.variant))
 
-    @property
+    @functools.cached_property
     def build_dir(self) -> Path:
-        """The variant's own directory, under its model's."""
+        """The variant's own directory, under its model's. Made (its names checked) once per
+        layout: the task graph asks for it hundreds of times (every DLC, bin and bundle file)."""
         return self.in_build_root(*self._named_variant)
 
     def doit_db(self, name: str = DOIT_DB) -> Path:

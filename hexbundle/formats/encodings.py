@@ -617,6 +617,8 @@ def _scale_offset_arrays(scales: list, offsets: list, bitwidth: int, where: str)
     if not scales:
         raise EncodingsError(f"{where}: key 'scale' is empty; give at least one scale")
     low, high = -(2 ** bitwidth - 1), 0   # q + offset must be able to reach 0 for q in [0, 2^bw-1]
+    if _channels_valid(scales, offsets, low, high):
+        return np.asarray(scales, dtype=np.float32), np.asarray(offsets, dtype=np.float32)
     for c, (scale, offset) in enumerate(zip(scales, offsets)):
         if not _is_valid_float32_scale(scale):
             raise EncodingsError(f"{where}: key 'scale' channel {c} is {_short(scale)}; scales must "
@@ -628,6 +630,27 @@ def _scale_offset_arrays(scales: list, offsets: list, bitwidth: int, where: str)
                                  f"{bitwidth}-bit it must be an integer (or a half, with a shifted "
                                  f"zero point) in [{low}, {high}]")
     return np.asarray(scales, dtype=np.float32), np.asarray(offsets, dtype=np.float32)
+
+
+def _channels_valid(scales: list, offsets: list, low: int, high: int) -> bool:
+    """True only if every channel passes _scale_offset_arrays' checks, judged on whole arrays
+    (a 7B graph has ~10^5 channels: the loop over them was most of reading its encodings). Any
+    doubt (a value not exactly an int or a float, an int too large for a double) is False: the
+    loop then judges channel by channel and names the first bad one."""
+    numbers = {int, float}
+    if not set(map(type, scales)) <= numbers or not set(map(type, offsets)) <= numbers:
+        return False
+    try:
+        scale = np.asarray(scales, dtype=np.float64)
+        offset = np.asarray(offsets, dtype=np.float64)
+    except OverflowError:
+        return False
+    with np.errstate(invalid="ignore", over="ignore"):
+        twice = offset * 2
+        return bool(np.isfinite(scale).all() and (scale >= _FLOAT32_TINY).all()
+                    and (scale <= _FLOAT32_MAX).all() and np.isfinite(offset).all()
+                    and ((offset > low - 1) & (offset < high + 1)).all()
+                    and (twice == np.trunc(twice)).all())
 
 
 def _is_valid_float32_scale(value: Any) -> bool:

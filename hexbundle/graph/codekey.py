@@ -133,8 +133,9 @@ class ImportCache:
         return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, list)
                 and all(isinstance(n, str) for n in v)}
 
-    def names(self, path: Path, name: str, is_package: bool) -> set:
-        key = f"{name} {hashing.digest(path)}"
+    def names(self, path: Path, name: str, is_package: bool, digest: str = "") -> set:
+        """`digest`: the file's, if the caller has it (else taken through the digest cache)."""
+        key = f"{name} {digest or hashing.digest(path)}"
         found = self.entries.get(key)
         if found is None:
             found = sorted(imported_names(path.read_bytes(), name, is_package))
@@ -187,12 +188,21 @@ class PackageIndex:
                     name = ".".join(parts if f == "__init__.py" else (*parts, f[:-3]))
                     self.files[name] = Path(dirpath, f)
         self._imports = {}
+        self._digests = {}
+
+    def digest(self, name: str) -> str:
+        """The module file's XXH3 (through the digest cache), once per process: every step's
+        code digest and the import cache ask for the same files (like code_digest itself, a
+        source edited while the process runs counts from the next run)."""
+        if name not in self._digests:
+            self._digests[name] = hashing.digest(self.files[name])
+        return self._digests[name]
 
     def imports(self, name: str) -> set:
         """The hexbundle modules (with their packages) that module `name` imports."""
         if name not in self._imports:
             path = self.files[name]
-            found = self.cache.names(path, name, path.name == "__init__.py")
+            found = self.cache.names(path, name, path.name == "__init__.py", self.digest(name))
             self._imports[name] = {m for n in found for m in _with_parents(n)
                                    if m in self.files and m != name}
         return self._imports[name]
@@ -216,7 +226,7 @@ class PackageIndex:
 
     def current_keys(self) -> set:
         """The ImportCache keys of the package's modules as their files are now."""
-        return {f"{name} {hashing.digest(path)}" for name, path in self.files.items()}
+        return {f"{name} {self.digest(name)}" for name in self.files}
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,9 +243,10 @@ def code_files(entries, package: Optional[Path] = None, cached: bool = True) -> 
 
 
 def _digest(entries: tuple, package: Path, cached: bool) -> str:
-    files = code_files(entries, package, cached)
-    lines = sorted(f"{p.relative_to(package.parent).as_posix()} {hashing.digest(p)}"
-                   for p in files.values())
+    index = package_index(package) if cached else PackageIndex(package)
+    files = index.closure(entries)
+    lines = sorted(f"{p.relative_to(package.parent).as_posix()} {index.digest(name)}"
+                   for name, p in files.items())
     return hashing.bytes_digest("\n".join(lines).encode())
 
 

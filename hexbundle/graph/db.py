@@ -5,7 +5,9 @@ DOIT_CONFIG's `backend` (graph.session.doit_config): doit makes its Dependency m
 class, on the variant's `dep_file`. What it adds to doit's JsonDB (doit 0.37 opens the file with
 'w' and writes it in place, once, when the run ends):
 
-- every save is temp + fsync + rename (support.atomic): a kill never leaves half a DB;
+- every save is temp + fsync + rename (support.atomic): a kill never leaves half a DB; a save
+  of the bytes the file already holds (a no-op run, the final save after the last task's) writes
+  nothing;
 - the DB is never read through a symbolic link (O_NOFOLLOW, support.files.read_state): a run has
   set such a link aside before doit opens the DB (graph.recovery); a read-only command (`doit
   list`, `doit info`, a dry run) takes it as empty, saying so;
@@ -88,12 +90,13 @@ class DurableJsonDB(JsonDB):
                   "aside", file=sys.stderr, flush=True)
             return {}
         try:   # doit's codec is json's decoder: decoded within bounds instead
-            return parse_json(data, os.path.abspath(self.name))
+            records = parse_json(data, os.path.abspath(self.name))
         except ValueError as error:   # as doit's JsonDB says it
             raise DatabaseException(f"{error.args[0]}\nInvalid JSON data in "
                                     f"{os.path.abspath(self.name)}\nTo fix this problem, you can "
                                     "just remove the corrupted file, a new one will be "
                                     "generated.\n") from None
+        return records
 
     def save(self) -> None:
         """Write the DB (temp + fsync + rename); DbSaveError on a full disk. A variant's DB
@@ -107,7 +110,10 @@ class DurableJsonDB(JsonDB):
             if model != saved:
                 save_file(model_db, lambda: self.codec.encode(model))
                 _model_dbs[key] = (model_db, copy.deepcopy(model))
-        save_file(Path(self.name), lambda: self.codec.encode(self._db))
+        text = self.codec.encode(self._db)
+        if _holds(Path(self.name), text):
+            return
+        save_file(Path(self.name), lambda: text)
 
     def dump(self) -> None:
         """doit's last save (Dependency.close, when the run or command ends): a failure ends the
@@ -118,6 +124,15 @@ class DurableJsonDB(JsonDB):
             report_db_failure(exc)
             sys.stdout.flush()
             raise SystemExit(3) from None
+
+
+def _holds(path: Path, text: str) -> bool:
+    """True if the file holds exactly `text` already (a no-op run; the final save after the
+    last task's): nothing to write, no fsync. Reading it back costs far less than a rewrite."""
+    try:
+        return read_state(path) == text.encode()
+    except OSError:   # none, a link, unreadable: written as ever
+        return False
 
 
 def save_progress() -> None:

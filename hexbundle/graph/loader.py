@@ -80,9 +80,24 @@ class Loader(DodoTaskLoader):
             if self.names_only:
                 tasks = task_stubs(self.namespace, self.cmd_names)
             else:
-                tasks = super().load_tasks(cmd, pos_args)
+                with paths_settled(self.namespace):
+                    tasks = super().load_tasks(cmd, pos_args)
             interrupts.start_up_over()
             return tasks
+
+
+@contextmanager
+def paths_settled(namespace):
+    """The task creators run with the resolved build's directories settled (config.layout
+    ProjectLayout.paths_settled): nothing is written meanwhile. Only a build already resolved
+    (a run: doit read DOIT_CONFIG first): this never resolves one."""
+    from hexbundle.graph import session
+    build = session.build_of(namespace)
+    if build is None or build.resolved_layout is None:
+        yield
+        return
+    with build.resolved_layout.paths_settled():
+        yield
 
 
 def task_stubs(namespace: dict, command_names) -> list:

@@ -210,6 +210,11 @@ class Build:
         return self._get()[1]
 
     @property
+    def resolved_layout(self) -> Optional[Layout]:
+        """The layout if the build is resolved already, else None (resolves nothing)."""
+        return None if self._resolved is None else self._resolved[1]
+
+    @property
     def overrides(self) -> dict:
         return self._get()[2]
 

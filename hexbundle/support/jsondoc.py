@@ -22,6 +22,7 @@ takes an unreadable state file as absent (a cache) still does.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Union
 
@@ -69,6 +70,8 @@ def _out_of_bounds(doc, max_depth: int, allow_nan: bool):
         if type(value) is dict:
             items = value.items()
         elif type(value) is list:
+            if _in_bounds_list(value, allow_nan):
+                continue
             items = enumerate(value)
         else:
             continue
@@ -79,6 +82,28 @@ def _out_of_bounds(doc, max_depth: int, allow_nan: bool):
                     (kind is int and not -INT_LIMIT <= v <= INT_LIMIT):
                 stack.append((v, depth + 1, here, k))
     return None
+
+
+_SCALARS = frozenset({str, bool, type(None)})
+
+
+def _in_bounds_list(values: list, allow_nan: bool) -> bool:
+    """True if no element of the list needs a look, judged over the whole list at C speed (an
+    encodings file is mostly long lists of scales and offsets); False sends it through the walk,
+    which then names the first element out of bounds. A sum of floats is finite only if every
+    one is (NaN or an infinity makes it NaN or infinite; a finite sum that overflows only sends
+    the list through the walk)."""
+    kinds = set(map(type, values))
+    if kinds <= _SCALARS:
+        return True
+    if kinds <= _SCALARS | {float}:
+        if allow_nan:
+            return True
+        floats = values if kinds == {float} else [v for v in values if type(v) is float]
+        return math.isfinite(sum(floats))
+    if kinds <= {int}:
+        return -INT_LIMIT <= min(values) and max(values) <= INT_LIMIT
+    return False
 
 
 def _path(parent, key) -> str:
