@@ -59,18 +59,19 @@ def needs_grid():
         unavailable("no bubblewrap (bwrap): apt-get install bubblewrap")
 
 
-# A worker that can run the local executor's steps under buildbox-run: this Python first on its
-# PATH and mounted read-only in the sandbox (its venv, and the Python it was made from), and the
-# platform the local executor's Actions ask for (python, numpy, onnx versions).
+# A worker that can run the local executor's steps under buildbox-run: this Python mounted
+# read-only in the sandbox at its own path (its venv, and the Python it was made from: the
+# Commands name it by that path, remote/action.exec_python), and the platform the local
+# executor's Actions ask for (python, numpy, onnx versions). Nothing else: the worker's own
+# environment (its PATH) never reaches a Command.
 STEP_WORKER = [a for p in ["executor=local"] + [f"{k}={v}" for k, v in _local_runtime().items()]
                for a in ("--property", p)] + [
     a for prefix in sorted({sys.prefix, sys.base_prefix}) for a in ("--ro-bind", prefix)]
-STEP_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-def add_step_worker(grid: ExecGrid, bot: str, *extra: str):
+def add_step_worker(grid: ExecGrid, bot: str, *extra: str, env=None):
     return grid.add_worker(bot, *STEP_WORKER, "--bind", str(shared(grid)), *extra,
-                           env=STEP_ENV, runner="buildbox-run")
+                           env=env, runner="buildbox-run")
 
 
 def shared(grid: ExecGrid) -> Path:

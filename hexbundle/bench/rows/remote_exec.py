@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -85,7 +84,7 @@ def build_on_grid(bench) -> tuple:
         raise BenchError(f"remote execution row: {exc}") from None
     try:
         for bot in WORKERS:
-            grid.add_worker(bot, *worker_properties(bench.layout), env=worker_env())
+            grid.add_worker(bot, *worker_properties(bench.layout))
         grid_seconds = time.monotonic() - started
         bench.log("remote execution row: full build, doit -n 2 on the 2 workers ...")
         bench.remove_outputs()
@@ -133,11 +132,6 @@ def worker_properties(layout) -> list:
     from hexbundle.remote.action import platform_properties
     return [arg for name, value in platform_properties(layout)
             if name not in ("OSFamily", "ISA") for arg in ("--property", f"{name}={value}")]
-
-
-def worker_env() -> dict:
-    """The step's `python3` is this one (it has numpy and onnx): first on the workers' PATH."""
-    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def steps_per_worker(events: list) -> dict:
