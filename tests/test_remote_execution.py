@@ -441,13 +441,18 @@ def test_a_worker_whose_python3_lacks_numpy_runs_the_build_as_the_command_names_
 
         project = copy_project(tmp_path / "p")
         run = project.doit("-n", "2", "bundle", f"remote_executor={grid.url}",
-                           "remote_fallback=fail", check=False)
+                           "remote_fallback=fail", "--explain", check=False)
         assert run.code == 0, run.out[-3000:] + run.err[-3000:]
         assert snapshot(project.bundle()) == snapshot(local_build.bundle())
+        python = re.escape(os.path.abspath(sys.executable))
+        explained = re.findall(rf"^explain: (\S+)  executed remotely on worker sys with "
+                               rf"{python}, action [0-9a-f]{{64}}/\d+ \(runs because ",
+                               run.out + run.err, re.M)
         steps = build_info(project)["steps"]
         assert {(o["origin"], o["worker"], o["python"]) for o in steps.values()} == {
             ("remote-execution", "sys", os.path.abspath(sys.executable))}, steps
         assert {t.split(":")[0] for t in steps} == set(CACHED)
+        assert set(explained) == set(steps), run.out[-3000:]
 
         started = time.time()
         failing = copy_project(tmp_path / "fail")
