@@ -376,6 +376,35 @@ def test_a_remote_executions_command_names_its_interpreter_by_path_and_its_path(
         assert step.command.arguments[0] != "python3"
 
 
+def test_actions_that_fail_alike_are_said_once_in_one_line():
+    """remote/executed.ExecSession.failed_action: the first Command that exits non-zero a way
+    (exit code, last line of its stderr) is one line naming the worker and that line; the
+    same way again is nothing; another exit code or another last line is a line of its own."""
+    import threading
+    from hexbundle.remote.execute import ActionFailed
+    from hexbundle.remote.executed import ExecSession
+    session = ExecSession.__new__(ExecSession)   # no server: only what the warnings need
+    session._lock, session.said = threading.Lock(), set()
+
+    def failed(code: int, tail: str) -> ActionFailed:
+        result = reapi.ActionResult(exit_code=code)
+        result.execution_metadata.worker = "w1"
+        return ActionFailed(f"action exited {code}; its stderr:\n{tail}", result, tail)
+    no_numpy = ("Traceback (most recent call last):\n  ...\n"
+                "ModuleNotFoundError: No module named 'numpy'\n")
+    first = session.failed_action("inputs:part_1_of_4", failed(3, no_numpy))
+    assert "\n" not in first and first.startswith("hexbundle: warning: remote execution failed: "
+                                                  "inputs:part_1_of_4's action exited 3 on "
+                                                  "worker w1, saying: ModuleNotFoundError: No "
+                                                  "module named 'numpy'; ")
+    assert session.failed_action("convert:part_1_of_4_prompt", failed(3, no_numpy)) == ""
+    assert session.failed_action("compile:part_1_of_4", failed(1, no_numpy))      # another code
+    other = session.failed_action("compile:part_2_of_4", failed(3, "error: no such weight w.3"))
+    assert other.endswith("saying: error: no such weight w.3; building it here, and every step "
+                          "whose action fails so (said once) (remote_fallback = local)")
+    assert "saying nothing" in session.failed_action("x", failed(4, ""))
+
+
 def test_remote_python_must_be_an_absolute_path(tmp_path):
     project = copy_project(tmp_path / "p")
     cfg = load_build(project.root, {"remote_python": "/usr/bin/python3"})

@@ -18,6 +18,11 @@ used in place outside the project as `export/`.
              container-image (docker://sha256:...), as remote-execution workers expect it; with
              the local executor the Python, numpy and onnx the step computes with.
 
+Remote execution's Action (exec_action) is another: its Command runs scripts/step.py with the
+interpreter named by its absolute path (remote_python, else this process's: exec_python) and a
+PATH of its own (exec_environment), because a worker that follows the contract gives a Command
+exactly its environment variables and nothing of its own.
+
 File digests come from the digest cache (hexbundle.support.hashing: SHA-256 beside the XXH3, one
 read of the bytes gives both). The Command, the Action and the Directory messages are blobs of
 their own, held in memory (a few KB).
@@ -287,8 +292,9 @@ def exec_action(layout: Layout, spec: dict, inputs: list, outputs: list,
                 image_id: str = "") -> StepAction:
     """The Action a worker runs: `<exec_python> scripts/step.py <spec>` in an input root that
     holds everything the step reads (its file_dep and the code), the spec relocated into it,
-    with exec_environment; its output paths and platform as step_action's. (Not the cache's Action, whose Command names
-    the step and its key without a path: a worker could not run that.)"""
+    with exec_environment; its output paths and platform as step_action's. (Not the cache's
+    Action, whose Command names the step and its key without a path: a worker could not run
+    that.)"""
     outs = {remote_path(layout, p): Path(layout.root, p) for p in outputs}
     ins = {remote_path(layout, p): Path(layout.root, p) for p in inputs}
     tree = {**code_files(layout), **ins}
