@@ -644,8 +644,13 @@ OUTPUT_OF = {"convert:part_1_of_4_prompt": "prompt_ar128_cl256_1_of_4.dlc",
 
 def lying_executor(grid, local_build, lies: dict):
     """A HostileProxy in front of the grid telling `lies` ({task: lie}) in the done Operation of
-    the task's action (found by the outputs its result lists)."""
+    the task's action (found by the outputs its result lists). The grid gets a step worker back
+    if the tests before stopped them all (the interrupt tests do): at optimization_type=2 the
+    inputs' and converts' Actions (their spec holds the whole config) are in no ActionCache, so
+    without a worker they would stay queued."""
     from hostile_reapi import HostileProxy
+    if not grid.workers:
+        add_step_worker(grid, "w3")
     from hexbundle.remote.cas import CasClient
     other_bin = local_build.build_dir() / "bin" / "qwen2_tiny_part_1_of_4.bin"
     cas = CasClient(remote_settings(cache=grid.url), local_build.root)
