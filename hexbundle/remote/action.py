@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import os
 import platform as host_platform
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -253,7 +254,6 @@ def exec_python(layout: Layout) -> str:
     else this process's own, by its absolute path (sys.executable, not resolved: a venv's
     python finds the venv's packages only by its own path). Never a bare `python3`: a worker
     that follows the contract has no PATH, and its system Python lacks numpy and onnx."""
-    import sys
     if layout.cfg.remote.python:
         return layout.cfg.remote.python
     if layout.cfg.executor == "docker":
