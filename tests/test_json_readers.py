@@ -156,7 +156,7 @@ def explain_fetched(tmp, text):
     path = _file(tmp, "origins/convert.json", text)
     explainer = Explainer.__new__(Explainer)
     explainer.layout = SimpleNamespace(step_origin=lambda name: path)
-    assert explainer._fetched(SimpleNamespace(name="convert:x")) is False
+    assert explainer._origin(SimpleNamespace(name="convert:x")) == {}
     return None
 
 
@@ -287,7 +287,7 @@ READERS = {
     ("hexbundle/graph/commands.py", "_json_report"): (state_file, "refused"),   # + CLI below
     ("hexbundle/graph/recovery.py", "marker_matches"): (marker, "absent"),
     ("hexbundle/graph/recovery.py", "set_aside_damaged_db"): (damaged_db, "absent"),
-    ("hexbundle/graph/explain.py", "_fetched"): (explain_fetched, "absent"),
+    ("hexbundle/graph/explain.py", "_origin"): (explain_fetched, "absent"),
     ("hexbundle/graph/codekey.py", "_load"): (import_cache, "absent"),
     ("hexbundle/graph/db.py", "_load"): (durable_db, "refused"),
     ("hexbundle/graph/dumpdb.py", "dump"): (dump_db, "refused"),

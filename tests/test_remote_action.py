@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -321,13 +322,95 @@ def test_a_remote_executions_action_holds_no_absolute_path_and_its_whole_input_r
         step = exec_action(layout, spec, dlcs, [layout.bin(layout.cfg.part(2))])
         text = step.command.arguments[2]
         assert str(tmp_path) not in text and str(layout.root) not in text, text
-        assert step.command.arguments[:2] == ["python3", "scripts/step.py"]
+        assert step.command.arguments[:2] == [os.path.abspath(sys.executable),
+                                              "scripts/step.py"]
         assert set(step.inputs) == {remote_path(layout, d) for d in dlcs}
         assert {reapi.digest_key(reapi.digest_of(d.read_bytes())) for d in dlcs} <= \
             set(step.files)
         assert layout.script("step.py") in step.files.values()
         actions.append(step.key)
     assert actions[0] == actions[1]
+
+
+def exec_compile(layout: Layout):
+    from hexbundle.graph.remote_steps import without_remote
+    from hexbundle.remote.action import exec_action
+    from hexbundle.steps.executor import step_spec
+    dlcs = [layout.dlc(g) for g in layout.cfg.model.graphs(layout.cfg.part(2))]
+    spec = step_spec(layout, "compile", part=2)
+    spec["config"] = without_remote(spec["config"])
+    return exec_action(layout, spec, dlcs, [layout.bin(layout.cfg.part(2))])
+
+
+def with_settings(layout: Layout, **settings) -> Layout:
+    cfg = layout.cfg
+    remote = dataclasses.replace(cfg.remote, **settings.pop("remote", {}))
+    return Layout(dataclasses.replace(cfg, remote=remote, **settings))
+
+
+def test_a_remote_executions_command_names_its_interpreter_by_path_and_its_path(tmp_path):
+    """Issue 50: a worker that follows the REAPI contract gives the Command exactly its
+    environment. So the Command names the interpreter by its path (remote_python, else this
+    Python's) and sets a PATH of its directory and the system's; another remote_python is
+    another Command, another Action; the docker executor's names the image's python3.10 and
+    leaves the image its PATH. A Command of a bare `python3` with no PATH (what a conforming
+    worker runs as its system Python) is never made."""
+    layout = machine(tmp_path, "one")
+    default = exec_compile(layout)
+    env = {v.name: v.value for v in default.command.environment_variables}
+    here = os.path.abspath(sys.executable)
+    assert default.command.arguments[0] == here
+    assert env["PATH"].split(os.pathsep) == [os.path.dirname(here), "/usr/local/bin",
+                                             "/usr/bin", "/bin"]
+    assert "PYTHONPATH" not in env   # scripts/step.py puts the input root on sys.path itself
+    fleet = exec_compile(with_settings(layout, remote={"python": "/opt/hexbundle/bin/python3"}))
+    fleet_env = {v.name: v.value for v in fleet.command.environment_variables}
+    assert fleet.command.arguments[0] == "/opt/hexbundle/bin/python3"
+    assert fleet_env["PATH"].startswith("/opt/hexbundle/bin:")
+    assert fleet.key != default.key
+    assert fleet.command.arguments[1:] == default.command.arguments[1:]   # the same step
+    docker = exec_compile(with_settings(layout, executor="docker"))
+    assert docker.command.arguments[0] == "python3.10"
+    assert "PATH" not in {v.name for v in docker.command.environment_variables}
+    for step in (default, fleet, docker):
+        assert step.command.arguments[0] != "python3"
+
+
+def test_actions_that_fail_alike_are_said_once_in_one_line():
+    """remote/executed.ExecSession.failed_action: the first Command that exits non-zero a way
+    (exit code, last line of its stderr) is one line naming the worker and that line; the
+    same way again is nothing; another exit code or another last line is a line of its own."""
+    import threading
+    from hexbundle.remote.execute import ActionFailed
+    from hexbundle.remote.executed import ExecSession
+    session = ExecSession.__new__(ExecSession)   # no server: only what the warnings need
+    session._lock, session.said = threading.Lock(), set()
+
+    def failed(code: int, tail: str) -> ActionFailed:
+        result = reapi.ActionResult(exit_code=code)
+        result.execution_metadata.worker = "w1"
+        return ActionFailed(f"action exited {code}; its stderr:\n{tail}", result, tail)
+    no_numpy = ("Traceback (most recent call last):\n  ...\n"
+                "ModuleNotFoundError: No module named 'numpy'\n")
+    first = session.failed_action("inputs:part_1_of_4", failed(3, no_numpy))
+    assert "\n" not in first and first.startswith("hexbundle: warning: remote execution failed: "
+                                                  "inputs:part_1_of_4's action exited 3 on "
+                                                  "worker w1, saying: ModuleNotFoundError: No "
+                                                  "module named 'numpy'; ")
+    assert session.failed_action("convert:part_1_of_4_prompt", failed(3, no_numpy)) == ""
+    assert session.failed_action("compile:part_1_of_4", failed(1, no_numpy))      # another code
+    other = session.failed_action("compile:part_2_of_4", failed(3, "error: no such weight w.3"))
+    assert other.endswith("saying: error: no such weight w.3; building it here, and every step "
+                          "whose action fails so (said once) (remote_fallback = local)")
+    assert "saying nothing" in session.failed_action("x", failed(4, ""))
+
+
+def test_remote_python_must_be_an_absolute_path(tmp_path):
+    project = copy_project(tmp_path / "p")
+    cfg = load_build(project.root, {"remote_python": "/usr/bin/python3"})
+    assert cfg.remote.python == "/usr/bin/python3"
+    with pytest.raises(ConfigError, match="remote_python"):
+        load_build(project.root, {"remote_python": "python3"})
 
 
 # ------------------------------------------------- issue 47: what a fetched output is checked for

@@ -59,18 +59,19 @@ def needs_grid():
         unavailable("no bubblewrap (bwrap): apt-get install bubblewrap")
 
 
-# A worker that can run the local executor's steps under buildbox-run: this Python first on its
-# PATH and mounted read-only in the sandbox (its venv, and the Python it was made from), and the
-# platform the local executor's Actions ask for (python, numpy, onnx versions).
+# A worker that can run the local executor's steps under buildbox-run: this Python mounted
+# read-only in the sandbox at its own path (its venv, and the Python it was made from: the
+# Commands name it by that path, remote/action.exec_python), and the platform the local
+# executor's Actions ask for (python, numpy, onnx versions). Nothing else: the worker's own
+# environment (its PATH) never reaches a Command.
 STEP_WORKER = [a for p in ["executor=local"] + [f"{k}={v}" for k, v in _local_runtime().items()]
                for a in ("--property", p)] + [
     a for prefix in sorted({sys.prefix, sys.base_prefix}) for a in ("--ro-bind", prefix)]
-STEP_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-def add_step_worker(grid: ExecGrid, bot: str, *extra: str):
+def add_step_worker(grid: ExecGrid, bot: str, *extra: str, env=None):
     return grid.add_worker(bot, *STEP_WORKER, "--bind", str(shared(grid)), *extra,
-                           env=STEP_ENV, runner="buildbox-run")
+                           env=env, runner="buildbox-run")
 
 
 def shared(grid: ExecGrid) -> Path:
@@ -393,6 +394,92 @@ def test_a_worker_returning_wrong_outputs_is_caught_like_a_bad_cache_hit(remote_
     assert not leftovers(project.root / "build")
 
 
+# ---------------------------------------------------------------------------------------------
+# issue 50: a worker that follows the contract, whose own python3 has no numpy
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def system_python_without_numpy(tmp: Path) -> Path:
+    """A directory whose `python3` is the system's, which must lack numpy (as a stock worker
+    image's does): the worker's PATH below."""
+    import subprocess
+    if not os.access(SYSTEM_PYTHON, os.X_OK) or subprocess.run(
+            [SYSTEM_PYTHON, "-c", "import numpy"], capture_output=True).returncode == 0:
+        unavailable(f"{SYSTEM_PYTHON} is missing or has numpy: no system python without it")
+    bin_dir = tmp / "system-bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(SYSTEM_PYTHON)
+    return bin_dir
+
+
+def test_a_worker_whose_python3_lacks_numpy_runs_the_build_as_the_command_names_it(
+        local_build, tmp_path):
+    """A worker (buildbox-run, bubblewrap) given each Action verbatim, whose own PATH leads to
+    a python3 without numpy (and under bwrap a Command that sets no PATH finds the system's):
+    a Command of a bare `python3` fails there with the import error, the same Command naming
+    this Python by its path runs. `doit -n 2 bundle` with remote_fallback = fail runs every
+    step there (its Commands name the interpreter, remote/action.exec_python) and gives the
+    local bundle byte for byte. With remote_python = the system's python the actions fail
+    alike (its first import that is not the system's: tomli): under remote_fallback = fail
+    the first one stops the build with the import error;
+    under local, one line says it (the worker, the exit code, the import error) for every
+    step, and the bundle is built here."""
+    needs_grid()
+    bin_dir = system_python_without_numpy(tmp_path)
+    with ExecGrid.start(tmp_path / "grid") as grid:
+        add_step_worker(grid, "sys", env={"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin"})
+        ex = executor(grid.url, tmp_path)
+        bare, blobs = action(tmp_path / "bare", "python3 -c 'import numpy'")
+        with pytest.raises(ActionFailed) as failed:
+            ex.execute(bare, blobs, timeout=120)
+        assert "No module named 'numpy'" in str(failed.value), failed.value
+        named, blobs = action(tmp_path / "named", f"{os.path.abspath(sys.executable)} -c "
+                                                  "'import numpy; print(numpy.__name__)'")
+        out, _ = worker_logs(ex, ex.execute(named, blobs, timeout=120))
+        assert out == b"numpy\n"
+
+        project = copy_project(tmp_path / "p")
+        run = project.doit("-n", "2", "bundle", f"remote_executor={grid.url}",
+                           "remote_fallback=fail", "--explain", check=False)
+        assert run.code == 0, run.out[-3000:] + run.err[-3000:]
+        assert snapshot(project.bundle()) == snapshot(local_build.bundle())
+        python = re.escape(os.path.abspath(sys.executable))
+        explained = re.findall(rf"^explain: (\S+)  executed remotely on worker sys with "
+                               rf"{python}, action [0-9a-f]{{64}}/\d+ \(runs because ",
+                               run.out + run.err, re.M)
+        steps = build_info(project)["steps"]
+        assert {(o["origin"], o["worker"], o["python"]) for o in steps.values()} == {
+            ("remote-execution", "sys", os.path.abspath(sys.executable))}, steps
+        assert {t.split(":")[0] for t in steps} == set(CACHED)
+        assert set(explained) == set(steps), run.out[-3000:]
+
+        started = time.time()
+        failing = copy_project(tmp_path / "fail")
+        run = failing.doit("bundle", f"remote_executor={grid.url}", "remote_fallback=fail",
+                           f"remote_python={SYSTEM_PYTHON}", check=False)
+        text = run.out + run.err
+        assert run.code != 0 and "Traceback" not in text, text[-3000:]
+        assert re.search(rf"cannot import \S+ in {SYSTEM_PYTHON} \(No module named", text), \
+            text[-3000:]
+        assert "remote_fallback = fail" in text
+        done = [e for e in grid.events("sys") if e["event"] == "done" and e["t"] > started]
+        assert [e["exit_code"] for e in done] == [3], done   # stopped at the first
+
+        fallback = copy_project(tmp_path / "fallback")
+        run = fallback.doit("-n", "2", "bundle", f"remote_executor={grid.url}",
+                            f"remote_python={SYSTEM_PYTHON}", check=False)
+    assert run.code == 0, run.out[-3000:] + run.err[-3000:]
+    said = [line for line in run.err.splitlines() if "remote execution failed" in line]
+    assert len(said) == 1, run.err
+    assert "exited 3 on worker sys, saying: error: this is not the toolchain image" in said[0]
+    assert re.search(rf"cannot import \S+ in {SYSTEM_PYTHON} \(No module named", said[0])
+    assert "said once" in said[0] and "remote_fallback = local" in said[0]
+    assert len([line for line in run.err.splitlines() if "warning" in line]) == 1, run.err
+    assert snapshot(fallback.bundle()) == snapshot(local_build.bundle())
+    assert {o["origin"] for o in build_info(fallback)["steps"].values()} == {"local"}
+
+
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_and_sigterm_cancel_the_remote_operation(remote_build, grid, tmp_path, how):
     """No worker on the grid: a step's action stays queued; Ctrl-C (or SIGTERM) ends the run
@@ -557,8 +644,13 @@ OUTPUT_OF = {"convert:part_1_of_4_prompt": "prompt_ar128_cl256_1_of_4.dlc",
 
 def lying_executor(grid, local_build, lies: dict):
     """A HostileProxy in front of the grid telling `lies` ({task: lie}) in the done Operation of
-    the task's action (found by the outputs its result lists)."""
+    the task's action (found by the outputs its result lists). The grid gets a step worker back
+    if the tests before stopped them all (the interrupt tests do): at optimization_type=2 the
+    inputs' and converts' Actions (their spec holds the whole config) are in no ActionCache, so
+    without a worker they would stay queued."""
     from hostile_reapi import HostileProxy
+    if not grid.workers:
+        add_step_worker(grid, "w3")
     from hexbundle.remote.cas import CasClient
     other_bin = local_build.build_dir() / "bin" / "qwen2_tiny_part_1_of_4.bin"
     cas = CasClient(remote_settings(cache=grid.url), local_build.root)

@@ -109,6 +109,14 @@ REMOTE_SCHEMA = run_settings({
                                  "(grpcs:// for TLS; instance, TLS and header as the cache's); "
                                  "empty: steps run here",
                              example="grpc://127.0.0.1:9"),
+    "remote_python": Field(str, "", pattern=r"(/.*)?",
+                           doc="the interpreter a remote worker runs a step with: an absolute "
+                               "path on the workers, to a Python with hexbundle's requirements "
+                               "(a venv's bin/python3 finds its own packages); empty: this "
+                               "process's interpreter's path (a worker on this machine, or with "
+                               "the same layout), or with executor = docker the toolchain "
+                               "image's python3.10. Part of each remote Action's Command",
+                           example="/usr/bin/python3"),
     "remote_fallback": Field(str, "local", choices=("local", "fail"),
                              doc="when remote execution fails: local: build the step here; "
                                  "fail: the build fails"),

@@ -12,9 +12,12 @@ input's recorded state (graph.checker: [..., XXH3]). So it names the setting, in
     explain: bundle  runs because code file hexbundle/formats/genie.py changed
     explain: convert:part_1_of_4_token  up to date
     explain: compile:part_1_of_4  fetched from the cache (runs because ...)
+    explain: compile:part_2_of_4  executed remotely on worker w1 with /opt/venv/bin/python3,
+             action 3f2a.../1234 (runs because ...)
 
 Under --explain the line is printed when the step is done (graph.reporter): "fetched from the
-cache" is known then (formats.origins). Nothing is written for it.
+cache" and where it was executed (the worker, the interpreter its Command named: remote_python,
+and the Action) are known then (formats.origins). Nothing is written for it.
 """
 from __future__ import annotations
 
@@ -199,19 +202,28 @@ class Explainer:
             return f"explain: {task.name}  up to date"
         if why is None:   # failed before it could run (an input missing, a check's error)
             return f"explain: {task.name}  not run: {failure or outcome}"
-        if outcome == "success" and self._fetched(task):
+        origin = self._origin(task) if outcome == "success" else {}
+        if origin.get("origin") == "remote-cache":
             return f"explain: {task.name}  fetched from the cache (runs because {why})"
+        if origin.get("origin") == "remote-execution":
+            return (f"explain: {task.name}  executed remotely on worker {origin.get('worker')} "
+                    f"with {origin.get('python')}, action {origin.get('action')} (runs because "
+                    f"{why})")
         tail = "" if outcome == "success" else f"; it {outcome}"
         return f"explain: {task.name}  runs because {why}{tail}"
 
     def _fetched(self, task) -> bool:
+        return self._origin(task).get("origin") == "remote-cache"
+
+    def _origin(self, task) -> dict:
+        """The step's origin record (formats.origins) as this run left it, or {}."""
         if self.layout is None:
-            return False
+            return {}
         try:
             origin = read_state_json(self.layout.step_origin(task.name))
-            return origin.get("origin") == "remote-cache"
         except (OSError, ValueError, AttributeError):
-            return False
+            return {}
+        return origin if isinstance(origin, dict) else {}
 
 
 _active: Optional[Explainer] = None

@@ -18,6 +18,11 @@ used in place outside the project as `export/`.
              container-image (docker://sha256:...), as remote-execution workers expect it; with
              the local executor the Python, numpy and onnx the step computes with.
 
+Remote execution's Action (exec_action) is another: its Command runs scripts/step.py with the
+interpreter named by its absolute path (remote_python, else this process's: exec_python) and a
+PATH of its own (exec_environment), because a worker that follows the contract gives a Command
+exactly its environment variables and nothing of its own.
+
 File digests come from the digest cache (hexbundle.support.hashing: SHA-256 beside the XXH3, one
 read of the bytes gives both). The Command, the Action and the Directory messages are blobs of
 their own, held in memory (a few KB).
@@ -27,6 +32,7 @@ from __future__ import annotations
 import functools
 import os
 import platform as host_platform
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,12 +235,43 @@ def action_of(layout: Layout, cmd, tree: dict, image_id: str) -> tuple:
 # ------------------------------------------------------------------------ remote execution
 
 # What a step sees of an environment on a worker, as in the toolchain container
-# (steps/docker_executor.environment) less the host's paths.
+# (steps/docker_executor.environment) less the host's paths. A worker that follows the REAPI
+# contract (buildbox-run, bb-runner, BuildBuddy's executors) gives the Command exactly its
+# environment_variables and nothing of its own: no PATH, no PYTHONPATH.
 EXEC_ENVIRONMENT = {"HOME": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
                     "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
                     "PYTHONHASHSEED": "0", "HEXBUNDLE_BUILD_ROOT": "build"}
-EXEC_PYTHON = "python3"   # the worker's: the platform (python, numpy, onnx or the image) says which
+# The Command's PATH after the interpreter's own directory (executor = local): what a step that
+# runs a tool by name finds (a venv's bin/ first, as an activated venv has it).
+EXEC_SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 PATH_TAG = "@path"        # config.resolved's tag of a Path
+
+
+def exec_python(layout: Layout) -> str:
+    """The interpreter a worker runs scripts/step.py with, as the Command names it: remote_python
+    (an absolute path on the workers); else with executor = docker the toolchain image's
+    (found on the image's PATH: the image, pinned by digest in container-image, says which);
+    else this process's own, by its absolute path (sys.executable, not resolved: a venv's
+    python finds the venv's packages only by its own path). Never a bare `python3`: a worker
+    that follows the contract has no PATH, and its system Python lacks numpy and onnx."""
+    if layout.cfg.remote.python:
+        return layout.cfg.remote.python
+    if layout.cfg.executor == "docker":
+        from hexbundle.toolchain.docker import IMAGE_PYTHON
+        return IMAGE_PYTHON
+    return os.path.abspath(sys.executable)
+
+
+def exec_environment(layout: Layout, python: str) -> dict:
+    """The Command's environment: EXEC_ENVIRONMENT, the host's STEP_ENVIRONMENT that is set,
+    and with an interpreter named by its path a PATH of its directory and EXEC_SYSTEM_PATH (in
+    the toolchain image the image's PATH stays: a docker worker keeps the image's environment
+    under the Command's, and the image's PATH holds the SDK's tools)."""
+    env = {**EXEC_ENVIRONMENT, **{k: os.environ[k] for k in STEP_ENVIRONMENT if k in os.environ}}
+    if os.path.isabs(python):
+        env["PATH"] = os.pathsep.join(dict.fromkeys((os.path.dirname(python),
+                                                     *EXEC_SYSTEM_PATH)))
+    return env
 
 
 def relocate(data, layout: Layout):
@@ -253,17 +290,19 @@ def relocate(data, layout: Layout):
 
 def exec_action(layout: Layout, spec: dict, inputs: list, outputs: list,
                 image_id: str = "") -> StepAction:
-    """The Action a worker runs: `python3 scripts/step.py <spec>` in an input root that holds
-    everything the step reads (its file_dep and the code), the spec relocated into it; its
-    output paths and platform as step_action's. (Not the cache's Action, whose Command names
-    the step and its key without a path: a worker could not run that.)"""
+    """The Action a worker runs: `<exec_python> scripts/step.py <spec>` in an input root that
+    holds everything the step reads (its file_dep and the code), the spec relocated into it,
+    with exec_environment; its output paths and platform as step_action's. (Not the cache's
+    Action, whose Command names the step and its key without a path: a worker could not run
+    that.)"""
     outs = {remote_path(layout, p): Path(layout.root, p) for p in outputs}
     ins = {remote_path(layout, p): Path(layout.root, p) for p in inputs}
     tree = {**code_files(layout), **ins}
-    env = {**EXEC_ENVIRONMENT, **{k: os.environ[k] for k in STEP_ENVIRONMENT if k in os.environ}}
+    python = exec_python(layout)
+    env = exec_environment(layout, python)
     spec_text = spec_json(relocate(spec, layout))
     cmd = reapi.Command(
-        arguments=[EXEC_PYTHON, STEP_SCRIPT, spec_text],
+        arguments=[python, STEP_SCRIPT, spec_text],
         environment_variables=[reapi.message(f"{reapi.REAPI}.Command.EnvironmentVariable")(
             name=k, value=v) for k, v in sorted(env.items())],
         output_paths=sorted(outs))

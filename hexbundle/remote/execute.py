@@ -79,9 +79,17 @@ class Cancelled(KeyboardInterrupt):
 class ActionFailed(ExecutionError):
     kind = "failed action"
 
-    def __init__(self, message: str, result=None):
+    def __init__(self, message: str, result=None, tail: str = ""):
         super().__init__(message)
         self.result = result
+        self.tail = tail   # the end of the worker's stderr (else stdout), as read
+
+    @property
+    def last_line(self) -> str:
+        """The tail's last non-empty line: what a worker that cannot run the Command says
+        (the import error of scripts/step.py)."""
+        lines = [line.strip() for line in self.tail.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
 
 
 class ExecutionGarbled(ExecutionError):
@@ -252,9 +260,10 @@ class RemoteExecutor:
             raise self._status_error(response.status, key)
         result = response.result
         if result.exit_code != 0:
+            name, tail = self._output_tail(result)
             raise ActionFailed(f"{self.where}: action {key} exited {result.exit_code} on "
                                f"worker {result.execution_metadata.worker or '?'}"
-                               f"{self._stderr_tail(result)}", result)
+                               + (f"; its {name}:\n{tail}" if tail else ""), result, tail)
         return result
 
     def _status_error(self, status, key: str) -> ExecutionError:
@@ -273,16 +282,20 @@ class RemoteExecutor:
             return ExecutionUnavailable(text)
         return ActionFailed(text)
 
-    def _stderr_tail(self, result) -> str:
-        """The last STDERR_SHOWN bytes of a failed action's stderr (never more is read)."""
-        pieces: list = []
-        try:
-            self.cas.read_log(bytes(result.stderr_raw), result.stderr_digest, pieces.append,
-                              STDERR_SHOWN, tail=True)
-        except RemoteError:
-            return ""
-        text = b"".join(pieces).decode(errors="replace").rstrip()
-        return f"; its stderr:\n{text}" if text else ""
+    def _output_tail(self, result) -> tuple:
+        """("stderr", its last STDERR_SHOWN bytes) of a failed action, or stdout's when its
+        stderr is empty (the step runner says its own errors on stdout); never more is read."""
+        for name, raw, digest in (("stderr", result.stderr_raw, result.stderr_digest),
+                                  ("stdout", result.stdout_raw, result.stdout_digest)):
+            pieces: list = []
+            try:
+                self.cas.read_log(bytes(raw), digest, pieces.append, STDERR_SHOWN, tail=True)
+            except RemoteError:
+                continue
+            text = b"".join(pieces).decode(errors="replace").rstrip()
+            if text:
+                return name, text
+        return "stderr", ""
 
     def write_logs(self, result, fh, limit: int) -> None:
         """The worker's stdout and stderr into the open log file `fh`, each at most `limit`

@@ -6,7 +6,10 @@ the step's log.
 
 Any failure (remote/execute.py's typed errors, or outputs that fail the checks) is one warning
 and a local build under `remote_fallback = local` (the default), or the build's error under
-`remote_fallback = fail`. An unreachable server is not asked again in the run.
+`remote_fallback = fail`. An unreachable server is not asked again in the run. Commands that exit
+non-zero on a worker the same way (the exit code and the last line of the worker's stderr: a
+worker whose interpreter cannot import numpy fails every step alike) are one line for the run,
+naming the worker and that line, not one warning a step.
 
 Ctrl-C or SIGTERM cancels every Operation of the run (CancelOperation), whichever thread waits
 on it: under `doit -n N` the interrupt lands in doit's main thread while N steps' threads wait
@@ -33,12 +36,15 @@ from hexbundle.remote.action import StepAction
 from hexbundle.remote.cache import (LOG_BYTES, OutputsRefused, _download, _unusable,
                                     action_or_local, build_locally)
 from hexbundle.remote.cas import BlobMismatch, RemoteError
-from hexbundle.remote.execute import (Cancelled, ExecutionError, ExecutionUnavailable,
-                                      RemoteExecutor)
+from hexbundle.remote.execute import (ActionFailed, Cancelled, ExecutionError,
+                                      ExecutionUnavailable, RemoteExecutor)
 from hexbundle.support import inflight
 from hexbundle.support.console import say, warn
 from hexbundle.support.errors import HexbundleError
 from hexbundle.support.files import open_in_place
+
+
+LINE_SHOWN = 400   # characters of a failed action's last line of output in its warning
 
 
 class RemoteExecutionFailed(HexbundleError):
@@ -58,6 +64,7 @@ class ExecSession:
         self._lock = threading.Lock()
         self._left = threading.Condition(self._lock)   # notified when a step leaves
         self.active = 0                # steps between their Action and their outputs in place
+        self.said: set = set()         # the ways actions failed that a warning named already
         inflight.on_interrupt(self.stop)
 
     @property
@@ -79,6 +86,26 @@ class ExecSession:
             with self._lock:
                 self.active -= 1
                 self._left.notify_all()
+
+    def failed_action(self, task: str, exc: ActionFailed) -> str:
+        """The one line for a Command that exited non-zero on a worker, or "" when an action
+        failed the same way before in this run (the exit code and the last line of what the
+        worker said): a worker that cannot run the Commands (no numpy in its interpreter) fails
+        every step alike, and one line says so, not one a step. The full tail is the step's
+        error under remote_fallback = fail."""
+        code = exc.result.exit_code
+        line = exc.last_line
+        with self._lock:
+            if (code, line) in self.said:
+                return ""
+            self.said.add((code, line))
+        worker = exc.result.execution_metadata.worker or "?"
+        if len(line) > LINE_SHOWN:
+            line = line[:LINE_SHOWN] + "..."
+        said = f", saying: {line}" if line else ", saying nothing"
+        return (f"hexbundle: warning: remote execution failed: {task}'s action exited {code} on "
+                f"worker {worker}{said}; building it here, and every step whose action fails "
+                "so (said once) (remote_fallback = local)")
 
     def stop(self) -> list:
         """Ctrl-C, SIGTERM: cancel every Operation in flight, then wait (at most remote_timeout)
@@ -142,6 +169,10 @@ def run_executed(layout: Layout, task: str, outputs: list, make_action: Callable
                 warn(f"hexbundle: warning: {task}: remote execution failed ({kind}): {exc}; "
                      "building locally (remote_fallback = local), without the Execution "
                      "server for the rest of this run")
+        elif isinstance(exc, ActionFailed) and exc.result is not None:
+            said = remote.failed_action(task, exc)
+            if said:
+                warn(said)
         else:
             warn(f"hexbundle: warning: {task}: remote execution failed ({kind}): {exc}; "
                  "building locally (remote_fallback = local)")
@@ -177,7 +208,8 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
     _write_log(layout, remote, task, step, worker, result)
     record_origin(layout, task, {"origin": "remote-execution", "server": remote.client.url,
                                  "instance": remote.client.instance, "action": step.key,
-                                 "worker": worker}, list(step.outputs.values()))
+                                 "worker": worker, "python": step.command.arguments[0]},
+                  list(step.outputs.values()))
     say(f"  remote {task} {time.monotonic() - started:.1f}s: {len(fetched)} file(s) from "
         f"worker {worker}")
 

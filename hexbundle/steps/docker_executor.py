@@ -47,10 +47,10 @@ from hexbundle.support.errors import ContainerError, HexbundleError
 from hexbundle.support.files import open_in_place, require_own_file
 from hexbundle.support.run import LIFELINE_ENV, run_id
 from hexbundle.support.testhooks import PAUSE_AT_ENV, PAUSE_DIR_ENV
-from hexbundle.toolchain.docker import (LONG_TIMEOUT_S, docker_client, engine_call,
-                                       pinned_image, require_sdk_image, translate)
+from hexbundle.toolchain.docker import (IMAGE_PYTHON, LONG_TIMEOUT_S, docker_client,
+                                       engine_call, pinned_image, require_sdk_image, translate)
 
-PYTHON = "python3.10"
+PYTHON = IMAGE_PYTHON
 # Passed through when set on the host: they change what a build writes, not where it runs; the
 # test hook's (support.testhooks) only ever set by tests.
 PASS_THROUGH = ("SOURCE_DATE_EPOCH", PAUSE_AT_ENV, PAUSE_DIR_ENV)

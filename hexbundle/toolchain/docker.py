@@ -28,6 +28,9 @@ FIRST_NOTICE_S = 5.0       # a healthy engine answers well within this: only the
 NOTICE_EVERY_S = 15.0
 LONG_TIMEOUT_S = 24 * 3600  # the output streams of a step and of an image build
 DEFAULT_HOST = "unix:///var/run/docker.sock"
+# The toolchain image's interpreter (Dockerfile: python3.10, on the image's PATH): what a step
+# container runs, and what a remote worker runs an executor = docker step with in that image.
+IMAGE_PYTHON = "python3.10"
 # Engines that did not answer a connection within the bound in this process, by address: a run
 # waits once, not once per step (a build is one process; the next run asks again).
 _UNANSWERED: dict = {}

@@ -13,13 +13,16 @@ What the ratio means here: the workers run on this machine, so they share its co
 client (doit, which uploads inputs and fetches outputs) and with BuildGrid. On the bench's
 2-core machine that is 2 workers on the same 2 cores `-n 2` already uses (row 6), plus the
 gRPC transfers of every input and output through BuildGrid's CAS; it measures the overhead of
-going through REAPI, not what 2 separate worker machines would give.
+going through REAPI, not what 2 separate worker machines would give. So the row also splits an
+action's time (per_action, a mean): the step's own work, the rest of the worker's time (input
+root, interpreter start and imports, upload) and the rest of the client's (upload, queue, lease,
+fetch and checks).
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -46,12 +49,13 @@ def measure(bench, full: Run) -> dict:
     remote, events, grid_seconds = build_on_grid(bench)
     per_worker = steps_per_worker(events)
     steps = check_remote_build(bench, remote, per_worker)
+    cost = per_action(bench, remote, events)
     identical = check_identical(local, bundle_digests(bench.layout.bundle_dir))
     ratio = round(full.seconds / remote.seconds, 2)   # the verdict is the shown ratio's
     return {"remote_seconds": round(remote.seconds, 2), "local_n1_seconds": round(full.seconds, 2),
             "ratio": ratio, "goal": GOAL, "met": ratio >= GOAL,
             "steps_remote": steps, "steps_per_worker": per_worker,
-            "worker_busy_seconds": busy_seconds(events),
+            "worker_busy_seconds": busy_seconds(events), "per_action": cost,
             "bundle_byte_identical": identical, "grid_start_seconds": round(grid_seconds, 2),
             "remote_peak_rss_bytes": remote.maxrss, "cores": os.cpu_count(),
             "note": SHARED_CORES}
@@ -85,7 +89,7 @@ def build_on_grid(bench) -> tuple:
         raise BenchError(f"remote execution row: {exc}") from None
     try:
         for bot in WORKERS:
-            grid.add_worker(bot, *worker_properties(bench.layout), env=worker_env())
+            grid.add_worker(bot, *worker_properties(bench.layout))
         grid_seconds = time.monotonic() - started
         bench.log("remote execution row: full build, doit -n 2 on the 2 workers ...")
         bench.remove_outputs()
@@ -135,11 +139,6 @@ def worker_properties(layout) -> list:
             if name not in ("OSFamily", "ISA") for arg in ("--property", f"{name}={value}")]
 
 
-def worker_env() -> dict:
-    """The step's `python3` is this one (it has numpy and onnx): first on the workers' PATH."""
-    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-
-
 def steps_per_worker(events: list) -> dict:
     """bot -> actions it finished with exit code 0, from the workers' own logs."""
     done = Counter(e["bot"] for e in events if e["event"] == "done" and e.get("exit_code") == 0)
@@ -175,6 +174,39 @@ def check_remote_build(bench, run: Run, per_worker: dict) -> int:
     return len(ran)
 
 
+# The step runner's last line (steps/runner.run), in the worker's stdout the step's log keeps
+# (remote/executed._write_log); and the client's line for each step done remotely.
+STEP_DONE = re.compile(r"^done in ([0-9.]+)s$", re.M)
+CLIENT_DONE = re.compile(r"^  remote (\S+) ([0-9.]+)s: ", re.M)
+
+
+def per_action(bench, run: Run, events: list) -> dict:
+    """What an action costs beside its step's work, per action (mean): `work` is the step's own
+    time (its runner's "done in" line: after the interpreter started and imported the step's
+    modules); `on_worker` the rest of the worker's busy time (start to done event: the input
+    root fetched, the interpreter started, its imports, the outputs uploaded); `around` the rest
+    of the client's time for the step (its "remote <task> X s" line: the upload, the queue, the
+    scheduler's lease and its report, the outputs fetched and checked)."""
+    client = {task: float(s) for task, s in CLIENT_DONE.findall(run.out)}
+    if not client:
+        raise BenchError("the remote build printed no `remote <task> X s` line")
+    work = 0.0
+    for task in client:
+        try:
+            done = STEP_DONE.findall(bench.layout.log(task).read_text(errors="replace"))
+        except OSError as exc:
+            raise BenchError(f"the log of {task}, executed remotely, cannot be read ({exc})") \
+                from None
+        if not done:
+            raise BenchError(f"the log of {task}, executed remotely, has no `done in` line of "
+                             f"the step runner: {bench.layout.log(task)}")
+        work += float(done[-1])
+    busy = sum(busy_seconds(events).values())
+    n = len(client)
+    return {"actions": n, "work": round(work / n, 2), "on_worker": round((busy - work) / n, 2),
+            "around": round((sum(client.values()) - busy) / n, 2)}
+
+
 def bundle_digests(bundle_dir: Path) -> dict:
     """relative path -> XXH3-128 of every file in the bundle."""
     from hexbundle.support.hashing import file_digest
@@ -198,9 +230,12 @@ def table(measured: dict, bench, full) -> list:
                  "ratio": f"skipped: {measured['skipped']}", "target": f">= {GOAL}x",
                  "met": None, "detail": measured}]
     workers = ", ".join(f"{bot} {n}" for bot, n in measured["steps_per_worker"].items())
+    cost = measured["per_action"]
     return [{"id": 12, "what": f"{WHAT}; {SHARED_CORES} ({measured['cores']})",
              "ours": f"{measured['remote_seconds']:.1f} s ({measured['steps_remote']} steps: "
-                     f"{workers}; bundle byte-identical)",
+                     f"{workers}; bundle byte-identical; per action {cost['work']:.1f} s of "
+                     f"work, {cost['on_worker']:.1f} s more on the worker, "
+                     f"{cost['around']:.1f} s around it)",
              "baseline": f"{measured['local_n1_seconds']:.1f} s",
              "ratio": f"{measured['ratio']:.2f}x faster", "target": f">= {GOAL}x",
              "met": measured["met"], "detail": measured}]
