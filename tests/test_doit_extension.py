@@ -191,9 +191,9 @@ def test_a_save_of_what_the_db_holds_writes_nothing(tmp_path, monkeypatch):
     first.set("t", "k", 1)
     first.save()
     writes = []
-    real_save_file = durable.save_file
-    monkeypatch.setattr(durable, "save_file", lambda p, encode: (writes.append(p),
-                                                                 real_save_file(p, encode)))
+    real_atomic_output = durable.atomic_output   # the one way the DB file is written
+    monkeypatch.setattr(durable, "atomic_output", lambda p, *a, **k: (
+        writes.append(p), real_atomic_output(p, *a, **k))[1])
     db = DurableJsonDB(str(path), codec=JSONCodec())
     before = os.stat(path)
     db.save()

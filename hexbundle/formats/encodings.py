@@ -95,11 +95,17 @@ class Encodings:
         return replace(self, params=params, activations=activations)
 
 
+def require_encodings_file(path: Path) -> None:
+    """InputError naming `path` if something other than a regular file is there (a FIFO would
+    block a read until something writes to it); a missing file is load_encodings' to name."""
+    if path.exists():
+        require_regular_file(path, "AIMET encodings file")
+
+
 def load_encodings(path: Union[str, Path]) -> Encodings:
     """Read and validate an AIMET encodings JSON file (either schema)."""
     path = Path(path)
-    if path.exists():   # a FIFO would block the read below until something writes to it
-        require_regular_file(path, "AIMET encodings file")
+    require_encodings_file(path)
     try:
         data = read_encodings_json(path)
     except FileNotFoundError:

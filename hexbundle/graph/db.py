@@ -110,10 +110,7 @@ class DurableJsonDB(JsonDB):
             if model != saved:
                 save_file(model_db, lambda: self.codec.encode(model))
                 _model_dbs[key] = (model_db, copy.deepcopy(model))
-        text = self.codec.encode(self._db)
-        if _holds(Path(self.name), text):
-            return
-        save_file(Path(self.name), lambda: text)
+        save_file(Path(self.name), lambda: self.codec.encode(self._db))
 
     def dump(self) -> None:
         """doit's last save (Dependency.close, when the run or command ends): a failure ends the
@@ -148,10 +145,14 @@ def save_progress() -> None:
 
 
 def save_file(path: Path, encode) -> None:
-    """Write encode()'s text to `path` atomically; a full disk is a DbSaveError."""
+    """Write encode()'s text to `path` atomically, unless the file holds exactly that text
+    already; a full disk (in the encoding or the write) is a DbSaveError."""
     try:
+        text = encode()
+        if _holds(path, text):
+            return
         with atomic_output(path, "w", user_errors=False) as fh:
-            fh.write(encode())
+            fh.write(text)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise

@@ -12,6 +12,7 @@ import time
 from hexbundle.backends import ConvertOptions, get_backend
 from hexbundle.backends.weightplan import graph_encodings, plan_weights
 from hexbundle.config.layout import Layout
+from hexbundle.formats.encodings import require_encodings_file
 from hexbundle.inputs import validate
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.inputs.export import check_pins
@@ -43,6 +44,8 @@ def validate_graph_inputs(layout: Layout, graph, options: ConvertOptions, log,
     remote cache is asked too (graph/remote_steps.py): a cache that has the step must not let
     a broken input through."""
     check_pins(layout, layout.graph_inputs(graph))
+    # before the step's key is made of its bytes (steps/outputkey), in the encodings' own words
+    require_encodings_file(layout.encodings(graph))
     proto = validate.check_graph(layout, graph)
     log(f"{layout.onnx(graph).name}: ONNX checked (structure, onnx.checker full check, "
         f"inputs and outputs of {graph.name} as {layout.model_config_path.name} says)")
