@@ -54,6 +54,7 @@ class OrtQnnBackend:
     name = "ortqnn"
     deployable = True
     checks_weight_values = False      # the convert step scans them before (steps/convert.py)
+    marks_outputs = False             # QnnIr's DLC and QNN's context binary: no place for a key
 
     def toolchain_version(self) -> str:
         """In every step's key (backends.describe): a change of the pins or of the driver's
@@ -62,10 +63,16 @@ class OrtQnnBackend:
         return (f"QAIRT {QAIRT_RELEASE} (onnxruntime-qnn {qnn_pin(root).version}, kit "
                 f"{kit_fingerprint(root)})")
 
+    # The step's output key (`made_for`, steps/outputkey.py) has no place in Qualcomm's DLC or
+    # context binary: not recorded, and made_for() answers None (docs/remote-cache.md: what a
+    # cache must be trusted with, remote_cache_trust), as for the qairt backend.
+    def made_for(self, path: Path) -> None:
+        return None
+
     # ---------------------------------------------------------------------------------- convert
 
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
-                options: ConvertOptions, log: Callable[[str], None]) -> None:
+                options: ConvertOptions, log: Callable[[str], None], made_for: str = "") -> None:
         from hexbundle.runtime.qdq import derived_encodings, write_qdq_model
         with temp_dir(dlc_path.parent, dlc_path.name) as scratch:
             first = write_qdq_model(onnx_path, encodings_path, scratch / "calibrate", name=graph_name,
@@ -91,7 +98,7 @@ class OrtQnnBackend:
     # ---------------------------------------------------------------------------------- compile
 
     def compile(self, dlc_paths: list, bin_path: Path, options: CompileOptions,
-                log: Callable[[str], None]) -> None:
+                log: Callable[[str], None], made_for: str = "") -> None:
         kit = ensure_kit(project_root())
         with temp_dir(bin_path.parent, bin_path.name) as scratch:
             (scratch / "ctx").mkdir()
