@@ -66,8 +66,8 @@ def test_without_config_json_a_llama_is_refused_by_name(tmp_path):
     ({"num_key_value_heads": 2.0}, "num_key_value_heads is 2.0, expected a positive integer"),
     ({"tie_word_embeddings": "yes"}, 'tie_word_embeddings is "yes", expected true or false'),
     ({"bos_token_id": [1, {"x": 2}]}, 'bos_token_id is [1, {"x": 2}], expected a token id'),
-    ({"eos_token_id": []}, "eos_token_id is [], expected a token id (an integer >= 0) or a "
-                           "non-empty list"),
+    ({"eos_token_id": []}, "eos_token_id is [], expected a token id (an integer in "
+                           "[0, 2**32)) or a non-empty list"),
 ])
 def test_a_config_json_that_does_not_fit_the_graphs_is_refused(tmp_path, edit, says):
     project = copy_project(tmp_path / "proj")
