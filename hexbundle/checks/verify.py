@@ -442,7 +442,14 @@ def gate_against_floor(rows: list, floor: float, v: VerifySettings) -> None:
     """Each part's bundle-vs-reference error at most floor_multiplier x its floor: in LSBs of
     its output encoding, the noise floor L of every part; a float output (no int encoding) by
     its relative difference, against the two references' own on the same positions, at least
-    min_floor_lsb float32 steps. Nothing else judges: no constant."""
+    min_floor_lsb float32 steps. Nothing else judges: no constant.
+
+    A float output's floor is the two references' own difference over all of the part's
+    positions, not over the row's alone: where they differ (a weight at a rounding tie, met by
+    the tokens that use it) is a property of the part, and which of those tokens fall among the
+    32 decode positions is the prompt's luck (a faithful Qwen3 bundle failed decode by 16x a
+    floor of 0 while its prefill, at the same part, met the references' 2e-05)."""
+    part_refs = _part_reference_differences(rows)
     for row in rows:
         if row.part_index and row.check in ("prefill vs reference", "decode vs reference"):
             if row.lsb is not None:
@@ -450,7 +457,7 @@ def gate_against_floor(rows: list, floor: float, v: VerifySettings) -> None:
                 where = "the noise floor"
             else:
                 least = v.min_floor_lsb * FLOAT32_STEP
-                refs = row.refs if row.refs is not None and math.isfinite(row.refs) else 0.0
+                refs = max(_finite_or_zero(row.refs), part_refs.get(row.part_index, 0.0))
                 row.value, row.unit, row.floor = row.rel, "rel", max(refs, least)
                 where = "the two references' own relative difference"
                 row.notes.append(f"no int output encoding: relative difference, floor the two "
@@ -465,6 +472,20 @@ def gate_against_floor(rows: list, floor: float, v: VerifySettings) -> None:
                                     "(floor_multiplier)")
         elif row.check == "reference vs reference (AIMET rounding)":
             row.value, row.unit = (row.lsb, "LSB") if row.lsb is not None else (row.rel, "rel")
+
+
+def _finite_or_zero(value: Optional[float]) -> float:
+    return value if value is not None and math.isfinite(value) else 0.0
+
+
+def _part_reference_differences(rows: list) -> dict:
+    """{part_index: the two references' largest relative difference over the part's positions}
+    (its "reference vs reference" rows, one per context length)."""
+    found: dict = {}
+    for row in rows:
+        if row.part_index and row.check == "reference vs reference (AIMET rounding)":
+            found[row.part_index] = max(found.get(row.part_index, 0.0), _finite_or_zero(row.rel))
+    return found
 
 
 def _in_unit(value: float, unit: str) -> str:
