@@ -63,7 +63,9 @@ def builds(project):
     def build(export):
         if export not in made:
             if export in CHECKPOINTS:
-                name = "c-" + export.split("-")[0].replace("_", "-")
+                # the release in the name too: two releases of one model are two models here
+                # (one name for both had the second import replace the first's config)
+                name = "c-" + export.replace("_", "-").replace(".", "-")
                 source = ["--dir", str(CKPT / export), *checkpoint_import(CKPT / export)]
                 plan = []
             else:
