@@ -9,6 +9,7 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import ROOT
 from hexbundle.formats.encodings import load_encodings
 from hexbundle.runtime.qdq import quantize_dequantize_weight, write_qdq_model
 
@@ -96,3 +97,32 @@ def test_a_nan_lands_on_the_grids_bottom_in_every_qdq_form(tmp_path, offset, rou
     # row 1: h is NaN -> h's grid bottom (negative) -> Relu 0 -> y's grid point nearest 0
     want_row = aimet(np.zeros(6, np.float32), np.float32(7e-4), offset, 16)
     np.testing.assert_allclose(got[1], want_row, rtol=0, atol=1e-6)
+
+
+def test_the_references_weights_are_the_weights_checks_integers_and_part_only_at_its_ties():
+    """Issue 46: the Qwen3 kv16 export's 16-bit embedding (offset -33369), made by qai-hub-models'
+    code. Subtracting the offset in float32 before rounding moves w / s by up to 2^-9 and
+    resolves near-ties that the weights check (checks/exact.aimet_quantize) and the build do
+    not: the two references then agreed with each other and not with a faithful bin. In the
+    weights check's frame, half-to-even is its integers but at a tie (+-1) and half-up is them
+    exactly, so the references part ways on every tie half-to-even rounds down."""
+    from hexbundle.checks.exact import aimet_quantize
+    from hexbundle.runtime.qdq import AIMET, HALF_EVEN, grid_integers
+    folder = ROOT / "tests/data/qaihm/export-qwen3-kv16/ar128_cl256" \
+        / "qwen3_4b_w4a16_ar128_cl256_1_of_4.aimet"
+    name = "model.model.embed_tokens.weight"
+    model = onnx.load(str(folder / "qwen3_4b_w4a16_ar128_cl256_1_of_4.onnx"))
+    w = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == name),
+                              base_dir=str(folder))
+    enc = json.loads((folder / "qwen3_4b_w4a16_ar128_cl256_1_of_4.encodings").read_text())
+    e = next(p for p in enc["param_encodings"] if p["name"] == name)
+    scale, offset = np.float32(e["scale"][0]), np.float32(e["offset"][0])
+    want, tie = aimet_quantize(w, scale, offset, e["bw"])
+    even = np.clip(grid_integers(w, scale, offset, HALF_EVEN), 0, 2 ** 16 - 1)
+    up = np.clip(grid_integers(w, scale, offset, AIMET), 0, 2 ** 16 - 1)
+    assert np.array_equal(up, want)
+    assert np.array_equal(even[~tie], want[~tie]) and np.all(np.abs(even - want)[tie] <= 1)
+    assert np.array_equal(even != up, tie & (even != want)) and (even != up).any()
+    # the data holds the near-ties the old frame resolved otherwise (the test can fail)
+    old = np.clip(np.round(np.divide(w, scale, dtype=np.float32) - offset), 0, 2 ** 16 - 1)
+    assert np.count_nonzero(old[~tie] != want[~tie]) > 0

@@ -101,21 +101,7 @@ def record_margins(source: str, seed: int, report) -> None:
             "chained_notes": [n for r in chained for n in r.notes]}) + "\n")
 
 
-# A known bug, open in issue 46 (strict: this fails the day it is fixed, so the mark goes): the
-# Qwen3 export's 16-bit embedding table has weights at a rounding tie that the bundle resolves
-# the other way (the weights check passes them, +-1 step); at seed 1 the prompt meets them while
-# the two references, rounding alike, agree exactly, so a float output's floor is 0 and the
-# faithful bundle fails part 1 by ~2e-05 relative. The floor must count the ties' own effect.
-KNOWN_TIE_FLOOR_BUG = pytest.mark.xfail(strict=True, reason="issue 46: a float output's floor "
-                                        "does not count the weight ties the weights check passes")
-
-
-def export_params() -> list:
-    return [pytest.param(e, marks=KNOWN_TIE_FLOOR_BUG) if e == "export-qwen3-kv16" else e
-            for e in sorted(EXPORTS) + CHECKPOINTS]
-
-
-@pytest.mark.parametrize("export", export_params())
+@pytest.mark.parametrize("export", sorted(EXPORTS) + CHECKPOINTS)
 def test_a_faithful_bundle_of_each_export_passes_at_every_seed(builds, export):
     cfg, layout = builds(export)
     options = verify_options(cfg)

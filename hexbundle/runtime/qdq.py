@@ -3,8 +3,9 @@ its AIMET encodings file applied, run by onnxruntime (`doit verify`'s reference)
 
 From a graph's ONNX and encodings file, `write_qdq_model` writes a QDQ model:
   - every weight with an encoding replaced by its quantize-dequantize under AIMET's formula
-    (q = clip(round(w / scale - offset), 0, 2^bw - 1), w' = (q + offset) * scale: the
-    offset before rounding, so a shifted, fractional zero point stays on its integer grid), per tensor,
+    (q = clip(round(w / scale - offset), 0, 2^bw - 1), w' = (q + offset) * scale: a shifted,
+    fractional offset before rounding, so it stays on its integer grid; an integral one after,
+    as the weights check and the build compute it: grid_integers), per tensor,
     per channel or per block, computed here with numpy from the float weights (not from the
     bin: the bin is what is judged); a float16 encoding rounds the weight to float16;
   - after every tensor with an activation encoding (graph inputs, node outputs), a
@@ -27,7 +28,9 @@ specification: the reference keeps those float, and verify's float-drift row sho
 
 Two roundings, two correct references: `HALF_EVEN` (numpy's and onnxruntime's QuantizeLinear,
 round half to even) and `AIMET` (AIMET's quantizer, floor(x / s - o + 0.5): half up), for
-weights and activations alike. Both are faithful to the encodings; what separates them is the
+weights and activations alike. They part ways exactly at the ties the weights check lets a bin
+resolve either way, so what a tie can do to an output is inside the floor they measure. Both
+are faithful to the encodings; what separates them is the
 noise floor of the comparison itself, which `doit verify` measures per run and gates the bundle
 against (checks/verify.py), instead of a constant tuned on one export.
 """
@@ -113,6 +116,21 @@ def round_to_grid(x: np.ndarray, rounding: str = HALF_EVEN) -> np.ndarray:
     return np.round(x) if rounding == HALF_EVEN else np.floor(x + np.float32(0.5))
 
 
+def grid_integers(block: np.ndarray, scale, offset, rounding: str = HALF_EVEN) -> np.ndarray:
+    """round(w / s - o) before clipping, in the frame the weights check (checks/exact.py
+    aimet_quantize) and the reference backend compute it: w / s in float32, and with an integral
+    offset rounded before the offset is subtracted. Subtracting a 16-bit offset first would move
+    w / s by up to 2^-9 (float32 keeps 8 fraction bits at 32768), turning a near-tie into a tie
+    (or a tie into none) that both roundings then resolve alike: two references agreeing with
+    each other and not with the integers the weights check accepts (issue 46, the Qwen3 kv16
+    export's 16-bit embedding). In this frame a tie is a tie for every reader, and the two
+    roundings part ways on it."""
+    t = np.divide(block, scale, dtype=np.float32)
+    if np.all(offset == np.floor(offset)):
+        return round_to_grid(t, rounding) - offset
+    return round_to_grid(t - offset, rounding)
+
+
 def _encoded(block: np.ndarray, enc, grid, rows: slice, rounding: str = HALF_EVEN) -> np.ndarray:
     """A block of rows (axis 0) of a weight as its encoding specifies it, float32."""
     if enc is None or not enc.is_int:
@@ -120,7 +138,7 @@ def _encoded(block: np.ndarray, enc, grid, rows: slice, rounding: str = HALF_EVE
             return block.astype(np.float16).astype(np.float32)
         return block
     scale, offset = (g[rows] if g.ndim and g.shape[0] > 1 else g for g in grid)
-    q = np.clip(round_to_grid(block / scale - offset, rounding), 0, 2 ** enc.bitwidth - 1)
+    q = np.clip(grid_integers(block, scale, offset, rounding), 0, 2 ** enc.bitwidth - 1)
     return ((q + offset) * scale).astype(np.float32)
 
 
@@ -129,7 +147,7 @@ def _integers(block: np.ndarray, enc, grid, rows: slice, signed: bool,
     """A block of rows of a weight as its encoding's integers q (AIMET's formula, 0..2^bw-1),
     shifted by 2^(bw-1) when `signed` (a symmetric encoding: zero point 0)."""
     scale, offset = (g[rows] if g.ndim and g.shape[0] > 1 else g for g in grid)
-    q = np.clip(round_to_grid(block / scale - offset, rounding), 0, 2 ** enc.bitwidth - 1)
+    q = np.clip(grid_integers(block, scale, offset, rounding), 0, 2 ** enc.bitwidth - 1)
     return q - 2 ** (enc.bitwidth - 1) if signed else q
 
 
