@@ -5,6 +5,7 @@ chipwright.device_adb). Real doit builds with the stand-in SDK, whose runtime fi
 binaries built here (tests/standin_runtime.py); the bundle is laid out as `doit deploy` leaves it
 on a board (DIR a symlink to .DIR.hexbundle/<id>/). Each test shows the other direction: the
 bundle without clients/ (or with it edited) fails the same check."""
+import contextlib
 import json
 import os
 import shutil
@@ -78,14 +79,29 @@ def without_clients(bundle: Path, dest: Path) -> Path:
     return dest
 
 
+@contextlib.contextmanager
+def server_process(cwd: Path):
+    """Where open-genie-server's code runs: its working directory, and the process environment
+    it sets (apply_process_env), both restored afterwards."""
+    saved_cwd, saved = os.getcwd(), {k: os.environ.get(k) for k in PROCESS_ENV}
+    try:
+        os.chdir(cwd)
+        yield
+    finally:
+        os.chdir(saved_cwd)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def server_view(config: Path, cache: Path) -> dict:
     """What open-genie-server 1.8.0 makes of `config`, by its own code, started as its
     documentation says (`genie-server` in the config's folder): the libGenie it loads, the
     skel folder the DSP searches first, the slot's model id and chat template, the dialog with
-    its files resolved. Its process environment is restored afterwards."""
-    saved_cwd, saved = os.getcwd(), {k: os.environ.get(k) for k in PROCESS_ENV}
-    try:
-        os.chdir(config.parent)
+    its files resolved."""
+    with server_process(config.parent):
         cfg = load_config(config.name)
         lib = Path(cfg.resolved_genie_lib_path())
         cfg.apply_process_env()
@@ -97,13 +113,6 @@ def server_view(config: Path, cache: Path) -> dict:
                 "model": spec.model_root.name, "slot": spec.name,
                 "template": detect_template(cfg.chat_template_override or spec.model_root.name),
                 "dialog": dialog}
-    finally:
-        os.chdir(saved_cwd)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def users_own_config(folder: Path, bundle_dir: Path) -> Path:
@@ -146,16 +155,12 @@ def test_without_clients_open_genie_server_misses_libgenie_the_skel_the_name_and
     bundle = without_clients(proj.bundle(model="llama3-tiny", backend="qairt"), tmp_path / "b")
     board = deployed(bundle, tmp_path / "board")
     config = users_own_config(tmp_path / "server", board)
-    saved = {k: os.environ.get(k) for k in PROCESS_ENV}
-    try:
-        cfg = load_config(str(config))
+    with server_process(config.parent):
+        cfg = load_config(config.name)
         assert not Path(cfg.resolved_genie_lib_path()).exists()     # lib/<abi>/libGenie.so
         cfg.apply_process_env()
         assert not Path(os.environ["ADSP_LIBRARY_PATH"].split(";")[0]).exists()
         spec = cfg.text_slots[0]
-    finally:
-        for key, value in saved.items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     assert spec.model_root.name == "0123456789abcdef"               # the deployed bundle's id
     assert detect_template(spec.model_root.name) == "chatml"        # not Llama 3's
 

@@ -33,7 +33,7 @@ import stat
 from pathlib import Path
 
 from hexbundle.config.layout import GENIE_CONFIG, MANIFEST, TOKENIZER
-from hexbundle.config.runtime_files import ANDROID, LIB, LINUX, runtime_files, script_name
+from hexbundle.config.runtime_files import ANDROID, LINUX, runtime_files, script_name
 from hexbundle.formats.tokenizer import added_token_contents
 from hexbundle.support.atomic import json_bytes
 from hexbundle.support.errors import HexbundleError
@@ -73,9 +73,10 @@ def serves(runtime) -> bool:
         and runtime.get("target") in CLIENT_TARGETS
 
 
-def _skel(runtime: dict):
+def _runtime_file(runtime: dict, role: str):
+    """The runtime table's file of `role` for the manifest runtime record's board."""
     return next(f for f in runtime_files(runtime["target"], runtime["dsp_arch"])
-                if f.role == "skel")
+                if f.role == role)
 
 
 def _rebased(config: dict, prefix: str) -> dict:
@@ -97,11 +98,11 @@ def open_genie_server_files(bundle: Path, model: str, runtime: dict) -> dict:
         raise ValueError(f"the model name {model!r} is not a plain folder name")
     here = f"{CLIENTS}/{OPEN_GENIE_SERVER}"         # its working directory
     to_bundle = "../" * (here.count("/") + 1)        # from here to the bundle
-    skel = _skel(runtime)
+    skel, genie = _runtime_file(runtime, "skel"), _runtime_file(runtime, "libGenie")
     config = read_json(bundle / GENIE_CONFIG, GENIE_CONFIG, JSON_CONFIG_MAX_BYTES)
     template = chat_template(bundle / TOKENIZER)
     env = {"QAIRT_SDK_ROOT": SDK,
-           "GENIE_LIB_PATH": f"{to_bundle}{LIB}/libGenie.so",
+           "GENIE_LIB_PATH": to_bundle + genie.bundle_path,
            "HEXAGON_VERSION": "v" + runtime["dsp_arch"].lower().lstrip("v"),
            # auto: Qualcomm Linux (OE) or Ubuntu, as the board says; both take the OE libraries
            "TARGET_PLATFORM": "android" if runtime["target"] == ANDROID else "auto",
