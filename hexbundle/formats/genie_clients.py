@@ -36,7 +36,7 @@ from hexbundle.config.layout import GENIE_CONFIG, MANIFEST, TOKENIZER
 from hexbundle.config.runtime_files import ANDROID, LINUX, runtime_files, script_name
 from hexbundle.formats.tokenizer import added_token_contents
 from hexbundle.support.atomic import json_bytes
-from hexbundle.support.errors import HexbundleError
+from hexbundle.support.errors import HexbundleError, output_error
 from hexbundle.support.files import JSON_CONFIG_MAX_BYTES
 from hexbundle.support.jsondoc import read_json
 
@@ -139,12 +139,15 @@ def write_clients(bundle: Path, model: str, runtime, files: list, link) -> list:
     wanted = client_files(bundle, model, runtime, files)
     for name, what in wanted.items():
         path = bundle / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(what, bytes):
-            path.write_bytes(what)
-        else:
-            link(bundle / what, path)
-        path.chmod(0o644)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(what, bytes):
+                path.write_bytes(what)
+            else:
+                link(bundle / what, path)
+            path.chmod(0o644)
+        except OSError as exc:   # a full disk: the staging directory goes, the bundle stays
+            raise output_error(exc.filename or path, exc) from None
     return sorted(wanted)
 
 
