@@ -20,8 +20,7 @@ from hexbundle.config.build import DialogSettings
 from hexbundle.config.model import ROPE_SCALING_TYPES, RopeScaling
 from hexbundle.config.devices import DeviceOptions, RuntimeSettings
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER
-from hexbundle.config.runtime_files import BIN, DSP, LIB, TARGETS, script_name
-from hexbundle.formats.genie_clients import CLIENTS
+from hexbundle.config.runtime_files import BIN, CLIENTS, DSP, LIB, TARGETS, script_name
 from hexbundle.formats.genie_ranges import range_problems
 from hexbundle.support.errors import InputError, VerifyError
 from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, kind_of, link_target

@@ -33,20 +33,17 @@ import stat
 from pathlib import Path
 
 from hexbundle.config.layout import GENIE_CONFIG, MANIFEST, TOKENIZER
-from hexbundle.config.runtime_files import ANDROID, LINUX, runtime_files, script_name
+from hexbundle.config.runtime_files import (ANDROID, CLIENT_TARGETS, CLIENTS, LINUX,
+                                            OPEN_GENIE_SERVER, client_paths, runtime_files,
+                                            script_name)
 from hexbundle.formats.tokenizer import added_token_contents
 from hexbundle.support.atomic import json_bytes
 from hexbundle.support.errors import HexbundleError, output_error
 from hexbundle.support.files import JSON_CONFIG_MAX_BYTES
 from hexbundle.support.jsondoc import read_json
 
-CLIENTS = "clients"
-OPEN_GENIE_SERVER = "open-genie-server"
-ENV_CONFIG = "env_config.json"            # open-genie-server's config file name (its default)
 SDK = "sdk"                               # its QAIRT_SDK_ROOT, inside clients/open-genie-server/
-CHIPWRIGHT = "chipwright.json"
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-CLIENT_TARGETS = (LINUX, ANDROID)         # neither client runs on Windows
 # where its prefix cache goes: outside the bundle, which a server must not write into
 PREFIX_CACHE = {LINUX: "/tmp/open-genie-server", ANDROID: "/data/local/tmp/open-genie-server"}
 
@@ -93,34 +90,37 @@ def _rebased(config: dict, prefix: str) -> dict:
     return out
 
 
-def open_genie_server_files(bundle: Path, model: str, runtime: dict) -> dict:
-    if not PLAIN_NAME.fullmatch(model):   # it names a folder
-        raise ValueError(f"the model name {model!r} is not a plain folder name")
-    here = f"{CLIENTS}/{OPEN_GENIE_SERVER}"         # its working directory
-    to_bundle = "../" * (here.count("/") + 1)        # from here to the bundle
-    skel, genie = _runtime_file(runtime, "skel"), _runtime_file(runtime, "libGenie")
+def _up(path: str) -> str:
+    """From the folder of `path` (a bundle path) back to the bundle."""
+    return "../" * path.count("/")
+
+
+def open_genie_server_files(bundle: Path, model: str, runtime: dict, paths: dict) -> dict:
+    here = OPEN_GENIE_SERVER                          # its working directory
+    genie = _runtime_file(runtime, "libGenie")
     config = read_json(bundle / GENIE_CONFIG, GENIE_CONFIG, JSON_CONFIG_MAX_BYTES)
     template = chat_template(bundle / TOKENIZER)
     env = {"QAIRT_SDK_ROOT": SDK,
-           "GENIE_LIB_PATH": to_bundle + genie.bundle_path,
+           "GENIE_LIB_PATH": _up(here + "/") + genie.bundle_path,
            "HEXAGON_VERSION": "v" + runtime["dsp_arch"].lower().lstrip("v"),
            # auto: Qualcomm Linux (OE) or Ubuntu, as the board says; both take the OE libraries
            "TARGET_PLATFORM": "android" if runtime["target"] == ANDROID else "auto",
            **({"CHAT_TEMPLATE": template} if template else {}),
            "PREFIX_CACHE_DIR": PREFIX_CACHE[runtime["target"]],
            "TEXT_SLOTS": [{"name": model, "model_root": model}]}
-    return {f"{here}/{ENV_CONFIG}": json_bytes(env),
-            f"{here}/{model}/{GENIE_CONFIG}": json_bytes(_rebased(config, "../" + to_bundle)),
-            f"{here}/{SDK}/{skel.sdk_path}": skel.bundle_path}
+    slot = paths["slot_config"]
+    return {paths["env_config"]: json_bytes(env),
+            slot: json_bytes(_rebased(config, _up(slot))),
+            paths["skel"]: _runtime_file(runtime, "skel").bundle_path}
 
 
-def chipwright_files(bundle: Path, files: list, runtime: dict) -> dict:
+def chipwright_files(bundle: Path, files: list, runtime: dict, paths: dict) -> dict:
     template = chat_template(bundle / TOKENIZER)
     meta = {"bundle_files": [f for f in files if not f.startswith(CLIENTS + "/")],
             "genie_bin": "sh " + script_name(runtime["target"]),
             "genie_config": GENIE_CONFIG, "tokenizer": TOKENIZER,
             "template": template if template in CHIPWRIGHT_TEMPLATES else "raw"}
-    return {f"{CLIENTS}/{CHIPWRIGHT}": json_bytes({"modality": "llm", "meta": meta})}
+    return {paths["chipwright"]: json_bytes({"modality": "llm", "meta": meta})}
 
 
 def client_files(bundle: Path, model: str, runtime, files: list) -> dict:
@@ -129,8 +129,11 @@ def client_files(bundle: Path, model: str, runtime, files: list) -> dict:
     paths, formats.manifest.bundle_files); {} for a bundle the clients cannot run."""
     if not serves(runtime):
         return {}
-    return {**open_genie_server_files(bundle, model, runtime),
-            **chipwright_files(bundle, files, runtime)}
+    if not PLAIN_NAME.fullmatch(model):   # it names a folder
+        raise ValueError(f"the model name {model!r} is not a plain folder name")
+    paths = client_paths(model, runtime["target"], runtime["dsp_arch"])
+    return {**open_genie_server_files(bundle, model, runtime, paths),
+            **chipwright_files(bundle, files, runtime, paths)}
 
 
 def write_clients(bundle: Path, model: str, runtime, files: list, link) -> list:
@@ -201,5 +204,5 @@ def client_problems(bundle: Path, manifest: dict) -> list:
     return problems
 
 
-__all__ = ["CLIENTS", "OPEN_GENIE_SERVER", "ENV_CONFIG", "CHIPWRIGHT", "chat_template",
-           "client_files", "write_clients", "client_problems", "serves"]
+__all__ = ["CLIENTS", "chat_template", "client_files", "write_clients", "client_problems",
+           "serves"]
