@@ -106,6 +106,7 @@ def runtime_files(target: str, dsp_arch: str) -> tuple:
 # docs/deploy.md). Neither client runs on Windows.
 CLIENTS = "clients"
 OPEN_GENIE_SERVER = f"{CLIENTS}/open-genie-server"    # its working directory
+OPEN_GENIE_SERVER_SDK = "sdk"     # its QAIRT_SDK_ROOT, relative to its working directory
 CLIENT_TARGETS = (LINUX, ANDROID)
 
 
@@ -119,7 +120,7 @@ def client_paths(model: str, target: str, dsp_arch: str) -> dict:
     skel = next(f for f in runtime_files(target, dsp_arch) if f.role == "skel")
     return {"env_config": f"{OPEN_GENIE_SERVER}/env_config.json",
             "slot_config": f"{OPEN_GENIE_SERVER}/{model}/genie_config.json",
-            "skel": f"{OPEN_GENIE_SERVER}/sdk/{skel.sdk_path}",
+            "skel": f"{OPEN_GENIE_SERVER}/{OPEN_GENIE_SERVER_SDK}/{skel.sdk_path}",
             "chipwright": f"{CLIENTS}/chipwright.json"}
 
 

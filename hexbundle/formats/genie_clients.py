@@ -34,15 +34,14 @@ from pathlib import Path
 
 from hexbundle.config.layout import GENIE_CONFIG, MANIFEST, TOKENIZER
 from hexbundle.config.runtime_files import (ANDROID, CLIENT_TARGETS, CLIENTS, LINUX,
-                                            OPEN_GENIE_SERVER, client_paths, runtime_files,
-                                            script_name)
+                                            OPEN_GENIE_SERVER, OPEN_GENIE_SERVER_SDK,
+                                            client_paths, runtime_files, script_name)
 from hexbundle.formats.tokenizer import added_token_contents
 from hexbundle.support.atomic import json_bytes
 from hexbundle.support.errors import HexbundleError, output_error
 from hexbundle.support.files import JSON_CONFIG_MAX_BYTES
 from hexbundle.support.jsondoc import read_json
 
-SDK = "sdk"                               # its QAIRT_SDK_ROOT, inside clients/open-genie-server/
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # where its prefix cache goes: outside the bundle, which a server must not write into
 PREFIX_CACHE = {LINUX: "/tmp/open-genie-server", ANDROID: "/data/local/tmp/open-genie-server"}
@@ -100,7 +99,7 @@ def open_genie_server_files(bundle: Path, model: str, runtime: dict, paths: dict
     genie = _runtime_file(runtime, "libGenie")
     config = read_json(bundle / GENIE_CONFIG, GENIE_CONFIG, JSON_CONFIG_MAX_BYTES)
     template = chat_template(bundle / TOKENIZER)
-    env = {"QAIRT_SDK_ROOT": SDK,
+    env = {"QAIRT_SDK_ROOT": OPEN_GENIE_SERVER_SDK,
            "GENIE_LIB_PATH": _up(here + "/") + genie.bundle_path,
            "HEXAGON_VERSION": "v" + runtime["dsp_arch"].lower().lstrip("v"),
            # auto: Qualcomm Linux (OE) or Ubuntu, as the board says; both take the OE libraries
