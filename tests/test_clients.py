@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.deploy, pytest.mark.heavy]
 
 HOST_GENIE = Path(__file__).resolve().parent / "standin_qairt" / "host" / "genie-t2t-run"
 SKEL = "libQnnHtpV73Skel.so"
+ANDROID_DEVICE = "snapdragon-8gen2"     # a Mobile chipset: an Android board, Hexagon v73
 PROCESS_ENV = ("ADSP_LIBRARY_PATH", "QAIRT_SDK_ROOT", "QNN_SDK_ROOT", "LD_LIBRARY_PATH")
 
 
@@ -40,23 +41,24 @@ def proj(tmp_path_factory):
     for model in ("qwen2-tiny", "llama3-tiny"):
         project.doit("inputs", f"model={model}")
         qairt(project, sdk, model, "bundle")
+    qairt(project, sdk, "qwen2-tiny", "bundle", device=ANDROID_DEVICE)
     project.sdk = sdk
     return project
 
 
-def qairt(project, sdk: Path, model: str, *args, check=True):
+def qairt(project, sdk: Path, model: str, *args, device="iq9075", check=True):
     env = {"QAIRT_SDK_ROOT": str(sdk), "STANDIN_QAIRT_MODE": "ok",
-           "STANDIN_QAIRT_BIN_BYTES": json.dumps(bin_sizes(project, model))}
-    return project.doit(*args, "backend=qairt", "device=iq9075", f"model={model}", env=env,
+           "STANDIN_QAIRT_BIN_BYTES": json.dumps(bin_sizes(project, model, device))}
+    return project.doit(*args, "backend=qairt", f"device={device}", f"model={model}", env=env,
                         check=check)
 
 
-def bin_sizes(project, model: str) -> dict:
+def bin_sizes(project, model: str, device: str) -> dict:
     """The bytes the size model expects of each bin (the stand-in compile pads to them)."""
     from hexbundle.checks import sizes
     from hexbundle.config.layout import Layout
     from hexbundle.steps.options import bundle_options
-    layout = Layout(load_build(project.root, {"backend": "qairt", "device": "iq9075",
+    layout = Layout(load_build(project.root, {"backend": "qairt", "device": device,
                                               "model": model}))
     o = bundle_options(layout.cfg)
     return {layout.bin_name(e.part): e.packed
@@ -147,6 +149,25 @@ def test_open_genie_server_finds_libgenie_the_skel_the_model_and_its_template(
              *engine["model"]["binary"]["ctx-bins"]]
     assert [Path(p).parent for p in named] == [real] * len(named)
     assert all(Path(p).is_file() for p in named)
+
+
+def test_on_android_open_genie_server_searches_the_bundles_skel_after_the_vendors(proj,
+                                                                                  tmp_path):
+    """Android: open-genie-server's own order puts /vendor/lib/rfsa/adsp first (its choice
+    for that OS, docs/deploy.md); the bundle's skel folder is the next."""
+    bundle = proj.bundle(device=ANDROID_DEVICE, backend="qairt")
+    config = bundle / "clients" / "open-genie-server" / "env_config.json"
+    assert json.loads(config.read_text())["TARGET_PLATFORM"] == "android"
+    with server_process(config.parent):
+        cfg = load_config(config.name)
+        assert cfg.platform == "android"
+        lib = Path(cfg.resolved_genie_lib_path()).resolve()
+        cfg.apply_process_env()
+        search = os.environ["ADSP_LIBRARY_PATH"].split(";")
+        skel_dir = Path(search[1]).resolve()
+    assert search[0] == "/vendor/lib/rfsa/adsp"
+    assert (skel_dir / SKEL).read_bytes() == (bundle / "dsp" / SKEL).read_bytes()
+    assert lib == bundle.resolve() / "lib" / "libGenie.so"
 
 
 def test_without_clients_open_genie_server_misses_libgenie_the_skel_the_name_and_template(
