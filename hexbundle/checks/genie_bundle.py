@@ -33,6 +33,9 @@ Checks that work on any bundle (QNN context binaries from any tool):
                64-bit, run.sh exactly as hexbundle writes it and executable, the bins' QAIRT,
                digests) or the QAIRT version the board needs (runtime = "board", with no lib/,
                dsp/ or bin/); checks/runtime_check.py
+  clients      from manifest.json: clients/, what other Genie clients read (open-genie-server's
+               env_config.json and model folder, chipwright's run block), byte for byte what the
+               bundle step writes for this bundle (formats/genie_clients.py), nothing else there
   model        with --model-config (the model's Hugging Face config.json): n-vocab, rope-theta,
                kv-dim, pos-id-dim, RoPE scaling and the bos/eos ids against it
 Checks that need hexbundle-format bins (the reference backend's; QNN bins are opaque here):
@@ -49,6 +52,7 @@ from typing import Optional
 
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER
 from hexbundle.formats.genie import bundle_entries, entry_problems, unlisted_problems
+from hexbundle.formats.genie_clients import CLIENTS, client_problems
 from hexbundle.formats.genie_ranges import range_problems
 from hexbundle.formats.genie_schema import DIALOG, QAIRT_DEV_VERSION
 from hexbundle.checks.runtime_check import check_runtime
@@ -110,8 +114,19 @@ def check_bundle(bundle: Path, chipsets: dict, model_config: Optional[Path] = No
     _check_sizes(report)
     manifest = _read_manifest(report)
     check_runtime(report, htp, manifest)
+    _check_clients(report, manifest)
     _check_image(report, manifest)
     return report
+
+
+def _check_clients(report: BundleReport, manifest) -> None:
+    """clients/ as the bundle step writes it (formats/genie_clients.py); judged when the
+    manifest says what the bundle is, or when a bundle without one has clients/ anyway."""
+    if manifest is None and not report.entries.get(CLIENTS, "") == "a directory":
+        return
+    report.checked.append("clients")
+    for problem in client_problems(report.path, manifest or {}):
+        report.problem("clients", problem)
 
 
 def _read_manifest(report: BundleReport):

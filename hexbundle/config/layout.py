@@ -535,16 +535,19 @@ class Layout(ProjectLayout):
         return [self.bundle_dir / n for n in names + self.runtime_bundle_files()]
 
     def runtime_bundle_files(self) -> list:
-        """A qairt bundle's launcher and required runtime files (config/runtime_files.py), as
-        bundle-relative POSIX paths; the optional ones are there when the SDK has them."""
+        """A qairt bundle's launcher and required runtime files (config/runtime_files.py), and
+        the other clients' files, as bundle-relative POSIX paths; the optional ones are there
+        when the SDK has them."""
         cfg = self.cfg
         if cfg.backend != "qairt":
             return []
-        from hexbundle.config.runtime_files import runtime_files, script_name   # its table
+        from hexbundle.config.runtime_files import (client_paths, runtime_files,   # its table
+                                                    script_name)
         out = [script_name(cfg.device.os)]
         if cfg.runtime == "bundled":
             out += [f.bundle_path for f in runtime_files(cfg.device.os, cfg.device.dsp_arch)
                     if f.required]
+            out += list(client_paths(cfg.model.name, cfg.device.os, cfg.device.dsp_arch).values())
         return out
 
     @property

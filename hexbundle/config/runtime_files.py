@@ -102,6 +102,28 @@ def runtime_files(target: str, dsp_arch: str) -> tuple:
     return tuple(files)
 
 
+# Other Genie clients' files in a bundle: where they go (formats/genie_clients.py writes them,
+# docs/deploy.md). Neither client runs on Windows.
+CLIENTS = "clients"
+OPEN_GENIE_SERVER = f"{CLIENTS}/open-genie-server"    # its working directory
+OPEN_GENIE_SERVER_SDK = "sdk"     # its QAIRT_SDK_ROOT, relative to its working directory
+CLIENT_TARGETS = (LINUX, ANDROID)
+
+
+def client_paths(model: str, target: str, dsp_arch: str) -> dict:
+    """{role: bundle path} of the clients' files in a bundle carrying its runtime for `target`
+    ({} for a board OS neither client runs on): open-genie-server's config, its slot folder
+    (named after the model: the model's id there) and the skel at its SDK path under its
+    QAIRT_SDK_ROOT; chipwright's run block."""
+    if target not in CLIENT_TARGETS:
+        return {}
+    skel = next(f for f in runtime_files(target, dsp_arch) if f.role == "skel")
+    return {"env_config": f"{OPEN_GENIE_SERVER}/env_config.json",
+            "slot_config": f"{OPEN_GENIE_SERVER}/{model}/genie_config.json",
+            "skel": f"{OPEN_GENIE_SERVER}/{OPEN_GENIE_SERVER_SDK}/{skel.sdk_path}",
+            "chipwright": f"{CLIENTS}/chipwright.json"}
+
+
 def target_for(world: str, board_os: str = "") -> str:
     """The board OS of a device: the board's own, else its chipset's world's usual one."""
     return board_os or WORLD_TARGETS.get(world, DEFAULT_TARGET)

@@ -20,7 +20,7 @@ from hexbundle.config.build import DialogSettings
 from hexbundle.config.model import ROPE_SCALING_TYPES, RopeScaling
 from hexbundle.config.devices import DeviceOptions, RuntimeSettings
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER
-from hexbundle.config.runtime_files import BIN, DSP, LIB, TARGETS, script_name
+from hexbundle.config.runtime_files import BIN, CLIENTS, DSP, LIB, TARGETS, script_name
 from hexbundle.formats.genie_ranges import range_problems
 from hexbundle.support.errors import InputError, VerifyError
 from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, kind_of, link_target
@@ -62,9 +62,12 @@ def entry_problems(bundle: Path, entries: dict) -> list:
                             "pushed one carries it; put the file itself there")
         elif kind == "a directory" and name in RUNTIME_DIRS:
             problems += runtime_dir_problems(bundle, name)
+        elif kind == "a directory" and name == CLIENTS:
+            problems += clients_dir_problems(bundle / name, name)
         elif kind is not None:
             problems.append(f"{name}: {kind}, not a file; a Genie bundle is one directory of "
-                            "files (and the runtime's lib/, dsp/ and bin/): remove it")
+                            "files (and the runtime's lib/, dsp/ and bin/, and clients/): "
+                            "remove it")
     return problems
 
 
@@ -80,6 +83,24 @@ def runtime_dir_problems(bundle: Path, name: str) -> list:
                                 "bundle: put the file itself there")
             elif not stat.S_ISREG(mode):
                 problems.append(f"{name}/{entry.name}: {kind_of(mode)}, not a file: remove it")
+    return problems
+
+
+def clients_dir_problems(folder: Path, shown: str) -> list:
+    """clients/ (formats/genie_clients.py): folders and regular files, nothing followed; what
+    they hold is judged against what the bundle step writes (genie_clients.client_problems)."""
+    problems = []
+    with os.scandir(folder) as found:
+        for entry in sorted(found, key=lambda e: e.name):
+            mode = entry.stat(follow_symlinks=False).st_mode
+            name = f"{shown}/{entry.name}"
+            if stat.S_ISDIR(mode):
+                problems += clients_dir_problems(folder / entry.name, name)
+            elif stat.S_ISLNK(mode):
+                problems.append(f"{name}: a symbolic link (to {link_target(folder / entry.name)})"
+                                ", not a file of the bundle: put the file itself there")
+            elif not stat.S_ISREG(mode):
+                problems.append(f"{name}: {kind_of(mode)}, not a file: remove it")
     return problems
 
 

@@ -18,7 +18,8 @@ from hexbundle.checks import sizes
 from hexbundle.checks.genie_bundle import check_bundle
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER, Layout
 from hexbundle.formats.genie import genie_config, htp_backend_ext_config
-from hexbundle.formats.manifest import bundle_manifest, write_build_info
+from hexbundle.formats.genie_clients import write_clients
+from hexbundle.formats.manifest import bundle_files, bundle_manifest, write_build_info
 from hexbundle.formats.tokenizer import special_token_ids
 from hexbundle.inputs.export import check_pins
 from hexbundle.steps.options import BundleOptions, bundle_options
@@ -115,6 +116,10 @@ def assemble(layout: Layout, options: BundleOptions, backend_version: str,
         carry.adopt(bins + [staging / b.name for b in bins])
         runtime = qairt_runtime(options, bins, staging, log) if options.backend == "qairt" \
             else None
+        clients = write_clients(staging, cfg.model.name, runtime, bundle_files(staging),
+                                link_or_copy)
+        if clients:
+            log(f"other Genie clients: {', '.join(clients)} (docs/deploy.md)")
         write_json(staging / MANIFEST, bundle_manifest(layout, staging, backend_version,
                                                        sizes_expected, unencoded or {}, runtime,
                                                        image))
