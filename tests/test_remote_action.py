@@ -310,16 +310,12 @@ def test_the_remote_executor_settings_are_checked_when_the_config_loads(tmp_path
 def test_a_remote_executions_action_holds_no_absolute_path_and_its_whole_input_root(tmp_path):
     """Two machines (project and build root elsewhere) make the same Action for a step, its
     spec relocated into the input root, every file of which is in the blobs to upload."""
-    from hexbundle.graph.remote_steps import without_remote
     from hexbundle.remote.action import exec_action
-    from hexbundle.steps.executor import step_spec
     actions = []
     for name in ("a", "b"):
         layout = machine(tmp_path, name)
         dlcs = [layout.dlc(g) for g in layout.cfg.model.graphs(layout.cfg.part(2))]
-        spec = step_spec(layout, "compile", part=2)
-        spec["config"] = without_remote(spec["config"])
-        step = exec_action(layout, spec, dlcs, [layout.bin(layout.cfg.part(2))])
+        step = exec_action(layout, compile_spec(layout), dlcs, [layout.bin(layout.cfg.part(2))])
         text = step.command.arguments[2]
         assert str(tmp_path) not in text and str(layout.root) not in text, text
         assert step.command.arguments[:2] == [os.path.abspath(sys.executable),
@@ -332,14 +328,22 @@ def test_a_remote_executions_action_holds_no_absolute_path_and_its_whole_input_r
     assert actions[0] == actions[1]
 
 
+def compile_spec(layout: Layout) -> dict:
+    """The runner's spec of part 2's compile as dodo.py declares it: its description alone."""
+    from hexbundle.graph.stepdesc import Step, description
+    from hexbundle.steps.executor import described_spec
+    from hexbundle.steps.options import compile_step_options
+    part = layout.cfg.part(2)
+    step = Step("compile:x", "compile", "", compile_step_options(layout, part),
+                inputs=[("dlc", layout.dlc(g)) for g in layout.cfg.model.graphs(part)],
+                outputs=[("bin", layout.bin(part))], arguments={"part": 2}, described=True)
+    return described_spec(layout, description(step))
+
+
 def exec_compile(layout: Layout):
-    from hexbundle.graph.remote_steps import without_remote
     from hexbundle.remote.action import exec_action
-    from hexbundle.steps.executor import step_spec
     dlcs = [layout.dlc(g) for g in layout.cfg.model.graphs(layout.cfg.part(2))]
-    spec = step_spec(layout, "compile", part=2)
-    spec["config"] = without_remote(spec["config"])
-    return exec_action(layout, spec, dlcs, [layout.bin(layout.cfg.part(2))])
+    return exec_action(layout, compile_spec(layout), dlcs, [layout.bin(layout.cfg.part(2))])
 
 
 def with_settings(layout: Layout, **settings) -> Layout:

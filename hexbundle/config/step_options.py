@@ -35,4 +35,5 @@ class CompileStepOptions:
     them: the user's files, not the DLCs)."""
     backend: str
     compile: CompileOptions
-    graph_sources: tuple              # (graph name, (source file, ...)) in bin order
+    graph_sources: tuple              # (graph name, (source file, ...)) in bin order, each
+                                      # relative to the inputs directory (steps.options)

@@ -20,6 +20,7 @@ Kept free of heavy imports: dodo.py imports it to declare the tasks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from hexbundle.config.backend_options import CompileOptions, ConvertOptions
 from hexbundle.config.build import BuildConfig, VerifySettings
@@ -142,10 +143,22 @@ def compile_step_options(layout: Layout, part: Part) -> CompileStepOptions:
     """All the compile step of `part` reads besides its DLCs: the backend, its CompileOptions
     and the files each graph was converted from (named when the compile refuses them)."""
     cfg = layout.cfg
-    sources = tuple((g.name, tuple(layout.rel(p) for p in layout.graph_inputs(g)))
+    sources = tuple((g.name, tuple(source_name(layout, p) for p in layout.graph_inputs(g)))
                     for g in cfg.model.graphs(part))
     return CompileStepOptions(backend=cfg.backend, compile=compile_options(cfg, part),
                               graph_sources=sources)
+
+
+def source_name(layout: Layout, path) -> str:
+    """A graph's input file as a message names it and a key may hold it: relative to the
+    model's inputs directory (the export's), the build root or the project; the same on every
+    machine, so the step's key and remote Action are too (no absolute path)."""
+    for base in (layout.inputs_dir, layout.build_root, layout.root):
+        try:
+            return str(Path(path).relative_to(base))
+        except ValueError:
+            continue
+    return Path(path).name
 
 
 def genie_options(cfg: BuildConfig) -> GenieOptions:
