@@ -28,8 +28,8 @@ from hexbundle.checks.exact import PartGraph, exact_checks
 from hexbundle.config.layout import Layout
 from hexbundle.formats.ctxbin import read_ctxbin
 from hexbundle.formats.dlc import read_dlc
-from hexbundle.steps.options import compile_options
-from hexbundle.steps.outputkey import compile_key, convert_key
+from hexbundle.steps.options import compile_options, convert_options
+from hexbundle.steps.outputkey import output_key
 from hexbundle.support.errors import BackendError, HexbundleError
 
 
@@ -116,3 +116,19 @@ class DlcAsPart:
 
     def weight_blocks(self, graph_name: str, tensor_name: str, block_elements: int):
         return self.reader.weight_blocks(tensor_name, block_elements)
+
+
+# The output keys the described steps computed from their descriptions (steps/convert.py,
+# steps/compile.py: the same arguments, options and input files in the same order), from the
+# local layout.
+def convert_key(layout: Layout, part: int, graph_kind: str) -> str:
+    graph = layout.cfg.graph(part, graph_kind)
+    return output_key("convert", {"part": part, "graph": graph_kind}, convert_options(layout.cfg),
+                      layout.graph_inputs(graph))
+
+
+def compile_key(layout: Layout, part_index: int) -> str:
+    cfg = layout.cfg
+    part = cfg.part(part_index)
+    return output_key("compile", {"part": part_index}, compile_options(cfg, part),
+                      [layout.dlc(g) for g in cfg.model.graphs(part)])

@@ -19,7 +19,7 @@ from hexbundle.backends.weightplan import graph_encodings, plan_weights
 from hexbundle.formats.encodings import require_encodings_file
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.inputs import validate
-from hexbundle.inputs.export import require_pins
+from hexbundle.inputs.pins import require_pins
 from hexbundle.steps.description import Description
 from hexbundle.steps.outputkey import output_key
 from hexbundle.support import progress
