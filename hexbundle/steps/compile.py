@@ -8,13 +8,14 @@ the backend's CompileOptions, the files each graph was converted from, for its m
 from __future__ import annotations
 
 from hexbundle.backends import get_backend
+from hexbundle.config.step_options import CompileStepOptions
 from hexbundle.steps.description import Description
 from hexbundle.steps.outputkey import output_key
 from hexbundle.support.errors import HexbundleError, SharedWeightError
 
 
 def compile_part(described: Description, log) -> None:
-    o = described.options
+    o: CompileStepOptions = described.options
     options, binary = o.compile, described.output("bin")
     backend = get_backend(o.backend)
     log(f"compile {binary.name}: backend {o.backend} ({backend.toolchain_version()}),"

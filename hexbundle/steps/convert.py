@@ -13,9 +13,11 @@ reads the files itself).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from hexbundle.backends import ConvertOptions, get_backend
 from hexbundle.backends.weightplan import graph_encodings, plan_weights
+from hexbundle.config.step_options import ConvertStepOptions
 from hexbundle.formats.encodings import require_encodings_file
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.inputs import validate
@@ -26,7 +28,7 @@ from hexbundle.support import progress
 
 
 def convert_graph(described: Description, log) -> None:
-    o = described.options
+    o: ConvertStepOptions = described.options
     backend = get_backend(o.backend)
     log(f"convert {o.graph.name}: backend {o.backend} ({backend.toolchain_version()})")
     validate_graph_inputs(described, log, scan_values=not backend.checks_weight_values)
@@ -46,12 +48,12 @@ def validate_graph_inputs(described: Description, log, scan_values: bool = True)
     ONNX's structure and I/O, and (scan_values) every weight's values, streamed. Run before a
     remote cache is asked too (graph/remote_steps.py): a cache that has the step must not let
     a broken input through."""
-    o = described.options
+    o: ConvertStepOptions = described.options
     onnx_path, encodings_path = described.input("onnx"), described.input("encodings")
     require_pins(described.input_paths(), dict(o.pins), o.model_config)
     # before the step's key is made of its bytes (steps/outputkey), in the encodings' own words
     require_encodings_file(encodings_path)
-    proto = validate.check_graph(onnx_path, o.architecture, o.graph, o.model_config)
+    proto = validate.check_graph(onnx_path, o.architecture, o.graph, Path(o.model_config))
     log(f"{onnx_path.name}: ONNX checked (structure, onnx.checker full check, inputs and "
         f"outputs of {o.graph.name} as {o.model_config} says)")
     if scan_values:
