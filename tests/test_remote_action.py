@@ -277,19 +277,27 @@ def test_a_fetched_output_that_fails_its_check_says_the_checks_own_error(tmp_pat
     """graph/remote_steps.fetch_check through the real local executor: a fetched DLC that is
     not one is refused with the check step's own error (StepFailed.error, from the step's log),
     not the executor's "failed (exit 1)" line and log tail."""
-    from hexbundle.graph.remote_steps import fetch_check
+    from hexbundle.graph.remote_steps import check_description, described_run, fetch_check
+    from hexbundle.graph.stepdesc import Step, description
     from hexbundle.steps.executor import run_step
+    from hexbundle.steps.options import convert_step_options
     from hexbundle.support.errors import HexbundleError, StepFailed
     layout = machine(tmp_path, "one")
     graph = next(iter(layout.cfg.model.graphs(layout.cfg.part(2))))
     fetched = layout.dlc(graph).with_name(".fetched.tmp")
     fetched.write_bytes(b"not a DLC")
     extra = {"part": 2, "graph": graph.slot}
+    files = layout.graph_files(graph)
+    convert = description(Step("convert:x", "convert", "", convert_step_options(layout, graph),
+                               inputs=[("onnx", files.onnx), *(("data", d) for d in files.data),
+                                       ("encodings", files.encodings)],
+                               outputs=[("dlc", layout.dlc(graph))], arguments=extra,
+                               described=True))
     with pytest.raises(StepFailed) as failed:
-        run_step(layout, "convert:x:cache-check", "check", of="convert",
-                 files={str(layout.dlc(graph)): str(fetched)}, **extra)
+        run_step(layout, "convert:x:cache-check", "check",
+                 description=check_description(layout, convert, {layout.dlc(graph): fetched}))
     assert str(fetched) in failed.value.error and "\n" not in failed.value.error
-    check = fetch_check(run_step, layout, "convert:x", "convert", extra)
+    check = fetch_check(described_run(run_step, convert), layout, "convert:x", "convert", extra)
     with pytest.raises(HexbundleError) as refused:
         check({layout.dlc(graph): fetched})
     assert str(refused.value) == failed.value.error

@@ -151,3 +151,28 @@ def test_a_description_whose_options_lack_a_field_is_refused_in_one_line(describ
         assert code == 1, lines
         assert len(lines) == 1 and lines[0].startswith("error: "), lines
         assert "Traceback" not in lines[0] and name in lines[0], lines
+
+
+@pytest.mark.parametrize("trust", ["trusted", "verify"])
+@pytest.mark.parametrize("step", sorted(TASKS))
+def test_the_check_of_a_fetched_output_needs_only_its_declared_inputs(built, described, step,
+                                                                      trust, tmp_path):
+    """The `check` step (steps/check.py), described by graph.remote_steps.check_description:
+    a cache hit's download (here the normal build's own output) passes its checks as a worker
+    runs them, with only the download and the inputs its description declares (under verify,
+    a compile's graphs' ONNX and encodings too)."""
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.graph.remote_steps import check_description
+    cfg = load_build(built.root)
+    layout = Layout(dataclasses.replace(cfg, remote=dataclasses.replace(cfg.remote,
+                                                                        cache_trust=trust)))
+    checked = described[TASKS[step]]
+    target = paths_of(checked, "outputs")[0]
+    fetched = target.with_name(".fetched.tmp")
+    shutil.copyfile(target, fetched)
+    try:
+        check = check_description(layout, checked, {target: fetched})
+        assert run_as_worker(built, check, tmp_path / "worker") == {}   # it writes nothing
+    finally:
+        fetched.unlink()

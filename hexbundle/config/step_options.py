@@ -37,3 +37,13 @@ class CompileStepOptions:
     compile: CompileOptions
     graph_sources: tuple              # (graph name, (source file, ...)) in bin order, each
                                       # relative to the inputs directory (steps.options)
+
+
+@dataclass(frozen=True)
+class CheckStepOptions:
+    """The check of a cache hit's outputs (steps/check.py): which step made them, that step's
+    options (its output key is computed again from them and its inputs) and whether the exact
+    checks run too (remote_cache_trust = "verify")."""
+    of: str                           # "convert" | "compile"
+    checked: object                   # its ConvertStepOptions | CompileStepOptions
+    verify: bool

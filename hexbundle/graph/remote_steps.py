@@ -184,10 +184,36 @@ def fetch_check(run, layout: Layout, task_name: str, step: str, extra: dict):
 
     def check(files: dict) -> None:
         try:
-            run(layout, f"{task_name}:cache-check", "check", of=step,
-                files={str(t): str(p) for t, p in files.items()}, **extra)
+            run(layout, f"{task_name}:cache-check", "check",
+                description=check_description(layout, run.description, files))
         except StepFailed as exc:   # the step's own error line, not the log's tail
             raise HexbundleError(exc.error or str(exc).splitlines()[0]) from None
         except HexbundleError as exc:
             raise HexbundleError(str(exc).splitlines()[0]) from None
     return check
+
+
+def check_description(layout: Layout, checked: dict, files: dict) -> dict:
+    """The `check` step's description (steps/check.py) of a hit's downloads `files` (target ->
+    temp file) of the described step `checked`: the downloads (role "fetched", in the step's
+    output order), the step's own inputs (its output key is made of them again), and under
+    remote_cache_trust = "verify" a compile's graphs' ONNX, encodings and data files (the exact
+    checks read them: roles "source_onnx" / "source_encodings" in bin order, "source_data")."""
+    from hexbundle.config.step_options import CheckStepOptions
+    from hexbundle.steps.description import Description, from_json, to_json
+    step = from_json(checked)
+    verify = layout.cfg.remote.cache_trust == "verify"
+    targets = [path for _, path in step.outputs]
+    from pathlib import Path
+    fetched = {Path(t).name: Path(p) for t, p in files.items()}   # a step's outputs: one name each
+    inputs = [("fetched", fetched[t.name]) for t in targets] + list(step.inputs)
+    if verify and step.step == "compile":
+        part = layout.cfg.part(step.arguments["part"])
+        for graph in layout.cfg.model.graphs(part):
+            inputs += [("source_onnx", layout.onnx(graph)),
+                       ("source_encodings", layout.encodings(graph))]
+        data = {d for g in layout.cfg.model.graphs(part) for d in layout.graph_files(g).data}
+        inputs += [("source_data", d) for d in layout.part_inputs(part) if d in data]
+    return to_json(Description("check", {**step.arguments, "targets": [t.name for t in targets]},
+                               tuple(inputs), (), CheckStepOptions(step.step, step.options,
+                                                                   verify)))

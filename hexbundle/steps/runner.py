@@ -4,7 +4,7 @@ or on a remote worker.
 A described step's spec is {"step", "description", "digest_cache"}: its description
 (steps.description: its input and output paths, arguments and typed options, the value its key
 is made of) is all its function receives, with `log`; no Layout, no config. The steps not yet
-described (inputs, bundle, check) get {"step": ..., "config": ..., ...}: the config the doit
+described (inputs, bundle) get {"step": ..., "config": ..., ...}: the config the doit
 run resolved (config.resolved), rebuilt here as the same frozen values. Output goes to `log`
 (stdout in the container), which the executor sends to the step's log file.
 """
@@ -29,8 +29,8 @@ from hexbundle.support.jsondoc import parse_json
 
 # The step names are the doit tasks' names: task `compile` runs steps/compile.py, and so on.
 # A described step's function takes (description, log); the others (layout, spec, log).
-DESCRIBED = {"convert": convert_graph, "compile": compile_part}
-STEPS = {"inputs": generate_inputs, "bundle": assemble_bundle, "check": check_fetched}
+DESCRIBED = {"convert": convert_graph, "compile": compile_part, "check": check_fetched}
+STEPS = {"inputs": generate_inputs, "bundle": assemble_bundle}
 
 
 def print_log(msg: str) -> None:
