@@ -46,7 +46,7 @@ def run_step_recorded(run, layout: Layout, task_name: str, step: str,
 
 def described_run(run, description: dict):
     """`run` that hands the step its description (steps.executor.run_step); the `check` step
-    a cache hit gets (fetch_check) is not described and runs as before."""
+    a cache hit gets (fetch_check) is given its own (check_description)."""
     def run_described(layout, task_name, step, **extra):
         if step != description["step"]:
             return run(layout, task_name, step, **extra)
@@ -199,12 +199,13 @@ def check_description(layout: Layout, checked: dict, files: dict) -> dict:
     output order), the step's own inputs (its output key is made of them again), and under
     remote_cache_trust = "verify" a compile's graphs' ONNX, encodings and data files (the exact
     checks read them: roles "source_onnx" / "source_encodings" in bin order, "source_data")."""
+    from pathlib import Path
+
     from hexbundle.config.step_options import CheckStepOptions
     from hexbundle.steps.description import Description, from_json, to_json
     step = from_json(checked)
     verify = layout.cfg.remote.cache_trust == "verify"
     targets = [path for _, path in step.outputs]
-    from pathlib import Path
     fetched = {Path(t).name: Path(p) for t, p in files.items()}   # a step's outputs: one name each
     inputs = [("fetched", fetched[t.name]) for t in targets] + list(step.inputs)
     if verify and step.step == "compile":
