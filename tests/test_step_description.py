@@ -7,7 +7,9 @@ into a fresh input root laid out as its description says, the code beside them, 
 moved away, `python scripts/step.py <spec>` run there; its outputs must be byte-identical to the
 normal build's. A step that reads a file its description does not declare fails here (shown
 with a description that leaves one out). The fields a step reads are those of its options type:
-read through a recorder, and a description without one of them is refused in one line."""
+read through a recorder, and a description without one of them is refused in one line. The
+`check` step a cache hit's downloads get (graph.remote_steps.check_description) runs as a worker
+runs it with only its declared inputs, under both remote_cache_trust settings."""
 from __future__ import annotations
 
 import dataclasses
