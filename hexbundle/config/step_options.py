@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from hexbundle.config.backend_options import CompileOptions, ConvertOptions
 from hexbundle.config.model import Architecture, Graph
+from hexbundle.config.schema import FrozenMap
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class ConvertStepOptions:
     graph: Graph
     architecture: Architecture
     model_config: str                 # e.g. "configs/models/qwen2-tiny.toml": named, not read
-    pins: tuple                       # (input file name, "sha256:..." | "xxh3:...") pairs, sorted
+    pins: FrozenMap                   # input file name -> "sha256:..." | "xxh3_128:..."
     convert: ConvertOptions
 
 

@@ -6,7 +6,8 @@ input and output files, and whether it runs through the backend (the toolchain).
 
   doit task     file_dep = inputs, targets = outputs, uptodate = [its step key, the recorded
                 outputs unchanged (check_outputs), its own extra checks];
-  step key      {"step", "arguments", "options", "code", "pins", "toolchain"? | "image"?}: canonical
+  step key      {"step", "arguments", "options", "code", "pins"? (not for a described step:
+                its options hold them), "toolchain"? | "image"?}: canonical
                 typed JSON (formats.stepkey, docs/step-key.md); the pins are those of its
                 inputs (config [inputs.pins]); "toolchain" is {"backend", "version"} for a
                 step that runs through the backend; "image" (executor=docker) the toolchain
@@ -88,7 +89,9 @@ def key(step: Step, layout: Layout):
     from hexbundle.graph.keys import image_id, pinned, step_code, step_key
     cfg = layout.cfg
     document = {"step": step.step, "arguments": dict(step.arguments), "options": step.options,
-                "code": step_code(step.step), "pins": pinned(cfg, step.input_paths)}
+                "code": step_code(step.step)}
+    if not step.described:   # a described step's options hold the pins it checks (convert's)
+        document["pins"] = pinned(cfg, step.input_paths)
     if step.toolchain:
         document["toolchain"] = lambda: {"backend": cfg.backend,
                                          "version": _version(cfg, step.copies_runtime)}

@@ -26,6 +26,7 @@ from hexbundle.config.backend_options import CompileOptions, ConvertOptions
 from hexbundle.config.build import BuildConfig, VerifySettings
 from hexbundle.config.layout import Layout
 from hexbundle.config.model import Architecture, Graph, Part, Quantization
+from hexbundle.config.schema import FrozenMap
 from hexbundle.config.step_options import CompileStepOptions, ConvertStepOptions
 from hexbundle.formats.genie import GenieOptions
 
@@ -134,8 +135,8 @@ def convert_step_options(layout: Layout, graph: Graph) -> ConvertStepOptions:
     return ConvertStepOptions(
         backend=cfg.backend, graph=graph, architecture=cfg.model.architecture,
         model_config=layout.rel(layout.model_config_path),
-        pins=tuple(sorted((p.name, pins[p.name]) for p in layout.graph_inputs(graph)
-                          if p.name in pins)),
+        pins=FrozenMap({p.name: pins[p.name] for p in layout.graph_inputs(graph)
+                        if p.name in pins}),
         convert=convert_options(cfg))
 
 
