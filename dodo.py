@@ -168,29 +168,32 @@ def task_check_bundle():
 
 def task_convert():
     """ONNX + AIMET encodings -> DLC, one per graph (quantize weights; floats to fp16)."""
-    from hexbundle.steps.options import convert_options
+    from hexbundle.steps.options import convert_step_options
     cfg, layout = BUILD.cfg, BUILD.layout
     for part in BUILD.parts:
         for graph in cfg.model.graphs(part):
+            files = layout.graph_files(graph)
             yield task(Step(f"convert:{part.tag}_{graph.slot}", "convert",
-                            f"convert {graph.name}", convert_options(cfg),
-                            inputs=layout.graph_inputs(graph), outputs=[layout.dlc(graph)],
+                            f"convert {graph.name}", convert_step_options(layout, graph),
+                            inputs=[("onnx", files.onnx), *(("data", d) for d in files.data),
+                                    ("encodings", files.encodings)],
+                            outputs=[("dlc", layout.dlc(graph))],
                             arguments={"part": part.index, "graph": graph.slot},
-                            toolchain=True, doit=STEP))
+                            toolchain=True, described=True, doit=STEP))
 
 
 def task_compile():
     """A part's DLCs -> one context binary, weights shared and 4-bit weights packed.
 
     The part's prompt and token graph at each context length go into one binary."""
-    from hexbundle.steps.options import compile_options
+    from hexbundle.steps.options import compile_step_options
     cfg, layout = BUILD.cfg, BUILD.layout
     for part in BUILD.parts:
         yield task(Step(f"compile:{part.tag}", "compile", f"compile {layout.bin_name(part)}",
-                        compile_options(cfg, part),
-                        inputs=[layout.dlc(g) for g in cfg.model.graphs(part)],
-                        outputs=[layout.bin(part)], arguments={"part": part.index},
-                        toolchain=True, doit=STEP))
+                        compile_step_options(layout, part),
+                        inputs=[("dlc", layout.dlc(g)) for g in cfg.model.graphs(part)],
+                        outputs=[("bin", layout.bin(part))], arguments={"part": part.index},
+                        toolchain=True, described=True, doit=STEP))
 
 
 def task_check_sizes():

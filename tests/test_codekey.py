@@ -43,10 +43,14 @@ def package_copy(tmp_path) -> Path:
 MUST = {
     "inputs": {"steps/inputs.py", "inputs/synthetic.py", "inputs/generate.py", "inputs/split.py",
                "config/model.py", "runtime/conventions.py", "__init__.py", "inputs/__init__.py"},
-    "convert": {"steps/convert.py", "steps/options.py", "formats/dlc.py", "inputs/validate.py",
-                "backends/__init__.py", "backends/reference.py", "backends/qairt.py"},
-    "compile": {"steps/compile.py", "steps/options.py", "formats/ctxbin.py",
+    # convert and compile receive their description (steps/description.py): the types of their
+    # options (config/step_options.py) are their code; steps/options.py, which computes the
+    # value on the doit side, is not (the value itself is in the key)
+    "convert": {"steps/convert.py", "steps/description.py", "config/step_options.py",
+                "formats/dlc.py", "inputs/validate.py", "backends/__init__.py",
                 "backends/reference.py", "backends/qairt.py"},
+    "compile": {"steps/compile.py", "steps/description.py", "config/step_options.py",
+                "formats/ctxbin.py", "backends/reference.py", "backends/qairt.py"},
     "bundle": {"steps/bundle.py", "checks/sizes.py", "formats/genie.py", "formats/manifest.py"},
     "verify": {"checks/verify.py", "runtime/conventions.py", "runtime/sessions.py",
                "runtime/interpreter.py", "runtime/onnx_graph.py", "runtime/parts.py"},
@@ -54,8 +58,10 @@ MUST = {
 MUST_NOT = {
     "inputs": {"backends/reference.py", "formats/dlc.py", "runtime/interpreter.py",
                "steps/convert.py"},
-    "convert": {"runtime/interpreter.py", "steps/compile.py", "inputs/synthetic.py"},
-    "compile": {"runtime/interpreter.py", "steps/convert.py", "inputs/synthetic.py"},
+    "convert": {"runtime/interpreter.py", "steps/compile.py", "inputs/synthetic.py",
+                "steps/options.py"},
+    "compile": {"runtime/interpreter.py", "steps/convert.py", "inputs/synthetic.py",
+                "steps/options.py"},
     "bundle": {"runtime/interpreter.py", "checks/verify.py"},
     "verify": {"toolchain/docker.py", "backends/reference.py", "formats/dlc.py",
                "inputs/synthetic.py", "steps/bundle.py"},

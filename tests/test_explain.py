@@ -52,13 +52,15 @@ def test_a_setting_is_named_with_its_old_and_new_value(built):
     lines = running(explained(built.doit("bundle", "--explain", "float_bitwidth=32")))
     converts = {t: w for t, w in lines.items() if t.startswith("convert:")}
     assert len(converts) == 8, lines
-    assert set(converts.values()) == {"runs because float_bitwidth changed: 16 -> 32"}, lines
+    # named by its path in the step's options (ConvertStepOptions holds the backend's own)
+    assert set(converts.values()) == {"runs because convert.float_bitwidth changed: 16 -> 32"}, \
+        lines
     # the bundle's own options hold the convert options (its size model): named by path
     assert "convert.float_bitwidth changed: 16 -> 32" in lines["bundle"], lines
     # back again: the old and new values swap
     lines = running(explained(built.doit("bundle", "--explain")))
     assert lines["convert:part_1_of_4_prompt"] == \
-        "runs because float_bitwidth changed: 32 -> 16", lines
+        "runs because convert.float_bitwidth changed: 32 -> 16", lines
 
 
 def test_an_input_is_named_with_its_recorded_and_current_digest(built):
@@ -99,7 +101,8 @@ def test_an_edited_output_and_a_missing_one_are_named(built):
 
 def test_dry_run_gives_the_same_reasons_and_runs_nothing(built):
     run = built.doit("bundle", "--dry-run", "weights_packing=false")
-    assert re.search(r"^\.   compile:part_1_of_4  \(weights_packing changed: true -> false\)$",
+    assert re.search(r"^\.   compile:part_1_of_4  \(compile\.weights_packing changed: true -> "
+                     r"false\)$",
                      run.out, re.M), run.out
     assert running(explained(built.doit("bundle", "--explain"))) == {}   # nothing had run
 

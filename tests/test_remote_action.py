@@ -277,19 +277,27 @@ def test_a_fetched_output_that_fails_its_check_says_the_checks_own_error(tmp_pat
     """graph/remote_steps.fetch_check through the real local executor: a fetched DLC that is
     not one is refused with the check step's own error (StepFailed.error, from the step's log),
     not the executor's "failed (exit 1)" line and log tail."""
-    from hexbundle.graph.remote_steps import fetch_check
+    from hexbundle.graph.remote_steps import check_description, described_run, fetch_check
+    from hexbundle.graph.stepdesc import Step, description
     from hexbundle.steps.executor import run_step
+    from hexbundle.steps.options import convert_step_options
     from hexbundle.support.errors import HexbundleError, StepFailed
     layout = machine(tmp_path, "one")
     graph = next(iter(layout.cfg.model.graphs(layout.cfg.part(2))))
     fetched = layout.dlc(graph).with_name(".fetched.tmp")
     fetched.write_bytes(b"not a DLC")
     extra = {"part": 2, "graph": graph.slot}
+    files = layout.graph_files(graph)
+    convert = description(Step("convert:x", "convert", "", convert_step_options(layout, graph),
+                               inputs=[("onnx", files.onnx), *(("data", d) for d in files.data),
+                                       ("encodings", files.encodings)],
+                               outputs=[("dlc", layout.dlc(graph))], arguments=extra,
+                               described=True))
     with pytest.raises(StepFailed) as failed:
-        run_step(layout, "convert:x:cache-check", "check", of="convert",
-                 files={str(layout.dlc(graph)): str(fetched)}, **extra)
+        run_step(layout, "convert:x:cache-check", "check",
+                 description=check_description(layout, convert, {layout.dlc(graph): fetched}))
     assert str(fetched) in failed.value.error and "\n" not in failed.value.error
-    check = fetch_check(run_step, layout, "convert:x", "convert", extra)
+    check = fetch_check(described_run(run_step, convert), layout, "convert:x", "convert", extra)
     with pytest.raises(HexbundleError) as refused:
         check({layout.dlc(graph): fetched})
     assert str(refused.value) == failed.value.error
@@ -310,16 +318,12 @@ def test_the_remote_executor_settings_are_checked_when_the_config_loads(tmp_path
 def test_a_remote_executions_action_holds_no_absolute_path_and_its_whole_input_root(tmp_path):
     """Two machines (project and build root elsewhere) make the same Action for a step, its
     spec relocated into the input root, every file of which is in the blobs to upload."""
-    from hexbundle.graph.remote_steps import without_remote
     from hexbundle.remote.action import exec_action
-    from hexbundle.steps.executor import step_spec
     actions = []
     for name in ("a", "b"):
         layout = machine(tmp_path, name)
         dlcs = [layout.dlc(g) for g in layout.cfg.model.graphs(layout.cfg.part(2))]
-        spec = step_spec(layout, "compile", part=2)
-        spec["config"] = without_remote(spec["config"])
-        step = exec_action(layout, spec, dlcs, [layout.bin(layout.cfg.part(2))])
+        step = exec_action(layout, compile_spec(layout), dlcs, [layout.bin(layout.cfg.part(2))])
         text = step.command.arguments[2]
         assert str(tmp_path) not in text and str(layout.root) not in text, text
         assert step.command.arguments[:2] == [os.path.abspath(sys.executable),
@@ -332,14 +336,22 @@ def test_a_remote_executions_action_holds_no_absolute_path_and_its_whole_input_r
     assert actions[0] == actions[1]
 
 
+def compile_spec(layout: Layout) -> dict:
+    """The runner's spec of part 2's compile as dodo.py declares it: its description alone."""
+    from hexbundle.graph.stepdesc import Step, description
+    from hexbundle.steps.executor import described_spec
+    from hexbundle.steps.options import compile_step_options
+    part = layout.cfg.part(2)
+    step = Step("compile:x", "compile", "", compile_step_options(layout, part),
+                inputs=[("dlc", layout.dlc(g)) for g in layout.cfg.model.graphs(part)],
+                outputs=[("bin", layout.bin(part))], arguments={"part": 2}, described=True)
+    return described_spec(layout, description(step))
+
+
 def exec_compile(layout: Layout):
-    from hexbundle.graph.remote_steps import without_remote
     from hexbundle.remote.action import exec_action
-    from hexbundle.steps.executor import step_spec
     dlcs = [layout.dlc(g) for g in layout.cfg.model.graphs(layout.cfg.part(2))]
-    spec = step_spec(layout, "compile", part=2)
-    spec["config"] = without_remote(spec["config"])
-    return exec_action(layout, spec, dlcs, [layout.bin(layout.cfg.part(2))])
+    return exec_action(layout, compile_spec(layout), dlcs, [layout.bin(layout.cfg.part(2))])
 
 
 def with_settings(layout: Layout, **settings) -> Layout:

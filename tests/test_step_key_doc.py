@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 from hexbundle.config.backend_options import ConvertOptions
 from hexbundle.config.build import load_build
+from hexbundle.config.layout import Layout
 from hexbundle.formats import stepkey
 from hexbundle.steps import options
 
@@ -96,6 +97,11 @@ def every_steps_options(cfg) -> dict:
               "bundle_options", "verify_options")}
     found.update({f"compile_options {p.tag}": options.compile_options(cfg, p)
                   for p in cfg.plan.parts()})
+    layout = Layout(cfg)   # the described steps' options (config.step_options)
+    found.update({f"compile_step_options {p.tag}": options.compile_step_options(layout, p)
+                  for p in cfg.plan.parts()})
+    found.update({f"convert_step_options {g.name}": options.convert_step_options(layout, g)
+                  for p in cfg.plan.parts() for g in cfg.model.graphs(p)})
     return found
 
 

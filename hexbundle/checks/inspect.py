@@ -177,7 +177,7 @@ def _expected_graphs(found: Inspection, tree, hf=None) -> dict:
             special_token_ids(tree.tokenizer, specials, model.architecture.vocab_size)
         except HexbundleError as exc:
             found.problem(str(exc))
-    return {path: (model, graph) for path, graph in graphs.items()}
+    return {path: (model.architecture, graph) for path, graph in graphs.items()}
 
 
 def _looks_like_export(root: Path) -> bool:

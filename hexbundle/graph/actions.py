@@ -42,17 +42,18 @@ def _run(fn, *args, **kwargs):
     return True
 
 
-def step_action(run, layout, task_name: str, step: str, **extra) -> tuple:
+def step_action(run, layout, task_name: str, step: str, description=None, **extra) -> tuple:
     """The doit action of build step `step`: run(layout, task_name, step, **extra)
     (run: "hexbundle.steps.executor:run_step"), through the remote cache when one is configured
-    (graph.remote_steps). doit hands the action its Task: the cache key is made of it."""
-    return (_run_step, [run, layout, task_name, step, extra], {})
+    (graph.remote_steps); a described step's `description` (graph.stepdesc.description) is what
+    its function receives. doit hands the action its Task: the cache key is made of it."""
+    return (_run_step, [run, layout, task_name, step, extra, description], {})
 
 
-def _run_step(run, layout, task_name, step, extra, task):
+def _run_step(run, layout, task_name, step, extra, description, task):
     from hexbundle.graph.remote_steps import run_step_recorded
     try:
-        run_step_recorded(resolve(run), layout, task_name, step, extra, task)
+        run_step_recorded(resolve(run), layout, task_name, step, extra, task, description)
     except HexbundleError as exc:
         return TaskFailed(str(exc))
     return True

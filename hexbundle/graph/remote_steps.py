@@ -29,16 +29,30 @@ FETCH_CHECKED = ("convert", "compile")
 
 
 def run_step_recorded(run, layout: Layout, task_name: str, step: str,
-                      extra: dict, task) -> None:
+                      extra: dict, task, description=None) -> None:
     """Run the step (through the remote cache when one is configured); for the cacheable steps,
     record where its outputs came from (formats.origins), cache or not. A step that fails
-    evicts the inputs it read that came from a remote cache or executor (evict_fetched)."""
+    evicts the inputs it read that came from a remote cache or executor (evict_fetched).
+    A described step (graph.stepdesc.description) is run with its description alone."""
+    if description is not None:
+        run = described_run(run, description)
     try:
         _run_step_recorded(run, layout, task_name, step, extra, task)
     except HexbundleError as exc:
         if not getattr(exc, "remote_failure", False):   # not the server's failure: the inputs'
             evict_fetched(layout, task_name, task.file_dep)
         raise
+
+
+def described_run(run, description: dict):
+    """`run` that hands the step its description (steps.executor.run_step); the `check` step
+    a cache hit gets (fetch_check) is given its own (check_description)."""
+    def run_described(layout, task_name, step, **extra):
+        if step != description["step"]:
+            return run(layout, task_name, step, **extra)
+        return run(layout, task_name, step, description=description, **extra)
+    run_described.description = description
+    return run_described
 
 
 def evict_fetched(layout: Layout, task_name: str, inputs) -> None:
@@ -112,7 +126,7 @@ def run_through_cache(run, layout: Layout, task_name: str, step: str,
         return step_action(layout, step, extra, task_options(task), sorted(task.file_dep),
                            list(task.targets), image)
 
-    validate_inputs(layout, step, extra)   # whether or not the cache has the step
+    validate_inputs(layout, step, extra, run)   # whether or not the cache has the step
     run_cached(layout, task_name, [layout.root / t for t in task.targets], make_action,
                lambda: run(layout, task_name, step, **extra),
                fetch_check(run, layout, task_name, step, extra))
@@ -124,15 +138,19 @@ def run_through_executor(run, layout: Layout, task_name: str, step: str,
     spec in an input root of its file_dep and the code (remote.action.exec_action)."""
     from hexbundle.remote.action import exec_action
     from hexbundle.remote.executed import run_executed
-    from hexbundle.steps.executor import step_spec
+    from hexbundle.steps.executor import described_spec, step_spec
 
     def make_action():
         image = image_id(layout.root) if layout.cfg.executor == "docker" else ""
-        spec = step_spec(layout, step, **extra)
-        spec["config"] = without_remote(spec["config"])
+        description = getattr(run, "description", None)
+        if description is not None:   # no config: the description is all the step reads
+            spec = described_spec(layout, description)
+        else:
+            spec = step_spec(layout, step, **extra)
+            spec["config"] = without_remote(spec["config"])
         return exec_action(layout, spec, sorted(task.file_dep), list(task.targets), image)
 
-    validate_inputs(layout, step, extra)
+    validate_inputs(layout, step, extra, run)
     run_executed(layout, task_name, [layout.root / t for t in task.targets], make_action,
                  lambda: run(layout, task_name, step, **extra),
                  fetch_check(run, layout, task_name, step, extra))
@@ -146,11 +164,12 @@ def without_remote(config: dict) -> dict:
     return {**config, "remote": resolved.dump(remote_settings())}
 
 
-def validate_inputs(layout: Layout, step: str, extra: dict) -> None:
+def validate_inputs(layout: Layout, step: str, extra: dict, run) -> None:
     """A step's inputs are validated here whatever the server answers (cache or executor)."""
     if step == "convert":
-        from hexbundle.steps.convert import validate_before_cache
-        validate_before_cache(layout, extra, lambda line: None)
+        from hexbundle.steps.convert import validate_graph_inputs
+        from hexbundle.steps.description import from_json
+        validate_graph_inputs(from_json(run.description), lambda line: None)
     elif step == "inputs" and layout.splits_locally and "part" in extra:
         from hexbundle.inputs.split import validate_part_sources
         validate_part_sources(layout, layout.cfg.part(extra["part"]))
@@ -165,10 +184,37 @@ def fetch_check(run, layout: Layout, task_name: str, step: str, extra: dict):
 
     def check(files: dict) -> None:
         try:
-            run(layout, f"{task_name}:cache-check", "check", of=step,
-                files={str(t): str(p) for t, p in files.items()}, **extra)
+            run(layout, f"{task_name}:cache-check", "check",
+                description=check_description(layout, run.description, files))
         except StepFailed as exc:   # the step's own error line, not the log's tail
             raise HexbundleError(exc.error or str(exc).splitlines()[0]) from None
         except HexbundleError as exc:
             raise HexbundleError(str(exc).splitlines()[0]) from None
     return check
+
+
+def check_description(layout: Layout, checked: dict, files: dict) -> dict:
+    """The `check` step's description (steps/check.py) of a hit's downloads `files` (target ->
+    temp file) of the described step `checked`: the downloads (role "fetched", in the step's
+    output order), the step's own inputs (its output key is made of them again), and under
+    remote_cache_trust = "verify" a compile's graphs' ONNX, encodings and data files (the exact
+    checks read them: roles "source_onnx" / "source_encodings" in bin order, "source_data")."""
+    from pathlib import Path
+
+    from hexbundle.config.step_options import CheckStepOptions
+    from hexbundle.steps.description import Description, from_json, to_json
+    step = from_json(checked)
+    verify = layout.cfg.remote.cache_trust == "verify"
+    targets = [path for _, path in step.outputs]
+    fetched = {Path(t).name: Path(p) for t, p in files.items()}   # a step's outputs: one name each
+    inputs = [("fetched", fetched[t.name]) for t in targets] + list(step.inputs)
+    if verify and step.step == "compile":
+        part = layout.cfg.part(step.arguments["part"])
+        for graph in layout.cfg.model.graphs(part):
+            inputs += [("source_onnx", layout.onnx(graph)),
+                       ("source_encodings", layout.encodings(graph))]
+        data = {d for g in layout.cfg.model.graphs(part) for d in layout.graph_files(g).data}
+        inputs += [("source_data", d) for d in layout.part_inputs(part) if d in data]
+    return to_json(Description("check", {**step.arguments, "targets": [t.name for t in targets]},
+                               tuple(inputs), (), CheckStepOptions(step.step, step.options,
+                                                                   verify)))

@@ -6,7 +6,8 @@ input and output files, and whether it runs through the backend (the toolchain).
 
   doit task     file_dep = inputs, targets = outputs, uptodate = [its step key, the recorded
                 outputs unchanged (check_outputs), its own extra checks];
-  step key      {"step", "arguments", "options", "code", "pins", "toolchain"? | "image"?}: canonical
+  step key      {"step", "arguments", "options", "code", "pins"? (not for a described step:
+                its options hold them), "toolchain"? | "image"?}: canonical
                 typed JSON (formats.stepkey, docs/step-key.md); the pins are those of its
                 inputs (config [inputs.pins]); "toolchain" is {"backend", "version"} for a
                 step that runs through the backend; "image" (executor=docker) the toolchain
@@ -41,8 +42,8 @@ class Step:
     step: str                     # the step module: inputs, convert, compile, bundle, verify
     doc: str                      # "" for a task of its own: its function's docstring
     options: object               # the typed options value the step's code receives
-    inputs: list = field(default_factory=list)    # Paths: doit's file_dep
-    outputs: list = field(default_factory=list)   # Paths: doit's targets
+    inputs: list = field(default_factory=list)    # Paths, or (role, Path): doit's file_dep
+    outputs: list = field(default_factory=list)   # Paths, or (role, Path): doit's targets
     arguments: dict = field(default_factory=dict)  # the step's own: part, graph, what
     toolchain: bool = False       # runs through the backend: its version keys the step
     copies_runtime: bool = False  # copies the SDK's runtime into its output (bundle, qairt)
@@ -51,10 +52,35 @@ class Step:
     before: tuple = ()            # actions run first (bundle: dead outputs, the size check)
     checks: tuple = ()            # more uptodate items (bundle: bundle_in_place)
     doit: dict = field(default_factory=dict)    # other doit fields: clean, io, verbosity
+    described: bool = False       # the step function receives description(step) alone
 
     @property
     def subtask(self) -> Optional[str]:
         return self.task.split(":", 1)[1] if ":" in self.task else None
+
+    @property
+    def input_paths(self) -> list:
+        return _paths(self.inputs)
+
+    @property
+    def output_paths(self) -> list:
+        return _paths(self.outputs)
+
+
+def _paths(items: list) -> list:
+    return [item[1] if isinstance(item, tuple) else item for item in items]
+
+
+def _roles(items: list) -> tuple:
+    return tuple(item if isinstance(item, tuple) else ("", item) for item in items)
+
+
+def description(step: Step) -> dict:
+    """What a described step's function receives (steps.description's JSON): its inputs and
+    outputs by role, its arguments and its typed options: the same values its key is made of."""
+    from hexbundle.steps.description import Description, to_json
+    return to_json(Description(step.step, dict(step.arguments), _roles(step.inputs),
+                               _roles(step.outputs), step.options))
 
 
 def key(step: Step, layout: Layout):
@@ -63,7 +89,9 @@ def key(step: Step, layout: Layout):
     from hexbundle.graph.keys import image_id, pinned, step_code, step_key
     cfg = layout.cfg
     document = {"step": step.step, "arguments": dict(step.arguments), "options": step.options,
-                "code": step_code(step.step), "pins": pinned(cfg, step.inputs)}
+                "code": step_code(step.step)}
+    if not step.described:   # a described step's options hold the pins it checks (convert's)
+        document["pins"] = pinned(cfg, step.input_paths)
     if step.toolchain:
         document["toolchain"] = lambda: {"backend": cfg.backend,
                                          "version": _version(cfg, step.copies_runtime)}
@@ -83,14 +111,16 @@ def _version(cfg, copies_runtime: bool) -> str:
 def doit_task(step: Step, layout: Layout) -> dict:
     """The doit task dict of a described step."""
     rel = layout.rel
-    run = step.action or step_action(RUN_STEP, layout, step.task, step.step, **step.arguments)
+    described = description(step) if step.described else None
+    run = step.action or step_action(RUN_STEP, layout, step.task, step.step, described,
+                                     **step.arguments)
     uptodate = [key(step, layout)]
     if step.check_outputs and step.outputs:
         from hexbundle.graph.targets import targets_unchanged
         uptodate.append(targets_unchanged())
     task = {"actions": [*step.before, run],
-            "file_dep": [rel(p) for p in step.inputs],
-            "targets": [rel(p) for p in step.outputs],
+            "file_dep": [rel(p) for p in step.input_paths],
+            "targets": [rel(p) for p in step.output_paths],
             "uptodate": uptodate + list(step.checks), **step.doit}
     if step.doc:   # else doit takes the task function's docstring
         task["doc"] = step.doc

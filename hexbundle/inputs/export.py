@@ -8,9 +8,8 @@ from pathlib import Path
 from hexbundle.config.layout import Layout
 from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.formats.tokenizer import special_token_ids
-from hexbundle.support import hashing
+from hexbundle.inputs.pins import require_pins
 from hexbundle.support.errors import InputError
-from hexbundle.support.files import require_regular_file
 
 
 def missing_exports(layout: Layout) -> list:
@@ -73,16 +72,5 @@ def require_export(layout: Layout) -> None:
 
 
 def check_pins(layout: Layout, paths: list) -> None:
-    """A pinned input whose bytes changed is refused, naming the file and both digests."""
-    cfg = layout.cfg
-    for path in paths:
-        pin = cfg.inputs.pins.get(path.name)
-        if pin is None:
-            continue
-        algorithm, want = pin.split(":", 1)
-        require_regular_file(path, "pinned input")   # hashing a FIFO would block forever
-        got = hashing.sha256_file(path) if algorithm == "sha256" else hashing.digest(path)
-        if got != want:
-            raise InputError(f"{path}: {algorithm} is {got}, but {layout.model_config_path} pins "
-                             f"[inputs.pins] {path.name!r} = \"{pin}\"; re-export the model or "
-                             "update the pin if this change is intended")
+    """require_pins of the model config's [inputs.pins]."""
+    require_pins(paths, dict(layout.cfg.inputs.pins), layout.model_config_path)

@@ -347,7 +347,7 @@ def cut_sources(model: Model, part: Part, unsplit: dict, config: Optional[Path] 
         proto = validate.check_onnx(src.onnx)
         if qaihm_plan:
             pin_shapes(proto, model, whole_graph, src.onnx)
-        validate.check_graph_io(src.onnx, proto, model, whole_graph, config)
+        validate.check_graph_io(src.onnx, proto, model.architecture, whole_graph, config)
         if qaihm_plan:
             hidden = (1, graph.ar, model.architecture.hidden_size)
             pg = qaihm_part_graph(proto, part, qaihm_plan, hidden, src.onnx)

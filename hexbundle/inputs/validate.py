@@ -36,8 +36,7 @@ from typing import Optional
 import numpy as np
 import onnx
 
-from hexbundle.config.layout import Layout
-from hexbundle.config.model import Graph, Model, Part
+from hexbundle.config.model import Architecture, Graph, Model, Part
 from hexbundle.formats.onnxfile import initializer_values
 from hexbundle.formats.qaihm import graph_io, load_structure
 from hexbundle.runtime.conventions import (ATTENTION_MASK, POSITION_COS, POSITION_SIN,
@@ -309,7 +308,12 @@ def whole_model_part(model: Model) -> Part:
 def expected_io(model: Model, graph: Graph) -> tuple:
     """(inputs, outputs): the Slots a graph of this kind, AR, context length and part declares,
     as the runtime conventions (runtime/conventions.py) feed and read them."""
-    a, part, ar, cl = model.architecture, graph.part, graph.ar, graph.context_length
+    return graph_slots(model.architecture, graph)
+
+
+def graph_slots(a: Architecture, graph: Graph) -> tuple:
+    """expected_io of a graph of a model with this architecture: all it depends on."""
+    part, ar, cl = graph.part, graph.ar, graph.context_length
     past = past_slots(ar, cl)
     floats = ("float32",)
     inputs = [Slot("input_ids", ("int32", "int64"), (1, ar), "token ids") if part.has_embedding
@@ -329,7 +333,7 @@ def expected_io(model: Model, graph: Graph) -> tuple:
     return inputs, outputs
 
 
-def describe_graph(model: Model, graph: Graph) -> str:
+def describe_graph(graph: Graph) -> str:
     part = graph.part
     geometry = f"AR {graph.ar}, context length {graph.context_length}"
     if part.count == 1:
@@ -342,13 +346,13 @@ def describe_graph(model: Model, graph: Graph) -> str:
             f"{part.count}: {', '.join(pieces)})")
 
 
-def io_problem(onnx_path: Path, proto: onnx.ModelProto, model: Model, graph: Graph,
-               config: Optional[Path]) -> Optional[str]:
+def io_problem(onnx_path: Path, proto: onnx.ModelProto, architecture: Architecture,
+               graph: Graph, config: Optional[Path]) -> Optional[str]:
     """How the ONNX's declared inputs and outputs differ from what `graph` must have, as one
     message naming the file, each input or output, the shape found and the shape needed; None
     when they agree. `config`: the model config file, to name it."""
     found = graph_io(proto)
-    expected_inputs, expected_outputs = expected_io(model, graph)
+    expected_inputs, expected_outputs = graph_slots(architecture, graph)
     problems = (_side_problems("input", found.inputs, expected_inputs)
                 + _side_problems("output", found.outputs, expected_outputs))
     if not problems:
@@ -358,15 +362,15 @@ def io_problem(onnx_path: Path, proto: onnx.ModelProto, model: Model, graph: Gra
         lines.append(f"... and {len(problems) - SHOWN_PROBLEMS} more")
     listed = "".join(f"\n  {line}" for line in lines)
     source = config or "the model config"
-    return (f"{onnx_path}: its inputs and outputs are not those of {describe_graph(model, graph)}"
+    return (f"{onnx_path}: its inputs and outputs are not those of {describe_graph(graph)}"
             f" as {source} describes it:{listed}\nthis ONNX is not that graph: put the "
             f"{graph.kind} graph (AR {graph.ar}) there, or fix [graphs] / [architecture] in "
             f"{config.name if config else 'the model config'}")
 
 
-def check_graph_io(onnx_path: Path, proto: onnx.ModelProto, model: Model, graph: Graph,
-                   config: Optional[Path] = None) -> None:
-    problem = io_problem(onnx_path, proto, model, graph, config)
+def check_graph_io(onnx_path: Path, proto: onnx.ModelProto, architecture: Architecture,
+                   graph: Graph, config: Optional[Path] = None) -> None:
+    problem = io_problem(onnx_path, proto, architecture, graph, config)
     if problem:
         raise InputError(problem)
 
@@ -484,12 +488,13 @@ def check_weight_values(onnx_path: Path, proto: onnx.ModelProto, stored: dict,
 
 # ============================================================================ a build's graphs
 
-def check_graph(layout: Layout, graph: Graph) -> onnx.ModelProto:
-    """The convert step's checks of one graph's ONNX before a backend reads it: its structure,
-    then its inputs and outputs against the model config. Returns the proto (no weights)."""
-    path = layout.onnx(graph)
+def check_graph(path: Path, architecture: Architecture, graph: Graph,
+                config: Path) -> onnx.ModelProto:
+    """The convert step's checks of one graph's ONNX (`path`) before a backend reads it: its
+    structure, then its inputs and outputs as a graph of this architecture must have them
+    (`config`: the model config, named in the message). Returns the proto (no weights)."""
     proto = check_onnx(path)
-    check_graph_io(path, proto, layout.cfg.model, graph, layout.model_config_path)
+    check_graph_io(path, proto, architecture, graph, config)
     return proto
 
 

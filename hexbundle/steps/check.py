@@ -25,42 +25,49 @@ from pathlib import Path
 
 from hexbundle.backends import get_backend
 from hexbundle.checks.exact import PartGraph, exact_checks
-from hexbundle.config.layout import Layout
+from hexbundle.config.step_options import CheckStepOptions
 from hexbundle.formats.ctxbin import read_ctxbin
 from hexbundle.formats.dlc import read_dlc
-from hexbundle.steps.options import compile_options
-from hexbundle.steps.outputkey import compile_key, convert_key
+from hexbundle.steps.description import Description
+from hexbundle.steps.outputkey import output_key
 from hexbundle.support.errors import BackendError, HexbundleError
 
 
-def check_fetched(layout: Layout, spec: dict, log) -> None:
-    cfg = layout.cfg
-    backend = get_backend(cfg.backend)
-    files = {Path(target): Path(tmp) for target, tmp in spec["files"].items()}
-    verify = cfg.remote.cache_trust == "verify"
-    if spec["of"] == "convert":
-        graph = cfg.graph(spec["part"], spec["graph"])
-        dlc = files[layout.dlc(graph)]
-        backend.check_dlc(dlc, graph.name, log)
-        check_key(backend, dlc, layout.dlc(graph), convert_key(layout, spec["part"],
-                                                               spec["graph"]), verify, log)
-        if verify:
+def check_fetched(described: Description, log) -> None:
+    """The fetched outputs (role "fetched") of the step `of` its options name, checked against
+    that step's inputs and options, all in the description (graph.remote_steps.check_description)."""
+    o: CheckStepOptions = described.options
+    checked = o.checked
+    backend = get_backend(checked.backend)
+    fetched = described.input_paths("fetched")
+    targets = [Path(name) for name in described.arguments["targets"]]
+    arguments = {k: v for k, v in described.arguments.items() if k != "targets"}
+    if o.of == "convert":
+        dlc, target = fetched[0], targets[0]
+        backend.check_dlc(dlc, checked.graph.name, log)
+        inputs = [described.input("onnx"), *described.input_paths("data"),
+                  described.input("encodings")]
+        check_key(backend, dlc, target, output_key("convert", arguments, checked.convert, inputs),
+                  o.verify, log)
+        if o.verify:
             with read_dlc(dlc) as reader:
-                exact(DlcAsPart(reader), [PartGraph(graph.name, layout.onnx(graph),
-                                                    layout.encodings(graph))], layout.dlc(graph),
-                      log)
-    elif spec["of"] == "compile":
-        part = cfg.part(spec["part"])
-        binary = files[layout.bin(part)]
-        backend.check_bin(binary, compile_options(cfg, part), log)
-        check_key(backend, binary, layout.bin(part), compile_key(layout, spec["part"]), verify,
-                  log)
-        if verify:
+                exact(DlcAsPart(reader), [PartGraph(checked.graph.name, described.input("onnx"),
+                                                    described.input("encodings"))], target, log)
+    elif o.of == "compile":
+        binary, target = fetched[0], targets[0]
+        options = checked.compile
+        backend.check_bin(binary, options, log)
+        check_key(backend, binary, target, output_key("compile", arguments, options,
+                                                      described.input_paths("dlc")),
+                  o.verify, log)
+        if o.verify:
+            graphs = [PartGraph(name, onnx, encodings) for name, onnx, encodings in
+                      zip(options.graph_names, described.input_paths("source_onnx"),
+                          described.input_paths("source_encodings"))]
             with read_ctxbin(binary) as reader:
-                exact(reader, [PartGraph(g.name, layout.onnx(g), layout.encodings(g))
-                               for g in cfg.model.graphs(part)], layout.bin(part), log)
+                exact(reader, graphs, target, log)
     else:
-        raise HexbundleError(f"check: no checks for outputs of step {spec['of']!r}")
+        raise HexbundleError(f"check: no checks for outputs of step {o.of!r}")
 
 
 def check_key(backend, path: Path, target: Path, expected: str, verify: bool, log) -> None:

@@ -1,5 +1,10 @@
 """Step `convert`: one graph's ONNX + AIMET encodings -> DLC, through the configured backend.
 
+The step receives its description (steps/description.py) and nothing else: its input files (the
+ONNX, its data files, the encodings), its output (the DLC) and its options
+(config.step_options.ConvertStepOptions: the backend, the graph, the architecture its I/O is
+checked against, the pins, the backend's ConvertOptions), the value its key is made of.
+
 The inputs are validated first (inputs/validate.py): the ONNX's structure and its inputs and
 outputs against the model config before any backend reads it; the weights' values in the pass
 the backend makes over them (reference) or in a streamed pass of their own (qairt, whose SDK
@@ -8,61 +13,56 @@ reads the files itself).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from hexbundle.backends import ConvertOptions, get_backend
 from hexbundle.backends.weightplan import graph_encodings, plan_weights
-from hexbundle.config.layout import Layout
+from hexbundle.config.step_options import ConvertStepOptions
 from hexbundle.formats.encodings import require_encodings_file
-from hexbundle.inputs import validate
 from hexbundle.formats.onnxfile import initializer_values
-from hexbundle.inputs.export import check_pins
-from hexbundle.steps.options import convert_options
-from hexbundle.steps.outputkey import convert_key
+from hexbundle.inputs import validate
+from hexbundle.inputs.pins import require_pins
+from hexbundle.steps.description import Description
+from hexbundle.steps.outputkey import output_key
 from hexbundle.support import progress
 
 
-def convert_graph(layout: Layout, spec: dict, log) -> None:
-    cfg = layout.cfg
-    graph = cfg.graph(spec["part"], spec["graph"])
-    backend = get_backend(cfg.backend)
-    log(f"convert {graph.name}: backend {cfg.backend} ({backend.toolchain_version()})")
-    options = convert_options(cfg)   # the same value the task's key is made of (dodo.py)
-    validate_graph_inputs(layout, graph, options, log,
-                          scan_values=not backend.checks_weight_values)
-    layout.dlc_dir.mkdir(parents=True, exist_ok=True)
-    log(f"convert options: float_precision {options.float_bitwidth}, truncate_64bit_io "
-        f"{options.truncate_64bit_io}, quantize_io {options.quantize_io}, quantize_full_type "
-        f"{options.quantize_full_type or '(not passed)'}")
-    backend.convert(layout.onnx(graph), layout.encodings(graph), layout.dlc(graph), graph.name,
-                    options, log, made_for=convert_key(layout, spec["part"], spec["graph"]))
+def convert_graph(described: Description, log) -> None:
+    o: ConvertStepOptions = described.options
+    backend = get_backend(o.backend)
+    log(f"convert {o.graph.name}: backend {o.backend} ({backend.toolchain_version()})")
+    validate_graph_inputs(described, log, scan_values=not backend.checks_weight_values)
+    dlc = described.output("dlc")
+    dlc.parent.mkdir(parents=True, exist_ok=True)
+    c = o.convert
+    log(f"convert options: float_precision {c.float_bitwidth}, truncate_64bit_io "
+        f"{c.truncate_64bit_io}, quantize_io {c.quantize_io}, quantize_full_type "
+        f"{c.quantize_full_type or '(not passed)'}")
+    backend.convert(described.input("onnx"), described.input("encodings"), dlc, o.graph.name,
+                    c, log, made_for=output_key("convert", described.arguments, c,
+                                                described.input_paths()))
 
 
-def validate_graph_inputs(layout: Layout, graph, options: ConvertOptions, log,
-                          scan_values: bool = True) -> None:
+def validate_graph_inputs(described: Description, log, scan_values: bool = True) -> None:
     """Everything convert refuses of its inputs before a backend reads them: the pins, the
     ONNX's structure and I/O, and (scan_values) every weight's values, streamed. Run before a
     remote cache is asked too (graph/remote_steps.py): a cache that has the step must not let
     a broken input through."""
-    check_pins(layout, layout.graph_inputs(graph))
+    o: ConvertStepOptions = described.options
+    onnx_path, encodings_path = described.input("onnx"), described.input("encodings")
+    require_pins(described.input_paths(), dict(o.pins), o.model_config)
     # before the step's key is made of its bytes (steps/outputkey), in the encodings' own words
-    require_encodings_file(layout.encodings(graph))
-    proto = validate.check_graph(layout, graph)
-    log(f"{layout.onnx(graph).name}: ONNX checked (structure, onnx.checker full check, "
-        f"inputs and outputs of {graph.name} as {layout.model_config_path.name} says)")
+    require_encodings_file(encodings_path)
+    proto = validate.check_graph(onnx_path, o.architecture, o.graph, Path(o.model_config))
+    log(f"{onnx_path.name}: ONNX checked (structure, onnx.checker full check, inputs and "
+        f"outputs of {o.graph.name} as {o.model_config} says)")
     if scan_values:
-        scan_weight_values(layout, graph, proto, options, log)
+        scan_weight_values(onnx_path, encodings_path, proto, o.convert, log)
 
 
-def validate_before_cache(layout: Layout, spec: dict, log) -> None:
-    """validate_graph_inputs of the step's graph, values included (graph/remote_steps.py)."""
-    graph = layout.cfg.graph(spec["part"], spec["graph"])
-    validate_graph_inputs(layout, graph, convert_options(layout.cfg), log)
-
-
-def scan_weight_values(layout: Layout, graph, proto, options: ConvertOptions, log) -> None:
+def scan_weight_values(onnx_path, encodings_path, proto, options: ConvertOptions, log) -> None:
     """Every weight's values, streamed, before a backend that reads them itself: each stored as
     the reference backend's weight plan says (the size model's decisions too)."""
-    onnx_path, encodings_path = layout.onnx(graph), layout.encodings(graph)
     started = time.monotonic()
     encodings = graph_encodings(proto, onnx_path, encodings_path)
     weights, _ = plan_weights(proto.graph, encodings, onnx_path, encodings_path,

@@ -31,6 +31,14 @@ def step_spec(layout: Layout, step: str, **extra) -> dict:
     return {"step": step, "config": resolved.dump(layout.cfg), **extra}
 
 
+def described_spec(layout: Layout, description: dict) -> dict:
+    """What the step runner needs of a described step: its description (steps.description),
+    which is all the step reads, and where this build keeps its file digests (so a file doit
+    has hashed is not read again to make the step's output key)."""
+    return {"step": description["step"], "description": description,
+            "digest_cache": resolved.dump(layout.digest_cache)}
+
+
 def _tail(path: Path, n: int = TAIL_LINES) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()
@@ -56,12 +64,14 @@ def run_local(spec: dict, log_path: Path) -> int:
         return run(spec, log)
 
 
-def run_step(layout: Layout, task: str, step: str, **extra) -> None:
-    """Run the step, report it; StepFailed (with the log's last lines) on failure."""
+def run_step(layout: Layout, task: str, step: str, description=None, **extra) -> None:
+    """Run the step, report it; StepFailed (with the log's last lines) on failure. A described
+    step (graph.stepdesc) gets its description alone, not the config."""
     cfg = layout.cfg
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
     log_path = layout.log(task)
-    spec = step_spec(layout, step, **extra)
+    spec = (described_spec(layout, description) if description is not None
+            else step_spec(layout, step, **extra))
     label = f"{task} [{cfg.backend}/{cfg.executor}]"
     started = time.monotonic()
     with monitored(task, label) as monitor:

@@ -2,9 +2,13 @@
 config: one frozen options value per step.
 
   inputs (generated parts)  generate_options     inputs (tokenizer)  tokenizer_options
-  inputs (local split)      split_options        convert             convert_options
-  compile                   compile_options      bundle              bundle_options
+  inputs (local split)      split_options        convert             convert_step_options
+  compile                   compile_step_options bundle              bundle_options
   verify                    verify_options
+
+convert and compile receive their description (steps/description.py): their options value
+(config.step_options) holds everything they read besides their files, the backend's own
+ConvertOptions / CompileOptions (convert_options, compile_options) among it.
 
 The step's code uses exactly this value, and dodo.py keys the step's task on the same value
 (`step_key`: its canonical text; the remote cache's Action options are that key's values,
@@ -16,10 +20,14 @@ Kept free of heavy imports: dodo.py imports it to declare the tasks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from hexbundle.config.backend_options import CompileOptions, ConvertOptions
 from hexbundle.config.build import BuildConfig, VerifySettings
-from hexbundle.config.model import Architecture, Part, Quantization
+from hexbundle.config.layout import Layout
+from hexbundle.config.model import Architecture, Graph, Part, Quantization
+from hexbundle.config.schema import FrozenMap
+from hexbundle.config.step_options import CompileStepOptions, ConvertStepOptions
 from hexbundle.formats.genie import GenieOptions
 
 
@@ -116,6 +124,42 @@ def compile_options(cfg: BuildConfig, part: Part) -> CompileOptions:
                           weights_packing=cfg.compile.weights_packing,
                           weight_sharing=cfg.compile.weight_sharing,
                           optimization_type=cfg.compile.optimization_type)
+
+
+def convert_step_options(layout: Layout, graph: Graph) -> ConvertStepOptions:
+    """All the convert step of `graph` reads besides its files: the backend, the graph and the
+    architecture (what its ONNX's I/O must be), the pins of its inputs, the model config's
+    project-relative name (its messages name it) and the backend's ConvertOptions."""
+    cfg = layout.cfg
+    pins = cfg.inputs.pins
+    return ConvertStepOptions(
+        backend=cfg.backend, graph=graph, architecture=cfg.model.architecture,
+        model_config=layout.rel(layout.model_config_path),
+        pins=FrozenMap({p.name: pins[p.name] for p in layout.graph_inputs(graph)
+                        if p.name in pins}),
+        convert=convert_options(cfg))
+
+
+def compile_step_options(layout: Layout, part: Part) -> CompileStepOptions:
+    """All the compile step of `part` reads besides its DLCs: the backend, its CompileOptions
+    and the files each graph was converted from (named when the compile refuses them)."""
+    cfg = layout.cfg
+    sources = tuple((g.name, tuple(source_name(layout, p) for p in layout.graph_inputs(g)))
+                    for g in cfg.model.graphs(part))
+    return CompileStepOptions(backend=cfg.backend, compile=compile_options(cfg, part),
+                              graph_sources=sources)
+
+
+def source_name(layout: Layout, path) -> str:
+    """A graph's input file as a message names it and a key may hold it: relative to the
+    model's inputs directory (the export's), the build root or the project; the same on every
+    machine, so the step's key and remote Action are too (no absolute path)."""
+    for base in (layout.inputs_dir, layout.build_root, layout.root):
+        try:
+            return str(Path(path).relative_to(base))
+        except ValueError:
+            continue
+    return Path(path).name
 
 
 def genie_options(cfg: BuildConfig) -> GenieOptions:

@@ -17,14 +17,15 @@ Not in it: the code and the toolchain image (the step key has them, docs/step-ke
 build, a cached one and a docker or remote one of the same inputs and options therefore write
 the same bytes; a result made by an older hexbundle from the same inputs and options records
 the same key.
+
+Made of values and paths alone: the described steps (convert, compile) compute it from their
+description; the check step (steps/check.py) from the local layout, the same values.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from hexbundle.config.layout import Layout
 from hexbundle.formats.stepkey import canonical, key_of
-from hexbundle.steps.options import compile_options, convert_options
 from hexbundle.support import hashing
 from hexbundle.support.files import require_regular_file
 
@@ -38,16 +39,3 @@ def output_key(step: str, arguments: dict, options, inputs: list) -> str:
     files = [[Path(p).name, hashing.digest(p)] for p in inputs]
     return key_of(canonical({"step": step, "arguments": arguments, "options": options,
                              "inputs": files}))
-
-
-def convert_key(layout: Layout, part: int, graph_kind: str) -> str:
-    graph = layout.cfg.graph(part, graph_kind)
-    return output_key("convert", {"part": part, "graph": graph_kind}, convert_options(layout.cfg),
-                      layout.graph_inputs(graph))
-
-
-def compile_key(layout: Layout, part_index: int) -> str:
-    cfg = layout.cfg
-    part = cfg.part(part_index)
-    return output_key("compile", {"part": part_index}, compile_options(cfg, part),
-                      [layout.dlc(g) for g in cfg.model.graphs(part)])

@@ -1,9 +1,12 @@
-"""The step runner: one build step from its JSON spec, in this Python or in the toolchain container.
+"""The step runner: one build step from its JSON spec, in this Python, in the toolchain container
+or on a remote worker.
 
-A spec is {"step": ..., "config": ..., ...}: the config the doit run resolved (config.resolved),
-rebuilt here as the same frozen values, so the step (in the container too) uses exactly what the
-host resolved and resolves nothing again. Output goes to `log` (stdout in the container), which
-the executor sends to the step's log file.
+A described step's spec is {"step", "description", "digest_cache"}: its description
+(steps.description: its input and output paths, arguments and typed options, the value its key
+is made of) is all its function receives, with `log`; no Layout, no config. The steps not yet
+described (inputs, bundle) get {"step": ..., "config": ..., ...}: the config the doit
+run resolved (config.resolved), rebuilt here as the same frozen values. Output goes to `log`
+(stdout in the container), which the executor sends to the step's log file.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from hexbundle.steps.bundle import assemble_bundle
 from hexbundle.steps.check import check_fetched
 from hexbundle.steps.compile import compile_part
 from hexbundle.steps.convert import convert_graph
+from hexbundle.steps.description import from_json
 from hexbundle.steps.inputs import generate_inputs
 from hexbundle.support import hashing, progress, testhooks
 from hexbundle.support.errors import HexbundleError
@@ -24,8 +28,9 @@ from hexbundle.support.run import end_with_the_run
 from hexbundle.support.jsondoc import parse_json
 
 # The step names are the doit tasks' names: task `compile` runs steps/compile.py, and so on.
-STEPS = {"inputs": generate_inputs, "convert": convert_graph, "compile": compile_part,
-          "bundle": assemble_bundle, "check": check_fetched}
+# A described step's function takes (description, log); the others (layout, spec, log).
+DESCRIBED = {"convert": convert_graph, "compile": compile_part, "check": check_fetched}
+STEPS = {"inputs": generate_inputs, "bundle": assemble_bundle}
 
 
 def print_log(msg: str) -> None:
@@ -36,10 +41,17 @@ def run(spec: dict, log=print_log) -> int:
     """Run one step; 0 on success, 1 on a user-facing error, 2 on a bug (with traceback)."""
     started = time.monotonic()
     try:
-        layout = Layout(resolved.load(spec["config"]))
-        hashing.use_cache(layout.digest_cache)
-        testhooks.set_step(spec["step"])
-        STEPS[spec["step"]](layout, spec, log)
+        if "description" in spec:
+            described = from_json(spec["description"])
+            if spec.get("digest_cache"):
+                hashing.use_cache(resolved.load(spec["digest_cache"]))
+            testhooks.set_step(described.step)
+            DESCRIBED[described.step](described, log)
+        else:
+            layout = Layout(resolved.load(spec["config"]))
+            hashing.use_cache(layout.digest_cache)
+            testhooks.set_step(spec["step"])
+            STEPS[spec["step"]](layout, spec, log)
     except HexbundleError as exc:
         log(f"error: {exc}")
         return 1
