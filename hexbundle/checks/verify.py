@@ -56,6 +56,7 @@ import numpy as np
 from hexbundle.config.build import VerifySettings
 from hexbundle.config.layout import Layout
 from hexbundle.formats.genie import GenieSettings, read_genie_config
+from hexbundle.formats.npyrows import RowsWriter, mapped_afresh
 from hexbundle.runtime.parts import (bundle_session, onnx_session, open_bundle_parts,
                                      reference_graphs, reference_session, rope_settings)
 from hexbundle.runtime.prompt import ordinary_prompt
@@ -144,41 +145,23 @@ def run_sequence(session, x: np.ndarray, n_prompt: int,
 
 class SequenceRows:
     """A sequence's main output, a chunk of positions at a time. Without a file: the chunks,
-    concatenated at the end. With one: each chunk written to it as it comes (.npy) and the whole
-    read back as a read-only memmap, so a sequence held across later sessions is page cache, not
-    this process's memory (a 7B logits sequence, 168 x 152064 float32, is 97 MiB: verify keeps
-    up to five of them while a part's 3 GiB reference runs)."""
+    concatenated at the end. With one: each chunk written to it as it comes
+    (formats.npyrows) and the whole read back as a read-only memmap, so a sequence held across
+    later sessions is page cache, not this process's memory (a 7B logits sequence, 168 x 152064
+    float32, is 97 MiB: verify keeps up to five of them while a part's 3 GiB reference runs)."""
 
     def __init__(self, total: int, path: Optional[Path] = None):
-        self.total, self.path = total, path
-        self._chunks, self._file, self._dtype = [], None, None
+        self._chunks = []
+        self._writer = None if path is None else RowsWriter(path, total)
 
     def add(self, chunk: np.ndarray) -> None:
-        if self.path is None:
+        if self._writer is None:
             self._chunks.append(chunk)
-            return
-        if self._file is None:
-            self._dtype = chunk.dtype
-            self._file = open(self.path, "wb")
-            np.lib.format.write_array_header_1_0(self._file, {
-                "descr": np.lib.format.dtype_to_descr(chunk.dtype), "fortran_order": False,
-                "shape": (self.total,) + chunk.shape[1:]})
-        if chunk.dtype != self._dtype:
-            raise VerifyError(f"{self.path}: a chunk of {chunk.dtype} after {self._dtype}: the "
-                              "prompt and token graphs' main outputs differ in type")
-        self._file.write(np.ascontiguousarray(chunk).tobytes())
+        else:
+            self._writer.add(chunk)
 
     def array(self) -> np.ndarray:
-        if self.path is None:
-            return np.concatenate(self._chunks)
-        self._file.close()
-        return np.load(self.path, mmap_mode="r")
-
-
-def unmapped(a: np.ndarray) -> np.ndarray:
-    """A spilled sequence (SequenceRows) mapped afresh: the pages a comparison read are no
-    longer this process's (RSS) while the next session runs. An in-memory array as it is."""
-    return np.load(a.filename, mmap_mode="r") if isinstance(a, np.memmap) else a
+        return np.concatenate(self._chunks) if self._writer is None else self._writer.close()
 
 
 def _close(executor) -> None:
@@ -796,15 +779,16 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                                       PartRuns(b, same, same2), v, scales[cl], kv_scales)
                     # the references fed the bundle's input are compared: only the chains stay,
                     # mapped afresh (the pages the comparisons read are given back)
-                    b.outputs = unmapped(b.outputs)
-                    chains[cl] = (b.outputs, unmapped(chained.outputs),
-                                  unmapped(chained2.outputs))
+                    b.outputs = mapped_afresh(b.outputs)
+                    chains[cl] = (b.outputs, mapped_afresh(chained.outputs),
+                                  mapped_afresh(chained2.outputs))
                     del same, same2, chained, chained2
                     f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt,
                                      _named(spill, "float"))
                     rows.append(drift_row(label, bp.part.index, bp.part.has_head, b.outputs,
                                           f.outputs))
-                    chains[cl] = (*(unmapped(c) for c in chains[cl]), unmapped(f.outputs))
+                    chains[cl] = (*(mapped_afresh(c) for c in chains[cl]),
+                                  mapped_afresh(f.outputs))
                     del b, f
                 bp.reader.close()
         finally:
