@@ -56,6 +56,7 @@ import numpy as np
 from hexbundle.config.build import VerifySettings
 from hexbundle.config.layout import Layout
 from hexbundle.formats.genie import GenieSettings, read_genie_config
+from hexbundle.formats.npyrows import RowsWriter, mapped_afresh
 from hexbundle.runtime.parts import (bundle_session, onnx_session, open_bundle_parts,
                                      reference_graphs, reference_session, rope_settings)
 from hexbundle.runtime.prompt import ordinary_prompt
@@ -112,29 +113,55 @@ class SequenceRun:
     token_rows: dict              # position -> the same from the token graph
 
 
-def run_sequence(session, x: np.ndarray, n_prompt: int) -> SequenceRun:
+def run_sequence(session, x: np.ndarray, n_prompt: int,
+                 spill: Optional[Path] = None) -> SequenceRun:
     """Prefill x[:n_prompt] in chunks through the prompt graph, then decode the rest one token at
     a time through the token graph; also run the token graph at the last position of each chunk
     with the cache of the positions before it (the prompt-vs-token check). One graph is open at
-    a time (close() after its last use) so a part's two float graphs never coexist."""
+    a time (close() after its last use) so a part's two float graphs never coexist. `spill`: a
+    .npy file the outputs are written to as they come (SequenceRows), read back mapped."""
     ar = session.ar("prompt")
-    outputs, forks, prompt_kv = [], {}, {}
+    outputs = SequenceRows(x.shape[0], spill)
+    forks, prompt_rows = {}, {}
     for start in range(0, n_prompt, ar):
         n = min(ar, n_prompt - start)
-        outputs.append(session.run("prompt", x[start:start + n], n))
+        chunk = session.run("prompt", x[start:start + n], n)
+        outputs.add(chunk)
         last = start + n - 1
         forks[last] = session.fork(last)
-        prompt_kv[last] = session.kv_entry(last)
+        prompt_rows[last] = (np.array(chunk[n - 1]), session.kv_entry(last))
+        del chunk
     _close(session.graphs["prompt"])
     token_rows = {}
     for p, fork in forks.items():
         row = fork.run("token", x[p:p + 1], 1)[0]
         token_rows[p] = (row, fork.kv_entry(p))
+    del forks   # their copies of the KV cache
     for t in range(n_prompt, x.shape[0]):
-        outputs.append(session.run("token", x[t:t + 1], 1))
+        outputs.add(session.run("token", x[t:t + 1], 1))
     _close(session.graphs["token"])
-    out = np.concatenate(outputs)
-    return SequenceRun(out, {p: (out[p], prompt_kv[p]) for p in forks}, token_rows)
+    return SequenceRun(outputs.array(), prompt_rows, token_rows)
+
+
+class SequenceRows:
+    """A sequence's main output, a chunk of positions at a time. Without a file: the chunks,
+    concatenated at the end. With one: each chunk written to it as it comes
+    (formats.npyrows) and the whole read back as a read-only memmap, so a sequence held across
+    later sessions is page cache, not this process's memory (a 7B logits sequence, 168 x 152064
+    float32, is 97 MiB: verify keeps up to five of them while a part's 3 GiB reference runs)."""
+
+    def __init__(self, total: int, path: Optional[Path] = None):
+        self._chunks = []
+        self._writer = None if path is None else RowsWriter(path, total)
+
+    def add(self, chunk: np.ndarray) -> None:
+        if self._writer is None:
+            self._chunks.append(chunk)
+        else:
+            self._writer.add(chunk)
+
+    def array(self) -> np.ndarray:
+        return np.concatenate(self._chunks) if self._writer is None else self._writer.close()
 
 
 def _close(executor) -> None:
@@ -669,20 +696,28 @@ class Report:
 
 
 def _run_reference(bp, layout: Layout, cl: int, scratch: Path, rounding: str, x_same,
-                   x_chain, n_prompt: int, float_bitwidth: int) -> tuple:
+                   x_chain, n_prompt: int, float_bitwidth: int, spill: Path) -> tuple:
     """(fed the bundle's input, chained on its own) through the part's reference with
-    `rounding`; its scratch files removed after."""
+    `rounding`, their outputs spilled to spill-same.npy and spill-chained.npy; its scratch
+    files removed after."""
     cfg = layout.cfg
     graphs = reference_graphs(bp.part, layout, cl, scratch, rounding, float_bitwidth)
     try:
-        same = run_sequence(reference_session(bp.part, cfg, graphs), x_same, n_prompt)
+        same = run_sequence(reference_session(bp.part, cfg, graphs), x_same, n_prompt,
+                            _named(spill, "same"))
         chained = same if x_chain is x_same else run_sequence(
-            reference_session(bp.part, cfg, graphs), x_chain, n_prompt)
+            reference_session(bp.part, cfg, graphs), x_chain, n_prompt,
+            _named(spill, "chained"))
     finally:
         for graph in graphs.values():
             _close(graph)
         shutil.rmtree(scratch / f"cl{cl}-{rounding}", ignore_errors=True)
     return same, chained
+
+
+def _named(spill: Path, what: str, suffix: str = ".npy") -> Path:
+    """scratch/part2-cl4096 + "bundle": scratch/part2-cl4096-bundle.npy."""
+    return spill.with_name(f"{spill.name}-{what}{suffix}")
 
 
 def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path] = None,
@@ -710,9 +745,11 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     chains = {cl: (ids, ids, ids, ids) for cl in lengths}   # bundle, reference, ref 2, float
     rows, scales = [], {}
     layout.verify_report.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with temp_dir(layout.verify_report.parent, "reference") as scratch:
-            scratch = Path(scratch)
+    # every sequence is spilled to the scratch directory (SequenceRows): only the part's session
+    # is in memory while it runs, not the sequences kept for the next part and the end
+    with temp_dir(layout.verify_report.parent, "reference") as scratch:
+        scratch = Path(scratch)
+        try:
             for bp in opened:
                 log(f"verify: {bp.label}: exact checks")
                 rows += exact_rows(bp.label, bp.part.index, bp.reader, [
@@ -722,38 +759,47 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                 for cl in lengths:   # every length's graphs of the part, the same tokens
                     label = bp.label + (f" cl {cl}" if len(lengths) > 1 else "")
                     log(f"verify: {label}")
+                    spill = scratch / f"part{bp.part.index}-cl{cl}"
                     x_bundle, x_ref, x_ref2, x_float = chains[cl]
                     session = bundle_session(bp, cfg, rope, cl)
                     scales[cl] = output_scale(session)
-                    b = run_sequence(session, x_bundle, n_prompt)
+                    b = run_sequence(session, x_bundle, n_prompt, _named(spill, "bundle"))
                     kv_scales = kv_entry_scales(session)
+                    del session
                     # the bin's pages, left resident by the run, would sit under the reference's
                     # and the float's weights (the peak RSS): drop them, keeping the mmap
                     bp.reader.release_pages()
                     same, chained = _run_reference(bp, layout, cl, scratch, HALF_EVEN, x_bundle,
-                                                   x_ref, n_prompt, options.float_bitwidth)
+                                                   x_ref, n_prompt, options.float_bitwidth,
+                                                   _named(spill, HALF_EVEN, ""))
                     same2, chained2 = _run_reference(bp, layout, cl, scratch, AIMET, x_bundle,
-                                                     x_ref2, n_prompt, options.float_bitwidth)
+                                                     x_ref2, n_prompt, options.float_bitwidth,
+                                                     _named(spill, AIMET, ""))
                     rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
                                       PartRuns(b, same, same2), v, scales[cl], kv_scales)
-                    # the references fed the bundle's input are compared: only the chains stay
-                    # under the float's weights (a 7B logits sequence is 117 MB each)
-                    chains[cl] = (b.outputs, chained.outputs, chained2.outputs)
+                    # the references fed the bundle's input are compared: only the chains stay,
+                    # mapped afresh (the pages the comparisons read are given back)
+                    b.outputs = mapped_afresh(b.outputs)
+                    chains[cl] = (b.outputs, mapped_afresh(chained.outputs),
+                                  mapped_afresh(chained2.outputs))
                     del same, same2, chained, chained2
-                    f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt)
+                    f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt,
+                                     _named(spill, "float"))
                     rows.append(drift_row(label, bp.part.index, bp.part.has_head, b.outputs,
                                           f.outputs))
-                    chains[cl] += (f.outputs,)
+                    chains[cl] = (*(mapped_afresh(c) for c in chains[cl]),
+                                  mapped_afresh(f.outputs))
                     del b, f
                 bp.reader.close()
-    finally:
-        for bp in opened:
-            bp.reader.close()
-    floor, where = noise_floor(rows, v)
-    gate_against_floor(rows, floor, v)
-    for cl in lengths:
-        label = "end to end" + (f" cl {cl}" if len(lengths) > 1 else "")
-        rows += end_to_end_rows(label, *chains[cl], v, scales.get(cl))
+        finally:
+            for bp in opened:
+                bp.reader.close()
+        floor, where = noise_floor(rows, v)
+        gate_against_floor(rows, floor, v)
+        for cl in lengths:
+            label = "end to end" + (f" cl {cl}" if len(lengths) > 1 else "")
+            rows += end_to_end_rows(label, *chains[cl], v, scales.get(cl))
+        del chains   # the spilled sequences' maps, before their files are removed
     return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v.decode_steps, rows,
                   time.monotonic() - started, floor, where, v.seed, prompt.text,
                   [int(i) for i in ids])
