@@ -183,6 +183,14 @@ def genie_config(tmp, text):
     return read_genie_config(tmp / "bundle")
 
 
+def genie_clients_config(tmp, text):
+    """clients/ is made from (and check_bundle judges it by) the bundle's genie_config.json."""
+    from hexbundle.formats.genie_clients import open_genie_server_files
+    _file(tmp, "bundle/genie_config.json", text)
+    return open_genie_server_files(tmp / "bundle", "m", {"target": "aarch64-oe-linux-gcc11.2",
+                                                         "dsp_arch": "v73"}, {})
+
+
 def hf_config(tmp, text):
     from hexbundle.formats.hf_config import read_hf_config
     return read_hf_config(_file(tmp, "config.json", text))
@@ -315,6 +323,8 @@ READERS = {
     ("hexbundle/formats/qaihm.py", "recorded_context_length"): (args_json, "refused"),
     ("hexbundle/formats/qnn_dlc.py", "read_qnn_dlc"): (dlc_history, "refused"),
     ("hexbundle/formats/genie.py", "read_genie_config"): (genie_config, "refused"),
+    ("hexbundle/formats/genie_clients.py", "open_genie_server_files"): (genie_clients_config,
+                                                                        "refused"),
     ("hexbundle/formats/manifest.py", "read_manifest"): (manifest, "refused"),
     ("hexbundle/formats/manifest.py", "verify_bundle_files"): (manifest, "refused"),
     ("hexbundle/formats/manifest.py", "read_build_info"): (build_info, "absent"),
