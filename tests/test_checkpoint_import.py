@@ -256,6 +256,7 @@ def _onnx_io(values) -> list:
     return [(v.name, [d.dim_value for d in v.type.tensor_type.shape.dim]) for v in values]
 
 
+@pytest.mark.heavy   # measured 8-13 s a checkpoint: the full suite (`pytest --full`)
 @pytest.mark.parametrize("name", REAL)
 def test_a_real_checkpoint_splits_as_qai_hub_models_does(tmp_path, name):
     """Import as the user would (the model id is the quantize module's), run the split step, and

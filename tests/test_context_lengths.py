@@ -80,6 +80,7 @@ def test_verify_tokens_must_fit_the_smallest_length(project):
 
 # ============================================================================ the build
 
+@pytest.mark.heavy   # its module fixture builds (30-113 s measured): the full suite (`pytest --full`)
 def test_one_bin_per_part_holds_four_graphs_and_one_copy_of_the_weights(two_lengths):
     project, run, _ = two_lengths
     bundle = project.bundle(MODEL)
@@ -133,6 +134,7 @@ def test_unshared_weights_across_lengths_are_refused(two_lengths, tmp_path):
            "each hold a copy)" in run.out + run.err, run.out[-3000:]
 
 
+@pytest.mark.heavy   # its module fixture builds (30-113 s measured): the full suite (`pytest --full`)
 def test_verify_runs_every_length(two_lengths):
     project, _, run = two_lengths
     report = json.loads((project.build_dir(MODEL) / "verify" / "report.json").read_text())
@@ -197,6 +199,7 @@ def test_a_missing_length_directory_is_named(tmp_path):
                for p in tree.problems), tree.problems
 
 
+@pytest.mark.heavy   # its module fixture builds (30-113 s measured): the full suite (`pytest --full`)
 def test_import_writes_both_lengths_and_the_file_of_every_graph(imported_2cl):
     project, run, _, _ = imported_2cl
     cfg = tomli.loads((project.root / "configs/models/two.toml").read_text())
@@ -209,6 +212,7 @@ def test_import_writes_both_lengths_and_the_file_of_every_graph(imported_2cl):
     assert f"prompt_ar128_cl512_1_of_6 <- ar128_cl512/" in run.out
 
 
+@pytest.mark.heavy   # its module fixture builds (30-113 s measured): the full suite (`pytest --full`)
 def test_the_export_builds_one_bin_per_part_with_its_four_graphs(imported_2cl):
     project, _, bundle, _ = imported_2cl
     out = project.bundle("two")
@@ -224,6 +228,7 @@ def test_the_export_builds_one_bin_per_part_with_its_four_graphs(imported_2cl):
         f"ar128_cl512/{SLUG}_w4a16_ar128_cl512_2_of_6.aimet/{SLUG}_w4a16_ar128_cl512_2_of_6.onnx")
 
 
+@pytest.mark.heavy   # its module fixture builds (30-113 s measured): the full suite (`pytest --full`)
 def test_the_export_verifies_at_both_lengths(imported_2cl):
     project, _, _, run = imported_2cl
     assert run.code == 0, run.out + run.err

@@ -235,6 +235,7 @@ def test_unpacked_real_parts_fail_the_size_check(imported):
     assert "4-bit weights were not packed" in run.out + run.err
 
 
+@pytest.mark.heavy   # measured > 5 s: the full suite (`pytest --full`)
 def test_verify_passes_on_the_qualcomm_made_export(imported):
     project, _, _ = imported
     run = project.doit("verify", "model=qaihm", check=False)
