@@ -126,3 +126,82 @@ def test_the_references_weights_are_the_weights_checks_integers_and_part_only_at
     # the data holds the near-ties the old frame resolved otherwise (the test can fail)
     old = np.clip(np.round(np.divide(w, scale, dtype=np.float32) - offset), 0, 2 ** 16 - 1)
     assert np.count_nonzero(old[~tie] != want[~tie]) > 0
+
+
+def write_narrowing_model(tmp_path):
+    """x [580, 6] (16-bit) -> MatMul(W = I, 4-bit per channel, exact) -> h (8-bit) -> Relu -> y
+    (16-bit): an op whose 16-bit activation input has an 8-bit output, as a V projection feeding
+    the 8-bit KV cache in qai-hub-models' checkpoints. h = x's grid values exactly, chosen so that
+    some lie within half a 16-bit step of an 8-bit rounding tie."""
+    x = (np.arange(-1740, 1740, dtype=np.float32) * np.float32(1e-3)).reshape(-1, 6)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
+        [numpy_helper.from_array(np.eye(6, dtype=np.float32), "W")])
+    path = tmp_path / "src" / "g.onnx"
+    path.parent.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    act = [("x", 16, 1e-3, -32768), ("h", 8, 0.01371, -128), ("y", 16, 7e-5, 0)]
+    encodings = {"version": "1.0.0",
+                 "param_encodings": [{"name": "W", "bw": 4, "dtype": "INT", "enc_type":
+                                      "PER_CHANNEL", "is_sym": True, "scale": [0.25] * 6,
+                                      "offset": [-8] * 6}],
+                 "activation_encodings": [
+                     {"name": n, "bw": bw, "dtype": "INT", "enc_type": "PER_TENSOR",
+                      "is_sym": False, "scale": [s], "offset": [o]} for n, bw, s, o in act]}
+    enc_path = tmp_path / "src" / "g.encodings"
+    enc_path.write_text(json.dumps(encodings))
+    return path, enc_path, x
+
+
+def _run(model, x):
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def test_an_op_narrowing_its_activation_is_computed_wide_then_requantized_in_the_compilers_form(
+        tmp_path):
+    """HTP has no MatMul/Conv from a 16-bit activation to an 8-bit output (the QNN EP leaves its
+    weight's DequantizeLinear on the CPU: a Qualcomm-written Qwen3 checkpoint's V projections
+    failed the ortqnn convert so). The compiler's form (integer_weights) writes the output at 16
+    bits over the 8-bit range (scale / 256, zero point x 256), then requantizes to 8 bits, as
+    QNN's Convert does; the references' float form keeps AIMET's single rounding. The two
+    differ only at an 8-bit tie the 16-bit grid lands on, by one 8-bit step."""
+    path, enc_path, x = write_narrowing_model(tmp_path)
+    direct = write_qdq_model(path, enc_path, tmp_path / "direct")
+    wide = write_qdq_model(path, enc_path, tmp_path / "wide", integer_weights=True)
+    onnx.checker.check_model(str(wide), full_check=True)
+
+    def after_matmul(model_path):
+        model = onnx.load(str(model_path))
+        consumers = {i: n for n in model.graph.node for i in n.input}
+        inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        chain, tensor = [], "h"
+        while tensor in consumers and consumers[tensor].op_type in ("QuantizeLinear",
+                                                                     "DequantizeLinear"):
+            node = consumers[tensor]
+            chain.append((node.op_type, inits[node.input[1]].item(), inits[node.input[2]]))
+            tensor = node.output[0]
+        return chain
+
+    assert [(op, zp.dtype) for op, _, zp in after_matmul(direct)] == [
+        ("QuantizeLinear", np.uint8), ("DequantizeLinear", np.uint8)]
+    chain = after_matmul(wide)
+    assert [(op, zp.dtype) for op, _, zp in chain] == [
+        ("QuantizeLinear", np.uint16), ("DequantizeLinear", np.uint16),
+        ("QuantizeLinear", np.uint8), ("DequantizeLinear", np.uint8)]
+    assert chain[0][1] == np.float32(0.01371) / 256 and chain[0][2] == 128 * 256
+    assert chain[2][1] == np.float32(0.01371) and chain[2][2] == 128
+
+    got_direct, got_wide = _run(direct, x), _run(wide, x)
+    step = np.float32(0.01371)
+    differ = got_direct != got_wide
+    assert differ.any(), "no 8-bit tie was met: the test data no longer exercises the rounding"
+    # each difference: one 8-bit step of h (through Relu and y's finer grid), at a near-tie of h
+    np.testing.assert_allclose(np.abs(got_direct - got_wide)[differ], step, atol=2e-4)
+    h = np.maximum(x, 0)[differ] / step + 128
+    assert np.all(np.abs(h - np.floor(h) - 0.5) < 1 / 512 + 1e-4), h
+    assert differ.mean() < 1 / 256

@@ -37,6 +37,7 @@ against (checks/verify.py), instead of a constant tuned on one export.
 from __future__ import annotations
 
 from pathlib import Path
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
@@ -211,27 +212,63 @@ def _qdq_nodes(source: str, target: str, enc, graph, rounding: str = HALF_EVEN) 
             helper.make_node("Mul", [t + "__a", s_name], [t])]
 
 
-def insert_activation_qdq(graph, activations: dict, rounding: str = HALF_EVEN) -> int:
+# HTP computes these with the activation input's width at the output: a 16-bit input and an
+# 8-bit output (a V projection feeding the 8-bit KV cache, in qai-hub-models' 0.60+ checkpoints)
+# is not an op it has; QNN's converters put a Convert after the op, which rounds twice.
+WIDTH_KEEPING_OPS = ("Conv", "MatMul", "Gemm")
+
+
+def widened(enc, bitwidth: int = 16):
+    """`enc`'s grid refined to `bitwidth` bits over the same range: every point of `enc`'s grid
+    is one of its points (scale / 2^k, offset x 2^k), so a value on the narrow grid passes
+    through unchanged and rounding to it first moves a value only by under half a narrow step."""
+    k = 2 ** (bitwidth - enc.bitwidth)
+    return replace(enc, bitwidth=bitwidth, scale=np.asarray(enc.scale, np.float32) / k,
+                   offset=np.asarray(enc.offset, np.float32) * k)
+
+
+def _narrowing_op(node, activations: dict) -> bool:
+    """A node HTP cannot compute as encoded: a width-keeping op whose activation input is
+    encoded wider than its output."""
+    if node.op_type not in WIDTH_KEEPING_OPS or not node.input:
+        return False
+    source, out = activations.get(node.input[0]), activations.get(node.output[0])
+    return (source is not None and out is not None and source.is_int and out.is_int
+            and source.bitwidth > out.bitwidth)
+
+
+def insert_activation_qdq(graph, activations: dict, rounding: str = HALF_EVEN,
+                          htp_widths: bool = False) -> int:
     """A QDQ after every tensor of `activations` the graph has; returns how many. Consumers read
-    the quantized tensor; a graph output keeps its name (its producer's output is renamed)."""
+    the quantized tensor; a graph output keeps its name (its producer's output is renamed).
+    `htp_widths` (the form a compiler takes): an op that would narrow its activation's width
+    (WIDTH_KEEPING_OPS) writes its output at the input's width first, then requantizes it to
+    its own encoding, as QNN's Convert does."""
     outputs = {o.name for o in graph.output}
+    graph_inputs = {i.name for i in graph.input}
     renamed, nodes, count = {}, [], 0
-    for name in sorted({i.name for i in graph.input} & set(activations)):
+    for name in sorted(graph_inputs & set(activations)):
         renamed[name] = name + "__qdq"
         nodes += _qdq_nodes(name, renamed[name], activations[name], graph, rounding)
         count += 1
     for node in list(graph.node):
+        narrowing = htp_widths and _narrowing_op(node, activations)
+        wide = activations.get(node.input[0]) if narrowing else None
         node.input[:] = [renamed.get(i, i) for i in node.input]
         nodes.append(node)
         for index, out in enumerate(node.output):
             if out not in activations:
                 continue
+            source = out
             if out in outputs:
-                node.output[index] = out + "__float"
-                nodes += _qdq_nodes(out + "__float", out, activations[out], graph, rounding)
-            else:
+                node.output[index] = source = out + "__float"
+            if wide is not None and index == 0:
+                nodes += _qdq_nodes(source, out + "__wide",
+                                    widened(activations[out], wide.bitwidth), graph, rounding)
+                source = out + "__wide"
+            if out not in outputs:
                 renamed[out] = out + "__qdq"
-                nodes += _qdq_nodes(out, renamed[out], activations[out], graph, rounding)
+            nodes += _qdq_nodes(source, renamed.get(out, out), activations[out], graph, rounding)
             count += 1
     del graph.node[:]
     graph.node.extend(nodes)
@@ -449,7 +486,8 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
         del graph.node[:]
         graph.node.extend(nodes)
         model.ir_version = max(model.ir_version, 10)   # INT4/UINT4 tensors need IR 10
-    insert_activation_qdq(graph, {**(activations or {}), **enc.activations}, rounding)
+    insert_activation_qdq(graph, {**(activations or {}), **enc.activations}, rounding,
+                          htp_widths=integer_weights)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
     path = out_dir / f"{name}.onnx"
