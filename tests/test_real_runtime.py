@@ -357,3 +357,42 @@ def test_run_cmd_stops_before_the_run_at_a_runtime_file_of_another_release(
     (bundle / rel).unlink()
     gone = cmd_exe(bundle, "-c", "genie_config.json")
     assert gone.returncode == 2 and f"run.cmd: {win} is missing" in gone.stderr
+
+
+# --------------------------------------------------------------------------- run.sh, real files
+
+HOST_GENIE = Path(__file__).resolve().parent / "standin_qairt" / "host" / "genie-t2t-run"
+
+
+@pytest.mark.parametrize("swap", [None, "dsp/libQnnHtpV73Skel.so"])
+def test_run_sh_reads_each_real_files_aisw_version_before_the_run(bundles, wheels, tmp_path,
+                                                                 swap):
+    """run.sh's own reading (tr and sed, as on the board) of Qualcomm's 2.45.40 aarch64 files:
+    they pass, and 2.51.0's skel in its place (the one aarch64-loadable file of 2.51.0 fetched:
+    the skel is the same bytes in every wheel) stops the run, which the Genie API version alone
+    could not always do. The board's parts as tests/test_runtime_bundle.py's
+    board fixture makes them; genie-t2t-run the host stand-in."""
+    import subprocess
+    bundle = tmp_path / "bundle"
+    shutil.copytree(bundles[LINUX], bundle)
+    shutil.copy(HOST_GENIE, bundle / "bin" / "genie-t2t-run")
+    if swap:
+        shutil.copyfile(wheel_file(wheels, WIN_2_51, Path(swap).name), bundle / swap)
+    (tmp_path / "fastrpc-cdsp").write_bytes(b"")
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "libcdsprpc.so").write_bytes(b"")
+    (libs / "libstdc++.so.6").write_bytes(b"\0" + MIN_GLIBCXX.encode() + b"\0")
+    env = {"PATH": "/usr/bin:/bin", "HEXBUNDLE_FASTRPC_NODE": str(tmp_path / "fastrpc-cdsp"),
+           "LD_LIBRARY_PATH": str(libs), "TMPDIR": str(tmp_path),
+           "STANDIN_GENIE_VERSION": GENIE_API_2_45}
+    run = subprocess.run(["sh", str(bundle / "run.sh"), "-c", "genie_config.json", "-p", "Hi"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    if swap is None:
+        assert run.returncode == 0 and "[BEGIN]" in run.stdout, run.stdout + run.stderr
+    else:
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert f"run.sh: {bundle}/{swap}: AISW_VERSION 2.51.0, the bundle is QAIRT {SDK_2_45} " \
+               f"(AISW_VERSION 2.45.40): the runtime files must come from one QAIRT release" \
+               in run.stderr
+        assert "[BEGIN]" not in run.stdout
