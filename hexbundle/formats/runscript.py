@@ -13,7 +13,9 @@ the board's install runs it). After the run it fails when the libGenie version g
 printed is not the bundle's. That Genie API version alone cannot name a release: it repeats
 across QAIRT releases (2.46 and 2.47 both give 1.18.0, 2.49.40 and 2.50.40 both 1.20.0), which
 is why the files' AISW_VERSION is checked first. `--profile FILE` is removed before the run:
-genie-t2t-run refuses an existing profile file, so every second run would fail.
+genie-t2t-run refuses an existing profile file, so every second run would fail. run.cmd
+checks, before the run, the size of each file run.sh checks the AISW_VERSION of (cmd reads no
+binary: `_size_check`).
 
 HEXBUNDLE_FASTRPC_NODE overrides the node checked (boards that name it otherwise).
 """
