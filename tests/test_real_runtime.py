@@ -246,3 +246,153 @@ def test_a_windows_bundle_without_its_catalog_is_refused(proj, bundles, tmp_path
     shutil.copytree(bundles[WINDOWS], bundle)
     (bundle / "dsp/libqnnhtpv73.cat").unlink()
     refused(check_bundle(proj, bundle), "dsp/libqnnhtpv73.cat: missing (skel's signing catalog")
+
+
+# --------------------------------------------------------------------------- reading, once
+
+def bytes_read(call) -> int:
+    """The bytes this process read while call() ran, the kernel's count (/proc/self/io)."""
+    io = Path("/proc/self/io")
+    before = io.read_text()
+    call()
+    after = io.read_text()
+    rchar = [int(dict(line.split(": ") for line in text.splitlines())["rchar"])
+             for text in (before, after)]
+    return rchar[1] - rchar[0] - len(before.encode())   # less the first reading's own bytes
+
+
+def test_check_bundle_reads_each_runtime_file_twice_not_three_times(bundles):
+    """The runtime check reads each runtime file whole twice: once for its release (which the
+    launcher's check and the release check share) and once for its digest; the bins only their
+    metadata (tests/test_bin_release.py). A third whole read (the release read again for the
+    launcher) would pass 3x the files' bytes."""
+    from hexbundle.checks.genie_bundle import BundleReport
+    from hexbundle.checks.runtime_check import check_runtime
+    from hexbundle.formats.genie import bundle_entries
+    from hexbundle.formats.manifest import read_manifest
+    bundle = bundles[LINUX]
+    manifest = read_manifest(bundle)
+    htp = json.loads((bundle / "htp_backend_ext_config.json").read_text())
+    report = BundleReport(bundle, entries=bundle_entries(bundle))
+    read = bytes_read(lambda: check_runtime(report, htp, manifest))
+    assert report.problems == []
+    files = sum((bundle / p).stat().st_size for p in manifest["runtime"]["files"])
+    assert 2 * files <= read < 3 * files, (read, files)
+
+
+# --------------------------------------------------------------------------- run.cmd, run by cmd
+
+RUNNER_C = r"""#include <stdio.h>
+int main(int argc, char **argv) {
+    printf("genie-t2t-run ran:");
+    for (int i = 1; i < argc; i++) printf(" [%s]", argv[i]);
+    printf("\n");
+    return 7;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cmd_exe(tmp_path_factory):
+    """A cmd interpreter to run run.cmd with: Wine's cmd.exe (Wine's own implementation of
+    Windows' cmd, in a prefix of this module's), and an x64 runner built by mingw-w64 to stand
+    where the board's arm64 genie-t2t-run.exe is (which no x64 host runs). .ci/run installs
+    both; without them the tests skip, except under CI=true, where they fail."""
+    import os
+    import subprocess
+    from hexbundle.backends.ortqnn_kit import MINGW_GCC, find_wine
+    from hexbundle.support.errors import BackendError
+    try:
+        wine = find_wine()
+    except BackendError as exc:
+        missing = str(exc)
+    else:
+        missing = "" if shutil.which(MINGW_GCC) else f"{MINGW_GCC} not found"
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set, so run.cmd must be run, but: {missing}")
+        pytest.skip(missing)
+    tmp = tmp_path_factory.mktemp("cmd")
+    (tmp / "runner.c").write_text(RUNNER_C)
+    subprocess.run([shutil.which(MINGW_GCC), "-o", str(tmp / "runner.exe"), str(tmp / "runner.c")],
+                   check=True)
+    env = dict(os.environ, WINEPREFIX=str(tmp / "prefix"), WINEDEBUG="-all",
+               WINEDLLOVERRIDES="winedbg.exe=d")
+
+    def run(bundle: Path, *args):
+        shutil.copyfile(tmp / "runner.exe", bundle / "bin" / "genie-t2t-run.exe")
+        script = "Z:" + str((bundle / "run.cmd").resolve()).replace("/", "\\")
+        return subprocess.run([wine, "cmd", "/c", script, *args], env=env, cwd=tmp,
+                              capture_output=True, text=True, errors="replace", timeout=600)
+    return run
+
+
+def test_run_cmd_runs_the_bundles_genie_when_its_runtime_files_are_the_bundled_ones(
+        cmd_exe, bundles, tmp_path):
+    bundle = tmp_path / "board"
+    shutil.copytree(bundles[WINDOWS], bundle)
+    run = cmd_exe(bundle, "-c", "genie_config.json", "-p", "What is 2+2?")
+    assert run.returncode == 7, run.stdout + run.stderr          # the runner's own status
+    assert "genie-t2t-run ran: [-c] [genie_config.json] [-p] [What is 2+2?]" in run.stdout
+    assert "run.cmd:" not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("rel", ["lib/QnnHtpV73Stub.dll", "lib/Genie.dll",
+                                 "dsp/libQnnHtpV73Skel.so"])
+def test_run_cmd_stops_before_the_run_at_a_runtime_file_of_another_release(
+        cmd_exe, bundles, wheels, tmp_path, rel):
+    """A file replaced on the board by QAIRT 2.51.0's (the Genie API version alone could not
+    tell some releases apart; cmd reads no AISW_VERSION, but another release's file is
+    another size)."""
+    bundle = tmp_path / "board"
+    shutil.copytree(bundles[WINDOWS], bundle)
+    shutil.copyfile(wheel_file(wheels, WIN_2_51, Path(rel).name), bundle / rel)
+    run = cmd_exe(bundle, "-c", "genie_config.json", "-p", "hi")
+    win = rel.replace("/", "\\")
+    size = (bundle / rel).stat().st_size
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"run.cmd: {win} is {size} bytes, not the {(bundles[WINDOWS] / rel).stat().st_size} " \
+           f"bytes bundled; the bundle was made with QAIRT {SDK_2_45}" in run.stderr
+    assert "genie-t2t-run ran" not in run.stdout
+    (bundle / rel).unlink()
+    gone = cmd_exe(bundle, "-c", "genie_config.json")
+    assert gone.returncode == 2 and f"run.cmd: {win} is missing" in gone.stderr
+
+
+# --------------------------------------------------------------------------- run.sh, real files
+
+HOST_GENIE = Path(__file__).resolve().parent / "standin_qairt" / "host" / "genie-t2t-run"
+
+
+@pytest.mark.parametrize("swap", [None, "dsp/libQnnHtpV73Skel.so"])
+def test_run_sh_reads_each_real_files_aisw_version_before_the_run(bundles, wheels, tmp_path,
+                                                                 swap):
+    """run.sh's own reading (tr and sed, as on the board) of Qualcomm's 2.45.40 aarch64 files:
+    they pass, and 2.51.0's skel in its place (the one aarch64-loadable file of 2.51.0 fetched:
+    the skel is the same bytes in every wheel) stops the run, which the Genie API version alone
+    could not always do. The board's parts as tests/test_runtime_bundle.py's
+    board fixture makes them; genie-t2t-run the host stand-in."""
+    import subprocess
+    bundle = tmp_path / "bundle"
+    shutil.copytree(bundles[LINUX], bundle)
+    shutil.copy(HOST_GENIE, bundle / "bin" / "genie-t2t-run")
+    if swap:
+        shutil.copyfile(wheel_file(wheels, WIN_2_51, Path(swap).name), bundle / swap)
+    (tmp_path / "fastrpc-cdsp").write_bytes(b"")
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "libcdsprpc.so").write_bytes(b"")
+    (libs / "libstdc++.so.6").write_bytes(b"\0" + MIN_GLIBCXX.encode() + b"\0")
+    env = {"PATH": "/usr/bin:/bin", "HEXBUNDLE_FASTRPC_NODE": str(tmp_path / "fastrpc-cdsp"),
+           "LD_LIBRARY_PATH": str(libs), "TMPDIR": str(tmp_path),
+           "STANDIN_GENIE_VERSION": GENIE_API_2_45}
+    run = subprocess.run(["sh", str(bundle / "run.sh"), "-c", "genie_config.json", "-p", "Hi"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    if swap is None:
+        assert run.returncode == 0 and "[BEGIN]" in run.stdout, run.stdout + run.stderr
+    else:
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert f"run.sh: {bundle}/{swap}: AISW_VERSION 2.51.0, the bundle is QAIRT {SDK_2_45} " \
+               f"(AISW_VERSION 2.45.40): the runtime files must come from one QAIRT release" \
+               in run.stderr
+        assert "[BEGIN]" not in run.stdout

@@ -174,9 +174,10 @@ def bundle_runtime(sdk_root: Path, plan: RuntimePlan, runtime: RuntimeRelease, s
             f" (libGenie {gv}) for {plan.target}")
     script = staging / script_name(plan.target)
     checked = tuple(p for p in runtime.aisw_files if p in copied)
+    sizes = tuple((p, (staging / p).stat().st_size) for p in checked)   # run.cmd checks them
     write_atomic(script, render(RunScript(plan.target, plan.mode, plan.qairt_version, gv,
                                           plan.htp_device_id, runtime.release.dotted,
-                                          checked)).encode())
+                                          checked, sizes)).encode())
     script.chmod(0o755)
     return {"mode": plan.mode, "target": plan.target, "dsp_arch": plan.dsp_arch,
             "qairt_version": plan.qairt_version, "qairt_build": runtime.release.text,

@@ -34,7 +34,8 @@ from hexbundle.config.layout import HTP_EXT_CONFIG, MANIFEST
 from hexbundle.config.runtime_files import BIN, DSP, LIB, TARGETS, is_windows, runtime_files
 from hexbundle.formats.binimage import read_image
 from hexbundle.formats.catalog import catalog_signs
-from hexbundle.formats.qairt_version import mixed_releases, parse_release, read_file_release
+from hexbundle.formats.qairt_version import (mixed_releases, parse_release, read_bin_release,
+                                             read_file_release)
 from hexbundle.formats.runscript import RunScript, adsp_problems, library_paths, render
 from hexbundle.support.errors import InputError
 from hexbundle.support.files import read_named_file
@@ -68,9 +69,12 @@ def check_runtime(report, htp, manifest) -> None:
     target, qairt, genie = runtime["target"], runtime.get("qairt_version"), \
         runtime.get("genie_version")
     arch = _device_arch(htp) or runtime.get("dsp_arch", "")
-    _check_script(report, runtime)
+    # each runtime file and bin read once for its release: the launcher and the release checks
+    # both take it from here
+    found = _stated_releases(report, runtime)
+    _check_script(report, manifest, runtime, found)
     _check_bins_qairt(report, runtime)
-    _check_releases(report, manifest, runtime)
+    _check_releases(report, runtime, found)
     if runtime.get("mode") == "board":
         present = [d for d in (LIB, DSP, BIN) if (bundle / d).exists()]
         if present:
@@ -154,27 +158,33 @@ def _check_catalogs(report, target: str, arch: str) -> None:
                                           "its catalog from one QAIRT release")
 
 
-def _stated_releases(report, names: list) -> dict:
-    """{bundle path: FileRelease} of the files that exist, read from their bytes (a bin is read
-    whole: where a real one keeps its build string in its payload is not fixed)."""
+def _bin_names(report) -> list:
+    return sorted(n for n in report.entries if n.endswith(".bin") and report.has_file(n))
+
+
+def _stated_releases(report, runtime: dict) -> dict:
+    """{bundle path: FileRelease} of the runtime files and bins that exist, read from their
+    bytes, each once: a runtime file whole, a bin as formats/qairt_version.read_bin_release
+    reads it (a QNN context binary's metadata)."""
     found = {}
-    for rel in (n for n in names if isinstance(n, str)):
+    files = [n for n in runtime.get("files") or [] if isinstance(n, str)]
+    for rel in files + _bin_names(report):
         path = report.path / rel
         if not path.is_file():
             continue   # the required-files and ctx-bins checks say so
         try:
-            found[rel] = read_file_release(path)
+            found[rel] = read_bin_release(path) if rel not in files else read_file_release(path)
         except OSError as exc:
             report.problem("runtime", f"{rel}: cannot read it ({exc.strerror})")
     return found
 
 
-def _check_releases(report, manifest: dict, runtime: dict) -> None:
-    """One QAIRT release in the bundle, from the bytes: the runtime files', the bins', and the
-    manifest's qairt_version; and each runtime file's statements as recorded."""
+def _check_releases(report, runtime: dict, found: dict) -> None:
+    """One QAIRT release in the bundle, from the bytes (`found`: _stated_releases): the runtime
+    files', the bins', and the manifest's qairt_version; and each runtime file's statements as
+    recorded."""
     recorded = runtime.get("versions") if isinstance(runtime.get("versions"), dict) else {}
-    bins = sorted(n for n in report.entries if n.endswith(".bin") and report.has_file(n))
-    found = _stated_releases(report, list(runtime.get("files") or []) + bins)
+    bins = _bin_names(report)
     stated = {}
     for rel, release in found.items():
         if release.problem():
@@ -199,7 +209,7 @@ def _check_releases(report, manifest: dict, runtime: dict) -> None:
                             "their bytes: their release is not checked here")
 
 
-def _check_script(report, runtime: dict) -> None:
+def _check_script(report, manifest: dict, runtime: dict, found: dict) -> None:
     name = runtime["script"]
     path = report.path / name
     if not path.is_file():
@@ -211,7 +221,7 @@ def _check_script(report, runtime: dict) -> None:
     except InputError as exc:
         report.problem("runtime", str(exc))
         return
-    _check_script_bytes(report, runtime, name, data)
+    _check_script_bytes(report, _script_of(manifest, runtime, found), runtime, name, data)
     windows = is_windows(runtime["target"])
     if not windows and not path.stat().st_mode & 0o111:
         report.problem("runtime", f"{name}: not executable (mode {path.stat().st_mode & 0o777:o})"
@@ -239,11 +249,12 @@ def _check_script(report, runtime: dict) -> None:
                                   "directory")
 
 
-def _check_script_bytes(report, runtime: dict, name: str, data: bytes) -> None:
+def _check_script_bytes(report, script: RunScript, runtime: dict, name: str,
+                        data: bytes) -> None:
     """The launcher is exactly what formats/runscript.py writes for the manifest's runtime
     record: hexbundle wrote it, so any other byte is a change (a digest updated with it
     proves nothing)."""
-    want = render(_script_of(report.path, runtime)).encode()
+    want = render(script).encode()
     if data == want:
         return
     if not is_windows(runtime["target"]) and b"\r\n" in data:
@@ -265,32 +276,32 @@ def _check_script_bytes(report, runtime: dict, name: str, data: bytes) -> None:
                               "it; rebuild the bundle (`doit bundle`)")
 
 
-def _script_of(bundle: Path, runtime: dict) -> RunScript:
+def _script_of(manifest: dict, runtime: dict, found: dict) -> RunScript:
     """The launcher the bundle step writes for this runtime record (backends/qairt_runtime.py):
-    run.sh checks AISW_VERSION in each bundled file whose bytes state one (read here from the
-    bundle's files, in the record's file order), against the release's X.Y.Z."""
+    run.sh checks AISW_VERSION in each bundled file whose bytes state one (`found`, read from
+    the bundle's files; in the record's file order), against the release's X.Y.Z; run.cmd
+    checks those files' sizes, as manifest.json records them."""
     release = parse_release(str(runtime.get("qairt_build", ""))) or \
         parse_release(runtime["qairt_version"])
-    aisw = tuple(p for p in runtime["files"] if _states_aisw(bundle / p))
+    aisw = tuple(p for p in runtime["files"] if p in found and found[p].aisw)
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    sizes = tuple((p, files[p]["size"]) for p in aisw
+                  if isinstance(files.get(p), dict) and "size" in files[p])
     return RunScript(runtime["target"], runtime["mode"], runtime["qairt_version"],
                      runtime["genie_version"], runtime["htp_device_id"],
-                     release.dotted if release else "", aisw)
-
-
-def _states_aisw(path: Path) -> bool:
-    try:
-        return path.is_file() and bool(read_file_release(path).aisw)
-    except OSError:
-        return False   # the digest check names an unreadable file
+                     release.dotted if release else "", aisw, sizes)
 
 
 def _check_bins_qairt(report, runtime: dict) -> None:
     """Each bin's record (what qnn-context-binary-utility said at bundle time) names the
-    manifest's QAIRT: a bin of another QAIRT than the runtime fails on the board."""
-    want = "v" + runtime["qairt_version"]
+    manifest's QAIRT, by what identifies a release (version and build date: the bundle step's
+    rule, formats/qairt_version.py): a bin of another QAIRT than the runtime fails on the
+    board."""
+    want = parse_release(str(runtime["qairt_version"]))
     for name, record in sorted(runtime.get("bins", {}).items()):
         build = record.get("buildId", "")
-        if build and not build.startswith(want):
+        made_by = parse_release(build) if build else None
+        if build and (made_by is None or want is None or not made_by.same_as(want)):
             report.problem("runtime", f"{MANIFEST}: 'runtime.bins.{name}.buildId' is {build!r}, "
                                       f"but 'runtime.qairt_version' names QAIRT "
                                       f"{runtime['qairt_version']}: a bin of another QAIRT than "

@@ -5,8 +5,8 @@ QAIRT 2.42.0 to 2.51.0 files; docs/formats.md "QAIRT versions in the files"):
   - the build string, `v2.42.0.251225135753_193295` or `v2.45.40.260406130939`: "v", the
     version X.Y.Z, then the build's date and time (YYMMDDhhmmss) and, in some releases, "_"
     and a build number. In QnnHtp, HtpPrepare, the stubs and the skels; a context binary's
-    payload carries the one of the QnnHtp that made it, and qnn-context-binary-utility prints
-    it as `buildId`.
+    metadata and payload carry the one of the QnnHtp that made it (read_bin_release reads the
+    metadata), and qnn-context-binary-utility prints it as `buildId`.
   - `AISW_VERSION: X.Y.Z`: in those files and in libGenie and NetRunExtensions (which carry
     no build string). QnnSystem and the catalogs carry neither.
 What identifies a release: the version X.Y.Z and, when the form has one, the build date
@@ -20,6 +20,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from hexbundle.formats.qnn_context import HEADER_SIZE, is_qnn_context, parse_header
+from hexbundle.support.errors import FormatError
 
 # v2.42.0.251225135753_193295 ; the SDK's own spelling, 2.42.0.251225, also parses
 _BUILD = rb"v?(\d{1,3})\.(\d{1,3})\.(\d{1,4})\.(\d{6})(\d{0,8})(?:_(\d{1,12}))?"
@@ -115,21 +118,62 @@ def scan_bytes(data: bytes, before: int = -1) -> FileRelease:
                        tuple(aisw[k] for k in sorted(aisw)))
 
 
-def read_file_release(path: Path) -> FileRelease:
-    """Every release statement in `path`, read in pieces (OSError if unreadable). A statement
-    that starts in a piece's last OVERLAP bytes is read whole from the next piece, which
-    begins with them."""
+def read_file_release(path: Path, limit: int = -1) -> FileRelease:
+    """Every release statement in `path` (in its first `limit` bytes; -1: all of it), read in
+    pieces of CHUNK bytes, so memory stays bounded whatever the file's size (OSError if
+    unreadable). A statement that starts in a piece's last OVERLAP bytes is read whole from the
+    next piece, which begins with them."""
     found = []
     with open(path, "rb") as fh:
-        data = fh.read(CHUNK)
+        pieces = _pieces(fh, limit)
+        data = next(pieces, b"")
         while data:
-            more = fh.read(CHUNK)
+            more = next(pieces, b"")
             found.append(scan_bytes(data, len(data) - OVERLAP if more else -1))
             data = data[-OVERLAP:] + more if more else b""
     builds = {b.text: b for f in found for b in f.builds}
     aisw = {a.version: a for f in found for a in f.aisw}
     return FileRelease(tuple(builds[k] for k in sorted(builds)),
                        tuple(aisw[k] for k in sorted(aisw)))
+
+
+def _pieces(fh, limit: int):
+    """The file's bytes in pieces of at most CHUNK, up to `limit` bytes (-1: to its end)."""
+    left = limit
+    while left != 0:
+        piece = fh.read(CHUNK if left < 0 else min(CHUNK, left))
+        if not piece:
+            return
+        left = left - len(piece) if left > 0 else left
+        yield piece
+
+
+def read_bin_release(path: Path) -> FileRelease:
+    """A context binary's release. A QNN context binary (formats/qnn_context.py) states the
+    build string of the QnnHtp that made it in its metadata, before the payload (and again per
+    graph in the payload: the same QnnHtp serialized them all; QAIRT 2.51.0's bins in
+    tests/data/qualcomm), so its header and metadata are read first: a multi-GB bin costs
+    kilobytes. Only when they state nothing, and for any other file (a damaged header,
+    another format), is the file read whole, in pieces."""
+    end = _qnn_metadata_end(path)
+    if end >= 0:
+        found = read_file_release(path, end)
+        if found.stated:
+            return found
+    return read_file_release(path)
+
+
+def _qnn_metadata_end(path: Path) -> int:
+    """Where a QNN context binary's metadata ends, or -1 when `path` is not a readable one."""
+    if not is_qnn_context(path):
+        return -1
+    with open(path, "rb") as fh:
+        head = fh.read(HEADER_SIZE)
+    try:
+        header = parse_header(head, Path(path).stat().st_size, str(path))
+    except FormatError:
+        return -1
+    return HEADER_SIZE + header.metadata_size
 
 
 def mixed_releases(stated: dict) -> str:

@@ -13,7 +13,9 @@ the board's install runs it). After the run it fails when the libGenie version g
 printed is not the bundle's. That Genie API version alone cannot name a release: it repeats
 across QAIRT releases (2.46 and 2.47 both give 1.18.0, 2.49.40 and 2.50.40 both 1.20.0), which
 is why the files' AISW_VERSION is checked first. `--profile FILE` is removed before the run:
-genie-t2t-run refuses an existing profile file, so every second run would fail.
+genie-t2t-run refuses an existing profile file, so every second run would fail. run.cmd
+checks, before the run, the size of each file run.sh checks the AISW_VERSION of (cmd reads no
+binary: `_size_check`).
 
 HEXBUNDLE_FASTRPC_NODE overrides the node checked (boards that name it otherwise).
 """
@@ -35,6 +37,7 @@ class RunScript:
     htp_device_id: int    # which NPU (IQ-9075: 0 or 1): its fastrpc node
     aisw_version: str = ""     # X.Y.Z: what each runtime file's AISW_VERSION must say
     aisw_files: tuple = ()     # the bundle's files that state it (bundle paths)
+    sizes: tuple = ()          # ((bundle path, bytes), ...): run.cmd checks those files' sizes
 
 
 def fastrpc_node(device_id: int) -> str:
@@ -236,12 +239,40 @@ def _render_cmd(s: RunScript) -> str:
         lines += [
             f'set "PATH=%~dp0{LIB};%PATH%"',
             f'set "ADSP_LIBRARY_PATH=%~dp0{DSP};%ADSP_LIBRARY_PATH%"',
-            f'"%~dp0{BIN}\\genie-t2t-run.exe" %*',
         ]
+        lines += _size_check(s)
+        lines += [f'"%~dp0{BIN}\\genie-t2t-run.exe" %*']
     else:
         lines += ["genie-t2t-run.exe %*"]
     lines += ["exit /b %ERRORLEVEL%"]
+    if s.runtime == "bundled" and s.sizes:
+        lines += [
+            ":stale",
+            ">&2 echo run.cmd: %STALE%; the bundle was made with QAIRT %QAIRT_VERSION%: the "
+            "runtime files must come from one QAIRT release, a file of another release fails on "
+            "the NPU: copy the bundle folder again",
+            "exit /b 2",
+        ]
     return "\r\n".join(lines) + "\r\n"
+
+
+def _size_check(s: RunScript) -> list:
+    """Before the run, each file run.sh checks the AISW_VERSION of, by its size as the bundle
+    step wrote it: cmd itself reads no bytes of a binary, and a file of another QAIRT release
+    is another size (the 2.45.40 and 2.51.0 files, tests/test_real_runtime.py). Reading
+    AISW_VERSION would take findstr or PowerShell, which no interpreter here runs (Wine's
+    findstr is a stub; docs/deploy.md "run.cmd")."""
+    if not s.sizes:
+        return []
+    lines = ["rem each runtime file as the bundle step wrote it, by its size (a file of another "
+             "QAIRT release is another size)",
+             "set STALE="]
+    for rel, size in s.sizes:
+        win = rel.replace("/", "\\")
+        lines += [f'if not exist "{win}" set "STALE={win} is missing"',
+                  f'for %%F in ("{win}") do if exist "{win}" if not "%%~zF"=="{size}" '
+                  f'set "STALE={win} is %%~zF bytes, not the {size} bytes bundled"']
+    return lines + ["if defined STALE goto stale"]
 
 
 # ---------------------------------------------------------------------------------------------
