@@ -104,7 +104,7 @@ def image_record(tmp, text):
 
 def build_info(tmp, text):
     from hexbundle.formats.manifest import read_build_info
-    return read_build_info(SimpleNamespace(build_info=_file(tmp, "build-info.json", text)))
+    return read_build_info(_file(tmp, "build-info.json", text))
 
 
 def marker(tmp, text):

@@ -50,6 +50,7 @@ class Step:
     check_outputs: bool = True    # rerun when an output was changed after the step wrote it
     action: Optional[tuple] = None   # another action than the step runner (verify's)
     before: tuple = ()            # actions run first (bundle: dead outputs, the size check)
+    after: tuple = ()             # actions run after the step, here (bundle: build-info.json)
     checks: tuple = ()            # more uptodate items (bundle: bundle_in_place)
     doit: dict = field(default_factory=dict)    # other doit fields: clean, io, verbosity
     described: bool = False       # the step function receives description(step) alone
@@ -118,7 +119,7 @@ def doit_task(step: Step, layout: Layout) -> dict:
     if step.check_outputs and step.outputs:
         from hexbundle.graph.targets import targets_unchanged
         uptodate.append(targets_unchanged())
-    task = {"actions": [*step.before, run],
+    task = {"actions": [*step.before, run, *step.after],
             "file_dep": [rel(p) for p in step.input_paths],
             "targets": [rel(p) for p in step.output_paths],
             "uptodate": uptodate + list(step.checks), **step.doit}

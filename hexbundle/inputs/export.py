@@ -8,7 +8,6 @@ from pathlib import Path
 from hexbundle.config.layout import Layout
 from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.formats.tokenizer import special_token_ids
-from hexbundle.inputs.pins import require_pins
 from hexbundle.support.errors import InputError
 
 
@@ -69,8 +68,3 @@ def require_export(layout: Layout) -> None:
                                  "`doit import_export`")
     # A tokenizer.json that cannot serve the bundle fails now, not after hours of compiling.
     special_token_ids(layout.tokenizer, cfg.tokenizer_specials, cfg.model.architecture.vocab_size)
-
-
-def check_pins(layout: Layout, paths: list) -> None:
-    """require_pins of the model config's [inputs.pins]."""
-    require_pins(paths, dict(layout.cfg.inputs.pins), layout.model_config_path)

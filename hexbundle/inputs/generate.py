@@ -82,6 +82,19 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def check_pending_disk(model: Model, parts: list, out_dir: Path, index: int) -> None:
+    """Before the inputs step of part `index` (a doit action): refuse early when the disk cannot
+    also hold the parts still to be generated after it. Here, not in the step: which parts are
+    still missing is no input of the step (its description covers its own files only)."""
+    part = parts[index - 1]
+    others = [p for p in missing_parts(model, parts, out_dir) if p.index != index]
+    pending = sum(part_disk_bytes(model, p) for p in others)
+    if pending:
+        check_disk(Path(out_dir), part_disk_bytes(model, part) + pending,
+                   f"the inputs of {model.name} {part.tag} and {gib(pending)} of other pending "
+                   "inputs")
+
+
 def missing_parts(model: Model, parts: Iterable, out_dir: Path) -> list:
     """The parts whose .data files are not (all) on disk yet."""
     out_dir = Path(out_dir)
