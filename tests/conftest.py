@@ -257,6 +257,27 @@ def project(tmp_path) -> Project:
     return copy_project(tmp_path / "proj")
 
 
+LIST_DESCRIPTIONS = """
+import json, sys, dodo
+found = {}
+for creator in sys.argv[1:]:
+    made = getattr(dodo, "task_" + creator)()
+    for task in [made] if isinstance(made, dict) else made:
+        for fn, args, _ in [a for a in task["actions"] if isinstance(a, tuple)]:
+            if fn.__name__ == "_run_step":   # graph.actions.step_action's
+                found[args[2]] = args[5]     # task name -> its description
+print(json.dumps(found))
+"""
+
+
+def step_descriptions(root: Path, creators=("inputs", "convert", "compile", "bundle")) -> dict:
+    """Task name -> the description (steps.description's JSON) dodo.py gives each build step
+    of the project at `root` (graph.stepdesc.description), as a build there runs it."""
+    proc = subprocess.run([sys.executable, "-c", LIST_DESCRIPTIONS, *creators], cwd=root,
+                          capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(proc.stdout)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Project:
     """One fresh `doit bundle` of the default model, shared by read-only tests of a module."""
