@@ -69,6 +69,12 @@ def expected_sizes(described: Description) -> list:
     return out
 
 
+def image_of(described: Description) -> str:
+    """The toolchain image the manifest names: the one the docker executor ran the step in;
+    none with the local executor (the executor is in the step's key: switching rebuilds)."""
+    return described.image if described.options.executor == "docker" else ""
+
+
 def link_or_copy(src: Path, dst: Path) -> str:
     """Hard link (bundle time does not grow with model size); copy across filesystems."""
     try:
@@ -143,7 +149,7 @@ def assemble(described: Description, backend_version: str, sizes_expected: dict,
             log(f"other Genie clients: {', '.join(clients)} (docs/deploy.md)")
         write_json(staging / MANIFEST, bundle_manifest(
             staging, options, backend_version, sizes_expected, unencoded or {}, runtime,
-            described.image, sources=described.input_paths("source"),
+            image_of(described), sources=described.input_paths("source"),
             configs=described.input_paths("config")))
         lint(staging, options, log)
         os.chmod(staging, 0o755)
