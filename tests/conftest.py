@@ -258,9 +258,10 @@ def project(tmp_path) -> Project:
 
 
 LIST_DESCRIPTIONS = """
-import json, sys, dodo
+import json, sys
+import dodo   # the key=value arguments are its settings (graph.session reads sys.argv)
 found = {}
-for creator in sys.argv[1:]:
+for creator in [a for a in sys.argv[1:] if "=" not in a]:
     made = getattr(dodo, "task_" + creator)()
     for task in [made] if isinstance(made, dict) else made:
         for fn, args, _ in [a for a in task["actions"] if isinstance(a, tuple)]:
@@ -270,10 +271,13 @@ print(json.dumps(found))
 """
 
 
-def step_descriptions(root: Path, creators=("inputs", "convert", "compile", "bundle")) -> dict:
+def step_descriptions(root: Path, creators=("inputs", "convert", "compile", "bundle"),
+                      settings=()) -> dict:
     """Task name -> the description (steps.description's JSON) dodo.py gives each build step
-    of the project at `root` (graph.stepdesc.description), as a build there runs it."""
-    proc = subprocess.run([sys.executable, "-c", LIST_DESCRIPTIONS, *creators], cwd=root,
+    of the project at `root` (graph.stepdesc.description), as a build there with `settings`
+    (key=value) runs it."""
+    proc = subprocess.run([sys.executable, "-c", LIST_DESCRIPTIONS, *settings, *creators],
+                          cwd=root,
                           capture_output=True, text=True, check=True, timeout=300)
     return json.loads(proc.stdout)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import step_descriptions
+from conftest import copy_project, step_descriptions, unsplit_only_tree
 from hexbundle.config import resolved
 from hexbundle.steps import runner
 from hexbundle.steps.description import from_json
@@ -55,9 +55,15 @@ def paths_of(description: dict, side: str) -> list:
 
 def relocated(description: dict, project: Path, root: Path) -> dict:
     """The description with each path moved from the project into `root` (as the remote
-    Action relocates it into its input root)."""
+    Action relocates it into its input root); a path outside the project (an export used in
+    place) under root/outside."""
+    def inside(path: Path) -> Path:
+        if path.is_relative_to(project):
+            return root / path.relative_to(project)
+        return root / "outside" / path.relative_to(path.anchor)
+
     def move(pairs):
-        return [[role, {resolved.PATH: str(root / Path(p[resolved.PATH]).relative_to(project))}]
+        return [[role, {resolved.PATH: str(inside(Path(p[resolved.PATH])))}]
                 for role, p in pairs]
     return {**description, "inputs": move(description["inputs"]),
             "outputs": move(description["outputs"])}
@@ -180,3 +186,39 @@ def test_the_check_of_a_fetched_output_needs_only_its_declared_inputs(built, des
         assert run_as_worker(built, check, tmp_path / "worker") == {}   # it writes nothing
     finally:
         fetched.unlink()
+
+
+@pytest.mark.heavy
+def test_the_local_split_with_only_its_declared_inputs_writes_the_same_bytes(tmp_path):
+    """The inputs step of an export split locally (inputs/split.py): its description declares
+    the unsplit graphs' files; run as a worker runs it, with them alone (the export moved
+    away too), it writes the same part files; every field it reads is in SplitOptions."""
+    project = copy_project(tmp_path / "proj")
+    export = unsplit_only_tree(tmp_path / "export")
+    project.doit("import_export", "--dir", str(export), "--name", "mine", "--plan", "0,3,3,3")
+    project.doit("inputs", "model=mine")
+    description = step_descriptions(project.root, ("inputs",), ("model=mine",))[
+        "inputs:part_2_of_4"]
+    assert {role for role, _ in description["inputs"]} >= {"onnx:prompt", "onnx:token", "data"}
+    away = tmp_path / "export.away"
+    export.rename(away)
+    try:
+        for source in paths_of(description, "inputs"):   # the worker's copies come from here
+            assert not source.exists()
+        moved = {**description, "inputs": [[r, {resolved.PATH: str(away / Path(
+            p[resolved.PATH]).relative_to(export))}] for r, p in description["inputs"]]}
+        outputs = run_as_worker(project, moved, tmp_path / "worker")
+    finally:
+        away.rename(export)
+    assert len(outputs) == len(description["outputs"])
+    for path, data in outputs.items():
+        assert data == path.read_bytes(), f"{path.name} differs from the normal build's"
+    read, root = set(), tmp_path / "recorded"
+    moved = from_json(relocated(description, project.root, root))
+    for source, (_, dest) in zip(paths_of(description, "inputs"), moved.inputs):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, dest)
+    runner.DESCRIBED["inputs"](dataclasses.replace(moved, options=Recorder(moved.options, read)),
+                               lambda line: None)
+    declared = {f.name for f in dataclasses.fields(moved.options)}
+    assert read == declared, f"fields declared but never read: {declared - read}"

@@ -22,10 +22,9 @@ from hexbundle.steps.description import Description, DescriptionError
 
 
 def generate_inputs(described: Description, log) -> None:
-    o = described.options
     if described.arguments.get("what") == "tokenizer":
-        write_tokenizer(described, o, log)
-    elif isinstance(o, SplitOptions):
+        write_tokenizer(described, described.options, log)
+    elif described.inputs:   # a split reads the export's graphs; a generated part reads nothing
         for path in split_part(described, log):
             log(f"wrote {path.name} ({path.stat().st_size} bytes)")
     else:
