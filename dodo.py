@@ -65,13 +65,14 @@ def task_inputs():
 
     Generated: ONNX + .data + AIMET .encodings per graph, and tokenizer.json. Exported: every
     file the plan needs must be where the model config's inputs.dir says."""
-    from hexbundle.steps.options import (generate_options, part_outputs, split_inputs,
-                                         split_options, tokenizer_options)
+    from hexbundle.steps.options import (export_check, generate_options, part_outputs,
+                                         split_inputs, split_options, tokenizer_options)
     cfg, layout = BUILD.cfg, BUILD.layout
     if layout.splits_locally:
         sources = [rel(p) for p in layout.source_inputs()]
         yield {"name": "check", "doc": "check the export's unsplit graphs are present",
-               "actions": [action("hexbundle.inputs.export:require_export", layout)],
+               "actions": [action("hexbundle.inputs.export:require_export",
+                                  **export_check(layout))],
                "targets": sources,
                "uptodate": [True]}
         for part in BUILD.parts:
@@ -83,7 +84,8 @@ def task_inputs():
         return
     if cfg.inputs.source != "generated":
         yield {"name": "check", "doc": "check the exported inputs are present",
-               "actions": [action("hexbundle.inputs.export:require_export", layout)],
+               "actions": [action("hexbundle.inputs.export:require_export",
+                                  **export_check(layout))],
                "targets": [rel(p) for p in layout.all_inputs()],
                "uptodate": [True]}
         return
@@ -358,8 +360,10 @@ def task_gen_inputs():
     written tensor by tensor where the build reads them: e.g. `doit gen_inputs
     model=qwen2.5-7b-instruct` writes ~30 GB into its exports dir (`--part N`: one part). Free
     disk space is checked first. The same files as scripts/gen_7b_inputs.py."""
-    layout = BUILD.layout
-    return {"actions": [action("hexbundle.inputs.generate:generate_action", layout)],
+    cfg, layout = BUILD.cfg, BUILD.layout
+    return {"actions": [action("hexbundle.inputs.generate:generate_action", cfg.model, cfg.plan,
+                               layout.inputs_dir, cfg.inputs.seed, cfg.tokenizer_specials,
+                               rel(layout.inputs_dir))],
             "params": [{"name": "part", "long": "part", "type": int, "default": 0,
                         "help": "only this part of the plan (1-based; 0 = every part)"}],
             "uptodate": [False], "verbosity": 2}

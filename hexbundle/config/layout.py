@@ -471,6 +471,12 @@ class Layout(ProjectLayout):
         onnx_path, data, encodings = graph_files(directory, graph)
         return GraphInputs(onnx_path, (data,), encodings)
 
+    def every_graph_files(self) -> dict:
+        """Graph name -> its files (graph_files), for every graph of the plan: what the
+        runtime's float and quantized references read (runtime.parts)."""
+        return {g.name: self.graph_files(g) for p in self.cfg.plan.parts()
+                for g in self.cfg.model.graphs(p)}
+
     def unsplit_slots(self) -> list:
         """The unsplit graphs of an export split locally, by Graph.slot: prompt, token (or
         prompt_cl<C>, token_cl<C> for each of several context lengths)."""

@@ -223,3 +223,20 @@ def split_inputs(layout: Layout) -> list:
     """The local split's inputs by role (by_slot): the export's unsplit graphs' files."""
     slots = layout.unsplit_slots()
     return by_slot(slots, {s: layout.unsplit_files(s) for s in slots})
+
+
+def export_check(layout: Layout) -> dict:
+    """What inputs.export.require_export checks of an export (`doit inputs:check`): its files,
+    the tokenizer, the graphs whose data files the import recorded, and what its message
+    names."""
+    cfg = layout.cfg
+    graphs = []
+    if layout.is_tree:
+        graphs = ([layout.unsplit_files(k) for k in layout.unsplit_slots()]
+                  if layout.splits_locally else
+                  [layout.graph_files(g) for p in cfg.plan.parts() for g in cfg.model.graphs(p)])
+    return {"sources": layout.source_inputs(), "tokenizer": layout.tokenizer, "graphs": graphs,
+            "specials": dict(cfg.tokenizer_specials),
+            "vocab_size": cfg.model.architecture.vocab_size, "model": cfg.model.name,
+            "how_to_export": cfg.inputs.how_to_export, "model_config": layout.model_config_path,
+            "root": layout.root}
