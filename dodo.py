@@ -208,11 +208,11 @@ def task_check_sizes():
 
     The size model catches unpacked 4-bit weights; the re-hash catches any bundle file edited,
     removed or added after the build (no digest cache, no stat shortcut)."""
-    from hexbundle.steps.options import bundle_options
-    layout = BUILD.layout
-    options = bundle_options(layout)
+    from hexbundle.steps.options import compile_options, convert_options
+    cfg, layout = BUILD.cfg, BUILD.layout
     return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", layout,
-                               options.convert, options.compile),
+                               convert_options(cfg),
+                               tuple(compile_options(cfg, p) for p in BUILD.parts)),
                         action("hexbundle.checks.integrity:check_bundle_integrity", layout)],
             "file_dep": [rel(layout.bin(p)) for p in BUILD.parts],
             "uptodate": [False], "verbosity": 2}

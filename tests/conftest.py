@@ -266,7 +266,8 @@ for creator in [a for a in sys.argv[1:] if "=" not in a]:
     for task in [made] if isinstance(made, dict) else made:
         for fn, args, _ in [a for a in task["actions"] if isinstance(a, tuple)]:
             if fn.__name__ == "_run_step":   # graph.actions.step_action's
-                found[args[2]] = args[5]     # task name -> its description
+                made = args[5]() if callable(args[5]) else args[5]
+                found[args[2]] = made        # task name -> its description
 print(json.dumps(found))
 """
 

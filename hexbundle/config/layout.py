@@ -389,10 +389,11 @@ class Layout(ProjectLayout):
         return self.model_config(self.cfg.model.name)
 
     # directories ------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def inputs_dir(self) -> Path:
         """Generated inputs under the build root; an export where the model config's inputs.dir
-        says (resolved and checked when the config loaded)."""
+        says (resolved and checked when the config loaded). Made once per layout: every graph's
+        files are under it (build_dir's reason)."""
         if self.cfg.export_dir is not None:
             return self.cfg.export_dir
         return self.generated_inputs_dir(self.cfg.model.name)

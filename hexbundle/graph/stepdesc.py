@@ -21,6 +21,7 @@ inputs' pins, its code and, when it runs through the backend, the backend and it
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -112,7 +113,8 @@ def _version(cfg, copies_runtime: bool) -> str:
 def doit_task(step: Step, layout: Layout) -> dict:
     """The doit task dict of a described step."""
     rel = layout.rel
-    described = description(step) if step.described else None
+    # made when the step runs, not for every task of every run (a no-op runs none)
+    described = functools.partial(description, step) if step.described else None
     run = step.action or step_action(RUN_STEP, layout, step.task, step.step, described,
                                      **step.arguments)
     uptodate = [key(step, layout)]
