@@ -598,6 +598,28 @@ class Layout(ProjectLayout):
         """Where task's outputs came from (formats.origins): built here, or a remote cache."""
         return self.origins_dir / (task.replace(":", "__") + ".json")
 
+    @functools.cached_property
+    def records(self) -> "Records":
+        """What formats.origins reads and writes: paths and the naming of files, no Layout."""
+        return Records(self.origins_dir, self.state_dir, self.root, self.build_root,
+                       self.logical)
+
+
+class Records:
+    """Where the doit side keeps its records of a variant's steps (formats.origins): the
+    origin records' directory, the build root's state directory, the project and the build
+    root (a record's file names are resolved against them), and `logical`, how a manifest
+    names a file (Layout.logical)."""
+    __slots__ = ("origins_dir", "state_dir", "root", "build_root", "logical")
+
+    def __init__(self, origins_dir: Path, state_dir: Path, root: Path, build_root: Path,
+                 logical):
+        self.origins_dir, self.state_dir = origins_dir, state_dir
+        self.root, self.build_root, self.logical = root, build_root, logical
+
+    def step_origin(self, task: str) -> Path:
+        return self.origins_dir / (task.replace(":", "__") + ".json")
+
 
 def _unique(paths) -> list:
     out, seen = [], set()

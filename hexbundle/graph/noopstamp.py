@@ -81,11 +81,13 @@ def replay(state_dir: Path, argv: list, write=print) -> bool:
     started = time.monotonic()
     if not usable(argv):
         return False
+    from hexbundle.support.errors import HexbundleError
+    from hexbundle.support.jsondoc import read_state_json
     key = command_key(argv)
     path = stamp_dir(state_dir) / _name(key)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = read_state_json(path)   # never through a link; within bounds
+    except (OSError, ValueError, HexbundleError):
         return False
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("key") != key:
         return False

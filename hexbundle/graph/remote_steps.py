@@ -60,7 +60,7 @@ def evict_fetched(layout: Layout, task_name: str, inputs) -> None:
     with their origin records, and their Action's remote result is never used again here
     (formats.origins.refuse_action): the next run builds them here instead of keeping them
     up to date."""
-    fetched = fetched_records(layout, [layout.root / f for f in inputs])
+    fetched = fetched_records(layout.records, [layout.root / f for f in inputs])
     for source, (record, outputs) in sorted(fetched.items()):
         for path in outputs:
             try:
@@ -69,9 +69,9 @@ def evict_fetched(layout: Layout, task_name: str, inputs) -> None:
                 pass
             except OSError as exc:
                 warn(f"hexbundle: warning: cannot remove {layout.rel(path)} ({exc})")
-        forget_origin(layout, source)
+        forget_origin(layout.records, source)
         if record.get("action"):
-            refuse_action(layout, str(record["action"]))
+            refuse_action(layout.records, str(record["action"]))
         warn(f"hexbundle: warning: {task_name} failed on the outputs of {source}, which came "
              f"from the {record['origin'].replace('-', ' ')} {record.get('server', '')} "
              f"(action {record.get('action', '?')}): removed "
@@ -88,7 +88,7 @@ def _run_step_recorded(run, layout: Layout, task_name: str, step: str,
         # and are what the exact checks compare against; a real SDK's DLCs and bins are not
         # read by them: a cache not trusted never gives them.
         run(layout, task_name, step, **extra)
-        record_origin(layout, task_name, {"origin": "local"},
+        record_origin(layout.records, task_name, {"origin": "local"},
                       [layout.root / t for t in task.targets])
     elif layout.cfg.remote.executor:
         run_through_executor(run, layout, task_name, step, extra, task)
@@ -96,7 +96,7 @@ def _run_step_recorded(run, layout: Layout, task_name: str, step: str,
         run_through_cache(run, layout, task_name, step, extra, task)
     else:   # (hexbundle.remote, and gRPC with it, is not even imported)
         run(layout, task_name, step, **extra)
-        record_origin(layout, task_name, {"origin": "local"},
+        record_origin(layout.records, task_name, {"origin": "local"},
                       [layout.root / t for t in task.targets])
 
 

@@ -146,4 +146,4 @@ def record_build_info(layout: Layout) -> None:
     from hexbundle.formats.origins import read_origins
     from hexbundle.graph.keys import image_id
     image = (image_id(layout.root) or "") if layout.cfg.executor == "docker" else ""
-    write_build_info(layout.build_info, layout.cfg.executor, image, read_origins(layout))
+    write_build_info(layout.build_info, layout.cfg.executor, image, read_origins(layout.records))
