@@ -6,9 +6,10 @@ config: one frozen options value per step.
   compile                   compile_step_options bundle              bundle_options
   verify                    verify_options
 
-convert and compile receive their description (steps/description.py): their options value
-(config.step_options) holds everything they read besides their files, the backend's own
-ConvertOptions / CompileOptions (convert_options, compile_options) among it.
+Every build step receives its description (steps/description.py): its options value
+(config.step_options) holds everything it reads besides its files, the backend's own
+ConvertOptions / CompileOptions (convert_options, compile_options) among it; its files by
+role come from here too (part_outputs, split_inputs, bundle_inputs, bundle_outputs).
 
 The step's code uses exactly this value, and dodo.py keys the step's task on the same value
 (`step_key`: its canonical text; the remote cache's Action options are that key's values,
