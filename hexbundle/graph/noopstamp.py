@@ -22,7 +22,8 @@ and the run goes the full way. Every run that may write removes the stamps first
 Written only where that list is every input of the decision: the reference backend (its
 toolchain version is its code), the local executor (no toolchain image) and no remote cache or
 executor (whose answers are no file here), without doit options (-n, --explain, ... print or
-decide otherwise). Other builds check everything every run, as before.
+decide otherwise), and not for the bench's stock-doit baseline (HEXBUNDLE_BENCH_CHECKER: it
+measures doit as it comes). Other builds check everything every run, as before.
 HEXBUNDLE_HASH_TRACE is left out of the environment: it names where to list hashed files, and
 a no-op run hashes none.
 """
@@ -142,9 +143,11 @@ def record(layout, tasks, argv: list, lines: list, summary: str) -> None:
     from hexbundle.support import hashing
     from hexbundle.support.atomic import write_json
     from hexbundle.support.errors import HexbundleError
+    from hexbundle.graph.session import BENCH_CHECKER_ENV
     cfg = layout.cfg
     if (cfg.backend != "reference" or cfg.executor != "local" or cfg.remote.cache
-            or cfg.remote.executor or not usable(argv) or summary is None):
+            or cfg.remote.executor or not usable(argv) or summary is None
+            or os.environ.get(BENCH_CHECKER_ENV)):   # the bench's stock-doit baseline: as doit
         return
     key = command_key(argv)
     recorded = hashing.now_ns()   # before the stats: a change after one is a change after this
