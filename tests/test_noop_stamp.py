@@ -133,3 +133,14 @@ def test_a_stamp_of_another_command_or_a_damaged_one_is_not_used(stamped):
     stamp = next(stamps.glob("*.json"))
     stamp.write_text("{not json")
     assert run(stamped, "bundle")[1] == "RESOLVED"
+
+
+def test_the_benchs_stock_doit_baseline_never_replays(stamped):
+    """HEXBUNDLE_BENCH_CHECKER=md5 (bench rows 3 and 5): doit's own checker, measured as it
+    comes, with no stamp of ours: its second no-op resolves and checks everything again."""
+    md5 = {"HEXBUNDLE_BENCH_CHECKER": "md5"}
+    run(stamped, "bundle", env=md5)   # its own DB: it may build
+    out, how = run(stamped, "bundle", env=md5)
+    assert " 0 built," in out and how == "RESOLVED"
+    run(stamped, "bundle")   # the md5 runs took the stamps away: ours records again
+    assert run(stamped, "bundle")[1] == "REPLAYED"
