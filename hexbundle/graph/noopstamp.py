@@ -92,13 +92,15 @@ def replay(state_dir: Path, argv: list, write=print) -> bool:
         return False
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("key") != key:
         return False
-    stats = doc.get("stats")
-    if not isinstance(stats, dict) or any(stat_of(Path(p)) != s for p, s in stats.items()):
+    stats, lines, summary = doc.get("stats"), doc.get("lines"), doc.get("summary")
+    if not (isinstance(stats, dict) and isinstance(lines, list) and isinstance(summary, str)
+            and all(isinstance(line, str) for line in lines)):
         return False
-    for line in doc.get("lines", []):
+    if any(stat_of(Path(p)) != s for p, s in stats.items()):
+        return False
+    for line in lines:
         write(line)
-    elapsed = time.monotonic() - started
-    write(f"{doc['summary']}{elapsed:.1f} s")
+    write(f"{summary}{time.monotonic() - started:.1f} s")
     return True
 
 
