@@ -104,6 +104,14 @@ def replay(state_dir: Path, argv: list, write=print) -> bool:
     return True
 
 
+_held = {"off": False}
+
+
+def record_none() -> None:
+    """This run writes no stamp (graph.session: the bench's stock-doit baseline)."""
+    _held["off"] = True
+
+
 def forget(state_dir: Path) -> None:
     """A run that may write: every stamp goes (what it recorded may change)."""
     directory = stamp_dir(state_dir)
@@ -145,11 +153,9 @@ def record(layout, tasks, argv: list, lines: list, summary: str) -> None:
     from hexbundle.support import hashing
     from hexbundle.support.atomic import write_json
     from hexbundle.support.errors import HexbundleError
-    from hexbundle.graph.session import BENCH_CHECKER_ENV
     cfg = layout.cfg
     if (cfg.backend != "reference" or cfg.executor != "local" or cfg.remote.cache
-            or cfg.remote.executor or not usable(argv) or summary is None
-            or os.environ.get(BENCH_CHECKER_ENV)):   # the bench's stock-doit baseline: as doit
+            or cfg.remote.executor or not usable(argv) or summary is None or _held["off"]):
         return
     key = command_key(argv)
     recorded = hashing.now_ns()   # before the stats: a change after one is a change after this
