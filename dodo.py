@@ -65,35 +65,42 @@ def task_inputs():
 
     Generated: ONNX + .data + AIMET .encodings per graph, and tokenizer.json. Exported: every
     file the plan needs must be where the model config's inputs.dir says."""
-    from hexbundle.steps.options import generate_options, split_options, tokenizer_options
+    from hexbundle.steps.options import (export_check, generate_options, part_outputs,
+                                         split_inputs, split_options, tokenizer_options)
     cfg, layout = BUILD.cfg, BUILD.layout
     if layout.splits_locally:
         sources = [rel(p) for p in layout.source_inputs()]
         yield {"name": "check", "doc": "check the export's unsplit graphs are present",
-               "actions": [action("hexbundle.inputs.export:require_export", layout)],
+               "actions": [action("hexbundle.inputs.export:require_export",
+                                  **export_check(layout))],
                "targets": sources,
                "uptodate": [True]}
         for part in BUILD.parts:
             yield task(Step(f"inputs:{part.tag}", "inputs", f"split {part.tag} out of the "
-                            "unsplit graphs", split_options(cfg),
-                            inputs=[p for p in layout.source_inputs() if p != layout.tokenizer],
-                            outputs=layout.part_inputs(part), arguments={"part": part.index},
-                            check_outputs=False, doit=STEP))
+                            "unsplit graphs", split_options(layout),
+                            inputs=split_inputs(layout),
+                            outputs=part_outputs(layout, part), arguments={"part": part.index},
+                            check_outputs=False, described=True, doit=STEP))
         return
     if cfg.inputs.source != "generated":
         yield {"name": "check", "doc": "check the exported inputs are present",
-               "actions": [action("hexbundle.inputs.export:require_export", layout)],
+               "actions": [action("hexbundle.inputs.export:require_export",
+                                  **export_check(layout))],
                "targets": [rel(p) for p in layout.all_inputs()],
                "uptodate": [True]}
         return
     for part in BUILD.parts:
         yield task(Step(f"inputs:{part.tag}", "inputs",
                         f"generate the ONNX, weights and encodings of {part.tag}",
-                        generate_options(cfg), outputs=layout.part_inputs(part),
-                        arguments={"part": part.index}, check_outputs=False, doit=STEP))
+                        generate_options(cfg), outputs=part_outputs(layout, part),
+                        arguments={"part": part.index}, check_outputs=False, described=True,
+                        before=(action("hexbundle.inputs.generate:check_pending_disk", cfg.model,
+                                       BUILD.parts, layout.inputs_dir, part.index),),
+                        doit=STEP))
     yield task(Step("inputs:tokenizer", "inputs", "generate the byte-level BPE tokenizer.json",
-                    tokenizer_options(cfg), outputs=[layout.tokenizer],
-                    arguments={"what": "tokenizer"}, check_outputs=False, doit=STEP))
+                    tokenizer_options(cfg), outputs=[("tokenizer", layout.tokenizer)],
+                    arguments={"what": "tokenizer"}, check_outputs=False, described=True,
+                    doit=STEP))
 
 
 def task_import_export():
@@ -201,11 +208,11 @@ def task_check_sizes():
 
     The size model catches unpacked 4-bit weights; the re-hash catches any bundle file edited,
     removed or added after the build (no digest cache, no stat shortcut)."""
-    from hexbundle.steps.options import bundle_options
+    from hexbundle.steps.options import compile_options, convert_options
     cfg, layout = BUILD.cfg, BUILD.layout
-    options = bundle_options(cfg)
     return {"actions": [action("hexbundle.checks.sizes:check_built_sizes", layout,
-                               options.convert, options.compile),
+                               convert_options(cfg),
+                               tuple(compile_options(cfg, p) for p in BUILD.parts)),
                         action("hexbundle.checks.integrity:check_bundle_integrity", layout)],
             "file_dep": [rel(layout.bin(p)) for p in BUILD.parts],
             "uptodate": [False], "verbosity": 2}
@@ -214,17 +221,16 @@ def task_check_sizes():
 def task_bundle():
     """Check sizes, then assemble the Genie bundle: configs, tokenizer, bins, manifest."""
     from hexbundle.graph.targets import bundle_in_place
-    from hexbundle.steps.options import bundle_options
-    cfg, layout = BUILD.cfg, BUILD.layout
-    options = bundle_options(cfg)
-    return task(Step("bundle", "bundle", "", options,
-                     inputs=[layout.bin(p) for p in BUILD.parts] + [layout.tokenizer]
-                     + list(cfg.config_files),
-                     outputs=layout.bundle_files(), toolchain=True, copies_runtime=True,
+    from hexbundle.steps.options import bundle_inputs, bundle_options, bundle_outputs
+    layout = BUILD.layout
+    options = bundle_options(layout)
+    return task(Step("bundle", "bundle", "", options, inputs=bundle_inputs(layout),
+                     outputs=bundle_outputs(layout), toolchain=True, copies_runtime=True,
                      before=(action("hexbundle.graph.targets:remove_dead_outputs", layout),
                              action("hexbundle.checks.sizes:check_built_sizes", layout,
                                     options.convert, options.compile)),
-                     checks=(bundle_in_place(layout),), doit={"clean": True}))
+                     after=(action("hexbundle.graph.targets:record_build_info", layout),),
+                     checks=(bundle_in_place(layout),), described=True, doit={"clean": True}))
 
 
 def task_deploy():
@@ -354,8 +360,10 @@ def task_gen_inputs():
     written tensor by tensor where the build reads them: e.g. `doit gen_inputs
     model=qwen2.5-7b-instruct` writes ~30 GB into its exports dir (`--part N`: one part). Free
     disk space is checked first. The same files as scripts/gen_7b_inputs.py."""
-    layout = BUILD.layout
-    return {"actions": [action("hexbundle.inputs.generate:generate_action", layout)],
+    cfg, layout = BUILD.cfg, BUILD.layout
+    return {"actions": [action("hexbundle.inputs.generate:generate_action", cfg.model, cfg.plan,
+                               layout.inputs_dir, cfg.inputs.seed, cfg.tokenizer_specials,
+                               rel(layout.inputs_dir))],
             "params": [{"name": "part", "long": "part", "type": int, "default": 0,
                         "help": "only this part of the plan (1-based; 0 = every part)"}],
             "uptodate": [False], "verbosity": 2}

@@ -50,8 +50,10 @@ def main(argv) -> int:
     try:
         cfg = load_build(ROOT, overrides)
         stream = None if args.json else (lambda text: print(text, end="", flush=True))
-        result = generate_text(Layout(cfg), args.prompt, args.max_tokens, engine=args.engine,
-                          greedy=args.greedy, bundle_dir=args.bundle, on_text=stream)
+        layout = Layout(cfg)
+        result = generate_text(cfg, args.bundle or layout.bundle_dir, layout.every_graph_files(),
+                               args.prompt, args.max_tokens, engine=args.engine,
+                               greedy=args.greedy, on_text=stream)
     except HexbundleError as exc:
         print(f"generate: {exc}", file=sys.stderr)
         return 1

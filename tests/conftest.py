@@ -257,6 +257,32 @@ def project(tmp_path) -> Project:
     return copy_project(tmp_path / "proj")
 
 
+LIST_DESCRIPTIONS = """
+import json, sys
+import dodo   # the key=value arguments are its settings (graph.session reads sys.argv)
+found = {}
+for creator in [a for a in sys.argv[1:] if "=" not in a]:
+    made = getattr(dodo, "task_" + creator)()
+    for task in [made] if isinstance(made, dict) else made:
+        for fn, args, _ in [a for a in task["actions"] if isinstance(a, tuple)]:
+            if fn.__name__ == "_run_step":   # graph.actions.step_action's
+                made = args[5]() if callable(args[5]) else args[5]
+                found[args[2]] = made        # task name -> its description
+print(json.dumps(found))
+"""
+
+
+def step_descriptions(root: Path, creators=("inputs", "convert", "compile", "bundle"),
+                      settings=()) -> dict:
+    """Task name -> the description (steps.description's JSON) dodo.py gives each build step
+    of the project at `root` (graph.stepdesc.description), as a build there with `settings`
+    (key=value) runs it."""
+    proc = subprocess.run([sys.executable, "-c", LIST_DESCRIPTIONS, *settings, *creators],
+                          cwd=root,
+                          capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(proc.stdout)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Project:
     """One fresh `doit bundle` of the default model, shared by read-only tests of a module."""

@@ -150,6 +150,6 @@ def bin_sizes(project, device: str, backend: str = "qairt") -> dict:
     from hexbundle.config.layout import Layout
     from hexbundle.steps.options import bundle_options
     layout = Layout(load_build(project.root, {"backend": backend, "device": device}))
-    o = bundle_options(layout.cfg)
+    o = bundle_options(layout)
     return {layout.bin_name(e.part): e.packed
             for e in sizes.expect_from_inputs(layout, o.convert, o.compile)}

@@ -60,7 +60,7 @@ def bin_sizes(project, model: str, device: str) -> dict:
     from hexbundle.steps.options import bundle_options
     layout = Layout(load_build(project.root, {"backend": "qairt", "device": device,
                                               "model": model}))
-    o = bundle_options(layout.cfg)
+    o = bundle_options(layout)
     return {layout.bin_name(e.part): e.packed
             for e in sizes.expect_from_inputs(layout, o.convert, o.compile)}
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_project, steps_run
+from conftest import copy_project, step_descriptions, steps_run
 
 pytestmark = pytest.mark.heavy   # a Docker engine and the toolchain image: the full suite (`pytest --full`)
 
@@ -368,15 +368,17 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
     from hexbundle.config.build import load_build
     from hexbundle.config.layout import Layout
     from hexbundle.steps import docker_executor as container
-    from hexbundle.steps.executor import step_spec
+    from hexbundle.graph.targets import record_build_info
+    from hexbundle.steps.executor import described_spec
     proj = copy_project(tmp_path / "proj")
     shutil.copytree(built.root / "build", proj.root / "build", symlinks=True)
     subprocess.run(["chown", "-R", "4321:4321", str(proj.root / "build")], check=True)
     layout = Layout(load_build(proj.root))
     log = tmp_path / "bundle.log"
-    code = container.run_in_container(layout, step_spec(layout, "bundle"), log,
-                                      user="4321:4321")
+    spec = described_spec(layout, step_descriptions(proj.root, ("bundle",))["bundle"])
+    code = container.run_in_container(layout, spec, log, user="4321:4321")
     assert code == 0, log.read_text()
+    record_build_info(layout)   # the doit run writes it after the step
     manifest = proj.bundle() / "manifest.json"
     assert manifest.stat().st_uid == 4321
     info = proj.build_dir() / "build-info.json"

@@ -10,7 +10,13 @@ import pytest
 from test_verify import set_toml
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout
-from hexbundle.runtime.generation import generate_text as library_generate
+from hexbundle.runtime.generation import generate_text
+
+
+def library_generate(layout, prompt: str, *args, **kwargs):
+    """runtime.generation.generate_text on the build's bundle and graph files."""
+    return generate_text(layout.cfg, layout.bundle_dir, layout.every_graph_files(), prompt,
+                         *args, **kwargs)
 
 
 def generate(project, *args):

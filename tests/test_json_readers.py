@@ -104,7 +104,7 @@ def image_record(tmp, text):
 
 def build_info(tmp, text):
     from hexbundle.formats.manifest import read_build_info
-    return read_build_info(SimpleNamespace(build_info=_file(tmp, "build-info.json", text)))
+    return read_build_info(_file(tmp, "build-info.json", text))
 
 
 def marker(tmp, text):
@@ -143,6 +143,13 @@ def origins(tmp, text):
     from hexbundle.formats.origins import read_origins
     _file(tmp, "origins/convert.json", text)
     return read_origins(SimpleNamespace(origins_dir=tmp / "origins"))
+
+
+def noop_stamp(tmp, text):
+    from hexbundle.graph import noopstamp
+    argv = ["doit", "bundle"]
+    _file(tmp, f"{noopstamp.STAMP_DIR}/{noopstamp._name(noopstamp.command_key(argv))}", text)
+    return noopstamp.replay(tmp, argv, write=lambda line: None)
 
 
 def refused_actions(tmp, text):
@@ -296,6 +303,7 @@ READERS = {
     ("hexbundle/graph/recovery.py", "marker_matches"): (marker, "absent"),
     ("hexbundle/graph/recovery.py", "set_aside_damaged_db"): (damaged_db, "absent"),
     ("hexbundle/graph/explain.py", "_origin"): (explain_fetched, "absent"),
+    ("hexbundle/graph/noopstamp.py", "replay"): (noop_stamp, "absent"),
     ("hexbundle/graph/codekey.py", "_load"): (import_cache, "absent"),
     ("hexbundle/graph/db.py", "_load"): (durable_db, "refused"),
     ("hexbundle/graph/dumpdb.py", "dump"): (dump_db, "refused"),
@@ -317,7 +325,7 @@ READERS = {
     ("hexbundle/formats/encodings.py", "load_encodings"): (encodings, NAN_OWN),
     ("hexbundle/formats/encodings.py", "read_encodings_json"): (encodings, NAN_OWN),
     ("hexbundle/formats/encodings.py", "encodings_header"): (encodings_header, NAN_OWN),
-    ("hexbundle/formats/origins.py", "_records"): (origins, "absent"),
+    ("hexbundle/formats/origins.py", "_records_of"): (origins, "absent"),
     ("hexbundle/formats/origins.py", "refused_actions"): (refused_actions, "absent"),
     ("hexbundle/formats/hf_config.py", "read_hf_config"): (hf_config, "refused"),
     ("hexbundle/formats/qaihm.py", "recorded_context_length"): (args_json, "refused"),

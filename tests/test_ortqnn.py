@@ -230,7 +230,7 @@ def test_4bit_weights_stored_as_bytes_fail_the_size_check(ortqnn_build, monkeypa
                                 convert_options(cfg), lambda line: None)
         backend.compile([layout.dlc(g) for g in graphs], layout.bin(part),
                         compile_options(cfg, part), lambda line: None)
-        options = bundle_options(cfg)
+        options = bundle_options(layout)
         with pytest.raises(SizeError) as failure:
             check_built_sizes(layout, options.convert, options.compile)
     finally:

@@ -5,13 +5,13 @@ import shutil
 
 import pytest
 
-from conftest import CONFIGS, embedded_models
+from conftest import CONFIGS, copy_project, embedded_models, step_descriptions
 from hexbundle.config import resolved
 from hexbundle.config.build import load_build
 from hexbundle.config.devices import Devices
 from hexbundle.config.layout import Layout
 from hexbundle.steps import runner
-from hexbundle.steps.executor import step_spec
+from hexbundle.steps.executor import described_spec
 from hexbundle.support.errors import ConfigError
 
 
@@ -94,21 +94,23 @@ def test_a_value_with_no_json_form_is_refused():
         resolved.dump({"x": object()})
 
 
-def test_the_spec_carries_no_command_line(tmp_path):
-    cfg = load_build(CONFIGS, {"weights_packing": "false"})
-    spec = step_spec(Layout(cfg), "compile", part=2)
-    assert set(spec) == {"step", "config", "part"}
-    assert "overrides" not in json.dumps(spec)
+def test_the_spec_carries_no_command_line_and_no_config(tmp_path):
+    root = copy_project(tmp_path / "proj", ("configs", "dodo.py")).root
+    descriptions = step_descriptions(root, ("compile",))
+    cfg = load_build(root, {})
+    spec = described_spec(Layout(cfg), descriptions["compile:part_2_of_4"])
+    assert set(spec) == {"step", "description", "digest_cache"}
+    assert "overrides" not in json.dumps(spec) and "config" not in spec
 
 
-def test_the_step_runs_on_the_resolved_config_not_the_files(tmp_path):
+def test_the_step_runs_on_its_description_not_the_files(tmp_path):
     """A step given a spec resolves nothing again: with the project's configs/ gone after the
-    doit side resolved them, the tokenizer step still writes what the resolved config says."""
-    root = tmp_path / "proj"
-    shutil.copytree(CONFIGS / "configs", root / "configs")
+    doit side resolved them, the tokenizer step still writes what its description says."""
+    root = copy_project(tmp_path / "proj", ("configs", "dodo.py")).root
     cfg = load_build(root, {})
     layout = Layout(cfg)
-    spec = json.loads(json.dumps(step_spec(layout, "inputs", what="tokenizer")))
+    description = step_descriptions(root, ("inputs",))["inputs:tokenizer"]
+    spec = json.loads(json.dumps({"step": "inputs", "description": description}))
     shutil.rmtree(root / "configs")   # a runner that called load_build would fail here
     lines = []
     assert runner.run(spec, lines.append) == 0, "\n".join(lines)

@@ -239,8 +239,8 @@ def test_the_summary_counts_a_step_fetched_from_the_cache_apart(tmp_path, monkey
     from hexbundle.graph import reporter
     monkeypatch.setenv(BUILD_ROOT_ENV, str(tmp_path / "build"))
     layout = Layout(load_build(ROOT, {}))
-    write_origin(layout, "compile:part_1_of_4", {"origin": "remote-cache"}, [])
-    write_origin(layout, "compile:part_2_of_4", {"origin": "local"}, [])
+    write_origin(layout.records, "compile:part_1_of_4", {"origin": "remote-cache"}, [])
+    write_origin(layout.records, "compile:part_2_of_4", {"origin": "local"}, [])
     names = ["compile:part_1_of_4", "compile:part_2_of_4", "compile:part_3_of_4"]
     tasks = {n: Task(n, [(lambda: None, [], {})]) for n in names}
     tasks["bundle"] = Task("bundle", [(lambda: None, [], {})], task_dep=names)

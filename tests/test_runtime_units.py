@@ -63,9 +63,10 @@ def test_the_second_npu_is_named_in_the_htp_config_and_checked_by_run_sh():
     from pathlib import Path
 
     from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
     from hexbundle.formats.genie import htp_backend_ext_config
     from hexbundle.steps.options import bundle_options
-    genie = bundle_options(load_build(Path(__file__).resolve().parent.parent)).genie
+    genie = bundle_options(Layout(load_build(Path(__file__).resolve().parent.parent))).genie
     assert "device_id" not in htp_backend_ext_config(genie)["devices"][0]
     second = htp_backend_ext_config(dataclasses.replace(genie, device_id=1))["devices"][0]
     assert second["device_id"] == 1 and second["soc_model"] == 77

@@ -93,11 +93,12 @@ def cfg():
 
 def every_steps_options(cfg) -> dict:
     found = {name: getattr(options, name)(cfg) for name in
-             ("generate_options", "tokenizer_options", "split_options", "convert_options",
-              "bundle_options", "verify_options")}
+             ("generate_options", "tokenizer_options", "convert_options", "verify_options")}
     found.update({f"compile_options {p.tag}": options.compile_options(cfg, p)
                   for p in cfg.plan.parts()})
     layout = Layout(cfg)   # the described steps' options (config.step_options)
+    found.update({name: getattr(options, name)(layout) for name in
+                  ("split_options", "bundle_options")})
     found.update({f"compile_step_options {p.tag}": options.compile_step_options(layout, p)
                   for p in cfg.plan.parts()})
     found.update({f"convert_step_options {g.name}": options.convert_step_options(layout, g)

@@ -260,16 +260,23 @@ def expect_from_inputs(layout: Layout, convert, compiles: tuple) -> list:
     the architecture formula's figure alongside as a cross-check. `convert` and `compiles` (one
     per part) are the options the steps built the bins with (steps/options.py)."""
     cfg = layout.cfg
-    float_bitwidth = convert.float_bitwidth
     out = []
     for part, c in zip(cfg.plan.parts(), compiles):
-        fields = header_fields(c.weights_packing, c.weight_sharing, c.optimization_type,
-                               c.device.vtcm_mb,
-                               {"soc_model": c.device.soc_model, "dsp_arch": c.device.dsp_arch})
         graphs = [NamedGraph(g.name, layout.onnx(g), layout.encodings(g), convert.unencoded_weights)
                   for g in cfg.model.graphs(part)]
-        out.append(part_expectation(part, graphs, float_bitwidth, fields, cfg.model))
+        out.append(expect_part_files(graphs, convert, c, part, cfg.model))
     return out
+
+
+def expect_part_files(graphs: list, convert, c, part: Optional[Part] = None,
+                      model: Optional[Model] = None):
+    """A part's expectation from its graphs' files (NamedGraph, in bin order) under the options
+    the steps built its bin with (`convert`, its CompileOptions `c`); with `part` and `model`
+    the architecture formula's figure alongside."""
+    fields = header_fields(c.weights_packing, c.weight_sharing, c.optimization_type,
+                           c.device.vtcm_mb,
+                           {"soc_model": c.device.soc_model, "dsp_arch": c.device.dsp_arch})
+    return part_expectation(part, graphs, convert.float_bitwidth, fields, model)
 
 
 # ============================================================ judging

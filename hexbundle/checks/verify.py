@@ -701,7 +701,8 @@ def _run_reference(bp, layout: Layout, cl: int, scratch: Path, rounding: str, x_
     `rounding`, their outputs spilled to spill-same.npy and spill-chained.npy; its scratch
     files removed after."""
     cfg = layout.cfg
-    graphs = reference_graphs(bp.part, layout, cl, scratch, rounding, float_bitwidth)
+    graphs = reference_graphs(bp.part, cfg.model, layout.every_graph_files(), cl, scratch,
+                              rounding, float_bitwidth)
     try:
         same = run_sequence(reference_session(bp.part, cfg, graphs), x_same, n_prompt,
                             _named(spill, "same"))
@@ -783,8 +784,8 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                     chains[cl] = (b.outputs, mapped_afresh(chained.outputs),
                                   mapped_afresh(chained2.outputs))
                     del same, same2, chained, chained2
-                    f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt,
-                                     _named(spill, "float"))
+                    session = onnx_session(bp.part, layout.cfg.model, layout.every_graph_files(), cl)
+                    f = run_sequence(session, x_float, n_prompt, _named(spill, "float"))
                     rows.append(drift_row(label, bp.part.index, bp.part.has_head, b.outputs,
                                           f.outputs))
                     chains[cl] = (*(mapped_afresh(c) for c in chains[cl]),

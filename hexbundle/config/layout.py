@@ -389,10 +389,11 @@ class Layout(ProjectLayout):
         return self.model_config(self.cfg.model.name)
 
     # directories ------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def inputs_dir(self) -> Path:
         """Generated inputs under the build root; an export where the model config's inputs.dir
-        says (resolved and checked when the config loaded)."""
+        says (resolved and checked when the config loaded). Made once per layout: every graph's
+        files are under it (build_dir's reason)."""
         if self.cfg.export_dir is not None:
             return self.cfg.export_dir
         return self.generated_inputs_dir(self.cfg.model.name)
@@ -470,6 +471,12 @@ class Layout(ProjectLayout):
         directory = self.split_dir if self.splits_locally else self.inputs_dir
         onnx_path, data, encodings = graph_files(directory, graph)
         return GraphInputs(onnx_path, (data,), encodings)
+
+    def every_graph_files(self) -> dict:
+        """Graph name -> its files (graph_files), for every graph of the plan: what the
+        runtime's float and quantized references read (runtime.parts)."""
+        return {g.name: self.graph_files(g) for p in self.cfg.plan.parts()
+                for g in self.cfg.model.graphs(p)}
 
     def unsplit_slots(self) -> list:
         """The unsplit graphs of an export split locally, by Graph.slot: prompt, token (or
@@ -589,6 +596,28 @@ class Layout(ProjectLayout):
 
     def step_origin(self, task: str) -> Path:
         """Where task's outputs came from (formats.origins): built here, or a remote cache."""
+        return self.origins_dir / (task.replace(":", "__") + ".json")
+
+    @functools.cached_property
+    def records(self) -> "Records":
+        """What formats.origins reads and writes: paths and the naming of files, no Layout."""
+        return Records(self.origins_dir, self.state_dir, self.root, self.build_root,
+                       self.logical)
+
+
+class Records:
+    """Where the doit side keeps its records of a variant's steps (formats.origins): the
+    origin records' directory, the build root's state directory, the project and the build
+    root (a record's file names are resolved against them), and `logical`, how a manifest
+    names a file (Layout.logical)."""
+    __slots__ = ("origins_dir", "state_dir", "root", "build_root", "logical")
+
+    def __init__(self, origins_dir: Path, state_dir: Path, root: Path, build_root: Path,
+                 logical):
+        self.origins_dir, self.state_dir = origins_dir, state_dir
+        self.root, self.build_root, self.logical = root, build_root, logical
+
+    def step_origin(self, task: str) -> Path:
         return self.origins_dir / (task.replace(":", "__") + ".json")
 
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from hexbundle.config.build import DialogSettings
 from hexbundle.config.model import ROPE_SCALING_TYPES, RopeScaling
-from hexbundle.config.devices import DeviceOptions, RuntimeSettings
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER
 from hexbundle.config.runtime_files import BIN, CLIENTS, DSP, LIB, TARGETS, script_name
+# the bundle step's typed options: in config, so a step description carries them
+from hexbundle.config.step_options import GenieOptions  # noqa: F401  (its writers' input)
 from hexbundle.formats.genie_ranges import range_problems
 from hexbundle.support.errors import InputError, VerifyError
 from hexbundle.support.files import JSON_CONFIG_MAX_BYTES, kind_of, link_target
@@ -125,25 +125,6 @@ def unlisted_problems(entries: dict, dialog: dict) -> list:
             "bundle is pushed whole)" for name, kind in entries.items()
             if kind is None and name not in listed and not name.endswith(".bin")
             and not RUNTIME_FILE.fullmatch(name) and name not in LAUNCHERS]
-
-
-@dataclass(frozen=True)
-class GenieOptions:
-    """What the two configs say besides the token ids and the bins' names: the bundle step's
-    options (steps/options.py genie_options computes it from the resolved config)."""
-    device: DeviceOptions        # the same soc_model / dsp_arch / HTP settings as the compile
-    cores: tuple
-    mem_type: str
-    weight_sharing: bool
-    runtime: RuntimeSettings     # the device's [runtime] settings
-    settings: DialogSettings     # the model's [genie] settings
-    context_size: int            # the largest context length
-    n_vocab: int
-    head_dim: int
-    pos_id_dim: int
-    rope_theta: float
-    rope_scaling: Optional[RopeScaling] = None
-    device_id: int = 0           # which NPU (htp_backend_ext_config devices[].device_id)
 
 
 def htp_backend_ext_config(o: GenieOptions) -> dict:

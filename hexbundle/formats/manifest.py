@@ -10,10 +10,11 @@ import json
 import re
 from pathlib import Path
 
-from hexbundle.config.layout import MANIFEST, Layout
+from hexbundle.config.layout import MANIFEST
 from hexbundle.config.runtime_files import TARGETS
 from hexbundle.config.schema import ANY, U32, U64, Field, check_json, table_of
-from hexbundle.formats.origins import read_origins, remote_summary
+from hexbundle.config.step_options import BundleOptions
+from hexbundle.formats.origins import remote_summary
 from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
 from hexbundle.support.errors import ConfigError, HexbundleError
@@ -32,13 +33,14 @@ def bundle_files(bundle_dir: Path) -> list:
                   if p.is_file() and p != bundle_dir / MANIFEST)
 
 
-def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
+def bundle_manifest(bundle_dir: Path, o: BundleOptions, backend_version: str,
                     sizes_expected: dict, unencoded: dict = None, runtime: dict = None,
-                    image: str = "") -> dict:
+                    image: str = "", sources: list = (), configs: list = ()) -> dict:
     """What the bundle holds, and the toolchain image its steps ran in (`image`, "" for none:
     the local executor). Nothing else of HOW it was built (host, times, remote cache): that
-    goes to build-info.json and a release's provenance."""
-    cfg = layout.cfg
+    goes to build-info.json and a release's provenance. `sources` and `configs`: the files
+    digested, in the order o.manifest names them."""
+    record = o.manifest
     files = {}
     for name in bundle_files(bundle_dir):
         path = bundle_dir / name
@@ -46,46 +48,38 @@ def bundle_manifest(layout: Layout, bundle_dir: Path, backend_version: str,
     bins = [n for n in files if n.endswith(".bin")]
     return {
         "format": MANIFEST_FORMAT,
-        "model": cfg.model.name,
-        "device": cfg.device.name,
-        "plan": cfg.plan.name,
-        "backend": cfg.backend,
-        "deployable": cfg.backend == "qairt",
+        "model": record.model,
+        "device": record.device,
+        "plan": record.plan,
+        "backend": o.backend,
+        "deployable": o.backend == "qairt",
         "toolchain": backend_version,
         "image": image or None,
-        "compile": table_of(cfg.compile),
+        "compile": table_of(record.compile),
         "files": files,
         "total_bytes": sum(f["size"] for f in files.values()),
         "bins_total_bytes": sum(files[n]["size"] for n in bins),
         "expected_bins_bytes": sizes_expected,
         "expected_bins_total_bytes": sum(sizes_expected.values()),
-        "inputs": {layout.logical(p): hashing.digest(p) for p in layout.source_inputs()},
-        "graphs": graph_sources(layout),
+        "inputs": digests(record.sources, sources),
+        "graphs": {name: {k: list(v) if isinstance(v, tuple) else v for k, v in entry.items()}
+                   for name, entry in record.graphs.items()},
         # layer weights the encodings say nothing about, and how the policy stored them
-        "unencoded_weights": {"policy": cfg.model.quantization.unencoded_weights,
+        "unencoded_weights": {"policy": o.convert.unencoded_weights,
                               "tensors": dict(sorted((unencoded or {}).items()))},
-        "configs": {layout.logical(p): hashing.digest(p) for p in cfg.config_files},
+        "configs": digests(record.configs, configs),
         # qairt: the QAIRT runtime (backends/qairt_runtime.py): mode, board OS, versions, the
         # runtime files (their digests are in "files"), what each bin says of itself
         **({"runtime": runtime} if runtime else {}),
     }
 
 
-def graph_sources(layout: Layout) -> dict:
-    """Which files each graph was built from: the export's own file names (a qai-hub-models tree
-    is used in place), or the local split's parts and the unsplit graphs they were cut from."""
-    cfg = layout.cfg
-    out = {}
-    for part in cfg.plan.parts():
-        for graph in cfg.model.graphs(part):
-            files = layout.graph_files(graph)
-            entry = {"onnx": layout.logical(files.onnx),
-                     "data": [layout.logical(d) for d in files.data],
-                     "encodings": layout.logical(files.encodings)}
-            if layout.splits_locally:
-                entry["split_from"] = layout.logical(layout.unsplit_files(graph.slot).onnx)
-            out[graph.name] = entry
-    return out
+def digests(names: tuple, paths: list) -> dict:
+    """Project-relative name -> the file's digest (the names and the files in one order)."""
+    if len(names) != len(paths):
+        raise HexbundleError(f"manifest: {len(names)} names for {len(paths)} files (a bundle "
+                             "step description from another hexbundle?)")
+    return {name: hashing.digest(Path(p)) for name, p in zip(names, paths)}
 
 
 class BundleIntegrityError(HexbundleError):
@@ -188,19 +182,19 @@ def verify_bundle_files(bundle: Path, where=str) -> int:
     return len(files)
 
 
-def write_build_info(layout: Layout, executor: str, image: str) -> None:
+def write_build_info(path: Path, executor: str, image: str, steps: dict) -> None:
     """How the bundle was built: the executor, the toolchain image, and where each step's
-    outputs came from (built here or fetched from a remote cache: formats.origins)."""
-    steps = read_origins(layout)
-    write_json(layout.build_info, {"executor": executor, "image": image, "steps": steps,
-                                   "remote_cache": remote_summary(steps)})
+    outputs came from (`steps`: built here or fetched from a remote cache, formats.origins)."""
+    write_json(path, {"executor": executor, "image": image, "steps": steps,
+                      "remote_cache": remote_summary(steps)})
 
 
-def read_build_info(layout: Layout) -> dict:
-    """{"executor", "image", "steps", "remote_cache"} of the last bundle build; {} when there is none or it is unreadable
-    (then the image now under the tag is what a caller can name)."""
+def read_build_info(path: Path) -> dict:
+    """{"executor", "image", "steps", "remote_cache"} of the last bundle build (build-info.json
+    at `path`); {} when there is none or it is unreadable (then the image now under the tag is
+    what a caller can name)."""
     try:
-        doc = read_state_json(layout.build_info)   # never through a link
+        doc = read_state_json(path)   # never through a link
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hexbundle.config.layout import Layout
+from hexbundle.config.layout import Records
 from hexbundle.support import hashing
 from hexbundle.support.atomic import write_json
 from hexbundle.support.console import warn
@@ -29,26 +29,26 @@ from hexbundle.support.errors import HexbundleError
 from hexbundle.support.jsondoc import read_state_json
 
 
-def write_origin(layout: Layout, task: str, origin: dict, outputs: list) -> None:
-    outs = {layout.logical(p): hashing.digest(p) for p in sorted(map(Path, outputs))}
-    layout.origins_dir.mkdir(parents=True, exist_ok=True)
-    write_json(layout.step_origin(task), {"task": task, **origin, "outputs": outs})
+def write_origin(records: Records, task: str, origin: dict, outputs: list) -> None:
+    outs = {records.logical(p): hashing.digest(p) for p in sorted(map(Path, outputs))}
+    records.origins_dir.mkdir(parents=True, exist_ok=True)
+    write_json(records.step_origin(task), {"task": task, **origin, "outputs": outs})
 
 
-def record_origin(layout: Layout, task: str, origin: dict, outputs: list) -> None:
+def record_origin(records: Records, task: str, origin: dict, outputs: list) -> None:
     """write_origin for the outputs that exist; a record is a note: a full disk warns, it does
     not fail a good build."""
     try:
-        write_origin(layout, task, origin, [p for p in map(Path, outputs) if p.is_file()])
+        write_origin(records, task, origin, [p for p in map(Path, outputs) if p.is_file()])
     except (OSError, HexbundleError) as exc:
         warn(f"hexbundle: warning: cannot record where {task}'s outputs came from ({exc})")
 
 
-def _records(layout: Layout):
+def _records_of(records: Records):
     """(path, record) of each readable origin record with its outputs, sorted by file name."""
-    if not layout.origins_dir.is_dir():
+    if not records.origins_dir.is_dir():
         return
-    for path in sorted(layout.origins_dir.glob("*.json")):
+    for path in sorted(records.origins_dir.glob("*.json")):
         try:
             doc = read_state_json(path)   # a link (never followed): no record
         except (OSError, ValueError):
@@ -57,19 +57,19 @@ def _records(layout: Layout):
             yield path, doc
 
 
-def read_origins(layout: Layout) -> dict:
+def read_origins(records: Records) -> dict:
     """task -> its record (without "task" and "outputs"), for the records whose outputs are all
     still the bytes they name; sorted by task."""
     out = {}
-    for path, doc in _records(layout):
-        if all(_still(layout, name, digest) for name, digest in doc["outputs"].items()):
+    for path, doc in _records_of(records):
+        if all(_still(records, name, digest) for name, digest in doc["outputs"].items()):
             out[str(doc.get("task", path.stem))] = {k: v for k, v in doc.items()
                                                     if k not in ("task", "outputs")}
     return dict(sorted(out.items()))
 
 
-def _still(layout: Layout, logical: str, digest) -> bool:
-    path = _path(layout, logical)
+def _still(records: Records, logical: str, digest) -> bool:
+    path = _path(records, logical)
     try:
         return hashing.digest(path) == digest
     except OSError:
@@ -87,50 +87,50 @@ def remote_summary(origins: dict) -> dict:
 REMOTE_ORIGINS = ("remote-cache", "remote-execution")
 
 
-def fetched_records(layout: Layout, files: list) -> dict:
+def fetched_records(records: Records, files: list) -> dict:
     """task -> (its record, its output paths) of the steps whose outputs came from a remote
     cache or executor, are still those bytes, and include one of `files`."""
-    wanted = {layout.logical(Path(f)) for f in files}
+    wanted = {records.logical(Path(f)) for f in files}
     out = {}
-    for path, doc in _records(layout):
+    for path, doc in _records_of(records):
         if doc.get("origin") not in REMOTE_ORIGINS or not wanted & set(doc["outputs"]):
             continue
-        if all(_still(layout, name, digest) for name, digest in doc["outputs"].items()):
-            out[str(doc.get("task", path.stem))] = (doc, [_path(layout, n) for n in doc["outputs"]])
+        if all(_still(records, name, digest) for name, digest in doc["outputs"].items()):
+            out[str(doc.get("task", path.stem))] = (doc, [_path(records, n) for n in doc["outputs"]])
     return out
 
 
-def forget_origin(layout: Layout, task: str) -> None:
+def forget_origin(records: Records, task: str) -> None:
     try:
-        layout.step_origin(task).unlink()
+        records.step_origin(task).unlink()
     except OSError:
         pass
 
 
-def refused_path(layout: Layout) -> Path:
-    return layout.state_dir / "remote-refused.json"
+def refused_path(records: Records) -> Path:
+    return records.state_dir / "remote-refused.json"
 
 
-def refused_actions(layout: Layout) -> set:
+def refused_actions(records: Records) -> set:
     """The Action keys ("hash/size") whose remote results were refused in this build root."""
     try:
-        doc = read_state_json(refused_path(layout))
+        doc = read_state_json(refused_path(records))
     except (OSError, ValueError):
         return set()
     actions = doc.get("actions") if isinstance(doc, dict) else None
     return {a for a in actions if isinstance(a, str)} if isinstance(actions, list) else set()
 
 
-def refuse_action(layout: Layout, action: str) -> None:
+def refuse_action(records: Records, action: str) -> None:
     """Never use the remote result of `action` again here (a note: a full disk warns)."""
     try:
-        layout.state_dir.mkdir(parents=True, exist_ok=True)
-        write_json(refused_path(layout),
-                   {"actions": sorted(refused_actions(layout) | {action})})
+        records.state_dir.mkdir(parents=True, exist_ok=True)
+        write_json(refused_path(records),
+                   {"actions": sorted(refused_actions(records) | {action})})
     except (OSError, HexbundleError) as exc:
         warn(f"hexbundle: warning: cannot record the refused remote result {action} ({exc})")
 
 
-def _path(layout: Layout, logical: str) -> Path:
-    return layout.build_root / logical[len("build/"):] if logical.startswith("build/") \
-        else layout.root / logical
+def _path(records: Records, logical: str) -> Path:
+    return records.build_root / logical[len("build/"):] if logical.startswith("build/") \
+        else records.root / logical

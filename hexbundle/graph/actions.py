@@ -46,12 +46,15 @@ def step_action(run, layout, task_name: str, step: str, description=None, **extr
     """The doit action of build step `step`: run(layout, task_name, step, **extra)
     (run: "hexbundle.steps.executor:run_step"), through the remote cache when one is configured
     (graph.remote_steps); a described step's `description` (graph.stepdesc.description) is what
-    its function receives. doit hands the action its Task: the cache key is made of it."""
+    its function receives (or a function that makes it). doit hands the action its Task: the
+    cache key is made of it."""
     return (_run_step, [run, layout, task_name, step, extra, description], {})
 
 
 def _run_step(run, layout, task_name, step, extra, description, task):
     from hexbundle.graph.remote_steps import run_step_recorded
+    if callable(description):   # graph.stepdesc makes it when the step runs
+        description = description()
     try:
         run_step_recorded(resolve(run), layout, task_name, step, extra, task, description)
     except HexbundleError as exc:

@@ -52,6 +52,8 @@ class Loader(DodoTaskLoader):
 
     def load_doit_config(self):
         with interrupted_at_start_up():
+            if not (self.read_only or self.names_only):
+                replay_noop(self.namespace)   # before doit's settings resolve the build
             config = super().load_doit_config()
             from hexbundle.graph.session import DoitConfig
             if self.names_only and isinstance(config, DoitConfig):
@@ -84,6 +86,19 @@ class Loader(DodoTaskLoader):
                     tasks = super().load_tasks(cmd, pos_args)
             interrupts.start_up_over()
             return tasks
+
+
+def replay_noop(namespace) -> None:
+    """This command ran before and found everything up to date, and nothing it read has
+    changed since (graph.noopstamp): say so again and exit 0, resolving nothing."""
+    from hexbundle.config.layout import ProjectLayout
+    from hexbundle.graph import noopstamp, session
+    build = session.build_of(namespace)
+    if build is None:
+        return
+    if noopstamp.replay(ProjectLayout(build.root).state_dir, sys.argv):
+        sys.stdout.flush()
+        raise SystemExit(0)
 
 
 @contextmanager

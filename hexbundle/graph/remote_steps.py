@@ -33,9 +33,8 @@ def run_step_recorded(run, layout: Layout, task_name: str, step: str,
     """Run the step (through the remote cache when one is configured); for the cacheable steps,
     record where its outputs came from (formats.origins), cache or not. A step that fails
     evicts the inputs it read that came from a remote cache or executor (evict_fetched).
-    A described step (graph.stepdesc.description) is run with its description alone."""
-    if description is not None:
-        run = described_run(run, description)
+    The step (graph.stepdesc.description) is run with its description alone."""
+    run = described_run(run, description)
     try:
         _run_step_recorded(run, layout, task_name, step, extra, task)
     except HexbundleError as exc:
@@ -61,7 +60,7 @@ def evict_fetched(layout: Layout, task_name: str, inputs) -> None:
     with their origin records, and their Action's remote result is never used again here
     (formats.origins.refuse_action): the next run builds them here instead of keeping them
     up to date."""
-    fetched = fetched_records(layout, [layout.root / f for f in inputs])
+    fetched = fetched_records(layout.records, [layout.root / f for f in inputs])
     for source, (record, outputs) in sorted(fetched.items()):
         for path in outputs:
             try:
@@ -70,9 +69,9 @@ def evict_fetched(layout: Layout, task_name: str, inputs) -> None:
                 pass
             except OSError as exc:
                 warn(f"hexbundle: warning: cannot remove {layout.rel(path)} ({exc})")
-        forget_origin(layout, source)
+        forget_origin(layout.records, source)
         if record.get("action"):
-            refuse_action(layout, str(record["action"]))
+            refuse_action(layout.records, str(record["action"]))
         warn(f"hexbundle: warning: {task_name} failed on the outputs of {source}, which came "
              f"from the {record['origin'].replace('-', ' ')} {record.get('server', '')} "
              f"(action {record.get('action', '?')}): removed "
@@ -89,7 +88,7 @@ def _run_step_recorded(run, layout: Layout, task_name: str, step: str,
         # and are what the exact checks compare against; a real SDK's DLCs and bins are not
         # read by them: a cache not trusted never gives them.
         run(layout, task_name, step, **extra)
-        record_origin(layout, task_name, {"origin": "local"},
+        record_origin(layout.records, task_name, {"origin": "local"},
                       [layout.root / t for t in task.targets])
     elif layout.cfg.remote.executor:
         run_through_executor(run, layout, task_name, step, extra, task)
@@ -97,7 +96,7 @@ def _run_step_recorded(run, layout: Layout, task_name: str, step: str,
         run_through_cache(run, layout, task_name, step, extra, task)
     else:   # (hexbundle.remote, and gRPC with it, is not even imported)
         run(layout, task_name, step, **extra)
-        record_origin(layout, task_name, {"origin": "local"},
+        record_origin(layout.records, task_name, {"origin": "local"},
                       [layout.root / t for t in task.targets])
 
 
@@ -138,30 +137,17 @@ def run_through_executor(run, layout: Layout, task_name: str, step: str,
     spec in an input root of its file_dep and the code (remote.action.exec_action)."""
     from hexbundle.remote.action import exec_action
     from hexbundle.remote.executed import run_executed
-    from hexbundle.steps.executor import described_spec, step_spec
+    from hexbundle.steps.executor import described_spec
 
-    def make_action():
+    def make_action():   # no config: the description is all the step reads
         image = image_id(layout.root) if layout.cfg.executor == "docker" else ""
-        description = getattr(run, "description", None)
-        if description is not None:   # no config: the description is all the step reads
-            spec = described_spec(layout, description)
-        else:
-            spec = step_spec(layout, step, **extra)
-            spec["config"] = without_remote(spec["config"])
+        spec = described_spec(layout, run.description)
         return exec_action(layout, spec, sorted(task.file_dep), list(task.targets), image)
 
     validate_inputs(layout, step, extra, run)
     run_executed(layout, task_name, [layout.root / t for t in task.targets], make_action,
                  lambda: run(layout, task_name, step, **extra),
                  fetch_check(run, layout, task_name, step, extra))
-
-
-def without_remote(config: dict) -> dict:
-    """The resolved config's remote settings reset: where the build is sent is no input of a
-    step (and a token's variable name has no business on a worker)."""
-    from hexbundle.config import resolved
-    from hexbundle.config.build import remote_settings
-    return {**config, "remote": resolved.dump(remote_settings())}
 
 
 def validate_inputs(layout: Layout, step: str, extra: dict, run) -> None:
@@ -171,8 +157,9 @@ def validate_inputs(layout: Layout, step: str, extra: dict, run) -> None:
         from hexbundle.steps.description import from_json
         validate_graph_inputs(from_json(run.description), lambda line: None)
     elif step == "inputs" and layout.splits_locally and "part" in extra:
-        from hexbundle.inputs.split import validate_part_sources
-        validate_part_sources(layout, layout.cfg.part(extra["part"]))
+        from hexbundle.steps.description import from_json
+        from hexbundle.steps.inputs import validate_split_sources
+        validate_split_sources(from_json(run.description))
 
 
 def fetch_check(run, layout: Layout, task_name: str, step: str, extra: dict):

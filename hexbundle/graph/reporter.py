@@ -142,6 +142,7 @@ class Reporter(ConsoleReporter):
         self.started = time.monotonic()
         self.selected = list(selected_tasks or [])
         self.ran, self.skipped, self.failed, self.succeeded = [], [], [], []
+        self.tasks, self.executed, self.lines = tasks, False, []
         self.total = len(reached_steps(tasks, self.selected))
         self.number, self.began, self.outcomes = {}, {}, Counter()
         self.terminal = console.terminal()
@@ -150,9 +151,11 @@ class Reporter(ConsoleReporter):
         # a tool (inspect, image, ...) ends with its own verdict: its line comes first
         self.lines_first = not builds_variant(self.selected)
         if _layout is not None and builds_variant(self.selected) and not console.quiet():
-            self.outstream.write(banner(_layout) + "\n")
+            self.lines.append(banner(_layout))
+            self.outstream.write(self.lines[-1] + "\n")
 
     def execute_task(self, task):
+        self.executed = True   # not a no-op run: no stamp (graph.noopstamp)
         if _explained(task):   # before it runs: the DB still holds its last run's record
             _explainer().running(task)
         if _shown(task):   # (not doit's `.  name` line: the step's line says it when done)
@@ -242,7 +245,13 @@ class Reporter(ConsoleReporter):
             return
         stopped = isinstance(sys.exc_info()[1], KeyboardInterrupt)
         if builds_variant(self.selected) or self.failed or self.runtime_errors or stopped:
-            self.write(self.summary() + "\n")
+            summary = self.summary()
+            self.write(summary + "\n")
+            if not (self.executed or self.failed or self.runtime_errors or stopped
+                    or sys.exc_info()[1] is not None):
+                from hexbundle.graph import noopstamp
+                noopstamp.record(_layout, self.tasks.values(), sys.argv, self.lines,
+                                 noopstamp.summary_prefix(summary))
         self.outstream.flush()
 
     def summary(self) -> str:

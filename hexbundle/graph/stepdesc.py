@@ -21,6 +21,7 @@ inputs' pins, its code and, when it runs through the backend, the backend and it
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -50,6 +51,7 @@ class Step:
     check_outputs: bool = True    # rerun when an output was changed after the step wrote it
     action: Optional[tuple] = None   # another action than the step runner (verify's)
     before: tuple = ()            # actions run first (bundle: dead outputs, the size check)
+    after: tuple = ()             # actions run after the step, here (bundle: build-info.json)
     checks: tuple = ()            # more uptodate items (bundle: bundle_in_place)
     doit: dict = field(default_factory=dict)    # other doit fields: clean, io, verbosity
     described: bool = False       # the step function receives description(step) alone
@@ -111,14 +113,15 @@ def _version(cfg, copies_runtime: bool) -> str:
 def doit_task(step: Step, layout: Layout) -> dict:
     """The doit task dict of a described step."""
     rel = layout.rel
-    described = description(step) if step.described else None
+    # made when the step runs, not for every task of every run (a no-op runs none)
+    described = functools.partial(description, step) if step.described else None
     run = step.action or step_action(RUN_STEP, layout, step.task, step.step, described,
                                      **step.arguments)
     uptodate = [key(step, layout)]
     if step.check_outputs and step.outputs:
         from hexbundle.graph.targets import targets_unchanged
         uptodate.append(targets_unchanged())
-    task = {"actions": [*step.before, run],
+    task = {"actions": [*step.before, run, *step.after],
             "file_dep": [rel(p) for p in step.input_paths],
             "targets": [rel(p) for p in step.output_paths],
             "uptodate": uptodate + list(step.checks), **step.doit}

@@ -136,3 +136,14 @@ def remove_dead_outputs(layout: Layout) -> None:
         console.say(f"hexbundle: {layout.rel(path)} is made by no step of this configuration "
                     "any more: removing it")
         path.unlink()
+
+
+def record_build_info(layout: Layout) -> None:
+    """After the bundle step: build-info.json, how the bundle was built (the executor, the
+    toolchain image, where each step's outputs came from: formats.origins). Here, in the doit
+    run, not in the step: the origin records are no input of the step."""
+    from hexbundle.formats.manifest import write_build_info
+    from hexbundle.formats.origins import read_origins
+    from hexbundle.graph.keys import image_id
+    image = (image_id(layout.root) or "") if layout.cfg.executor == "docker" else ""
+    write_build_info(layout.build_info, layout.cfg.executor, image, read_origins(layout.records))

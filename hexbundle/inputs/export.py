@@ -5,24 +5,16 @@ import errno
 import os
 from pathlib import Path
 
-from hexbundle.config.layout import Layout
 from hexbundle.formats.qaihm import recorded_data_files
 from hexbundle.formats.tokenizer import special_token_ids
-from hexbundle.inputs.pins import require_pins
 from hexbundle.support.errors import InputError
 
 
-def missing_exports(layout: Layout) -> list:
-    """The user's files the build reads that are not there (the unsplit graphs when the export
-    is split locally)."""
-    return [p for p in layout.source_inputs() if not p.is_file()]
-
-
-def _shown(layout: Layout, path: Path) -> str:
+def _shown(root: Path, path: Path) -> str:
     """The path as the config names it (project-relative, links not followed): the export's
     file, not where a symbolic link there points."""
     try:
-        return str(Path(path).relative_to(layout.root))
+        return str(Path(path).relative_to(root))
     except ValueError:
         return str(path)
 
@@ -41,36 +33,31 @@ def _why_missing(path: Path) -> str:
     return f" (a symbolic link to {target!r}, which is not a regular file)"
 
 
-def require_export(layout: Layout) -> None:
-    """Every exported file is there and the tokenizer can serve the bundle; else an InputError
-    naming every missing file and how the export is produced."""
-    cfg = layout.cfg
-    missing = missing_exports(layout)
+def require_export(sources: list, tokenizer: Path, graphs: list, specials: dict,
+                   vocab_size: int, model: str, how_to_export: str, model_config: Path,
+                   root: Path) -> None:
+    """Every exported file (`sources`: the user's files the build reads) is there and the
+    tokenizer can serve the bundle; else an InputError naming every missing file and how the
+    export is produced. `graphs` (GraphInputs; none for generated inputs): each ONNX must still
+    record the data files the import found in it (`model_config` lists them)."""
+    missing = [p for p in sources if not p.is_file()]
     if missing:
-        listed = "\n".join(f"  {_shown(layout, p)}{_why_missing(p)}" for p in missing[:12])
+        listed = "\n".join(f"  {_shown(root, p)}{_why_missing(p)}" for p in missing[:12])
         more = f"\n  ... and {len(missing) - 12} more" if len(missing) > 12 else ""
-        how = cfg.inputs.how_to_export or "export the model (ONNX + .data + AIMET .encodings)"
-        graphs = [p for p in missing if p != layout.tokenizer]
-        hows = ([f"How to produce them: {how}"] if graphs else []) + (
-            [f"{_shown(layout, layout.tokenizer)}: no export writes it; it is the model's own "
+        how = how_to_export or "export the model (ONNX + .data + AIMET .encodings)"
+        missing_graphs = [p for p in missing if p != tokenizer]
+        hows = ([f"How to produce them: {how}"] if missing_graphs else []) + (
+            [f"{_shown(root, tokenizer)}: no export writes it; it is the model's own "
              "tokenizer.json from its Hugging Face repository: put it there, or import again "
-             "with --tokenizer FILE"] if layout.tokenizer in missing else [])
-        raise InputError(f"{cfg.model.name}: {len(missing)} exported input file(s) missing:\n"
+             "with --tokenizer FILE"] if tokenizer in missing else [])
+        raise InputError(f"{model}: {len(missing)} exported input file(s) missing:\n"
                          f"{listed}{more}\n" + "\n".join(hows))
-    if layout.is_tree:   # each ONNX must still record the data files the import found
-        graphs = ([layout.unsplit_files(k) for k in layout.unsplit_slots()] if layout.splits_locally
-                  else [layout.graph_files(g) for p in cfg.plan.parts() for g in cfg.model.graphs(p)])
-        for files in graphs:
-            recorded = recorded_data_files(files.onnx)
-            if set(recorded) != set(files.data):
-                raise InputError(f"{files.onnx}: records data files {[p.name for p in recorded]}, "
-                                 f"but {layout.model_config_path} lists "
-                                 f"{[p.name for p in files.data]}; the export changed: re-run "
-                                 "`doit import_export`")
+    for files in graphs:
+        recorded = recorded_data_files(files.onnx)
+        if set(recorded) != set(files.data):
+            raise InputError(f"{files.onnx}: records data files {[p.name for p in recorded]}, "
+                             f"but {model_config} lists "
+                             f"{[p.name for p in files.data]}; the export changed: re-run "
+                             "`doit import_export`")
     # A tokenizer.json that cannot serve the bundle fails now, not after hours of compiling.
-    special_token_ids(layout.tokenizer, cfg.tokenizer_specials, cfg.model.architecture.vocab_size)
-
-
-def check_pins(layout: Layout, paths: list) -> None:
-    """require_pins of the model config's [inputs.pins]."""
-    require_pins(paths, dict(layout.cfg.inputs.pins), layout.model_config_path)
+    special_token_ids(tokenizer, specials, vocab_size)

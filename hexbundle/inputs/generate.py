@@ -29,8 +29,8 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 
 from hexbundle.config.build import load_model, resolve_inside
-from hexbundle.config.layout import TOKENIZER, Layout, ProjectLayout, graph_files
-from hexbundle.config.model import Model, Part, part_weights
+from hexbundle.config.layout import TOKENIZER, ProjectLayout, graph_files
+from hexbundle.config.model import Model, Part, Plan, part_weights
 from hexbundle.formats import weightdata
 from hexbundle.formats.encodings import encodings_bytes
 from hexbundle.support import progress
@@ -80,6 +80,19 @@ def check_disk(directory: Path, needed: int, what: str) -> None:
 
 def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+def check_pending_disk(model: Model, parts: list, out_dir: Path, index: int) -> None:
+    """Before the inputs step of part `index` (a doit action): refuse early when the disk cannot
+    also hold the parts still to be generated after it. Here, not in the step: which parts are
+    still missing is no input of the step (its description covers its own files only)."""
+    part = parts[index - 1]
+    others = [p for p in missing_parts(model, parts, out_dir) if p.index != index]
+    pending = sum(part_disk_bytes(model, p) for p in others)
+    if pending:
+        check_disk(Path(out_dir), part_disk_bytes(model, part) + pending,
+                   f"the inputs of {model.name} {part.tag} and {gib(pending)} of other pending "
+                   "inputs")
 
 
 def missing_parts(model: Model, parts: Iterable, out_dir: Path) -> list:
@@ -210,20 +223,20 @@ def generate_for_config(root: Path, model_name: str, plan_name: str = "", part_i
     return generate_parts(model, parts, out, seed, raw["tokenizer"] if tokenizer else None, log)
 
 
-def generate_action(layout: Layout, part: int = 0) -> None:
+def generate_action(model: Model, plan: Plan, out_dir: Path, seed: int, specials: dict,
+                    shown: str, part: int = 0) -> None:
     """`doit gen_inputs [--part N]`: stand-in inputs for the configured model where the build
-    reads them (for an exported model, its inputs.dir)."""
-    cfg = layout.cfg
-    parts = cfg.plan.parts()
+    reads them (`out_dir`, shown as `shown`; for an exported model, its inputs.dir)."""
+    parts = plan.parts()
     if part:
         if not 1 <= part <= len(parts):
-            raise ConfigError(f"--part {part}: plan {cfg.plan.name} of {cfg.model.name} has parts "
+            raise ConfigError(f"--part {part}: plan {plan.name} of {model.name} has parts "
                               f"1..{len(parts)}")
         parts = [parts[part - 1]]
     from hexbundle.support.monitor import monitored
     started = time.monotonic()
     with monitored("gen_inputs", "gen_inputs"):   # bytes written, rate, ETA as it goes
-        paths = generate_parts(cfg.model, parts, layout.inputs_dir, cfg.inputs.seed,
-                               cfg.tokenizer_specials, lambda msg: print(msg, flush=True))
-    print(f"{len(paths)} files in {layout.rel(layout.inputs_dir)} in "
+        paths = generate_parts(model, parts, out_dir, seed, dict(specials),
+                               lambda msg: print(msg, flush=True))
+    print(f"{len(paths)} files in {shown} in "
           f"{time.monotonic() - started:.1f}s", flush=True)

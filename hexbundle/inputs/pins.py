@@ -1,6 +1,6 @@
 """The model config's [inputs.pins] checked against the files: a pinned input whose bytes
 changed is refused. Paths and values only (the convert step calls it with its description's
-files and options; inputs.export.check_pins with the config's)."""
+files and options, the inputs and bundle steps likewise)."""
 from __future__ import annotations
 
 from hexbundle.support import hashing

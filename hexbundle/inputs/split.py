@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from hexbundle.config.layout import GraphInputs, Layout
+from hexbundle.config.layout import GraphInputs
 from hexbundle.config.model import Model, Part
 from hexbundle.formats.encodings import (adapt_checkpoint_encodings, fill_cut_encodings,
                                          read_encodings_json, subset_encodings)
@@ -278,20 +278,6 @@ def _model_proto(source, pg: PartGraph, name: str, initializers: list):
     return model
 
 
-def split_part(layout: Layout, part: Part, log) -> list:
-    """Write the part's graphs (prompt and token, per context length: ONNX + encodings) and its
-    one .data."""
-    graphs = layout.cfg.model.graphs(part)
-    return split_graphs(layout.cfg.model, part, {g.slot: layout.unsplit_files(g.slot) for g in graphs},
-                        {g.slot: layout.graph_files(g) for g in graphs}, log,
-                        layout.model_config_path, _qaihm_plan(layout))
-
-
-def _qaihm_plan(layout: Layout) -> tuple:
-    """The plan's layers per part when the cut is qai-hub-models' own rule, else ()."""
-    return tuple(layout.cfg.plan.layers_per_part) if layout.cfg.inputs.cut == "qaihm" else ()
-
-
 def split_graphs(model: Model, part: Part, unsplit: dict, out: dict, log,
                  config: Optional[Path] = None, qaihm_plan: tuple = ()) -> list:
     """Cut `part` out of the unsplit graphs (Graph.slot -> GraphInputs) into `out` (slot ->
@@ -358,16 +344,14 @@ def cut_sources(model: Model, part: Part, unsplit: dict, config: Optional[Path] 
     return pieces
 
 
-def validate_part_sources(layout: Layout, part: Part) -> int:
+def validate_part_sources(model: Model, part: Part, unsplit: dict,
+                          config: Optional[Path] = None, qaihm_plan: tuple = ()) -> int:
     """What the split of `part` reads of the export, checked as convert will check the split:
     the unsplit graphs' structure and the values of the part's own float weights (NaN,
     infinity), streamed; a window of .data shared by the graphs read once. Run before a remote
     cache is asked for the split (graph/remote_steps.py): a cache that answers with an older
     split must not hide a broken export. Returns the bytes read."""
-    graphs = layout.cfg.model.graphs(part)
-    pieces = cut_sources(layout.cfg.model, part,
-                         {g.slot: layout.unsplit_files(g.slot) for g in graphs},
-                         layout.model_config_path, _qaihm_plan(layout))
+    pieces = cut_sources(model, part, unsplit, config, qaihm_plan)
     read, seen = 0, set()
     for src, proto, pg in pieces.values():
         floats = {init.name: "float32" for init in pg.initializers

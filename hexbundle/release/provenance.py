@@ -22,7 +22,7 @@ def image_used(layout: Layout) -> dict:
     """The toolchain image a docker build ran in: the ID its build-info.json records (else the
     image now under the tag) and, when the engine answers, that image's labels."""
     tc = load_toolchain(layout.root)
-    image_id = read_build_info(layout).get("image", "")
+    image_id = read_build_info(layout.build_info).get("image", "")
     labels = {}
     try:
         from docker.errors import DockerException
@@ -88,7 +88,7 @@ def provenance(layout: Layout, overrides: dict, source: dict, epoch: int,
     deps += [_file_material(layout, p) for p in cfg.config_files]
     deps += [_file_material(layout, p) for p in inputs]
     deps += provenance_materials(layout)
-    info = read_build_info(layout)   # which steps came from a remote cache, and from where
+    info = read_build_info(layout.build_info)   # which steps came from a remote cache, and from where
     return {
         "_type": STATEMENT_TYPE,
         "subject": subjects,

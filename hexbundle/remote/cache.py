@@ -109,7 +109,7 @@ def run_cached(layout: Layout, task: str, outputs: list, make_action: Callable[[
         return
     run_locally()
     uploaded = remote.read_write and not remote.down and upload(layout, remote, task, step)
-    record_origin(layout, task, {"origin": "local", "server": remote.client.url,
+    record_origin(layout.records, task, {"origin": "local", "server": remote.client.url,
                                  "instance": remote.client.instance, "action": step.key,
                                  "uploaded": uploaded}, outputs)
 
@@ -118,7 +118,7 @@ def build_locally(layout: Layout, task: str, outputs: list,
                   run_locally: Callable[[], None]) -> None:
     """The step built here, and its origin record says so."""
     run_locally()
-    record_origin(layout, task, {"origin": "local"}, outputs)
+    record_origin(layout.records, task, {"origin": "local"}, outputs)
 
 
 def action_or_local(layout: Layout, task: str, outputs: list, remote,
@@ -145,7 +145,7 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction,
           check: Optional[Callable[[dict], None]] = None) -> bool:
     """True if the step's outputs came from the cache and are in place."""
     started = time.monotonic()
-    if step.key in refused_actions(layout):   # refused here before: never used again
+    if step.key in refused_actions(layout.records):   # refused here before: never used again
         return False
     try:
         result = remote.client.get_action_result(step.digest)
@@ -164,7 +164,7 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction,
     try:
         fetched = _download(remote, result, step, check)
     except OutputsRefused as exc:
-        refuse_action(layout, step.key)
+        refuse_action(layout.records, step.key)
         warn(f"hexbundle: warning: {task}: the cached result of action {step.key} on "
              f"{remote.where} fails the checks a local build gets ({exc}); discarded, building "
              "locally")
@@ -181,7 +181,7 @@ def fetch(layout: Layout, remote: RemoteSession, task: str, step: StepAction,
         warn(f"hexbundle: warning: {task}: {exc}; building locally")
         return False
     _write_hit_log(layout, remote, task, step, result)
-    record_origin(layout, task, {"origin": "remote-cache", "server": remote.client.url,
+    record_origin(layout.records, task, {"origin": "remote-cache", "server": remote.client.url,
                                  "instance": remote.client.instance, "action": step.key},
                   list(step.outputs.values()))
     size = sum(f.digest.size_bytes for f in result.output_files)

@@ -191,7 +191,7 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
     try:
         result = remote.executor.execute(step.digest, blobs, float(layout.cfg.remote.exec_timeout),
                                          on_stage, label=task,
-                                         skip_cache_lookup=step.key in refused_actions(layout))
+                                         skip_cache_lookup=step.key in refused_actions(layout.records))
     except BaseException as exc:
         if not isinstance(exc, Exception):   # Ctrl-C, SIGTERM: the server stops it too
             remote.executor.cancel_all()
@@ -202,11 +202,11 @@ def _execute(layout: Layout, remote: ExecSession, task: str, step: StepAction,
     try:
         fetched = _download(remote, result, step, check)   # raises OutputsRefused, BlobMismatch
     except OutputsRefused:
-        refuse_action(layout, step.key)   # the server's cached answer is not asked for again
+        refuse_action(layout.records, step.key)   # the server's cached answer is not asked for again
         raise
     worker = result.execution_metadata.worker or "?"
     _write_log(layout, remote, task, step, worker, result)
-    record_origin(layout, task, {"origin": "remote-execution", "server": remote.client.url,
+    record_origin(layout.records, task, {"origin": "remote-execution", "server": remote.client.url,
                                  "instance": remote.client.instance, "action": step.key,
                                  "worker": worker, "python": step.command.arguments[0]},
                   list(step.outputs.values()))

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from hexbundle.config.layout import Layout
+from hexbundle.config.build import BuildConfig
 from hexbundle.formats.genie import read_genie_config
 from hexbundle.runtime.parts import bundle_session, onnx_session, open_bundle_parts, rope_settings
 from hexbundle.support.errors import VerifyError
@@ -66,16 +66,16 @@ def load_tokenizer(path: Path):
     return Tokenizer.from_file(str(path))
 
 
-def generate_text(layout: Layout, prompt: str, max_tokens: Optional[int] = None,
-             engine: str = "bundle", greedy: bool = False, bundle_dir: Optional[Path] = None,
-             on_text: Optional[Callable[[str], None]] = None) -> Generation:
-    """Tokenize `prompt` with the bundle's tokenizer, prefill, then sample up to max_tokens
-    (default: the bundle's max-num-tokens) through every part, step by step as Genie does.
-    engine "bundle" runs the context binaries; "onnx" the float ONNX (the reference)."""
-    cfg = layout.cfg
+def generate_text(cfg: BuildConfig, bundle_dir: Path, files: dict, prompt: str,
+                  max_tokens: Optional[int] = None, engine: str = "bundle", greedy: bool = False,
+                  on_text: Optional[Callable[[str], None]] = None) -> Generation:
+    """Tokenize `prompt` with the bundle's tokenizer (the bundle in `bundle_dir`), prefill,
+    then sample up to max_tokens (default: the bundle's max-num-tokens) through every part, step
+    by step as Genie does. engine "bundle" runs the context binaries; "onnx" the float ONNX (the
+    reference: `files`, graph name -> GraphInputs)."""
     if engine not in ("bundle", "onnx"):
         raise VerifyError(f"engine {engine!r}: use 'bundle' or 'onnx'")
-    genie = read_genie_config(Path(bundle_dir or layout.bundle_dir))
+    genie = read_genie_config(Path(bundle_dir))
     tokenizer = load_tokenizer(genie.tokenizer)
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids
     if not prompt_ids:
@@ -86,7 +86,7 @@ def generate_text(layout: Layout, prompt: str, max_tokens: Optional[int] = None,
         if engine == "bundle":
             sessions = [bundle_session(bp, cfg, rope) for bp in opened]
         else:
-            sessions = [onnx_session(bp.part, layout) for bp in opened]
+            sessions = [onnx_session(bp.part, cfg.model, files) for bp in opened]
         return _generate(sessions, genie, tokenizer, prompt_ids,
                          genie.max_num_tokens if max_tokens is None else max_tokens,
                          Sampler(genie.sampler, greedy), on_text)

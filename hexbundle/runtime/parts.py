@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from hexbundle.config.build import BuildConfig
-from hexbundle.config.layout import Layout
+from hexbundle.config.model import Model
 from hexbundle.formats.genie import GenieSettings
 from hexbundle.runtime.onnx_graph import OnnxGraph
 from hexbundle.runtime.sessions import PartSession, RopeSettings
@@ -100,30 +100,31 @@ def bundle_session(bp: BundlePart, cfg: BuildConfig, rope: RopeSettings,
     return PartSession(bp.label, graphs, rope)
 
 
-def onnx_session(part, layout: Layout, context_length: Optional[int] = None) -> PartSession:
-    """The float reference of a part at one context length (default: the largest). Its RoPE
-    settings come from the model config (what the ONNX was exported for), not from
-    genie_config.json: a wrong rope-theta there must show."""
-    cfg = layout.cfg
-    a = cfg.model.architecture
-    cl = context_length or cfg.model.context_length
-    graphs = {g.kind: OnnxGraph(layout.onnx(g)) for g in cfg.model.graphs(part, cl)}
+def onnx_session(part, model: Model, files: dict,
+                 context_length: Optional[int] = None) -> PartSession:
+    """The float reference of a part at one context length (default: the largest), from its
+    graphs' files (`files`: graph name -> GraphInputs). Its RoPE settings come from the model
+    config (what the ONNX was exported for), not from genie_config.json: a wrong rope-theta
+    there must show."""
+    a = model.architecture
+    cl = context_length or model.context_length
+    graphs = {g.kind: OnnxGraph(files[g.name].onnx) for g in model.graphs(part, cl)}
     return PartSession(f"{part_label(part)} (float ONNX)", graphs,
                        RopeSettings(a.rope_theta, a.pos_id_dim, a.rope_scaling))
 
 
-def reference_graphs(part, layout: Layout, context_length: int, scratch: Path,
+def reference_graphs(part, model: Model, files: dict, context_length: int, scratch: Path,
                      rounding: str = "half-even", float_bitwidth: int = 32) -> dict:
     """The export's quantized reference of a part's graphs at one context length (runtime.qdq:
-    its ONNX with its encodings applied, with `rounding`), written under scratch/cl<C>-<rounding>/
-    (one weights file)."""
+    its ONNX with its encodings applied, with `rounding`; `files`: graph name -> GraphInputs),
+    written under scratch/cl<C>-<rounding>/ (one weights file)."""
     from hexbundle.runtime.qdq import WeightStore, qdq_graph
     directory = scratch / f"cl{context_length}-{rounding}"
     store = WeightStore(directory)   # the part's graphs share their weights: written once
     try:
-        return {g.kind: qdq_graph(layout.onnx(g), layout.encodings(g), directory, store, g.kind,
-                                  rounding, float_bitwidth)
-                for g in layout.cfg.model.graphs(part, context_length)}
+        return {g.kind: qdq_graph(files[g.name].onnx, files[g.name].encodings, directory, store,
+                                  g.kind, rounding, float_bitwidth)
+                for g in model.graphs(part, context_length)}
     finally:
         store.close()
 

@@ -6,6 +6,13 @@ from the model config; bos/eos/eot ids looked up in the tokenizer by content; so
 dsp_arch from the one resolved device (config.devices) that also fed the compile. The bundle is
 assembled in a staging directory and swapped in whole, so a failed assembly never damages the
 previous bundle.
+
+The step receives its description (steps/description.py) and nothing else: its inputs by role
+("bin" per part, "tokenizer", the graphs' "onnx" and "encodings" in bin order for the size
+model, the "source" and "config" files the manifest digests), its outputs ("manifest": the
+bundle directory is its folder) and its options (config.step_options.BundleOptions).
+build-info.json (which steps came from a remote cache) is written after it, by the doit run
+(graph.targets.record_build_info): the records it reads are no input of the step.
 """
 from __future__ import annotations
 
@@ -16,35 +23,56 @@ from pathlib import Path
 from hexbundle.backends import get_backend
 from hexbundle.checks import sizes
 from hexbundle.checks.genie_bundle import check_bundle
-from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER, Layout
+from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER
+from hexbundle.config.step_options import BundleOptions
 from hexbundle.formats.genie import genie_config, htp_backend_ext_config
 from hexbundle.formats.genie_clients import write_clients
-from hexbundle.formats.manifest import bundle_files, bundle_manifest, write_build_info
+from hexbundle.formats.manifest import bundle_files, bundle_manifest
 from hexbundle.formats.tokenizer import special_token_ids
-from hexbundle.inputs.export import check_pins
-from hexbundle.steps.options import BundleOptions, bundle_options
+from hexbundle.inputs.pins import require_pins
+from hexbundle.steps.description import Description
 from hexbundle.support import hashing, testhooks
 from hexbundle.support.atomic import staged_dir, write_json
 from hexbundle.support.errors import InputError, OutputError, output_error
 
 
-def assemble_bundle(layout: Layout, spec: dict, log) -> None:
-    options = bundle_options(layout.cfg)   # the same value the task's key is made of (dodo.py)
-    check_pins(layout, [layout.tokenizer])
+def assemble_bundle(described: Description, log) -> None:
+    options: BundleOptions = described.options
+    require_pins([described.input("tokenizer")], dict(options.pins), options.model_config)
     # The manifest records what the size check judged by: the size the inputs' tensors make.
-    expectations = sizes.expect_from_inputs(layout, options.convert, options.compile)
-    expected = {layout.bin_name(e.part): e.packed for e in expectations}
+    expectations = expected_sizes(described)
+    bins = described.input_paths("bin")
+    expected = {b.name: e.packed for b, e in zip(bins, expectations)}
     unencoded = {name: dtype for e in expectations for name, dtype in e.unencoded}
     if unencoded:
         log(f"{len(unencoded)} layer weight(s) without an encoding, stored by the policy "
             f"unencoded_weights = {options.convert.unencoded_weights!r}: "
             + ", ".join(f"{n} ({d})" for n, d in sorted(unencoded.items())[:8])
             + (" ..." if len(unencoded) > 8 else ""))
-    image = spec.get("image", "")   # set by the docker executor: the image's ID
-    final = assemble(layout, options, get_backend(options.backend).toolchain_version(), expected,
-                     log, unencoded, image)
-    write_build_info(layout, options.executor, image)
-    log(f"bundle ready: {layout.rel(final)}")
+    final = assemble(described, get_backend(options.backend).toolchain_version(), expected,
+                     log, unencoded)
+    log(f"bundle ready: {final}")
+
+
+def expected_sizes(described: Description) -> list:
+    """Each part's expectation (checks.sizes) from its graphs' ONNX and encodings, in bin order:
+    the description's "onnx" / "encodings" inputs, the part's graph names in its CompileOptions."""
+    o: BundleOptions = described.options
+    onnx, encodings = described.input_paths("onnx"), described.input_paths("encodings")
+    out, start = [], 0
+    for c in o.compile:
+        names = c.graph_names
+        graphs = [sizes.NamedGraph(name, onnx[start + i], encodings[start + i],
+                                   o.convert.unencoded_weights) for i, name in enumerate(names)]
+        out.append(sizes.expect_part_files(graphs, o.convert, c))
+        start += len(names)
+    return out
+
+
+def image_of(described: Description) -> str:
+    """The toolchain image the manifest names: the one the docker executor ran the step in;
+    none with the local executor (the executor is in the step's key: switching rebuilds)."""
+    return described.image if described.options.executor == "docker" else ""
 
 
 def link_or_copy(src: Path, dst: Path) -> str:
@@ -89,16 +117,15 @@ def qairt_runtime(options: BundleOptions, bins: list, staging: Path, log) -> dic
     return {**section, "bins": records}
 
 
-def assemble(layout: Layout, options: BundleOptions, backend_version: str,
-             sizes_expected: dict, log, unencoded: dict = None, image: str = "") -> Path:
-    cfg = layout.cfg
-    bins = [layout.bin(p) for p in cfg.plan.parts()]
+def assemble(described: Description, backend_version: str, sizes_expected: dict, log,
+             unencoded: dict = None) -> Path:
+    options: BundleOptions = described.options
+    bins, tokenizer = described.input_paths("bin"), described.input("tokenizer")
     for b in bins:
         if not b.is_file():
             raise InputError(f"{b}: context binary missing; run `doit bundle` to build it")
-    token_ids = special_token_ids(layout.tokenizer, dict(options.specials),
-                                  options.genie.n_vocab)
-    final = layout.bundle_dir
+    token_ids = special_token_ids(tokenizer, dict(options.specials), options.genie.n_vocab)
+    final = described.output("manifest").parent
     final.parent.mkdir(parents=True, exist_ok=True)
     # Linking a bin (and removing the old bundle's names) changes its ctime, not its bytes.
     carry = hashing.cache().carry_over(bins)
@@ -107,7 +134,7 @@ def assemble(layout: Layout, options: BundleOptions, backend_version: str,
                                                            [b.name for b in bins]))
         write_json(staging / HTP_EXT_CONFIG, htp_backend_ext_config(options.genie))
         try:
-            shutil.copyfile(layout.tokenizer, staging / TOKENIZER)
+            shutil.copyfile(tokenizer, staging / TOKENIZER)
             for b in bins:
                 how = link_or_copy(b, staging / b.name)
                 log(f"{b.name}: {how} ({b.stat().st_size / sizes.MIB:.2f} MiB)")
@@ -116,13 +143,14 @@ def assemble(layout: Layout, options: BundleOptions, backend_version: str,
         carry.adopt(bins + [staging / b.name for b in bins])
         runtime = qairt_runtime(options, bins, staging, log) if options.backend == "qairt" \
             else None
-        clients = write_clients(staging, cfg.model.name, runtime, bundle_files(staging),
+        clients = write_clients(staging, options.manifest.model, runtime, bundle_files(staging),
                                 link_or_copy)
         if clients:
             log(f"other Genie clients: {', '.join(clients)} (docs/deploy.md)")
-        write_json(staging / MANIFEST, bundle_manifest(layout, staging, backend_version,
-                                                       sizes_expected, unencoded or {}, runtime,
-                                                       image))
+        write_json(staging / MANIFEST, bundle_manifest(
+            staging, options, backend_version, sizes_expected, unencoded or {}, runtime,
+            image_of(described), sources=described.input_paths("source"),
+            configs=described.input_paths("config")))
         lint(staging, options, log)
         os.chmod(staging, 0o755)
         testhooks.pause_point()   # tests kill the run here: staging complete, not swapped in

@@ -33,6 +33,9 @@ class Description:
     inputs: tuple                     # (role, Path) pairs, in reading order
     outputs: tuple                    # (role, Path) pairs
     options: object                   # the step's typed options (config.step_options)
+    image: str = ""                   # the toolchain image it runs in (the docker executor's:
+                                      # no input of the step, not in its JSON; the manifest
+                                      # names it)
 
     def input(self, role: str) -> Path:
         return _one(self.inputs, role, self.step, "input")

@@ -25,16 +25,10 @@ TAIL_LINES = 40
 ERROR_PREFIX = "error: "   # how a step logs its HexbundleError (runner, docker_executor)
 
 
-def step_spec(layout: Layout, step: str, **extra) -> dict:
-    """What the step runner needs: which step, the resolved config (config.resolved: the runner
-    rebuilds it, it resolves nothing again) and the step's own arguments (part, graph, ...)."""
-    return {"step": step, "config": resolved.dump(layout.cfg), **extra}
-
-
 def described_spec(layout: Layout, description: dict) -> dict:
-    """What the step runner needs of a described step: its description (steps.description),
-    which is all the step reads, and where this build keeps its file digests (so a file doit
-    has hashed is not read again to make the step's output key)."""
+    """What the step runner needs: the step's description (steps.description), which is all
+    the step reads, and where this build keeps its file digests (so a file doit has hashed is
+    not read again to make the step's output key)."""
     return {"step": description["step"], "description": description,
             "digest_cache": resolved.dump(layout.digest_cache)}
 
@@ -65,13 +59,13 @@ def run_local(spec: dict, log_path: Path) -> int:
 
 
 def run_step(layout: Layout, task: str, step: str, description=None, **extra) -> None:
-    """Run the step, report it; StepFailed (with the log's last lines) on failure. A described
-    step (graph.stepdesc) gets its description alone, not the config."""
+    """Run the step, report it; StepFailed (with the log's last lines) on failure. The step
+    (graph.stepdesc) gets its description alone, not the config; `extra` (its arguments) are
+    in the description already."""
     cfg = layout.cfg
     layout.logs_dir.mkdir(parents=True, exist_ok=True)
     log_path = layout.log(task)
-    spec = (described_spec(layout, description) if description is not None
-            else step_spec(layout, step, **extra))
+    spec = described_spec(layout, description)
     label = f"{task} [{cfg.backend}/{cfg.executor}]"
     started = time.monotonic()
     with monitored(task, label) as monitor:

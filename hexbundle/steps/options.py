@@ -6,9 +6,10 @@ config: one frozen options value per step.
   compile                   compile_step_options bundle              bundle_options
   verify                    verify_options
 
-convert and compile receive their description (steps/description.py): their options value
-(config.step_options) holds everything they read besides their files, the backend's own
-ConvertOptions / CompileOptions (convert_options, compile_options) among it.
+Every build step receives its description (steps/description.py): its options value
+(config.step_options) holds everything it reads besides its files, the backend's own
+ConvertOptions / CompileOptions (convert_options, compile_options) among it; its files by
+role come from here too (part_outputs, split_inputs, bundle_inputs, bundle_outputs).
 
 The step's code uses exactly this value, and dodo.py keys the step's task on the same value
 (`step_key`: its canonical text; the remote cache's Action options are that key's values,
@@ -24,61 +25,18 @@ from pathlib import Path
 
 from hexbundle.config.backend_options import CompileOptions, ConvertOptions
 from hexbundle.config.build import BuildConfig, VerifySettings
-from hexbundle.config.layout import Layout
+from hexbundle.config.layout import MANIFEST, Layout
 from hexbundle.config.model import Architecture, Graph, Part, Quantization
 from hexbundle.config.schema import FrozenMap
-from hexbundle.config.step_options import CompileStepOptions, ConvertStepOptions
-from hexbundle.formats.genie import GenieOptions
+from hexbundle.config.step_options import (BundleOptions, CompileStepOptions, ConvertStepOptions,
+                                           GenerateOptions, GenieOptions, ManifestRecord,
+                                           SplitOptions, TokenizerOptions)
 
 
 def frozen(table: dict) -> tuple:
     """A table of data (the tokenizer's specials: role -> token) as sorted (key, value) pairs:
     a value whose repr is canonical, whatever order the TOML gave them in."""
     return tuple(sorted(table.items()))
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    """A generated model's parts: every tensor's shape and encoding follow from these."""
-    architecture: Architecture
-    quantization: Quantization
-    context_lengths: tuple
-    prompt_ar: int
-    token_ar: int
-    layers_per_part: tuple
-    seed: int
-
-
-@dataclass(frozen=True)
-class TokenizerOptions:
-    """The generated tokenizer: its vocabulary size and the special tokens it must map."""
-    vocab_size: int
-    specials: tuple                   # (role, token) pairs, sorted
-
-
-@dataclass(frozen=True)
-class SplitOptions:
-    """Where the local split cuts an export's unsplit graphs, and what it names the parts."""
-    architecture: Architecture
-    context_lengths: tuple
-    prompt_ar: int
-    token_ar: int
-    layers_per_part: tuple
-    cut: str = "names"
-
-
-@dataclass(frozen=True)
-class BundleOptions:
-    """The bundle step: the Genie configs' settings, the tokenizer's specials, what the size
-    check judges by (every step's options that shape a bin), and what the manifest records."""
-    backend: str
-    executor: str
-    genie: GenieOptions
-    specials: tuple                   # (role, token) pairs, sorted
-    convert: ConvertOptions           # the size model: float and unencoded weights' storage
-    compile: tuple                    # CompileOptions per part: packing, sharing, device
-    runtime: str = "bundled"          # qairt: the SDK's runtime in the bundle, or the board's
-    target: str = ""                  # the board OS (config/runtime_files.TARGETS)
 
 
 @dataclass(frozen=True)
@@ -92,18 +50,28 @@ class VerifyOptions:
 
 def generate_options(cfg: BuildConfig) -> GenerateOptions:
     m = cfg.model
-    return GenerateOptions(m.architecture, m.quantization, tuple(m.context_lengths), m.prompt_ar,
-                           m.token_ar, tuple(cfg.plan.layers_per_part), cfg.inputs.seed)
+    return GenerateOptions(m.name, m.architecture, m.quantization, tuple(m.context_lengths),
+                           m.prompt_ar, m.token_ar, tuple(cfg.plan.layers_per_part),
+                           cfg.inputs.seed)
 
 
 def tokenizer_options(cfg: BuildConfig) -> TokenizerOptions:
     return TokenizerOptions(cfg.model.architecture.vocab_size, frozen(cfg.tokenizer_specials))
 
 
-def split_options(cfg: BuildConfig) -> SplitOptions:
+def split_options(layout: Layout) -> SplitOptions:
+    """The local split's options: where it cuts, and the pins of the unsplit files it reads."""
+    cfg = layout.cfg
     m = cfg.model
     return SplitOptions(m.architecture, tuple(m.context_lengths), m.prompt_ar, m.token_ar,
-                        tuple(cfg.plan.layers_per_part), cfg.inputs.cut)
+                        tuple(cfg.plan.layers_per_part), layout.rel(layout.model_config_path),
+                        pins_of(cfg, layout.source_inputs()), cfg.inputs.cut)
+
+
+def pins_of(cfg: BuildConfig, paths) -> FrozenMap:
+    """The model config's [inputs.pins] of these files (by name): what the step checks."""
+    pins = cfg.inputs.pins
+    return FrozenMap({p.name: pins[p.name] for p in paths if p.name in pins})
 
 
 def convert_options(cfg: BuildConfig) -> ConvertOptions:
@@ -131,12 +99,10 @@ def convert_step_options(layout: Layout, graph: Graph) -> ConvertStepOptions:
     architecture (what its ONNX's I/O must be), the pins of its inputs, the model config's
     project-relative name (its messages name it) and the backend's ConvertOptions."""
     cfg = layout.cfg
-    pins = cfg.inputs.pins
     return ConvertStepOptions(
         backend=cfg.backend, graph=graph, architecture=cfg.model.architecture,
         model_config=layout.rel(layout.model_config_path),
-        pins=FrozenMap({p.name: pins[p.name] for p in layout.graph_inputs(graph)
-                        if p.name in pins}),
+        pins=pins_of(cfg, layout.graph_inputs(graph)),
         convert=convert_options(cfg))
 
 
@@ -174,13 +140,104 @@ def genie_options(cfg: BuildConfig) -> GenieOptions:
                         rope_scaling=a.rope_scaling, device_id=htp.device_id)
 
 
-def bundle_options(cfg: BuildConfig) -> BundleOptions:
+def bundle_options(layout: Layout) -> BundleOptions:
+    cfg = layout.cfg
     return BundleOptions(backend=cfg.backend, executor=cfg.executor, genie=genie_options(cfg),
                          specials=frozen(cfg.tokenizer_specials), convert=convert_options(cfg),
                          compile=tuple(compile_options(cfg, p) for p in cfg.plan.parts()),
+                         model_config=layout.rel(layout.model_config_path),
+                         pins=pins_of(cfg, [layout.tokenizer]),
+                         manifest=manifest_record(layout),
                          runtime=cfg.runtime, target=cfg.device.os)
+
+
+def manifest_record(layout: Layout) -> ManifestRecord:
+    """What manifest.json records of the build (formats.manifest): names, the [compile]
+    settings, and the project-relative names of the files the bundle step digests, in the
+    order of its inputs (bundle_inputs)."""
+    cfg = layout.cfg
+    return ManifestRecord(cfg.model.name, cfg.device.name, cfg.plan.name, cfg.compile,
+                          tuple(layout.logical(p) for p in layout.source_inputs()),
+                          tuple(layout.logical(p) for p in cfg.config_files),
+                          graph_sources(layout))
+
+
+def graph_sources(layout: Layout) -> FrozenMap:
+    """Which files each graph was built from: the export's own file names (a qai-hub-models tree
+    is used in place), or the local split's parts and the unsplit graphs they were cut from."""
+    cfg, out = layout.cfg, {}
+    for part in cfg.plan.parts():
+        for graph in cfg.model.graphs(part):
+            files = layout.graph_files(graph)
+            entry = {"onnx": layout.logical(files.onnx),
+                     "data": tuple(layout.logical(d) for d in files.data),
+                     "encodings": layout.logical(files.encodings)}
+            if layout.splits_locally:
+                entry["split_from"] = layout.logical(layout.unsplit_files(graph.slot).onnx)
+            out[graph.name] = FrozenMap(entry)
+    return FrozenMap(out)
+
+
+def bundle_inputs(layout: Layout) -> list:
+    """The bundle step's inputs by role, in the order ManifestRecord names them: the bins, the
+    tokenizer, the graphs' ONNX and encodings in bin order (the size model reads them), the
+    user's files it digests into the manifest ("source") and the config files ("config")."""
+    cfg = layout.cfg
+    graphs = [g for p in cfg.plan.parts() for g in cfg.model.graphs(p)]
+    return ([("bin", layout.bin(p)) for p in cfg.plan.parts()]
+            + [("tokenizer", layout.tokenizer)]
+            + [(role, path) for g in graphs
+               for role, path in (("onnx", layout.onnx(g)), ("encodings", layout.encodings(g)))]
+            + [("source", p) for p in layout.source_inputs()]
+            + [("config", p) for p in cfg.config_files])
+
+
+def bundle_outputs(layout: Layout) -> list:
+    """The bundle's files by role: its manifest (the bundle directory is its folder) and the
+    rest."""
+    return [("manifest" if p.name == MANIFEST and p.parent == layout.bundle_dir else "file", p)
+            for p in layout.bundle_files()]
 
 
 def verify_options(cfg: BuildConfig) -> VerifyOptions:
     return VerifyOptions(cfg.backend, cfg.verify, tuple(cfg.model.context_lengths),
                          cfg.compile.float_bitwidth)
+
+
+def by_slot(slots: list, files: dict) -> list:
+    """Graph files by role, as the inputs step reads and writes them: "onnx:<slot>" and
+    "encodings:<slot>" per graph (Graph.slot), then each data file once ("data")."""
+    pairs, data = [], []
+    for slot in slots:
+        pairs += [(f"onnx:{slot}", files[slot].onnx), (f"encodings:{slot}", files[slot].encodings)]
+        data += [d for d in files[slot].data if d not in data]
+    return pairs + [("data", d) for d in data]
+
+
+def part_outputs(layout: Layout, part: Part) -> list:
+    """The inputs step's outputs for `part` by role (by_slot): its graphs' files."""
+    graphs = layout.cfg.model.graphs(part)
+    return by_slot([g.slot for g in graphs], {g.slot: layout.graph_files(g) for g in graphs})
+
+
+def split_inputs(layout: Layout) -> list:
+    """The local split's inputs by role (by_slot): the export's unsplit graphs' files."""
+    slots = layout.unsplit_slots()
+    return by_slot(slots, {s: layout.unsplit_files(s) for s in slots})
+
+
+def export_check(layout: Layout) -> dict:
+    """What inputs.export.require_export checks of an export (`doit inputs:check`): its files,
+    the tokenizer, the graphs whose data files the import recorded, and what its message
+    names."""
+    cfg = layout.cfg
+    graphs = []
+    if layout.is_tree:
+        graphs = ([layout.unsplit_files(k) for k in layout.unsplit_slots()]
+                  if layout.splits_locally else
+                  [layout.graph_files(g) for p in cfg.plan.parts() for g in cfg.model.graphs(p)])
+    return {"sources": layout.source_inputs(), "tokenizer": layout.tokenizer, "graphs": graphs,
+            "specials": dict(cfg.tokenizer_specials),
+            "vocab_size": cfg.model.architecture.vocab_size, "model": cfg.model.name,
+            "how_to_export": cfg.inputs.how_to_export, "model_config": layout.model_config_path,
+            "root": layout.root}

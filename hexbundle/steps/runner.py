@@ -1,21 +1,21 @@
 """The step runner: one build step from its JSON spec, in this Python, in the toolchain container
 or on a remote worker.
 
-A described step's spec is {"step", "description", "digest_cache"}: its description
+A spec is {"step", "description", "digest_cache"?, "image"?}: the step's description
 (steps.description: its input and output paths, arguments and typed options, the value its key
-is made of) is all its function receives, with `log`; no Layout, no config. The steps not yet
-described (inputs, bundle) get {"step": ..., "config": ..., ...}: the config the doit
-run resolved (config.resolved), rebuilt here as the same frozen values. Output goes to `log`
-(stdout in the container), which the executor sends to the step's log file.
+is made of) is all its function receives, with `log`; no Layout, no config. "digest_cache" is
+where the build keeps its file digests (a file doit hashed is not read again), "image" the
+toolchain image the docker executor runs it in (the bundle's manifest names it). Output goes to
+`log` (stdout in the container), which the executor sends to the step's log file.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import traceback
 
 from hexbundle.config import resolved
-from hexbundle.config.layout import Layout
 from hexbundle.steps.bundle import assemble_bundle
 from hexbundle.steps.check import check_fetched
 from hexbundle.steps.compile import compile_part
@@ -28,9 +28,9 @@ from hexbundle.support.run import end_with_the_run
 from hexbundle.support.jsondoc import parse_json
 
 # The step names are the doit tasks' names: task `compile` runs steps/compile.py, and so on.
-# A described step's function takes (description, log); the others (layout, spec, log).
-DESCRIBED = {"convert": convert_graph, "compile": compile_part, "check": check_fetched}
-STEPS = {"inputs": generate_inputs, "bundle": assemble_bundle}
+# Each step's function takes (description, log).
+DESCRIBED = {"inputs": generate_inputs, "convert": convert_graph, "compile": compile_part,
+             "bundle": assemble_bundle, "check": check_fetched}
 
 
 def print_log(msg: str) -> None:
@@ -41,17 +41,13 @@ def run(spec: dict, log=print_log) -> int:
     """Run one step; 0 on success, 1 on a user-facing error, 2 on a bug (with traceback)."""
     started = time.monotonic()
     try:
-        if "description" in spec:
-            described = from_json(spec["description"])
-            if spec.get("digest_cache"):
-                hashing.use_cache(resolved.load(spec["digest_cache"]))
-            testhooks.set_step(described.step)
-            DESCRIBED[described.step](described, log)
-        else:
-            layout = Layout(resolved.load(spec["config"]))
-            hashing.use_cache(layout.digest_cache)
-            testhooks.set_step(spec["step"])
-            STEPS[spec["step"]](layout, spec, log)
+        described = from_json(spec.get("description"))
+        if spec.get("image"):
+            described = dataclasses.replace(described, image=spec["image"])
+        if spec.get("digest_cache"):
+            hashing.use_cache(resolved.load(spec["digest_cache"]))
+        testhooks.set_step(described.step)
+        DESCRIBED[described.step](described, log)
     except HexbundleError as exc:
         log(f"error: {exc}")
         return 1

@@ -163,7 +163,7 @@ def check_remote_build(bench, run: Run, per_worker: dict) -> int:
     built = {t.split(":")[0] for t in run.executed}
     if not {"convert", "compile", "bundle"} <= built:
         raise BenchError(f"the remote build did not rebuild everything: {run.executed}")
-    origins = read_build_info(bench.layout).get("steps", {})
+    origins = read_build_info(bench.layout.build_info).get("steps", {})
     ran = {t for t in run.executed if t.split(":")[0] in ("convert", "compile")}
     local = sorted(t for t in ran if origins.get(t, {}).get("origin") != "remote-execution")
     if local:
