@@ -245,3 +245,27 @@ def test_a_runtime_wheel_of_another_release_stops_the_bundle_step(ortqnn_bundle,
     assert "not one QAIRT release" in text and "QAIRT 2.45.40" in text, text
     assert "lib/libQnnHtp.so" in text and "Traceback" not in text, text
     assert (bundle / "manifest.json").read_bytes() == kept
+
+
+# ----------------------------------------------------------- the size check's metadata reader
+
+def _context_binary(path: Path, payload_size: int, words: list) -> Path:
+    """A file laid out as a QNN context binary's header and metadata (formats/qnn_context.py):
+    the four magic words, the sizes, `words` as the metadata, a zero payload at 4096."""
+    import struct
+    meta = struct.pack(f"<{len(words)}I", *words)
+    head = struct.pack(">4I", 2, 3, 0, 1) + struct.pack("<3Q", len(meta), 4096, payload_size)
+    path.write_bytes((head + meta).ljust(4096, b"\0") + bytes(payload_size))
+    return path
+
+
+def test_the_weights_buffer_is_not_the_payload_size(tmp_path):
+    """The metadata repeat the payload's size, which shrinks by the weights plus the programs'
+    page-rounded difference (qwen2.5-7b-shape part 2: 16,384 B more than the weights); the
+    weights' buffer is the largest drop among the other words."""
+    from hexbundle.formats.qnn_context import weights_shrink
+    larger = _context_binary(tmp_path / "probe.bin", 86016, [7, 86016, 65536, 900])
+    smaller = _context_binary(tmp_path / "bin.bin", 49152, [7, 49152, 32768, 880])
+    assert weights_shrink(larger, smaller) == 32768          # not the payload's 36864
+    same = _context_binary(tmp_path / "same.bin", 86016, [7, 86016, 65536, 900])
+    assert weights_shrink(larger, same) == 0
