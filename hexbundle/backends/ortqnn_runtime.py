@@ -39,12 +39,14 @@ RUNNER = "genie-t2t-run"
 DEPLOYABLE_ON = ()
 NOT_DEPLOYABLE_BECAUSE = (
     "graph names: ONNX Runtime names the bins' graphs QNN_QNN_<hash>_1_0 (read from the bins) "
-    "and the QNN EP offers no way to name them; libGenie 2.51.0 orders a model's splits by "
-    "'<prefix>_<split_num>_of_<total_num>' names (its own message: 'Graph {} does not follow "
-    "the expected split naming ...; it will be ordered after all graphs that do'), and its "
-    "config schema (urn:genie:schema:htpBackend, embedded in libGenie) can only select graphs "
-    "by name (execute-select-graphs, graph-retention-order), not order or rename them: the "
-    "parts' pipeline order is stated nowhere Genie reads it",
+    "and the QNN EP offers no way to name them. Genie 2.51.0 takes a graph's context length "
+    "from its name when the tensors do not give it, and orders a model's splits by "
+    "'<prefix>_<split_num>_of_<total_num>' names; its config schema "
+    "(urn:genie:schema:htpBackend, embedded in libGenie) can only select graphs by name "
+    "(execute-select-graphs, graph-retention-order), not rename or order them. Measured with "
+    "the x64 Genie.dll of the same release on QAIRT's simulator: GenieDialog_create fails on "
+    "these bins after 'Couldn't determine context length from tensors. Attempting to parse "
+    "context length from graph name.' with 'stoi argument out of range' (docs/backends.md)",
     "genie-t2t-run: in no onnxruntime-qnn wheel; run.sh needs the board's, of QAIRT 2.51.0",
     "never run on a board: no device here; the bins run only on QAIRT's x64 HTP simulator, one "
     "graph's own bin at a time (a shared bin does not simulate)",
