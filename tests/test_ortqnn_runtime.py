@@ -164,13 +164,15 @@ def ortqnn_bundle(tmp_path_factory):
     env = {"HEXBUNDLE_ORTQNN_WHEELHOUSE": str(WHEELHOUSE)}
     run = project.doit("bundle", "backend=ortqnn", env=env, check=False)
     assert run.code == 0, run.out + run.err
-    return project, env
+    return project, env, run
 
 
 @pytest.mark.heavy
 def test_the_bundle_carries_the_wheels_runtime_and_check_bundle_passes(ortqnn_bundle):
     from hexbundle.checks.genie_bundle import check_bundle
-    project, _ = ortqnn_bundle
+    project, _, run = ortqnn_bundle
+    assert "[ortqnn backend: NOT deployable yet" in run.out, run.out
+    assert "ortqnn backend, NOT deployable" in run.out, run.out
     bundle = project.bundle(backend="ortqnn")
     manifest = json.loads((bundle / "manifest.json").read_text())
     runtime = manifest["runtime"]
@@ -197,7 +199,7 @@ def test_check_bundle_refuses_a_stub_of_another_release(ortqnn_bundle, tmp_path)
     from hexbundle.checks.genie_bundle import check_bundle
     from hexbundle.formats.qairt_version import read_file_release
     from hexbundle.support.hashing import file_digest
-    project, _ = ortqnn_bundle
+    project, _, _ = ortqnn_bundle
     bundle = tmp_path / "bundle"
     shutil.copytree(project.bundle(backend="ortqnn"), bundle)
     stub = bundle / "lib" / "libQnnHtpV73Stub.so"
@@ -218,7 +220,7 @@ def test_a_runtime_wheel_of_another_release_stops_the_bundle_step(ortqnn_bundle,
     """requirements/ortqnn-runtime.txt pinning a wheel of QAIRT 2.45.40's real Linux files (the
     2.1.0 wheel's, repacked): the bundle step refuses, naming the files of each release, and
     the previous bundle stays."""
-    project, env = ortqnn_bundle
+    project, env, _ = ortqnn_bundle
     house = tmp_path / "wheelhouse"
     house.mkdir()
     for wheel in WHEELHOUSE.glob("*win_amd64.whl"):   # the compiler's kit, unchanged
