@@ -135,6 +135,24 @@ def test_windows_runtime_from_the_win_arm64_wheel(tmp_path, monkeypatch):
             whl.read("onnxruntime_qnn/QnnHtp.dll")
 
 
+def test_runtime_board_names_the_release_and_bundles_nothing(tmp_path, monkeypatch):
+    """runtime = "board": no file copied, the release and the Genie API version still read from
+    the pinned wheel's bytes, run.sh using the board's install."""
+    from hexbundle.backends.ortqnn_runtime import bundle_runtime
+    from hexbundle.backends.qairt_runtime import RuntimePlan
+    _need_runtime_wheels()
+    monkeypatch.setenv("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(WHEELHOUSE))
+    staging = tmp_path / "bundle"
+    staging.mkdir()
+    bins = [ROOT / "tests" / "data" / "qualcomm" / "mlp_int8_shared_qnn.bin"]
+    record = bundle_runtime(ROOT, RuntimePlan("board", LINUX, "v73", 77, "2.51.0", 0), bins,
+                            staging, "2.51.0", lambda line: None)
+    assert record["files"] == [] and record["genie_version"] == "1.21.0"
+    assert sorted(p.name for p in staging.iterdir()) == ["run.sh"]
+    text = (staging / "run.sh").read_text()
+    assert 'QAIRT_VERSION="2.51.0.260929"' in text and "LD_LIBRARY_PATH=\"$HERE/lib" not in text
+
+
 def test_run_sh_with_the_boards_runner_passes_shellcheck(tmp_path):
     from hexbundle.formats.runscript import RunScript, render
     shellcheck = shutil.which("shellcheck")
