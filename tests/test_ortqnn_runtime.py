@@ -208,6 +208,11 @@ def test_the_bundle_carries_the_wheels_runtime_and_check_bundle_passes(ortqnn_bu
     report = check_bundle(bundle, {77: "v73"})
     assert not report.problems, report.problems
     assert "runtime" in report.checked
+    from hexbundle.deploy.push import _check_deployable
+    from hexbundle.support.errors import HexbundleError
+    with pytest.raises(HexbundleError, match=r"'ortqnn'-backend bundle is not deployable .*"
+                                             r"\(runtime.deployment: graph names\)"):
+        _check_deployable(bundle)
 
 
 @pytest.mark.heavy
