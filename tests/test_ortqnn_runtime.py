@@ -294,3 +294,19 @@ def test_the_weights_buffer_is_not_the_payload_size(tmp_path):
     assert weights_shrink(larger, smaller) == 32768          # not the payload's 36864
     same = _context_binary(tmp_path / "same.bin", 86016, [7, 86016, 65536, 900])
     assert weights_shrink(larger, same) == 0
+
+
+@pytest.mark.heavy
+def test_a_boards_runner_is_an_ortqnn_bundles_only(ortqnn_bundle, tmp_path):
+    """`runner: "board"` skips the bundled genie-t2t-run: check_bundle takes it from an ortqnn
+    bundle (no wheel has one), and refuses it in a manifest that says qairt."""
+    from hexbundle.checks.genie_bundle import check_bundle
+    project, _, _ = ortqnn_bundle
+    bundle = tmp_path / "bundle"
+    shutil.copytree(project.bundle(backend="ortqnn"), bundle)
+    assert not check_bundle(bundle, {77: "v73"}).problems
+    doc = json.loads((bundle / "manifest.json").read_text())
+    doc["backend"] = "qairt"
+    (bundle / "manifest.json").write_text(json.dumps(doc))
+    problems = check_bundle(bundle, {77: "v73"}).problems
+    assert any("'runtime.runner' is \"board\" in a qairt bundle" in p for p in problems), problems

@@ -3,8 +3,9 @@
 From the bundle's manifest.json (hexbundle's bundles; others have none and are said to be not
 judged): a reference-backend bundle runs on no board, so its runtime is not judged (said so); a
 qairt or ortqnn bundle (the latter's runtime from the onnxruntime-qnn wheel of its compiler's
-release, without genie-t2t-run: `runner: "board"`) either carries the runtime (runtime = "bundled") or names the QAIRT version the
-board must have installed (runtime = "board", printed). A bundled runtime is judged by the one
+release, without genie-t2t-run: `runner: "board"`) either carries the runtime (runtime =
+"bundled") or names the QAIRT version the board must have installed (runtime = "board",
+printed). A bundled runtime is judged by the one
 table (config/runtime_files.py) for the board OS the manifest names:
   - every required file there (the ones Genie or QNN load by bare name especially);
   - every file in lib/ and bin/ built for the board's CPU: ELF aarch64, or PE arm64 on Windows;
@@ -87,6 +88,10 @@ def check_runtime(report, htp, manifest) -> None:
                             f"({target}) must have QAIRT {qairt} installed (libGenie {genie}), "
                             "and run.sh checks the version it prints")
         return
+    if runtime.get("runner") == "board" and manifest.get("backend") == "qairt":
+        report.problem("runtime", f"{MANIFEST}: 'runtime.runner' is \"board\" in a qairt "
+                                  "bundle, whose SDK has genie-t2t-run: its bin/ runner would "
+                                  "go unjudged; rebuild the bundle (`doit bundle`)")
     for f in runtime_files(target, arch):
         if f.role == "genie-t2t-run" and runtime.get("runner") == "board":
             continue   # not bundled: run.sh takes the board's (an ortqnn bundle: no wheel has it)
