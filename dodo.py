@@ -308,9 +308,11 @@ def task_ortqnn_kit():
     """Fetch and verify the ortqnn backend's pinned Windows x64 wheels (build/wheelhouse/ortqnn).
 
     Qualcomm's HTP compiler (onnxruntime-qnn), ONNX Runtime's core DLL and the MSVC runtime, as
-    requirements/ortqnn.txt pins them; the backend extracts its DLLs from there offline."""
+    requirements/ortqnn.txt pins them; the backend extracts its DLLs from there offline. Also the
+    same QAIRT release's board runtime wheels (requirements/ortqnn-runtime.txt: Linux aarch64,
+    Windows ARM64), which the bundle step takes its runtime files from."""
     return {"actions": [action("hexbundle.toolchain.wheelhouse:fetch_ortqnn", ROOT)],
-            "file_dep": ["requirements/ortqnn.txt"],
+            "file_dep": ["requirements/ortqnn.txt", "requirements/ortqnn-runtime.txt"],
             "uptodate": [False], "verbosity": 2, "meta": NO_SETTINGS}
 
 

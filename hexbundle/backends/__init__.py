@@ -71,7 +71,7 @@ def describe(name: str) -> tuple:
         return f"QAIRT {pinned_sdk_version()}", True
     if name == "ortqnn":   # the module imports no onnx at import time
         from hexbundle.backends.ortqnn import OrtQnnBackend
-        return OrtQnnBackend().toolchain_version(), True
+        return OrtQnnBackend().toolchain_version(), OrtQnnBackend.deployable
     raise BackendError(f"unknown backend {name!r}; choose reference, qairt or ortqnn")
 
 

@@ -52,7 +52,9 @@ def _timeout() -> float:
 
 class OrtQnnBackend:
     name = "ortqnn"
-    deployable = True
+    # Real HTP bins and the board runtime of their release, but no board's Genie can use them
+    # yet: their graph names (docs/backends.md; the manifest's runtime.deployment says why)
+    deployable = False
     checks_weight_values = False      # the convert step scans them before (steps/convert.py)
     marks_outputs = False             # QnnIr's DLC and QNN's context binary: no place for a key
 

@@ -2,8 +2,10 @@
 
 From the bundle's manifest.json (hexbundle's bundles; others have none and are said to be not
 judged): a reference-backend bundle runs on no board, so its runtime is not judged (said so); a
-qairt bundle either carries the runtime (runtime = "bundled") or names the QAIRT version the
-board must have installed (runtime = "board", printed). A bundled runtime is judged by the one
+qairt or ortqnn bundle (the latter's runtime from the onnxruntime-qnn wheel of its compiler's
+release, without genie-t2t-run: `runner: "board"`) either carries the runtime (runtime =
+"bundled") or names the QAIRT version the board must have installed (runtime = "board",
+printed). A bundled runtime is judged by the one
 table (config/runtime_files.py) for the board OS the manifest names:
   - every required file there (the ones Genie or QNN load by bare name especially);
   - every file in lib/ and bin/ built for the board's CPU: ELF aarch64, or PE arm64 on Windows;
@@ -41,6 +43,8 @@ from hexbundle.support.errors import InputError
 from hexbundle.support.files import read_named_file
 from hexbundle.support.hashing import file_digest
 
+# the backends whose bundles name a board runtime: qairt (the SDK's), ortqnn (onnxruntime-qnn's)
+RUNTIME_BACKENDS = ("qairt", "ortqnn")
 # a launcher hexbundle writes is a few KiB
 SCRIPT_MAX_BYTES = 256 << 10
 
@@ -55,16 +59,17 @@ def check_runtime(report, htp, manifest) -> None:
                             "judged (a bundle hexbundle did not make?)")
         return
     report.checked.append("runtime")
-    if manifest.get("backend") != "qairt":
+    if manifest.get("backend") not in RUNTIME_BACKENDS:
         report.notes.append(f"runtime: a {manifest.get('backend')!r}-backend bundle, not "
                             "deployable: no board runs it, so it has no runtime to judge; the "
                             "rest is judged as for any bundle")
         return
     runtime = manifest.get("runtime")
     if not isinstance(runtime, dict) or runtime.get("target") not in TARGETS:
-        report.problem("runtime", f"{MANIFEST}: a qairt bundle with no 'runtime' record (board "
-                                  "OS, QAIRT version): rebuild it with `doit bundle "
-                                  "backend=qairt`")
+        backend = manifest.get("backend")
+        report.problem("runtime", f"{MANIFEST}: a {backend} bundle with no 'runtime' record "
+                                  "(board OS, QAIRT version): rebuild it with `doit bundle "
+                                  f"backend={backend}`")
         return
     target, qairt, genie = runtime["target"], runtime.get("qairt_version"), \
         runtime.get("genie_version")
@@ -87,7 +92,13 @@ def check_runtime(report, htp, manifest) -> None:
                             f"({target}) must have QAIRT {qairt} installed (libGenie {genie}), "
                             "and run.sh checks the version it prints")
         return
+    if runtime.get("runner") == "board" and manifest.get("backend") == "qairt":
+        report.problem("runtime", f"{MANIFEST}: 'runtime.runner' is \"board\" in a qairt "
+                                  "bundle, whose SDK has genie-t2t-run: its bin/ runner would "
+                                  "go unjudged; rebuild the bundle (`doit bundle`)")
     for f in runtime_files(target, arch):
+        if f.role == "genie-t2t-run" and runtime.get("runner") == "board":
+            continue   # not bundled: run.sh takes the board's (an ortqnn bundle: no wheel has it)
         if f.required and not (bundle / f.bundle_path).is_file():
             loaded = " (Genie/QNN load it by name: the run fails or silently loses features " \
                      "without it)" if f.by_name else ""
@@ -289,7 +300,8 @@ def _script_of(manifest: dict, runtime: dict, found: dict) -> RunScript:
                   if isinstance(files.get(p), dict) and "size" in files[p])
     return RunScript(runtime["target"], runtime["mode"], runtime["qairt_version"],
                      runtime["genie_version"], runtime["htp_device_id"],
-                     release.dotted if release else "", aisw, sizes)
+                     release.dotted if release else "", aisw, sizes,
+                     runner=runtime.get("runner") or "bundled")
 
 
 def _check_bins_qairt(report, runtime: dict) -> None:

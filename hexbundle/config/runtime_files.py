@@ -102,6 +102,19 @@ def runtime_files(target: str, dsp_arch: str) -> tuple:
     return tuple(files)
 
 
+# The onnxruntime-qnn wheels that carry a board OS's QAIRT runtime (requirements/ortqnn-runtime.txt,
+# backends/ortqnn_runtime.py): their pip platform tag. No wheel carries an Android runtime.
+WHEEL_PLATFORMS = {LINUX: "manylinux_2_34_aarch64", WINDOWS: "win_arm64"}
+WHEEL_DIR = "onnxruntime_qnn/"   # every runtime file sits flat here, under its bundle name
+
+
+def wheel_member(f: RuntimeFile) -> str:
+    """Where a runtime file is in an onnxruntime-qnn wheel of its board OS: flat, under the
+    name it has in the bundle (libGenie.so / Genie.dll, libQnnHtpV73Skel.so, libqnnhtpv73.cat,
+    ...: read from 2.1.0-2.7.0's Linux aarch64 and win_arm64 wheels). genie-t2t-run is in none."""
+    return WHEEL_DIR + f.bundle_path.rsplit("/", 1)[-1]
+
+
 # Other Genie clients' files in a bundle: where they go (formats/genie_clients.py writes them,
 # docs/deploy.md). Neither client runs on Windows.
 CLIENTS = "clients"

@@ -163,10 +163,23 @@ def _check_deployable(bundle: Path) -> dict:
                           "built)") from None
     if not isinstance(doc, dict) or not doc.get("deployable"):
         backend = doc.get("backend") if isinstance(doc, dict) else None
+        why = _not_deployable_because(doc)
         raise DeployError(f"{bundle}: a {backend!r}-backend bundle is not deployable "
-                          "(manifest.json: deployable false): no board runs its binaries; build "
-                          "it with `doit bundle backend=qairt`")
+                          "(manifest.json: deployable false): no board runs its binaries"
+                          + (f" ({why})" if why else "")
+                          + "; build it with `doit bundle backend=qairt`")
     return doc
+
+
+def _not_deployable_because(doc) -> str:
+    """The first reason an ortqnn manifest's runtime.deployment gives, up to its first colon
+    ("graph names"), or ""."""
+    runtime = doc.get("runtime") if isinstance(doc, dict) else None
+    deployment = runtime.get("deployment") if isinstance(runtime, dict) else None
+    reasons = deployment.get("not_deployable_because") if isinstance(deployment, dict) else None
+    if isinstance(reasons, list) and reasons and isinstance(reasons[0], str):
+        return "runtime.deployment: " + reasons[0].split(":", 1)[0][:60]
+    return ""
 
 
 def _check_space(board: Board, folder: str, need: int) -> None:

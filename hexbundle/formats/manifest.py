@@ -93,7 +93,8 @@ class BundleIntegrityError(HexbundleError):
 _ANY = Field(ANY, default=None)
 FILE_ENTRY = {"size": Field(int, min=0, max=U64), "xxh3_128": Field(str, pattern=r"[0-9a-f]{32}"),
               "*": _ANY}
-# the QAIRT runtime a qairt bundle carries or names (backends/qairt_runtime.bundle_runtime)
+# the QAIRT runtime a qairt or ortqnn bundle carries or names (backends/qairt_runtime.py,
+# backends/ortqnn_runtime.py bundle_runtime)
 RUNTIME = {
     "mode": Field(str, choices=("bundled", "board")),
     "target": Field(str, choices=TARGETS),
@@ -102,6 +103,8 @@ RUNTIME = {
     "genie_version": Field(str, pattern=r"\d+\.\d+\.\d+"),
     "htp_device_id": Field(int, min=0, max=U32),
     "script": Field(str, choices=("run.sh", "run.cmd")),
+    # genie-t2t-run in bin/, or the board's (ortqnn: no onnxruntime-qnn wheel carries one)
+    "runner": Field(str, "bundled", choices=("bundled", "board")),
     "files": Field(list, item=str, pattern=r"(lib|dsp|bin)/[^/\\\x00-\x1f]+"),
     "bins": Field({"*": Field({"buildId": Field(str, default=""), "*": _ANY})}, default={}),
     "*": _ANY,

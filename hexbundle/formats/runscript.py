@@ -38,6 +38,8 @@ class RunScript:
     aisw_version: str = ""     # X.Y.Z: what each runtime file's AISW_VERSION must say
     aisw_files: tuple = ()     # the bundle's files that state it (bundle paths)
     sizes: tuple = ()          # ((bundle path, bytes), ...): run.cmd checks those files' sizes
+    runner: str = "bundled"    # genie-t2t-run: in bin/ ("bundled"), or the board's ("board":
+                               # the ortqnn bundles, whose wheels carry none)
 
 
 def fastrpc_node(device_id: int) -> str:
@@ -76,7 +78,14 @@ def _render_sh(s: RunScript) -> str:
             "# ';'-separated (fastrpc splits on ';' only); the bundle's skel first",
             f'ADSP_LIBRARY_PATH="$HERE/{DSP}${{ADSP_LIBRARY_PATH:+;$ADSP_LIBRARY_PATH}}"',
             "export LD_LIBRARY_PATH ADSP_LIBRARY_PATH",
-            f'RUNNER="$HERE/{BIN}/genie-t2t-run"',
+        ]
+        lines += [f'RUNNER="$HERE/{BIN}/genie-t2t-run"'] if s.runner == "bundled" else [
+            "# genie-t2t-run is not in this bundle (no onnxruntime-qnn wheel carries it): the",
+            "# board's, with the bundle's libraries first on LD_LIBRARY_PATH",
+            'RUNNER=$(command -v genie-t2t-run || true)',
+            '[ -n "$RUNNER" ] || fail "genie-t2t-run is not on PATH: this bundle carries the' +
+            ' QAIRT $QAIRT_VERSION libraries but no runner; put QAIRT $QAIRT_VERSION\'s' +
+            ' bin/<target>/genie-t2t-run on PATH"',
         ]
     else:
         lines += [
@@ -241,7 +250,8 @@ def _render_cmd(s: RunScript) -> str:
             f'set "ADSP_LIBRARY_PATH=%~dp0{DSP};%ADSP_LIBRARY_PATH%"',
         ]
         lines += _size_check(s)
-        lines += [f'"%~dp0{BIN}\\genie-t2t-run.exe" %*']
+        lines += [f'"%~dp0{BIN}\\genie-t2t-run.exe" %*' if s.runner == "bundled" else
+                  "genie-t2t-run.exe %*"]
     else:
         lines += ["genie-t2t-run.exe %*"]
     lines += ["exit /b %ERRORLEVEL%"]

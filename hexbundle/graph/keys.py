@@ -115,7 +115,14 @@ def toolchain_key(cfg: BuildConfig) -> str:
 def sdk_runtime_key(cfg: BuildConfig) -> str:
     """The bundle step's: the SDK runtime files it copies, by digest, when a local qairt build
     reads them from $QAIRT_SDK_ROOT (a changed or other SDK rebuilds the bundle). In the
-    container the image ID stands for them (toolchain_key); "" otherwise."""
+    container the image ID stands for them (toolchain_key). An ortqnn bundle's come from the
+    wheels requirements/ortqnn-runtime.txt pins by sha256: that file's digest. "" otherwise."""
+    if cfg.backend == "ortqnn":
+        import hashlib
+        from hexbundle.backends.ortqnn_runtime import PIN_FILE
+        pins = Path(cfg.root) / PIN_FILE
+        return "pins " + (hashlib.sha256(pins.read_bytes()).hexdigest()[:16]
+                          if pins.is_file() else "(missing)")
     if cfg.backend != "qairt" or cfg.executor != "local" or cfg.runtime != "bundled":
         return ""
     from hexbundle.backends.qairt_runtime import sdk_runtime_digest

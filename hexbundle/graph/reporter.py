@@ -52,7 +52,10 @@ def set_banner(layout: Layout) -> None:
 def banner(layout: Layout) -> str:
     cfg = layout.cfg
     version, deployable = describe(cfg.backend)
-    note = "" if deployable else "  [reference backend: open formats, NOT deployable]"
+    note = "" if deployable else (
+        "  [reference backend: open formats, NOT deployable]" if cfg.backend == "reference" else
+        f"  [{cfg.backend} backend: NOT deployable yet: the manifest's runtime.deployment says "
+        "why]")
     return (f"hexbundle {__version__}: {cfg.model.name}, plan {cfg.plan.name} "
             f"({len(cfg.plan.layers_per_part)} parts) for {cfg.device.banner()}\n  backend "
             f"{cfg.backend} ({version}), executor {cfg.executor}, weights_packing "

@@ -117,6 +117,32 @@ def qairt_runtime(options: BundleOptions, bins: list, staging: Path, log) -> dic
     return {**section, "bins": records}
 
 
+def ortqnn_runtime(options: BundleOptions, bins: list, staging: Path, log) -> dict:
+    """The ortqnn bundle's runtime, from the pinned onnxruntime-qnn wheel of the compiler's QAIRT
+    release for the board's OS, after checking the bins and its files are that one release
+    (backends/ortqnn_runtime.py)."""
+    from hexbundle.backends.ortqnn import QAIRT_RELEASE
+    from hexbundle.backends.ortqnn_runtime import bundle_runtime
+    from hexbundle.backends.qairt_runtime import RuntimePlan
+    from hexbundle.config.toolchain import project_root
+    device = options.genie.device
+    plan = RuntimePlan(options.runtime, options.target, device.dsp_arch, device.soc_model,
+                       QAIRT_RELEASE, htp_device_id=options.genie.device_id)
+    try:
+        return bundle_runtime(project_root(), plan, bins, staging, QAIRT_RELEASE, log)
+    except OSError as exc:   # a full disk while extracting: the previous bundle stays
+        raise output_error(exc.filename or staging, exc) from None
+
+
+def board_runtime(options: BundleOptions, bins: list, staging: Path, log):
+    """The manifest's runtime section of a backend whose bins a board loads; None otherwise."""
+    if options.backend == "qairt":
+        return qairt_runtime(options, bins, staging, log)
+    if options.backend == "ortqnn":
+        return ortqnn_runtime(options, bins, staging, log)
+    return None
+
+
 def assemble(described: Description, backend_version: str, sizes_expected: dict, log,
              unencoded: dict = None) -> Path:
     options: BundleOptions = described.options
@@ -141,8 +167,7 @@ def assemble(described: Description, backend_version: str, sizes_expected: dict,
         except OSError as exc:   # a full disk while copying: the previous bundle stays
             raise output_error(exc.filename or staging, exc) from None
         carry.adopt(bins + [staging / b.name for b in bins])
-        runtime = qairt_runtime(options, bins, staging, log) if options.backend == "qairt" \
-            else None
+        runtime = board_runtime(options, bins, staging, log)
         clients = write_clients(staging, options.manifest.model, runtime, bundle_files(staging),
                                 link_or_copy)
         if clients:

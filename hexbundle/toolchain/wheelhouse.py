@@ -280,5 +280,47 @@ def fetch_ortqnn(root: Path) -> Path:
     if left:
         raise ToolchainError(f"{dest}: no wheel matching {pins} for "
                              + ", ".join(f"{e.name}=={e.version}" for e in left))
-    print(f"ortqnn wheels in {dest} match {pins.name}")
+    fetch_platform_pins(Path(root) / ORTQNN_RUNTIME_PINS, dest)
+    print(f"ortqnn wheels in {dest} match {pins.name} and {ORTQNN_RUNTIME_PINS}")
     return dest
+
+
+ORTQNN_RUNTIME_PINS = "requirements/ortqnn-runtime.txt"   # the board runtime, same QAIRT
+_PLATFORM = re.compile(r"#\s*platform:\s*(\S+)")
+
+
+def read_platform_pins(path: Path) -> list:
+    """[(Locked, platform)] of a pin file whose every entry names its wheel's platform in a
+    comment (`... --hash=sha256:H  # platform: win_arm64`): one wheel per platform."""
+    entries = read_lock(path)
+    platforms = [m.group(1) for m in map(_PLATFORM.search, path.read_text().splitlines())
+                 if m]
+    if len(platforms) != len(entries):
+        raise ToolchainError(f"{path}: {len(entries)} pinned wheel(s) but {len(platforms)} "
+                             "`# platform: P` comment(s): each line names its wheel's platform")
+    return list(zip(entries, platforms))
+
+
+def fetch_platform_pins(pins: Path, dest: Path) -> None:
+    """Each wheel of `pins` (read_platform_pins) into dest unless one with its hash is there:
+    one `pip download` per wheel, for its platform (CPython 3.12 tags), hash-checked."""
+    for entry, platform in read_platform_pins(pins):
+        if any(wheel_name(w.name) == entry.name and sha256_file(w) in entry.hashes
+               for w in dest.glob("*.whl")):
+            continue
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+            fh.write(f"{entry.name}=={entry.version} "
+                     + " ".join(f"--hash=sha256:{h}" for h in entry.hashes) + "\n")
+        cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest",
+               str(dest), "--only-binary=:all:", "--platform", platform, "--python-version",
+               "3.12", "--implementation", "cp", "--no-deps", "--require-hashes", "-r", fh.name]
+        print("  $ " + " ".join(cmd), flush=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        finally:
+            os.unlink(fh.name)
+        if proc.returncode != 0:
+            raise ToolchainError(f"pip download failed (exit {proc.returncode}) for "
+                                 f"{entry.name}=={entry.version} ({platform}, {pins}); it needs "
+                                 f"PyPI (run it on a connected machine, then bring {dest} "
+                                 f"along):\n{proc.stderr.strip()[-3000:]}")
