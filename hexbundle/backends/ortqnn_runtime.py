@@ -59,7 +59,7 @@ def wheelhouse(root: Path) -> Path:
 
 def runtime_wheel(root: Path, target: str) -> tuple:
     """(wheel path, sha256) of the pinned runtime wheel for the board OS, from the wheelhouse."""
-    from hexbundle.toolchain.wheelhouse import read_platform_pins
+    from hexbundle.formats.pinfile import read_platform_pins
     if target not in WHEEL_PLATFORMS:
         raise BackendError(f"backend ortqnn: no onnxruntime-qnn wheel carries the QAIRT runtime "
                            f"for {target} (only {', '.join(WHEEL_PLATFORMS)}): build for a Linux "

@@ -14,66 +14,20 @@ brought to an air-gapped site) is verified and left alone, without touching the 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from hexbundle.config.toolchain import Toolchain, load_toolchain
 from hexbundle.support.atomic import atomic_output, commit, temp_dir
 from hexbundle.support.errors import HexbundleError, ToolchainError
 from hexbundle.support.hashing import sha256_file
+from hexbundle.formats.pinfile import (  # noqa: F401  (the pin files' reader)
+    Locked, normalize, read_lock, read_platform_pins, wheel_name)
 
 SUMS = "SHA256SUMS"
 CONTRACT_LOCK = "requirements/contract.lock"   # qairt-dev, for the contract tests only   # written into the wheelhouse: what `doit wheelhouse` produced
-
-
-@dataclass(frozen=True)
-class Locked:
-    name: str              # normalized (PEP 503)
-    version: str
-    hashes: tuple          # sha256 hex digests accepted for this requirement
-
-    def line(self) -> str:
-        return f"{self.name}=={self.version} " + " ".join(f"--hash=sha256:{h}"
-                                                        for h in self.hashes)
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def wheel_name(filename: str) -> str:
-    """The distribution name of a wheel file (the part before the first '-')."""
-    return normalize(filename.split("-", 1)[0])
-
-
-def read_lock(path: Path) -> list:
-    """Parse a pip hash-checking requirements file: `name==version --hash=sha256:...` entries,
-    continuation lines and comments allowed; anything else is refused."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ToolchainError(f"{path}: cannot read the lock file ({exc.strerror}); create it "
-                             "with `python3 -m hexbundle.toolchain.wheelhouse lock`") from None
-    logical = re.sub(r"\\\n", " ", text)
-    out = []
-    for n, raw in enumerate(logical.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)((\s+--hash=sha256:"
-                         r"[0-9a-f]{64})+)", line)
-        if not m:
-            raise ToolchainError(f"{path}: entry {n} is not `name==version --hash=sha256:<64 "
-                                 f"hex>`: {line[:100]!r}; regenerate the lock")
-        hashes = tuple(re.findall(r"sha256:([0-9a-f]{64})", m.group(3)))
-        out.append(Locked(normalize(m.group(1)), m.group(2), hashes))
-    if not out:
-        raise ToolchainError(f"{path}: the lock file lists no package")
-    return out
 
 
 def write_lock(path: Path, entries: list, source: Path, tc: Toolchain) -> None:
@@ -286,19 +240,6 @@ def fetch_ortqnn(root: Path) -> Path:
 
 
 ORTQNN_RUNTIME_PINS = "requirements/ortqnn-runtime.txt"   # the board runtime, same QAIRT
-_PLATFORM = re.compile(r"#\s*platform:\s*(\S+)")
-
-
-def read_platform_pins(path: Path) -> list:
-    """[(Locked, platform)] of a pin file whose every entry names its wheel's platform in a
-    comment (`... --hash=sha256:H  # platform: win_arm64`): one wheel per platform."""
-    entries = read_lock(path)
-    platforms = [m.group(1) for m in map(_PLATFORM.search, path.read_text().splitlines())
-                 if m]
-    if len(platforms) != len(entries):
-        raise ToolchainError(f"{path}: {len(entries)} pinned wheel(s) but {len(platforms)} "
-                             "`# platform: P` comment(s): each line names its wheel's platform")
-    return list(zip(entries, platforms))
 
 
 def fetch_platform_pins(pins: Path, dest: Path) -> None:
