@@ -105,7 +105,9 @@ def kit_dir(root: Path) -> Path:
 
 
 def _wheel_for(pin: Pin, wheelhouse: Path) -> Path:
-    for wheel in sorted(wheelhouse.glob(f"{pin.name}-{pin.version}-*.whl")):
+    # the kit is the Windows x64 wheels; the same version's board runtimes (aarch64, win_arm64:
+    # backends/ortqnn_runtime.py) share the wheelhouse and are not hashed here
+    for wheel in sorted(wheelhouse.glob(f"{pin.name}-{pin.version}-*win_amd64.whl")):
         digest = hashlib.sha256()
         with open(wheel, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
