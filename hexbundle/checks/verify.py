@@ -321,6 +321,17 @@ def kv_entry_scales(session) -> Optional[np.ndarray]:
     return np.concatenate(pieces)
 
 
+def recompiled_row(label: str, index: int, problems: list, note: str) -> ComparisonRow:
+    """An ortqnn part's exact row (checks/simulated.py): its bin against the bytes the compile
+    makes from its QDQ models."""
+    from hexbundle.checks.simulated import RECOMPILED
+    row = ComparisonRow(label, RECOMPILED, "exact", 1, math.nan, math.nan, math.nan, None,
+                        part_index=index, limit="identical", value=float(len(problems)),
+                        unit="differences", problems=list(problems))
+    row.notes.append(note)
+    return row
+
+
 def exact_rows(label: str, index: int, reader, graphs: list) -> list:
     """The exact checks of a part (checks/exact.py) as rows: no threshold, any difference fails."""
     from hexbundle.checks.exact import exact_checks
@@ -449,19 +460,24 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
     return rows
 
 
+# the rows the noise floor L is the largest of: the two correct references' difference, and for
+# an ortqnn bundle the simulator's on the reference itself (checks/simulated.py)
+FLOOR_CHECKS = ("reference vs reference (AIMET rounding)", "simulated reference vs reference")
+
+
 def noise_floor(rows: list, v: VerifySettings) -> tuple:
     """(L, where): the largest error between the two correct references over every part with an
     int output encoding, in LSBs of the part's output encoding, and at least min_floor_lsb. A
     part whose second reference is not finite has no say (named in `where`)."""
-    measured = [(r.lsb, r.part) for r in rows
-                if r.check == "reference vs reference (AIMET rounding)" and r.lsb is not None]
-    broken = [part for lsb, part in measured if not math.isfinite(lsb)]
-    worst = max(((lsb, part) for lsb, part in measured if math.isfinite(lsb)),
-                default=(0.0, "no part"))
+    measured = [(r.lsb, r.part, r.check) for r in rows
+                if r.check in FLOOR_CHECKS and r.lsb is not None]
+    broken = [part for lsb, part, _ in measured if not math.isfinite(lsb)]
+    worst = max(((lsb, part, check) for lsb, part, check in measured if math.isfinite(lsb)),
+                default=(0.0, "no part", ""))
     left_out = (f"; not measurable in {', '.join(broken)} (its second reference is not "
                 "finite): left out") if broken else ""
     if worst[0] >= v.min_floor_lsb:
-        return worst[0], f"{worst[1]}, reference vs reference{left_out}"
+        return worst[0], f"{worst[1]}, {worst[2]}{left_out}"
     return float(v.min_floor_lsb), f"min_floor_lsb{left_out}"
 
 
@@ -497,7 +513,7 @@ def gate_against_floor(rows: list, floor: float, v: VerifySettings) -> None:
                 row.problems.append(f"{_in_unit(row.value, row.unit)} > {v.floor_multiplier:g} "
                                     f"x {where} {_in_unit(row.floor, row.unit)} "
                                     "(floor_multiplier)")
-        elif row.check == "reference vs reference (AIMET rounding)":
+        elif row.check in FLOOR_CHECKS:
             row.value, row.unit = (row.lsb, "LSB") if row.lsb is not None else (row.rel, "rel")
 
 
@@ -610,6 +626,12 @@ def json_safe(value):
     return value
 
 
+# what runs a reference-backend bundle (hexbundle.runtime); an ortqnn bundle's executor is read
+# from its bins and DLLs (backends/ortqnn_sim.describe_executor)
+INTERPRETER = "hexbundle.runtime's interpreter of the bins (numpy, on the CPU)"
+SIMULATOR_DIR = "simulator"     # under the verify directory: an ortqnn bundle's own bins
+SIMULATED_REFERENCE = "simulated reference vs reference"   # checks/simulated.py's
+
 # the terminal's width the verdict table is kept within
 TERMINAL_COLUMNS = 120
 
@@ -627,6 +649,8 @@ class Report:
     seed: int = 0
     prompt_text: str = ""          # the ordinary text the token ids were taken from
     prompt_ids: list = field(default_factory=list)   # every id fed (prompt and decode)
+    executor: str = ""             # what produced the bundle's outputs
+    timings: dict = field(default_factory=dict)      # part label -> {what: seconds}
 
     @property
     def failures(self) -> list:
@@ -652,6 +676,7 @@ class Report:
                 f"{self.prompt_tokens} prompt tokens + {self.decode_steps} decode steps: "
                 f"{len(self.prompt_ids)} ids of ordinary text (seed {self.seed})",
                 f"  {preview!r}",
+                f"bundle outputs by: {self.executor}",
                 f"noise floor {self.noise_floor_lsb:.1f} LSB: {self.noise_floor_from}"]
 
     def table(self, report_path: str = "") -> str:
@@ -666,11 +691,23 @@ class Report:
         lines = self._header() + tables.table(
             ("part", "check", "value", "floor", "ratio", "limit", "verdict"), body,
             right={3, 4})
+        lines += self.timing_lines()
         lines += [f"FAIL {_short_part(r)}, {r.check}: {'; '.join(r.problems)}"
                   for r in self.failures]
         where = f"; every row, with the reported ones: {report_path}" if report_path else ""
         lines.append(f"{'ok' if self.ok else 'FAILED'} in {self.seconds:.1f}s{where}")
         return "\n".join(lines)
+
+    def timing_lines(self) -> list:
+        """One line per part: what took how long (seconds; "runs": how many graph runs)."""
+        out = []
+        for label, seconds in self.timings.items():
+            match = re.fullmatch(r"part (\d+) of (\d+) \(.*?\)", label)
+            name = f"part {match[1]}/{match[2]}" if match else label
+            out.append(f"time {name}: " + ", ".join(
+                f"{what} {value:.0f}" if what == "runs" else f"{what} {value:.1f}s"
+                for what, value in seconds.items()))
+        return out
 
     def full_table(self) -> str:
         """Every row and column (what report.json holds), as text: wide."""
@@ -696,13 +733,18 @@ class Report:
 
 
 def _run_reference(bp, layout: Layout, cl: int, scratch: Path, rounding: str, x_same,
-                   x_chain, n_prompt: int, float_bitwidth: int, spill: Path) -> tuple:
+                   x_chain, n_prompt: int, float_bitwidth: int, spill: Path,
+                   derived: Optional[dict] = None,
+                   also: Optional[Callable[[dict], None]] = None) -> tuple:
     """(fed the bundle's input, chained on its own) through the part's reference with
     `rounding`, their outputs spilled to spill-same.npy and spill-chained.npy; its scratch
-    files removed after."""
+    files removed after. `derived`: an ortqnn bundle's extra encodings (reference_graphs);
+    `also(graphs)`: run before the graphs' files go (the simulator's run of them)."""
     cfg = layout.cfg
-    graphs = reference_graphs(bp.part, layout, cl, scratch, rounding, float_bitwidth)
+    graphs = reference_graphs(bp.part, layout, cl, scratch, rounding, float_bitwidth, derived)
     try:
+        if also is not None:
+            also(graphs)
         same = run_sequence(reference_session(bp.part, cfg, graphs), x_same, n_prompt,
                             _named(spill, "same"))
         chained = same if x_chain is x_same else run_sequence(
@@ -730,7 +772,7 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     from hexbundle.checks.exact import PartGraph
     from hexbundle.runtime.qdq import AIMET, HALF_EVEN
     cfg = layout.cfg
-    started = time.monotonic()
+    began = time.monotonic()
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
     v = options.settings
     genie = read_genie_config(bundle_dir)
@@ -740,41 +782,91 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     prompt = ordinary_prompt(genie.tokenizer, genie.n_vocab, v.seed, total)
     ids = prompt.ids
     log(f"verify: {total} token ids of ordinary text (seed {v.seed}): {prompt.text[:60]!r}...")
-    opened = open_bundle_parts(cfg, genie)
+    simulated = options.backend == "ortqnn"
+    if not simulated:
+        opened = open_bundle_parts(cfg, genie)
     lengths = options.context_lengths
     chains = {cl: (ids, ids, ids, ids) for cl in lengths}   # bundle, reference, ref 2, float
-    rows, scales = [], {}
+    rows, scales, timings = [], {}, {}
+    executor = INTERPRETER
     layout.verify_report.parent.mkdir(parents=True, exist_ok=True)
     # every sequence is spilled to the scratch directory (SequenceRows): only the part's session
     # is in memory while it runs, not the sequences kept for the next part and the end
     with temp_dir(layout.verify_report.parent, "reference") as scratch:
         scratch = Path(scratch)
+        if simulated:   # checks/simulated.py: each bin recompiled, each graph's own bin run
+            from hexbundle.checks.simulated import close_session, open_simulated_parts
+            opened, recompiles = open_simulated_parts(
+                layout, options, genie, layout.verify_report.parent / SIMULATOR_DIR, scratch, log)
         try:
             for bp in opened:
                 log(f"verify: {bp.label}: exact checks")
-                rows += exact_rows(bp.label, bp.part.index, bp.reader, [
-                    PartGraph(g.name, layout.onnx(g), layout.encodings(g))
-                    for cl in lengths for g in cfg.model.graphs(bp.part, cl)])
+                if simulated:
+                    rows.append(recompiled_row(bp.label, bp.part.index,
+                                               *recompiles[bp.part.index]))
+                else:
+                    rows += exact_rows(bp.label, bp.part.index, bp.reader, [
+                        PartGraph(g.name, layout.onnx(g), layout.encodings(g))
+                        for cl in lengths for g in cfg.model.graphs(bp.part, cl)])
                 bp.reader.release_pages()
+                seconds = getattr(bp, "seconds", {})
                 for cl in lengths:   # every length's graphs of the part, the same tokens
                     label = bp.label + (f" cl {cl}" if len(lengths) > 1 else "")
                     log(f"verify: {label}")
                     spill = scratch / f"part{bp.part.index}-cl{cl}"
                     x_bundle, x_ref, x_ref2, x_float = chains[cl]
-                    session = bundle_session(bp, cfg, rope, cl)
+                    started = time.monotonic()
+                    if simulated:
+                        from hexbundle.checks.simulated import executor_text, simulated_session
+                        session = simulated_session(bp, layout, rope, cl,
+                                                    scratch / f"sim-{bp.part.index}-{cl}", log)
+                        try:
+                            b = run_sequence(session, x_bundle, n_prompt,
+                                             _named(spill, "bundle"))
+                        finally:
+                            close_session(session, bp)
+                        executor = executor_text(session)
+                    else:
+                        session = bundle_session(bp, cfg, rope, cl)
+                        b = run_sequence(session, x_bundle, n_prompt, _named(spill, "bundle"))
+                        seconds["bundle"] = seconds.get("bundle", 0.0) \
+                            + time.monotonic() - started
                     scales[cl] = output_scale(session)
-                    b = run_sequence(session, x_bundle, n_prompt, _named(spill, "bundle"))
                     kv_scales = kv_entry_scales(session)
                     del session
                     # the bin's pages, left resident by the run, would sit under the reference's
                     # and the float's weights (the peak RSS): drop them, keeping the mmap
                     bp.reader.release_pages()
+                    started = time.monotonic()
+                    derived, simulate, on_sim = None, None, []
+                    if simulated:   # the references in the form ortqnn compiles, and run
+                        from hexbundle.checks.simulated import derived_for, simulated_reference
+                        derived = derived_for(layout, bp.part, cl, options.float_bitwidth,
+                                              scratch / "derive")
+
+                        def simulate(graphs, bp=bp, x=x_bundle, cl=cl, on_sim=on_sim):
+                            sim = simulated_reference(bp, graphs, rope,
+                                                      scratch / f"simref-{bp.part.index}-{cl}",
+                                                      log)
+                            try:
+                                on_sim.append(run_sequence(sim, x, n_prompt))
+                            finally:
+                                close_session(sim, bp)
                     same, chained = _run_reference(bp, layout, cl, scratch, HALF_EVEN, x_bundle,
                                                    x_ref, n_prompt, options.float_bitwidth,
-                                                   _named(spill, HALF_EVEN, ""))
+                                                   _named(spill, HALF_EVEN, ""), derived,
+                                                   simulate)
                     same2, chained2 = _run_reference(bp, layout, cl, scratch, AIMET, x_bundle,
                                                      x_ref2, n_prompt, options.float_bitwidth,
-                                                     _named(spill, AIMET, ""))
+                                                     _named(spill, AIMET, ""), derived)
+                    if on_sim:
+                        rows.append(make_row(label, bp.part.index, SIMULATED_REFERENCE,
+                                             on_sim[0].outputs, same.outputs, bp.part.has_head,
+                                             scale=scales[cl]))
+                        rows[-1].notes.append("the reference run on the simulator: its share "
+                                              "of the noise floor")
+                    seconds["references"] = seconds.get("references", 0.0) \
+                        + time.monotonic() - started
                     rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
                                       PartRuns(b, same, same2), v, scales[cl], kv_scales)
                     # the references fed the bundle's input are compared: only the chains stay,
@@ -783,13 +875,16 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                     chains[cl] = (b.outputs, mapped_afresh(chained.outputs),
                                   mapped_afresh(chained2.outputs))
                     del same, same2, chained, chained2
+                    started = time.monotonic()
                     f = run_sequence(onnx_session(bp.part, layout, cl), x_float, n_prompt,
                                      _named(spill, "float"))
+                    seconds["float"] = seconds.get("float", 0.0) + time.monotonic() - started
                     rows.append(drift_row(label, bp.part.index, bp.part.has_head, b.outputs,
                                           f.outputs))
                     chains[cl] = (*(mapped_afresh(c) for c in chains[cl]),
                                   mapped_afresh(f.outputs))
                     del b, f
+                timings[bp.label] = dict(seconds)
                 bp.reader.close()
         finally:
             for bp in opened:
@@ -801,17 +896,19 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
             rows += end_to_end_rows(label, *chains[cl], v, scales.get(cl))
         del chains   # the spilled sequences' maps, before their files are removed
     return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v.decode_steps, rows,
-                  time.monotonic() - started, floor, where, v.seed, prompt.text,
-                  [int(i) for i in ids])
+                  time.monotonic() - began, floor, where, v.seed, prompt.text,
+                  [int(i) for i in ids], executor, timings)
 
 
 def run_verify(layout: Layout, options) -> None:
     """Print the table, write the JSON report; a failure names the first bad part. `options`:
     the verify step's (steps/options.py), the same value its task is keyed on."""
-    if options.backend != "reference":
-        raise VerifyError(f"verify runs the open-format context binaries of the reference backend; "
-                          f"backend {options.backend!r} bins are QNN binaries that only a device runs. "
-                          f"Verify the same model with backend=reference")
+    if options.backend not in ("reference", "ortqnn"):
+        raise VerifyError(f"verify runs the open-format context binaries of the reference "
+                          f"backend, or an ortqnn bundle's graphs on Qualcomm's simulator; "
+                          f"backend {options.backend!r} bins are QNN binaries that only a "
+                          f"device runs. Verify the same model with backend=reference or "
+                          f"backend=ortqnn")
     try:
         report = compare_bundle_with_onnx(layout, options)
     except VerifyError as exc:

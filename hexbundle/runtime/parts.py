@@ -113,16 +113,20 @@ def onnx_session(part, layout: Layout, context_length: Optional[int] = None) -> 
 
 
 def reference_graphs(part, layout: Layout, context_length: int, scratch: Path,
-                     rounding: str = "half-even", float_bitwidth: int = 32) -> dict:
+                     rounding: str = "half-even", float_bitwidth: int = 32,
+                     derived: Optional[dict] = None) -> dict:
     """The export's quantized reference of a part's graphs at one context length (runtime.qdq:
     its ONNX with its encodings applied, with `rounding`), written under scratch/cl<C>-<rounding>/
-    (one weights file)."""
+    (one weights file). `derived` (an ortqnn bundle's: graph name -> the activation encodings
+    its convert adds): the graphs in the form that backend compiles, integer weights and every
+    float weight and activation encoded (backends/ortqnn.py)."""
     from hexbundle.runtime.qdq import WeightStore, qdq_graph
     directory = scratch / f"cl{context_length}-{rounding}"
     store = WeightStore(directory)   # the part's graphs share their weights: written once
     try:
         return {g.kind: qdq_graph(layout.onnx(g), layout.encodings(g), directory, store, g.kind,
-                                  rounding, float_bitwidth)
+                                  rounding, float_bitwidth, derived is not None,
+                                  (derived or {}).get(g.name))
                 for g in layout.cfg.model.graphs(part, context_length)}
     finally:
         store.close()
