@@ -157,14 +157,17 @@ def simulated_reference(sp: SimulatedPart, graphs: dict, rope: RopeSettings, scr
     return PartSession(f"{sp.label} (reference on the simulator)", executors, rope)
 
 
-def close_session(session: PartSession, sp: SimulatedPart) -> None:
-    """Stop the part's driver processes and add up what the simulator took."""
+def close_session(session: PartSession, sp: SimulatedPart, what: str = "") -> None:
+    """Stop the part's driver processes; for the bundle's own run (`what` empty), add up what
+    the simulator took: its start (Wine, the session, the bin loaded), its runs and how many."""
     for graph in session.graphs.values():
         graph.close()
-        sp.seconds["simulator start"] = sp.seconds.get("simulator start", 0.0) \
-            + graph.start_seconds
-        sp.seconds["simulator runs"] = sp.seconds.get("simulator runs", 0.0) + graph.run_seconds
-        sp.seconds["runs"] = sp.seconds.get("runs", 0) + graph.runs
+        if not what:
+            sp.seconds["simulator start"] = sp.seconds.get("simulator start", 0.0) \
+                + graph.start_seconds
+            sp.seconds["simulator runs"] = sp.seconds.get("simulator runs", 0.0) \
+                + graph.run_seconds
+            sp.seconds["runs"] = sp.seconds.get("runs", 0) + graph.runs
 
 
 def executor_text(session: PartSession) -> str:

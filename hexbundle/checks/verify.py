@@ -47,7 +47,7 @@ import math
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -537,27 +537,34 @@ def _in_unit(value: float, unit: str) -> str:
 
 def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray,
                     reference2: np.ndarray, floats: np.ndarray, v: VerifySettings,
-                    scale: Optional[float]) -> list:
+                    scale: Optional[float], simulated: Optional[np.ndarray] = None) -> list:
     """Chained through every part, each side on its own outputs: the bundle vs the reference,
     judged against the two references' own chained difference, and failing only on gross error:
     more than chained_max_ratio x theirs both in its largest error (LSBs of the output encoding,
     at least min_floor_lsb; a float output's relative difference) and in its cosine distance
     (1 - cosine). The float drift and top-1 against float of both are reported: the bundle's
     distance from float is at most the reference's plus its distance from the reference (the
-    triangle inequality, per position), which the chained row gates."""
+    triangle inequality, per position), which the chained row gates. `simulated` (an ortqnn
+    bundle's): the reference run on the simulator, chained on its own; its difference from the
+    reference is a correct implementation's too, and the floor is the larger of the two."""
     chained = make_row(label, 0, "chained vs reference", bundle, reference, True, scale=scale)
     refs = make_row(label, 0, "chained reference vs reference (AIMET rounding)", reference2,
                     reference, True, scale=scale)
+    extra, basis = [], refs
+    if simulated is not None:
+        sim = make_row(label, 0, "chained simulated reference vs reference", simulated,
+                       reference, True, scale=scale)
+        extra, basis = [sim], _wider(replace(refs, notes=[]), sim)
     if scale:
-        floor = max(refs.lsb, float(v.min_floor_lsb)) if math.isfinite(refs.lsb) \
+        floor = max(basis.lsb, float(v.min_floor_lsb)) if math.isfinite(basis.lsb) \
             else float(v.min_floor_lsb)
         chained.value, chained.unit, chained.floor = chained.lsb, "LSB", floor
     else:
         least = v.min_floor_lsb * FLOAT32_STEP
-        floor = max(refs.rel, least) if math.isfinite(refs.rel) else least
+        floor = max(basis.rel, least) if math.isfinite(basis.rel) else least
         chained.value, chained.unit, chained.floor = chained.rel, "rel", floor
     chained.ratio = ratio(chained.value, floor)
-    ours_cos, refs_cos = cosine_distance(chained), cosine_distance(refs)
+    ours_cos, refs_cos = cosine_distance(chained), cosine_distance(basis)
     cos_ratio = ratio(ours_cos, refs_cos if math.isfinite(refs_cos) else 0.0)
     chained.limit = f"ratio <= {v.chained_max_ratio:g} or 1-cos ratio <= {v.chained_max_ratio:g}"
     chained.notes.append(f"1 - cosine {ours_cos:.3g}, the references' own {refs_cos:.3g} "
@@ -568,6 +575,10 @@ def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray,
             f"{ours_cos:.3g} is {cos_ratio:.1f} x the references' own chained difference "
             f"(> chained_max_ratio {v.chained_max_ratio:g})")
     refs.value, refs.unit = chained.floor, chained.unit
+    for row in extra:
+        row.value, row.unit = (row.lsb, "LSB") if scale else (row.rel, "rel")
+        row.notes.append("the reference run on the simulator, chained: the floor is the larger "
+                         "of this and the two references'")
     ours = make_row(label, 0, "bundle drift from float", bundle, floats, True)
     theirs = make_row(label, 0, "reference drift from float", reference, floats, True)
     ours.value, ours.unit, ours.floor = cosine_distance(ours), "1-cos", cosine_distance(theirs)
@@ -575,7 +586,20 @@ def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray,
                       f"{theirs.top1:.3f}; bounded by the reference's drift plus the chained "
                       "difference (reported)")
     theirs.notes.append("the export's own quantization (reported)")
-    return [chained, refs, ours, theirs]
+    return [chained, refs, *extra, ours, theirs]
+
+
+def _wider(refs: ComparisonRow, sim: ComparisonRow) -> ComparisonRow:
+    """(A copy of) the references' chained row with, where the simulator's run of the reference is further
+    from the reference (largest error, relative difference, cosine), the simulator's figure:
+    the end-to-end floor of an ortqnn bundle."""
+    def larger(a, b):
+        return b if (b is not None and math.isfinite(b) and (a is None or not math.isfinite(a)
+                                                              or b > a)) else a
+    refs.lsb, refs.rel = larger(refs.lsb, sim.lsb), larger(refs.rel, sim.rel)
+    if math.isfinite(sim.cos_min) and not sim.cos_min >= refs.cos_min:
+        refs.cos_min = sim.cos_min
+    return refs
 
 
 # ============================================================================ verify
@@ -787,6 +811,7 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
         opened = open_bundle_parts(cfg, genie)
     lengths = options.context_lengths
     chains = {cl: (ids, ids, ids, ids) for cl in lengths}   # bundle, reference, ref 2, float
+    sim_chains = {cl: ids for cl in lengths}   # ortqnn: the reference on the simulator
     rows, scales, timings = [], {}, {}
     executor = INTERPRETER
     layout.verify_report.parent.mkdir(parents=True, exist_ok=True)
@@ -843,15 +868,24 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                         from hexbundle.checks.simulated import derived_for, simulated_reference
                         derived = derived_for(layout, bp.part, cl, options.float_bitwidth,
                                               scratch / "derive")
+                        seconds["derive encodings"] = time.monotonic() - started
+                        started = time.monotonic()
 
-                        def simulate(graphs, bp=bp, x=x_bundle, cl=cl, on_sim=on_sim):
-                            sim = simulated_reference(bp, graphs, rope,
-                                                      scratch / f"simref-{bp.part.index}-{cl}",
-                                                      log)
-                            try:
-                                on_sim.append(run_sequence(sim, x, n_prompt))
-                            finally:
-                                close_session(sim, bp)
+                        def simulate(graphs, bp=bp, cl=cl, on_sim=on_sim):
+                            """The reference on the simulator: fed the bundle's input, and
+                            chained on its own (the end-to-end floor)."""
+                            begun = time.monotonic()
+                            for x in (x_bundle, sim_chains[cl]):
+                                sim = simulated_reference(
+                                    bp, graphs, rope, scratch / f"simref-{bp.part.index}-{cl}",
+                                    log)
+                                try:
+                                    on_sim.append(run_sequence(sim, x, n_prompt,
+                                                               _named(spill, f"sim{len(on_sim)}")))
+                                finally:
+                                    close_session(sim, bp, "reference on the simulator")
+                            bp.seconds["reference on the simulator"] = \
+                                time.monotonic() - begun
                     same, chained = _run_reference(bp, layout, cl, scratch, HALF_EVEN, x_bundle,
                                                    x_ref, n_prompt, options.float_bitwidth,
                                                    _named(spill, HALF_EVEN, ""), derived,
@@ -865,8 +899,10 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                                              scale=scales[cl]))
                         rows[-1].notes.append("the reference run on the simulator: its share "
                                               "of the noise floor")
+                        sim_chains[cl] = mapped_afresh(on_sim[1].outputs)
+                        del on_sim[:]
                     seconds["references"] = seconds.get("references", 0.0) \
-                        + time.monotonic() - started
+                        + time.monotonic() - started - seconds.get("reference on the simulator", 0)
                     rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
                                       PartRuns(b, same, same2), v, scales[cl], kv_scales)
                     # the references fed the bundle's input are compared: only the chains stay,
@@ -893,8 +929,9 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
         gate_against_floor(rows, floor, v)
         for cl in lengths:
             label = "end to end" + (f" cl {cl}" if len(lengths) > 1 else "")
-            rows += end_to_end_rows(label, *chains[cl], v, scales.get(cl))
-        del chains   # the spilled sequences' maps, before their files are removed
+            rows += end_to_end_rows(label, *chains[cl], v, scales.get(cl),
+                                    sim_chains[cl] if simulated else None)
+        del chains, sim_chains   # the spilled sequences' maps, before their files are removed
     return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v.decode_steps, rows,
                   time.monotonic() - began, floor, where, v.seed, prompt.text,
                   [int(i) for i in ids], executor, timings)
