@@ -354,7 +354,8 @@ def test_verify_passes_on_the_simulator(ortqnn_build):
     gated = [r for r in report["rows"] if r["gated"]]
     assert gated and all(r["ok"] for r in gated)
     checks = {r["check"] for r in report["rows"]}
-    assert {"bin vs its QDQ models (recompiled)", "prefill vs reference", "decode vs reference",
+    assert {"bin vs its QDQ models (recompiled)", "QDQ models vs the export's (rebuilt)",
+            "prefill vs reference", "decode vs reference",
             "token vs prompt kv", "simulated reference vs reference",
             "chained simulated reference vs reference", "chained vs reference"} <= checks
     # the simulator's run of a correct graph is part of the floor, and measured above zero
@@ -390,14 +391,16 @@ def test_a_bin_that_is_not_its_compile_fails_verify(ortqnn_build, monkeypatch):
     assert not exact["ok"] and f"first difference at byte {at} " in exact["problems"][0], exact
     assert target.name in exact["problems"][0]
     assert rows["prefill vs reference"]["ok"] and rows["decode vs reference"]["ok"]
+    assert rows["QDQ models vs the export's (rebuilt)"]["ok"]
     assert all(r["ok"] for p in (1, 2, 4) for r in _rows(report, p).values())
 
 
 @pytest.mark.heavy
 def test_a_wrong_qdq_weight_fails_verify_by_the_floor(ortqnn_build, monkeypatch, tmp_path):
     """Part 3's QDQ models with one weight's scale tripled, and its bin compiled from them (so
-    the bin is their compile): the simulator's run of the part is far past floor_multiplier x
-    the noise floor the run measured, and verify fails there, not by the exact row."""
+    the bin is their compile): the QDQ models' exact row names the tensor (they are not what
+    the convert makes from the export's files), and the simulator's run of the part is far past
+    floor_multiplier x the noise floor the run measured; the bin's own exact row passes."""
     import onnx
     from onnx import numpy_helper
     from hexbundle.backends.ortqnn import OrtQnnBackend
@@ -437,6 +440,9 @@ def test_a_wrong_qdq_weight_fails_verify_by_the_floor(ortqnn_build, monkeypatch,
     assert error is not None and "part 3 of 4" in error, error
     rows = _rows(report, 3)
     assert rows["bin vs its QDQ models (recompiled)"]["ok"]
+    rebuilt = rows["QDQ models vs the export's (rebuilt)"]
+    assert not rebuilt["ok"] and f"initializer {scale.name} element 0 is" in \
+        rebuilt["problems"][0], rebuilt
     prefill = rows["prefill vs reference"]
     assert not prefill["ok"] and "floor_multiplier" in prefill["problems"][0], prefill
     assert prefill["ratio"] > cfg.verify.floor_multiplier

@@ -63,22 +63,25 @@ def _own_key(dlc: Path, options: CompileOptions) -> str:
     return hashing.bytes_digest(text.encode())[:16]
 
 
+# the file names inside an own bin's directory: the same for every graph, so the same QDQ model
+# (a graph's and the reference rebuilt from the export's files, when they are the same bytes)
+# compiles to the same bytes once (ONNX Runtime hashes the model's file name into the bin)
+OWN_MODEL = "graph"
+
+
 def own_bins(dlcs: dict, options: CompileOptions, directory: Path,
              log: Callable[[str], None]) -> dict:
     """{graph name: OwnBin}: each graph's QDQ model (dlcs: name -> path) compiled alone for the
-    part's device, into directory/<graph>-<key>/ (made whole or not at all; reused when there;
-    the graph's other keys' directories removed)."""
+    part's device, into directory/<key>/ (made whole or not at all; reused when there)."""
     kit = ensure_kit(project_root())
     made = {}
     for name, dlc in dlcs.items():
-        final = directory / f"{name}-{_own_key(dlc, options)}"
-        own = OwnBin(name, final / f"{name}.onnx", final / f"{name}_qnn.bin")
+        final = directory / _own_key(dlc, options)
+        own = OwnBin(name, final / f"{OWN_MODEL}.onnx", final / f"{OWN_MODEL}_qnn.bin")
         if not (own.model.is_file() and own.bin.is_file()):
-            for stale in directory.glob(f"{name}-*"):
-                shutil.rmtree(stale, ignore_errors=True)
             started = time.monotonic()
             with staged_dir(final, 0o755) as staging:
-                model = staging / f"{name}.model.onnx"
+                model = staging / f"{OWN_MODEL}.model.onnx"
                 link_or_copy(dlc, model)
                 kit.compile([(model, staging / own.model.name)], ep_options(options), log,
                             _timeout())
@@ -88,6 +91,15 @@ def own_bins(dlcs: dict, options: CompileOptions, directory: Path,
             log(f"{name}: its own bin compiled in {time.monotonic() - started:.1f} s")
         made[name] = own
     return made
+
+
+def prune_own_bins(directory: Path, used: set) -> None:
+    """Remove the own bins' directories this verify did not use (made of other QDQ models,
+    another toolchain or other options)."""
+    if directory.is_dir():
+        for stale in directory.iterdir():
+            if stale not in used:
+                shutil.rmtree(stale, ignore_errors=True)
 
 
 def recompiled(dlcs: list, options: CompileOptions, scratch: Path,

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 from pathlib import Path
 from typing import Callable
 
@@ -24,6 +26,7 @@ from hexbundle.runtime.sessions import PartSession, RopeSettings
 from hexbundle.support.errors import VerifyError
 
 RECOMPILED = "bin vs its QDQ models (recompiled)"
+REBUILT = "QDQ models vs the export's (rebuilt)"
 SIMULATED_REFERENCE = "simulated reference vs reference"
 
 
@@ -45,6 +48,7 @@ class SimulatedPart:
     directory: Path               # where its graphs' own bins are
     reader: object = field(default_factory=_NoPages)
     seconds: dict = field(default_factory=dict)   # what took how long (the timing line)
+    used: set = field(default_factory=set)         # the own bins' directories it ran
 
     @property
     def label(self) -> str:
@@ -117,6 +121,7 @@ def simulated_session(sp: SimulatedPart, layout: Layout, rope: RopeSettings, cl:
     graphs = cfg.model.graphs(sp.part, cl)
     started = time.monotonic()
     own = own_bins({g.name: layout.dlc(g) for g in graphs}, sp.compile, sp.directory, log)
+    sp.used |= {o.model.parent for o in own.values()}
     sp.seconds["own bins"] = sp.seconds.get("own bins", 0.0) + time.monotonic() - started
     kit = ensure_kit(project_root())
     executors = {g.kind: SimulatedGraph(kit, own[g.name], layout.dlc(g), scratch / g.name, log)
@@ -150,11 +155,54 @@ def simulated_reference(sp: SimulatedPart, graphs: dict, rope: RopeSettings, scr
         onnx.save(onnx.load(str(graph.path), load_external_data=True), str(whole[kind]))
     started = time.monotonic()
     own = own_bins({p.stem: p for p in whole.values()}, sp.compile, sp.directory, log)
+    sp.used |= {o.model.parent for o in own.values()}
     sp.seconds["own bins"] = sp.seconds.get("own bins", 0.0) + time.monotonic() - started
     kit = ensure_kit(project_root())
     executors = {kind: SimulatedGraph(kit, own[path.stem], path, scratch / path.stem, log)
                  for kind, path in whole.items()}
-    return PartSession(f"{sp.label} (reference on the simulator)", executors, rope)
+    session = PartSession(f"{sp.label} (reference on the simulator)", executors, rope)
+    session.whole = whole     # the rebuilt QDQ models (rebuilt_problems)
+    return session
+
+
+def rebuilt_problems(layout: Layout, part, cl: int, whole: dict) -> tuple:
+    """(problems, note): each of the part's QDQ models (dlc/) against the same graph rebuilt
+    by verify from the export's files (`whole`: kind -> the reference in the form ortqnn
+    compiles, one file, made by the convert's own writer with the same arguments): the same
+    bytes, or the first tensor that differs is named."""
+    problems, compared = [], 0
+    for g in layout.cfg.model.graphs(part, cl):
+        dlc, rebuilt = layout.dlc(g), whole[g.kind]
+        compared += 1
+        if dlc.read_bytes() != rebuilt.read_bytes():
+            problems.append(f"{layout.rel(dlc)}: {_first_tensor_difference(dlc, rebuilt)}, "
+                            "not what the convert makes from the export's files; rebuild it "
+                            "with `doit convert`")
+    return problems, f"{compared} QDQ models compared byte for byte with their rebuild"
+
+
+def _first_tensor_difference(ours: Path, rebuilt: Path) -> str:
+    """The first initializer (or else node, or else the file's other bytes) that differs."""
+    import onnx
+    from onnx import numpy_helper
+    a, b = onnx.load(str(ours)), onnx.load(str(rebuilt))
+    theirs = {i.name: i for i in b.graph.initializer}
+    for init in a.graph.initializer:
+        other = theirs.get(init.name)
+        if other is None:
+            return f"initializer {init.name} is not in the rebuild"
+        x, y = numpy_helper.to_array(init), numpy_helper.to_array(other)
+        if x.shape != y.shape or x.dtype != y.dtype or not np.array_equal(x, y):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return f"initializer {init.name} is {x.dtype}{list(x.shape)}, rebuilt " \
+                       f"{y.dtype}{list(y.shape)}"
+            at = int(np.flatnonzero((x != y).reshape(-1))[0])
+            return (f"initializer {init.name} element {at} is {x.reshape(-1)[at]!r}, rebuilt "
+                    f"{y.reshape(-1)[at]!r}")
+    for n, (x, y) in enumerate(zip(a.graph.node, b.graph.node)):
+        if x != y:
+            return f"node {n} ({x.op_type} -> {', '.join(x.output)}) differs"
+    return "the files differ outside their tensors and nodes"
 
 
 def close_session(session: PartSession, sp: SimulatedPart, what: str = "") -> None:

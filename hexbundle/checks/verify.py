@@ -321,15 +321,24 @@ def kv_entry_scales(session) -> Optional[np.ndarray]:
     return np.concatenate(pieces)
 
 
-def recompiled_row(label: str, index: int, problems: list, note: str) -> ComparisonRow:
+def recompiled_row(label: str, index: int, problems: list, note: str,
+                   check: str = "") -> ComparisonRow:
     """An ortqnn part's exact row (checks/simulated.py): its bin against the bytes the compile
     makes from its QDQ models."""
     from hexbundle.checks.simulated import RECOMPILED
-    row = ComparisonRow(label, RECOMPILED, "exact", 1, math.nan, math.nan, math.nan, None,
+    row = ComparisonRow(label, check or RECOMPILED, "exact", 1, math.nan, math.nan, math.nan,
+                        None,
                         part_index=index, limit="identical", value=float(len(problems)),
                         unit="differences", problems=list(problems))
     row.notes.append(note)
     return row
+
+
+def rebuilt_row(label: str, index: int, problems: list, note: str) -> ComparisonRow:
+    """An ortqnn part's other exact row: its QDQ models against their rebuild from the
+    export's files (checks/simulated.rebuilt_problems)."""
+    from hexbundle.checks.simulated import REBUILT
+    return recompiled_row(label, index, problems, note, REBUILT)
 
 
 def exact_rows(label: str, index: int, reader, graphs: list) -> list:
@@ -865,7 +874,8 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                     started = time.monotonic()
                     derived, simulate, on_sim = None, None, []
                     if simulated:   # the references in the form ortqnn compiles, and run
-                        from hexbundle.checks.simulated import derived_for, simulated_reference
+                        from hexbundle.checks.simulated import (derived_for, rebuilt_problems,
+                                                                simulated_reference)
                         derived = derived_for(layout, bp.part, cl, options.float_bitwidth,
                                               scratch / "derive")
                         seconds["derive encodings"] = time.monotonic() - started
@@ -879,6 +889,10 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                                 sim = simulated_reference(
                                     bp, graphs, rope, scratch / f"simref-{bp.part.index}-{cl}",
                                     log)
+                                if not on_sim:
+                                    rows.append(rebuilt_row(
+                                        label, bp.part.index,
+                                        *rebuilt_problems(layout, bp.part, cl, sim.whole)))
                                 try:
                                     on_sim.append(run_sequence(sim, x, n_prompt,
                                                                _named(spill, f"sim{len(on_sim)}")))
@@ -922,6 +936,10 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                     del b, f
                 timings[bp.label] = dict(seconds)
                 bp.reader.close()
+            if simulated:   # the own bins of earlier QDQ models, toolchains or options
+                from hexbundle.backends.ortqnn_sim import prune_own_bins
+                prune_own_bins(layout.verify_report.parent / SIMULATOR_DIR,
+                               set().union(*(bp.used for bp in opened)))
         finally:
             for bp in opened:
                 bp.reader.close()
