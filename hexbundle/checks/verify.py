@@ -646,6 +646,13 @@ def _short_limit(row: ComparisonRow) -> str:
         row.limit.split(" or ")[0] if row.unit != "differences" else row.limit
 
 
+def _wrapped(text: str) -> list:
+    """A header line within TERMINAL_COLUMNS, its continuations indented."""
+    import textwrap
+    return textwrap.wrap(text, TERMINAL_COLUMNS, subsequent_indent="    ",
+                         break_on_hyphens=False) or [""]
+
+
 def json_safe(value):
     """`value` with every NaN and infinity as null: report.json and `verify --json` are strict
     JSON (JavaScript's parser, among others, refuses NaN), and a number that is not one says
@@ -709,7 +716,7 @@ class Report:
                 f"{self.prompt_tokens} prompt tokens + {self.decode_steps} decode steps: "
                 f"{len(self.prompt_ids)} ids of ordinary text (seed {self.seed})",
                 f"  {preview!r}",
-                f"bundle outputs by: {self.executor}",
+                *_wrapped(f"bundle outputs by: {self.executor}"),
                 f"noise floor {self.noise_floor_lsb:.1f} LSB: {self.noise_floor_from}"]
 
     def table(self, report_path: str = "") -> str:
@@ -737,7 +744,7 @@ class Report:
         for label, seconds in self.timings.items():
             match = re.fullmatch(r"part (\d+) of (\d+) \(.*?\)", label)
             name = f"part {match[1]}/{match[2]}" if match else label
-            out.append(f"time {name}: " + ", ".join(
+            out += _wrapped(f"time {name}: " + ", ".join(
                 f"{what} {value:.0f}" if what == "runs" else f"{what} {value:.1f}s"
                 for what, value in seconds.items()))
         return out
