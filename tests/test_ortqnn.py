@@ -366,7 +366,8 @@ def test_verify_passes_on_the_simulator(ortqnn_build):
             "token vs prompt kv", "simulated reference vs reference",
             "chained simulated reference vs reference", "chained vs reference"} <= checks
     # the simulator's run of a correct graph is part of the floor, and measured above zero
-    simulated = [r["lsb"] for r in report["rows"] if r["check"] == "simulated reference vs reference"]
+    simulated = [r["lsb"] for r in report["rows"]
+                 if r["check"] == "simulated reference vs reference"]
     assert len(simulated) == 4 and max(simulated) > 0
 
 

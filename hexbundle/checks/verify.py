@@ -599,9 +599,9 @@ def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray,
 
 
 def _wider(refs: ComparisonRow, sim: ComparisonRow) -> ComparisonRow:
-    """(A copy of) the references' chained row with, where the simulator's run of the reference is further
-    from the reference (largest error, relative difference, cosine), the simulator's figure:
-    the end-to-end floor of an ortqnn bundle."""
+    """(A copy of) the references' chained row with the simulator's figure where its run of the
+    reference is further from the reference (largest error, relative difference, cosine): the
+    end-to-end floor of an ortqnn bundle."""
     def larger(a, b):
         return b if (b is not None and math.isfinite(b) and (a is None or not math.isfinite(a)
                                                               or b > a)) else a
