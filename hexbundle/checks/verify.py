@@ -485,8 +485,9 @@ def noise_floor(rows: list, v: VerifySettings) -> tuple:
                 default=(0.0, "no part", ""))
     left_out = (f"; not measurable in {', '.join(broken)} (its second reference is not "
                 "finite): left out") if broken else ""
-    if worst[0] >= v.min_floor_lsb:
-        return worst[0], f"{worst[1]}, {worst[2]}{left_out}"
+    if worst[0] >= v.min_floor_lsb:   # named as before for the two references
+        which = "reference vs reference" if worst[2] == FLOOR_CHECKS[0] else worst[2]
+        return worst[0], f"{worst[1]}, {which}{left_out}"
     return float(v.min_floor_lsb), f"min_floor_lsb{left_out}"
 
 
