@@ -366,6 +366,7 @@ class PartRuns:
     reference: SequenceRun        # half-to-even rounding (onnxruntime's QuantizeLinear)
     reference2: SequenceRun       # AIMET's rounding: the second correct reference
     floats: Optional[SequenceRun] = None
+    simulated: Optional[SequenceRun] = None   # ortqnn: the reference run on the simulator
 
 
 def part_rows(label: str, index: int, logits: bool, n_prompt: int, runs: PartRuns,
@@ -389,7 +390,8 @@ def part_rows(label: str, index: int, logits: bool, n_prompt: int, runs: PartRun
         rows.append(row)
     rows.append(make_row(label, index, "reference vs reference (AIMET rounding)", ref2.outputs,
                          ref.outputs, logits, scale=scale))
-    rows += token_vs_prompt_rows(label, index, logits, b, ref, ref2, v, scale, kv_scales)
+    rows += token_vs_prompt_rows(label, index, logits, b, ref, ref2, v, scale, kv_scales,
+                                 runs.simulated)
     if runs.floats is not None:
         rows.append(drift_row(label, index, logits, b.outputs, runs.floats.outputs))
     return rows
@@ -414,7 +416,8 @@ def _max_lsb(a: np.ndarray, b: np.ndarray, scale) -> float:
 
 def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceRun,
                          reference: SequenceRun, reference2: SequenceRun, v: VerifySettings,
-                         scale: Optional[float], kv_scales: Optional[np.ndarray]) -> list:
+                         scale: Optional[float], kv_scales: Optional[np.ndarray],
+                         simulated: Optional[SequenceRun] = None) -> list:
     """The token graph fed the prefill's KV cache against the prompt graph at the same position,
     output and KV entry, in LSBs of each tensor's encoding: the bundle's largest difference at
     most token_vs_prompt_factor x its floor -- the reference's own difference (an 8-bit KV cache
@@ -422,16 +425,20 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
     references' difference on the same entries, and at least min_floor_lsb (two correct
     implementations whose float order differs land on neighbouring grid points at a near-tie,
     token graph against prompt graph as much as one reference against the other). A tensor
-    with no int encoding is judged by cosine, relative to the same two."""
+    with no int encoding is judged by cosine, relative to the same two. `simulated` (an ortqnn
+    bundle's): the reference run on the simulator, whose own token-vs-prompt difference joins
+    the floor (the simulator's share, as in the noise floor)."""
     rows = []
     b_out, b_prompt, b_kv, b_kv_prompt = _token_vs_prompt(bundle)
     r_out, r_prompt, r_kv, r_kv_prompt = _token_vs_prompt(reference)
     q_out, q_prompt, q_kv, q_kv_prompt = _token_vs_prompt(reference2)
-    pairs = [("", logits, "", scale, (b_out, b_prompt), (r_out, r_prompt), (q_out, q_prompt))]
+    s_out, s_prompt, s_kv, s_kv_prompt = _token_vs_prompt(simulated or reference)
+    pairs = [("", logits, "", scale, (b_out, b_prompt), (r_out, r_prompt), (q_out, q_prompt),
+              (s_out, s_prompt))]
     if b_kv.size:   # a part with layers: the new KV entries must agree too
         pairs.append((" kv", False, "kv", kv_scales, (b_kv, b_kv_prompt), (r_kv, r_kv_prompt),
-                      (q_kv, q_kv_prompt)))
-    for suffix, is_logits, what, grid, (bg, bw), (rg, rw), (qg, qw) in pairs:
+                      (q_kv, q_kv_prompt), (s_kv, s_kv_prompt)))
+    for suffix, is_logits, what, grid, (bg, bw), (rg, rw), (qg, qw), (sg, sw) in pairs:
         ours = make_row(label, index, "token vs prompt" + suffix, bg, bw, is_logits, what)
         theirs = make_row(label, index, "reference token vs prompt" + suffix, rg, rw,
                           is_logits, what)
@@ -440,13 +447,17 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
             theirs.value, theirs.unit = _max_lsb(rg, rw, grid), "LSB"
             refs = max(_max_lsb(qg, rg, grid), _max_lsb(qw, rw, grid))
             refs = refs if math.isfinite(refs) else 0.0   # a broken second reference: no say
-            floor = max(theirs.value, refs, float(v.min_floor_lsb))
+            sim = _max_lsb(sg, sw, grid)
+            sim = sim if math.isfinite(sim) else 0.0
+            floor = max(theirs.value, refs, sim, float(v.min_floor_lsb))
             ours.value, ours.unit, ours.floor = _max_lsb(bg, bw, grid), "LSB", floor
             ours.ratio = ratio(ours.value, floor)
             allowed = v.token_vs_prompt_factor * floor
             ours.limit = f"<= {v.token_vs_prompt_factor:g} x floor = {allowed:.1f} LSB"
             ours.notes.append(f"floor: the reference's own {theirs.value:.1f} LSB, the two "
-                              f"references' {refs:.1f} LSB, min_floor_lsb {v.min_floor_lsb:g}")
+                              f"references' {refs:.1f} LSB, min_floor_lsb {v.min_floor_lsb:g}"
+                              + (f", the reference's on the simulator {sim:.1f} LSB"
+                                 if simulated is not None else ""))
             if not (ours.value <= allowed):
                 ours.problems.append(f"{ours.value:.1f} LSB > {v.token_vs_prompt_factor:g} x "
                                      f"the floor {floor:.1f} LSB (token_vs_prompt_factor)")
@@ -454,8 +465,10 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
             theirs.value, theirs.unit = theirs.rel, "rel"
             refs = max(compare(qg, rg, False)["rel"], compare(qw, rw, False)["rel"])
             refs = refs if math.isfinite(refs) else 0.0
+            sim = compare(sg, sw, False)["rel"]
+            sim = sim if math.isfinite(sim) else 0.0
             least = v.min_floor_lsb * FLOAT32_STEP
-            floor = max(theirs.rel, refs, least)
+            floor = max(theirs.rel, refs, sim, least)
             allowed = v.token_vs_prompt_factor * floor
             ours.value, ours.unit, ours.floor = ours.rel, "rel", floor
             ours.ratio = ratio(ours.value, floor)
@@ -922,11 +935,13 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                         rows[-1].notes.append("the reference run on the simulator: its share "
                                               "of the noise floor")
                         sim_chains[cl] = mapped_afresh(on_sim[1].outputs)
-                        del on_sim[:]
                     seconds["references"] = seconds.get("references", 0.0) \
                         + time.monotonic() - started - seconds.get("reference on the simulator", 0)
                     rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
-                                      PartRuns(b, same, same2), v, scales[cl], kv_scales)
+                                      PartRuns(b, same, same2,
+                                               simulated=on_sim[0] if on_sim else None),
+                                      v, scales[cl], kv_scales)
+                    del on_sim[:]
                     # the references fed the bundle's input are compared: only the chains stay,
                     # mapped afresh (the pages the comparisons read are given back)
                     b.outputs = mapped_afresh(b.outputs)
