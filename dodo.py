@@ -285,10 +285,13 @@ def task_verify():
     from hexbundle.steps.options import verify_options
     cfg, layout = BUILD.cfg, BUILD.layout
     options = verify_options(cfg)
+    # ortqnn: its QDQ models are compiled and run on the simulator (checks/simulated.py)
+    simulated = cfg.backend == "ortqnn"
+    qdq = [layout.dlc(g) for part in cfg.plan.parts() for g in cfg.model.graphs(part)]
     return task(Step("verify", "verify", "", options,
                      inputs=list(layout.bundle_files()) + list(layout.all_inputs())
-                     + list(cfg.config_files),
-                     outputs=[layout.verify_report], check_outputs=False,
+                     + list(cfg.config_files) + (qdq if simulated else []),
+                     outputs=[layout.verify_report], check_outputs=False, toolchain=simulated,
                      action=action("hexbundle.checks.verify:run_verify", layout, options),
                      doit={"verbosity": 2}))
 

@@ -41,10 +41,10 @@ class Project:
     def __init__(self, root: Path):
         self.root = root
 
-    def doit(self, *args, env=None, check=True) -> DoitRun:
+    def doit(self, *args, env=None, check=True, timeout=600) -> DoitRun:
         full_env = {**os.environ, **(env or {})}
         proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.root,
-                              capture_output=True, text=True, env=full_env, timeout=600)
+                              capture_output=True, text=True, env=full_env, timeout=timeout)
         run = DoitRun(proc.returncode, proc.stdout, proc.stderr)
         if check and run.code != 0:
             raise AssertionError(f"doit {' '.join(args)} exited {run.code}\n--- stdout\n"

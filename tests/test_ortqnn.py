@@ -303,6 +303,160 @@ def test_simulator_runs_a_graph_own_bin(tmp_path):
     assert steps_off("mlp_int4_prompt.onnx", "int4") > 2.0
 
 
+# ------------------------------------------------------------- doit verify on the simulator
+
+
+def _verify_in_process(project, env, monkeypatch):
+    """checks/verify.run_verify on the fixture project's ortqnn bundle as it stands (not through
+    doit, which would rebuild a changed bundle first): (report.json, the error or None)."""
+    import json
+    from hexbundle.checks.verify import run_verify
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps.options import verify_options
+    from hexbundle.support.errors import VerifyError
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg = load_build(project.root, {"backend": "ortqnn"})
+    layout = Layout(cfg)
+    try:
+        run_verify(layout, verify_options(cfg))
+        error = None
+    except VerifyError as exc:
+        error = str(exc)
+    return json.loads(layout.verify_report.read_text()), error, layout, cfg
+
+
+def _rows(report: dict, part: int) -> dict:
+    return {r["check"]: r for r in report["rows"] if r["part_index"] == part}
+
+
+@pytest.mark.heavy
+def test_verify_passes_on_the_simulator(ortqnn_build):
+    """`doit verify backend=ortqnn` runs every graph's own bin on QAIRT's x64 HTP simulator and
+    passes the same gates: every part's bin is the bytes its QDQ models compile to, every
+    numeric row within its limit, the floor measured in the run (the two references and the
+    simulator's run of the reference). The executor is named from the bytes; the time per part
+    is printed."""
+    import json
+    project, run, env = ortqnn_build
+    assert run.code == 0, run.out + run.err
+    # ~2 min alone on 2 cores; a 7B-shaped compile beside it took it past doit()'s 600 s
+    verify = project.doit("verify", "backend=ortqnn", env=env, check=False, timeout=1800)
+    text = verify.out + verify.err
+    assert verify.code == 0, text
+    assert "bundle outputs by: ortqnn simulator, QAIRT 2.51.0 (bin build v2.51.0." in text
+    for part in (1, 2, 3, 4):
+        assert f"time part {part}/4: recompile " in text, text
+    table = verify.out[verify.out.index("verify qwen2-tiny: "):verify.out.index("\nok in ")]
+    assert max(len(line) for line in table.splitlines()) <= 120, table
+    report = json.loads((project.build_dir(backend="ortqnn") / "verify" /
+                         "report.json").read_text())
+    executor = report["executor"]
+    assert report["ok"] and executor.startswith("ortqnn simulator, QAIRT 2.51.0"), executor
+    assert "QnnHtp.dll v2.51.0." in executor and "for QCS9100 v73" in executor, executor
+    timings = list(report["timings"].values())
+    assert len(timings) == 4 and all(t["runs"] == 36 and t["simulator runs"] > 0
+                                     for t in timings), timings
+    gated = [r for r in report["rows"] if r["gated"]]
+    assert gated and all(r["ok"] for r in gated)
+    checks = {r["check"] for r in report["rows"]}
+    assert {"bin vs its QDQ models (recompiled)", "QDQ models vs the export's (rebuilt)",
+            "prefill vs reference", "decode vs reference",
+            "token vs prompt kv", "simulated reference vs reference",
+            "chained simulated reference vs reference", "chained vs reference"} <= checks
+    # the simulator's run of a correct graph is part of the floor, and measured above zero
+    simulated = [r["lsb"] for r in report["rows"]
+                 if r["check"] == "simulated reference vs reference"]
+    assert len(simulated) == 4 and max(simulated) > 0
+
+
+@pytest.mark.heavy
+def test_a_bin_that_is_not_its_compile_fails_verify(ortqnn_build, monkeypatch):
+    """One byte of part 3's bundled bin changed: verify fails by that part's exact row (the bin
+    is not what its QDQ models compile to), naming the bin and the byte; the simulated rows,
+    which run the graphs' own bins from the same QDQ models, stay within their limits."""
+    from hexbundle.formats.qnn_context import read_qnn_context
+    project, run, env = ortqnn_build
+    assert run.code == 0, run.out + run.err
+    bundle = project.build_dir(backend="ortqnn") / "bundle"
+    target = sorted(bundle.glob("*_part_3_of_4.bin"))[0]
+    original = target.read_bytes()
+    header = read_qnn_context(target).header
+    at = header.payload_offset + header.payload_size // 2
+    changed = bytearray(original)
+    changed[at] ^= 0xFF
+    try:
+        target.unlink()          # a hard link to bin/: replace it, do not write through it
+        target.write_bytes(bytes(changed))
+        report, error, _, _ = _verify_in_process(project, env, monkeypatch)
+    finally:
+        target.unlink()
+        target.write_bytes(original)
+    assert error is not None and "part 3 of 4" in error, error
+    rows = _rows(report, 3)
+    exact = rows["bin vs its QDQ models (recompiled)"]
+    assert not exact["ok"] and f"first difference at byte {at} " in exact["problems"][0], exact
+    assert target.name in exact["problems"][0]
+    assert rows["prefill vs reference"]["ok"] and rows["decode vs reference"]["ok"]
+    assert rows["QDQ models vs the export's (rebuilt)"]["ok"]
+    assert all(r["ok"] for p in (1, 2, 4) for r in _rows(report, p).values())
+
+
+@pytest.mark.heavy
+def test_a_wrong_qdq_weight_fails_verify_by_the_floor(ortqnn_build, monkeypatch, tmp_path):
+    """Part 3's QDQ models with one weight's scale tripled, and its bin compiled from them (so
+    the bin is their compile): the QDQ models' exact row names the tensor (they are not what
+    the convert makes from the export's files), and the simulator's run of the part is far past
+    floor_multiplier x the noise floor the run measured; the bin's own exact row passes."""
+    import onnx
+    from onnx import numpy_helper
+    from hexbundle.backends.ortqnn import OrtQnnBackend
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps.options import compile_options
+    project, run, env = ortqnn_build
+    assert run.code == 0, run.out + run.err
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg = load_build(project.root, {"backend": "ortqnn"})
+    layout = Layout(cfg)
+    part = cfg.plan.parts()[2]
+    graphs = cfg.model.graphs(part)
+    bundled = layout.bundle_dir / layout.bin(part).name
+    kept = [layout.bin(part), bundled] + [layout.dlc(g) for g in graphs]
+    for n, path in enumerate(kept):
+        shutil.copy2(path, tmp_path / f"{n}-{path.name}")
+    try:
+        for g in graphs:
+            model = onnx.load(str(layout.dlc(g)))
+            inits = {i.name: i for i in model.graph.initializer}
+            weight = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
+                          and n.input[0].endswith("__q") and "mlp" in n.input[0]
+                          and n.input[1] in inits)
+            scale = inits[weight.input[1]]
+            scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 3, scale.name))
+            onnx.save(model, str(layout.dlc(g)))
+        bundled.unlink()
+        OrtQnnBackend().compile([layout.dlc(g) for g in graphs], bundled,
+                                compile_options(cfg, part), lambda line: None)
+        report, error, _, _ = _verify_in_process(project, env, monkeypatch)
+    finally:
+        for n, path in enumerate(kept):
+            path.unlink()
+            shutil.copy2(tmp_path / f"{n}-{path.name}", path)
+    assert error is not None and "part 3 of 4" in error, error
+    rows = _rows(report, 3)
+    assert rows["bin vs its QDQ models (recompiled)"]["ok"]
+    rebuilt = rows["QDQ models vs the export's (rebuilt)"]
+    assert not rebuilt["ok"] and f"initializer {scale.name} element 0 is" in \
+        rebuilt["problems"][0], rebuilt
+    prefill = rows["prefill vs reference"]
+    assert not prefill["ok"] and "floor_multiplier" in prefill["problems"][0], prefill
+    assert prefill["ratio"] > cfg.verify.floor_multiplier
+    assert all(r["ok"] for p in (1, 2) for r in _rows(report, p).values())
+
+
 # ------------------------------------------------------------------ the QDQ form ortqnn compiles
 
 

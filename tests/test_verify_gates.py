@@ -403,3 +403,50 @@ def test_an_interrupted_verify_says_what_is_true_for_verify():
         assert "the next `doit bundle` carries on" in interrupts.what_next()
     finally:
         interrupts.remember_command(None)
+
+
+# ------------------------------------------------------- an ortqnn bundle: the simulator's share
+
+
+def test_the_simulators_run_of_the_reference_raises_the_floor_and_nothing_else():
+    """An ortqnn bundle's floor L is the largest of the two references' difference and the
+    simulator's run of the reference ("simulated reference vs reference", checks/simulated.py):
+    a bundle 300 LSB off passes against a simulator measured 50 LSB off the reference, and
+    fails without that row (the two references alone: min_floor_lsb). End to end, the simulated
+    reference's chained difference joins the floor the same way."""
+    from hexbundle.checks.verify import ComparisonRow
+    v = settings()
+
+    def part_rows(sim_lsb):
+        rows = [ComparisonRow("part 2 of 4 (x.bin)", "reference vs reference (AIMET rounding)",
+                              "hidden", 8, 1.0, 1.0, 0.0, None, part_index=2, lsb=3.0),
+                ComparisonRow("part 2 of 4 (x.bin)", "prefill vs reference", "hidden", 8, 1.0,
+                              1.0, 0.0, None, part_index=2, lsb=300.0)]
+        if sim_lsb is not None:
+            rows.append(ComparisonRow("part 2 of 4 (x.bin)", "simulated reference vs reference",
+                                      "hidden", 8, 1.0, 1.0, 0.0, None, part_index=2,
+                                      lsb=sim_lsb))
+        return rows
+
+    with_sim = part_rows(50.0)
+    floor, where = noise_floor(with_sim, v)
+    assert floor == 50.0 and "simulated reference vs reference" in where
+    gate_against_floor(with_sim, floor, v)
+    assert with_sim[1].ok and with_sim[1].ratio == 6.0
+    alone = part_rows(None)
+    floor, where = noise_floor(alone, v)
+    assert floor == v.min_floor_lsb and where == "min_floor_lsb"
+    gate_against_floor(alone, floor, v)
+    assert not alone[1].ok and "floor_multiplier" in alone[1].problems[0]
+
+    rng = np.random.default_rng(7)
+    ref = signal(rng)
+    bundle = off_by(ref, 600, rng, 0.3)
+    ref2 = off_by(ref, 10, rng, 0.3)
+    simulated = off_by(ref, 600, rng, 0.3)   # the simulator's own chained difference
+    rows = {r.check: r for r in end_to_end_rows("end to end", bundle, ref, ref2, ref, v, SCALE,
+                                                simulated)}
+    assert rows["chained vs reference"].ok, rows["chained vs reference"].problems
+    assert rows["chained simulated reference vs reference"].value == pytest.approx(600, rel=0.01)
+    rows = {r.check: r for r in end_to_end_rows("end to end", bundle, ref, ref2, ref, v, SCALE)}
+    assert not rows["chained vs reference"].ok

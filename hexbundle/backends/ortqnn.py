@@ -75,19 +75,18 @@ class OrtQnnBackend:
 
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
                 options: ConvertOptions, log: Callable[[str], None], made_for: str = "") -> None:
-        from hexbundle.runtime.qdq import derived_encodings, write_qdq_model
+        from hexbundle.runtime.qdq import write_qdq_model
         with temp_dir(dlc_path.parent, dlc_path.name) as scratch:
-            first = write_qdq_model(onnx_path, encodings_path, scratch / "calibrate", name=graph_name,
-                                    float_bitwidth=options.float_bitwidth, integer_weights=True)
-            ranges = calibrate(first, onnx_path)
+            derived = derived_activations(onnx_path, encodings_path, scratch / "calibrate",
+                                          graph_name, options.float_bitwidth)
             final = write_qdq_model(onnx_path, encodings_path, scratch / "final", name=graph_name,
                                     float_bitwidth=options.float_bitwidth, integer_weights=True,
-                                    activations=derived_encodings(ranges, ACTIVATION_BITWIDTH))
+                                    activations=derived)
             with output_path(dlc_path) as out:
                 _save_self_contained(final, out)
             log_real_dlc(dlc_path, scratch / "qnn-ir", log)
         log(f"{dlc_path.name}: the QDQ ONNX of {graph_name} ({dlc_path.stat().st_size} B; "
-            f"{len(ranges)} activations without an encoding given {ACTIVATION_BITWIDTH}-bit "
+            f"{len(derived)} activations without an encoding given {ACTIVATION_BITWIDTH}-bit "
             f"ranges from {CALIBRATION_RUNS} calibration runs)")
 
     def check_dlc(self, dlc_path: Path, graph_name: str, log: Callable[[str], None]) -> None:
@@ -158,6 +157,18 @@ class OrtQnnBackend:
         out = scratch / "probe" / "unpacked.bin"
         self.compile(probes, out, options, log)
         return out
+
+
+def derived_activations(onnx_path: Path, encodings_path: Path, scratch: Path, graph_name: str,
+                        float_bitwidth: int) -> dict:
+    """The encodings convert gives the activations the export leaves float: ACTIVATION_BITWIDTH
+    bits over their range in CALIBRATION_RUNS onnxruntime runs (calibrate, seeded: the same
+    ranges every time). `doit verify` derives them again from the export's files for its
+    references of an ortqnn bundle (checks/verify.py)."""
+    from hexbundle.runtime.qdq import derived_encodings, write_qdq_model
+    first = write_qdq_model(onnx_path, encodings_path, scratch, name=graph_name,
+                            float_bitwidth=float_bitwidth, integer_weights=True)
+    return derived_encodings(calibrate(first, onnx_path), ACTIVATION_BITWIDTH)
 
 
 def link_or_copy(src: Path, dst: Path) -> None:

@@ -8,6 +8,8 @@
  *                     -- MODEL OUT [MODEL OUT]...
  *   ortqnn_driver.exe run ORT_DLL EP_DLL [--ep KEY=VALUE]... [--session KEY=VALUE]...
  *                     -- MODEL IN_DIR OUT_DIR
+ *   ortqnn_driver.exe serve ORT_DLL EP_DLL [--ep KEY=VALUE]... [--session KEY=VALUE]...
+ *                     -- MODEL
  *
  * For each MODEL a session is created with EPContext generation on (ep.context_enable=1,
  * ep.context_file_path=OUT, embed mode 0): ONNX Runtime writes OUT (the EPContext model) and
@@ -23,6 +25,11 @@
  * binary on the HTP simulator) fed input i from IN_DIR\<i>.bin (raw bytes of the input's
  * static shape and type, in the session's input order); output i is written to OUT_DIR\<i>.bin
  * and described on stdout as "output <i> <name> <element type> <dims...>".
+ *
+ *   ortqnn_driver.exe serve ORT_DLL EP_DLL [--ep KEY=VALUE]... -- MODEL
+ *
+ * serve: the session of run, kept: each line "IN_DIR<TAB>OUT_DIR" on stdin is one run of it,
+ * answered by run's lines and "done"; stdin's end ends it (doit verify's simulated graphs).
  *
  * ONNX Runtime's C API is reached through OrtGetApiBase() of ORT_DLL (loaded at run time, so
  * the driver builds without ONNX Runtime present) and its OrtApi table of function pointers.
@@ -151,7 +158,9 @@ static int usage(void) {
     fprintf(stderr, "usage: ortqnn_driver.exe compile ORT_DLL EP_DLL [--ep K=V]... "
                     "[--session K=V]... -- MODEL OUT [MODEL OUT]...\n"
                     "       ortqnn_driver.exe run ORT_DLL EP_DLL [--ep K=V]... "
-                    "[--session K=V]... -- MODEL IN_DIR OUT_DIR\n");
+                    "[--session K=V]... -- MODEL IN_DIR OUT_DIR\n"
+                    "       ortqnn_driver.exe serve ORT_DLL EP_DLL [--ep K=V]... "
+                    "[--session K=V]... -- MODEL\n");
     return 1;
 }
 
@@ -206,15 +215,23 @@ static void *read_file(const char *path, size_t expected) {
     return data;
 }
 
-static int run_model(OrtEnv *env, OrtSessionOptions *so, const char *model, const char *in_dir,
-                     const char *out_dir) {
+/* The session of MODEL (for run and serve). */
+static OrtSession *open_session(OrtEnv *env, OrtSessionOptions *so, const char *model) {
     OrtSession *session;
+    check(FN(CreateSessionFn, CreateSession)(env, wide(model), so, &session), model);
+    return session;
+}
+
+/* One inference of `session`: input i from IN_DIR\<i>.bin, output i to OUT_DIR\<i>.bin and
+ * described on stdout ("output <i> <name> <element type> <dims...>"). */
+static int run_once(OrtSession *session, const char *model, const char *in_dir,
+                    const char *out_dir) {
     OrtMemoryInfo *cpu;
     OrtAllocator *allocator;
     size_t n_in, n_out;
     char *in_names[MAX_TENSORS], *out_names[MAX_TENSORS], path[4096];
+    void *in_data[MAX_TENSORS];
     OrtValue *inputs[MAX_TENSORS], *outputs[MAX_TENSORS];
-    check(FN(CreateSessionFn, CreateSession)(env, wide(model), so, &session), model);
     check(FN(CpuMemoryInfoFn, CreateCpuMemoryInfo)(0, 0, &cpu), "CreateCpuMemoryInfo");
     check(FN(DefaultAllocatorFn, GetAllocatorWithDefaultOptions)(&allocator), "allocator");
     check(FN(CountFn, SessionGetInputCount)(session, &n_in), "SessionGetInputCount");
@@ -243,9 +260,10 @@ static int run_model(OrtEnv *env, OrtSessionOptions *so, const char *model, cons
         check(FN(ElementCountFn, GetTensorShapeElementCount)(tensor, &count), "input size");
         snprintf(path, sizeof path, "%s\\%zu.bin", in_dir, i);
         size_t bytes = count * element_size(type);
-        void *data = read_file(path, bytes);
-        check(FN(CreateTensorFn, CreateTensorWithDataAsOrtValue)(cpu, data, bytes, dims, n_dims,
-                                                                 type, &inputs[i]), in_names[i]);
+        in_data[i] = read_file(path, bytes);
+        check(FN(CreateTensorFn, CreateTensorWithDataAsOrtValue)(cpu, in_data[i], bytes, dims,
+                                                                 n_dims, type, &inputs[i]),
+              in_names[i]);
         FN(ReleaseFn, ReleaseTypeInfo)(info);
     }
     for (size_t i = 0; i < n_out; i++) {
@@ -286,9 +304,36 @@ static int run_model(OrtEnv *env, OrtSessionOptions *so, const char *model, cons
         FN(ReleaseFn, ReleaseTensorTypeAndShapeInfo)(shape);
         FN(ReleaseFn, ReleaseValue)(outputs[i]);
     }
-    for (size_t i = 0; i < n_in; i++) FN(ReleaseFn, ReleaseValue)(inputs[i]);
+    /* a serving driver runs many times: give back what each run took */
+    for (size_t i = 0; i < n_in; i++) {
+        FN(ReleaseFn, ReleaseValue)(inputs[i]);
+        free(in_data[i]);
+    }
     FN(ReleaseFn, ReleaseMemoryInfo)(cpu);
-    FN(ReleaseFn, ReleaseSession)(session);
+    return 0;
+}
+
+/* serve: requests on stdin, one a line, "IN_DIR<TAB>OUT_DIR", each answered by run_once's
+ * lines and "done" (flushed), until stdin ends: a host runs a sequence (prefill chunks, then
+ * one token at a time, its KV cache fed back) without a Wine start and a session per step. */
+static int serve(OrtSession *session, const char *model) {
+    char line[8192];
+    printf("serving %s\n", model);
+    fflush(stdout);
+    while (fgets(line, sizeof line, stdin)) {
+        line[strcspn(line, "\r\n")] = 0;
+        char *tab = strchr(line, '\t');
+        if (!tab) {
+            fprintf(stderr, "ortqnn_driver: serve: a request is IN_DIR<TAB>OUT_DIR, not '%s'\n",
+                    line);
+            return 1;
+        }
+        *tab = 0;
+        int status = run_once(session, model, line, tab + 1);
+        if (status) return status;
+        printf("done\n");
+        fflush(stdout);
+    }
     return 0;
 }
 
@@ -296,9 +341,11 @@ int main(int argc, char **argv) {
     const char *ep_keys[MAX_OPTIONS], *ep_vals[MAX_OPTIONS];
     const char *session_keys[MAX_OPTIONS], *session_vals[MAX_OPTIONS];
     int n_ep = 0, n_session = 0, i;
-    if (argc < 4 || (strcmp(argv[1], "compile") != 0 && strcmp(argv[1], "run") != 0))
+    if (argc < 4 || (strcmp(argv[1], "compile") != 0 && strcmp(argv[1], "run") != 0
+                     && strcmp(argv[1], "serve") != 0))
         return usage();
-    int running = !strcmp(argv[1], "run");
+    int serving = !strcmp(argv[1], "serve");
+    int running = serving || !strcmp(argv[1], "run");
     for (i = 4; i < argc && strcmp(argv[i], "--") != 0; i += 2) {
         if (i + 1 >= argc) return usage();
         if (!strcmp(argv[i], "--ep") ? !split_option(argv[i + 1], ep_keys, ep_vals, &n_ep)
@@ -308,7 +355,7 @@ int main(int argc, char **argv) {
             return usage();
     }
     int first = i + 1, pairs = (argc - first) / 2;
-    if (running ? i >= argc || argc - first != 3
+    if (running ? i >= argc || argc - first != (serving ? 1 : 3)
                 : i >= argc || pairs < 1 || (argc - first) % 2)
         return usage();
 
@@ -341,7 +388,10 @@ int main(int argc, char **argv) {
         check(FN(AppendEpV2Fn, SessionOptionsAppendExecutionProvider_V2)(
                   so, env, &device, 1, ep_keys, ep_vals, (size_t)n_ep),
               "SessionOptionsAppendExecutionProvider_V2");
-        int status = run_model(env, so, argv[first], argv[first + 1], argv[first + 2]);
+        OrtSession *session = open_session(env, so, argv[first]);
+        int status = serving ? serve(session, argv[first])
+                             : run_once(session, argv[first], argv[first + 1], argv[first + 2]);
+        FN(ReleaseFn, ReleaseSession)(session);
         FN(ReleaseFn, ReleaseSessionOptions)(so);
         FN(ReleaseFn, ReleaseEnv)(env);
         return status;

@@ -47,7 +47,7 @@ import math
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -321,6 +321,26 @@ def kv_entry_scales(session) -> Optional[np.ndarray]:
     return np.concatenate(pieces)
 
 
+def recompiled_row(label: str, index: int, problems: list, note: str,
+                   check: str = "") -> ComparisonRow:
+    """An ortqnn part's exact row (checks/simulated.py): its bin against the bytes the compile
+    makes from its QDQ models."""
+    from hexbundle.checks.simulated import RECOMPILED
+    row = ComparisonRow(label, check or RECOMPILED, "exact", 1, math.nan, math.nan, math.nan,
+                        None,
+                        part_index=index, limit="identical", value=float(len(problems)),
+                        unit="differences", problems=list(problems))
+    row.notes.append(note)
+    return row
+
+
+def rebuilt_row(label: str, index: int, problems: list, note: str) -> ComparisonRow:
+    """An ortqnn part's other exact row: its QDQ models against their rebuild from the
+    export's files (checks/simulated.rebuilt_problems)."""
+    from hexbundle.checks.simulated import REBUILT
+    return recompiled_row(label, index, problems, note, REBUILT)
+
+
 def exact_rows(label: str, index: int, reader, graphs: list) -> list:
     """The exact checks of a part (checks/exact.py) as rows: no threshold, any difference fails."""
     from hexbundle.checks.exact import exact_checks
@@ -346,6 +366,7 @@ class PartRuns:
     reference: SequenceRun        # half-to-even rounding (onnxruntime's QuantizeLinear)
     reference2: SequenceRun       # AIMET's rounding: the second correct reference
     floats: Optional[SequenceRun] = None
+    simulated: Optional[SequenceRun] = None   # ortqnn: the reference run on the simulator
 
 
 def part_rows(label: str, index: int, logits: bool, n_prompt: int, runs: PartRuns,
@@ -369,7 +390,8 @@ def part_rows(label: str, index: int, logits: bool, n_prompt: int, runs: PartRun
         rows.append(row)
     rows.append(make_row(label, index, "reference vs reference (AIMET rounding)", ref2.outputs,
                          ref.outputs, logits, scale=scale))
-    rows += token_vs_prompt_rows(label, index, logits, b, ref, ref2, v, scale, kv_scales)
+    rows += token_vs_prompt_rows(label, index, logits, b, ref, ref2, v, scale, kv_scales,
+                                 runs.simulated)
     if runs.floats is not None:
         rows.append(drift_row(label, index, logits, b.outputs, runs.floats.outputs))
     return rows
@@ -394,7 +416,8 @@ def _max_lsb(a: np.ndarray, b: np.ndarray, scale) -> float:
 
 def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceRun,
                          reference: SequenceRun, reference2: SequenceRun, v: VerifySettings,
-                         scale: Optional[float], kv_scales: Optional[np.ndarray]) -> list:
+                         scale: Optional[float], kv_scales: Optional[np.ndarray],
+                         simulated: Optional[SequenceRun] = None) -> list:
     """The token graph fed the prefill's KV cache against the prompt graph at the same position,
     output and KV entry, in LSBs of each tensor's encoding: the bundle's largest difference at
     most token_vs_prompt_factor x its floor -- the reference's own difference (an 8-bit KV cache
@@ -402,16 +425,20 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
     references' difference on the same entries, and at least min_floor_lsb (two correct
     implementations whose float order differs land on neighbouring grid points at a near-tie,
     token graph against prompt graph as much as one reference against the other). A tensor
-    with no int encoding is judged by cosine, relative to the same two."""
+    with no int encoding is judged by cosine, relative to the same two. `simulated` (an ortqnn
+    bundle's): the reference run on the simulator, whose own token-vs-prompt difference joins
+    the floor (the simulator's share, as in the noise floor)."""
     rows = []
     b_out, b_prompt, b_kv, b_kv_prompt = _token_vs_prompt(bundle)
     r_out, r_prompt, r_kv, r_kv_prompt = _token_vs_prompt(reference)
     q_out, q_prompt, q_kv, q_kv_prompt = _token_vs_prompt(reference2)
-    pairs = [("", logits, "", scale, (b_out, b_prompt), (r_out, r_prompt), (q_out, q_prompt))]
+    s_out, s_prompt, s_kv, s_kv_prompt = _token_vs_prompt(simulated or reference)
+    pairs = [("", logits, "", scale, (b_out, b_prompt), (r_out, r_prompt), (q_out, q_prompt),
+              (s_out, s_prompt))]
     if b_kv.size:   # a part with layers: the new KV entries must agree too
         pairs.append((" kv", False, "kv", kv_scales, (b_kv, b_kv_prompt), (r_kv, r_kv_prompt),
-                      (q_kv, q_kv_prompt)))
-    for suffix, is_logits, what, grid, (bg, bw), (rg, rw), (qg, qw) in pairs:
+                      (q_kv, q_kv_prompt), (s_kv, s_kv_prompt)))
+    for suffix, is_logits, what, grid, (bg, bw), (rg, rw), (qg, qw), (sg, sw) in pairs:
         ours = make_row(label, index, "token vs prompt" + suffix, bg, bw, is_logits, what)
         theirs = make_row(label, index, "reference token vs prompt" + suffix, rg, rw,
                           is_logits, what)
@@ -420,13 +447,17 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
             theirs.value, theirs.unit = _max_lsb(rg, rw, grid), "LSB"
             refs = max(_max_lsb(qg, rg, grid), _max_lsb(qw, rw, grid))
             refs = refs if math.isfinite(refs) else 0.0   # a broken second reference: no say
-            floor = max(theirs.value, refs, float(v.min_floor_lsb))
+            sim = _max_lsb(sg, sw, grid)
+            sim = sim if math.isfinite(sim) else 0.0
+            floor = max(theirs.value, refs, sim, float(v.min_floor_lsb))
             ours.value, ours.unit, ours.floor = _max_lsb(bg, bw, grid), "LSB", floor
             ours.ratio = ratio(ours.value, floor)
             allowed = v.token_vs_prompt_factor * floor
             ours.limit = f"<= {v.token_vs_prompt_factor:g} x floor = {allowed:.1f} LSB"
             ours.notes.append(f"floor: the reference's own {theirs.value:.1f} LSB, the two "
-                              f"references' {refs:.1f} LSB, min_floor_lsb {v.min_floor_lsb:g}")
+                              f"references' {refs:.1f} LSB, min_floor_lsb {v.min_floor_lsb:g}"
+                              + (f", the reference's on the simulator {sim:.1f} LSB"
+                                 if simulated is not None else ""))
             if not (ours.value <= allowed):
                 ours.problems.append(f"{ours.value:.1f} LSB > {v.token_vs_prompt_factor:g} x "
                                      f"the floor {floor:.1f} LSB (token_vs_prompt_factor)")
@@ -434,8 +465,10 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
             theirs.value, theirs.unit = theirs.rel, "rel"
             refs = max(compare(qg, rg, False)["rel"], compare(qw, rw, False)["rel"])
             refs = refs if math.isfinite(refs) else 0.0
+            sim = compare(sg, sw, False)["rel"]
+            sim = sim if math.isfinite(sim) else 0.0
             least = v.min_floor_lsb * FLOAT32_STEP
-            floor = max(theirs.rel, refs, least)
+            floor = max(theirs.rel, refs, sim, least)
             allowed = v.token_vs_prompt_factor * floor
             ours.value, ours.unit, ours.floor = ours.rel, "rel", floor
             ours.ratio = ratio(ours.value, floor)
@@ -449,19 +482,25 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
     return rows
 
 
+# the rows the noise floor L is the largest of: the two correct references' difference, and for
+# an ortqnn bundle the simulator's on the reference itself (checks/simulated.py)
+FLOOR_CHECKS = ("reference vs reference (AIMET rounding)", "simulated reference vs reference")
+
+
 def noise_floor(rows: list, v: VerifySettings) -> tuple:
     """(L, where): the largest error between the two correct references over every part with an
     int output encoding, in LSBs of the part's output encoding, and at least min_floor_lsb. A
     part whose second reference is not finite has no say (named in `where`)."""
-    measured = [(r.lsb, r.part) for r in rows
-                if r.check == "reference vs reference (AIMET rounding)" and r.lsb is not None]
-    broken = [part for lsb, part in measured if not math.isfinite(lsb)]
-    worst = max(((lsb, part) for lsb, part in measured if math.isfinite(lsb)),
-                default=(0.0, "no part"))
+    measured = [(r.lsb, r.part, r.check) for r in rows
+                if r.check in FLOOR_CHECKS and r.lsb is not None]
+    broken = [part for lsb, part, _ in measured if not math.isfinite(lsb)]
+    worst = max(((lsb, part, check) for lsb, part, check in measured if math.isfinite(lsb)),
+                default=(0.0, "no part", ""))
     left_out = (f"; not measurable in {', '.join(broken)} (its second reference is not "
                 "finite): left out") if broken else ""
-    if worst[0] >= v.min_floor_lsb:
-        return worst[0], f"{worst[1]}, reference vs reference{left_out}"
+    if worst[0] >= v.min_floor_lsb:   # named as before for the two references
+        which = "reference vs reference" if worst[2] == FLOOR_CHECKS[0] else worst[2]
+        return worst[0], f"{worst[1]}, {which}{left_out}"
     return float(v.min_floor_lsb), f"min_floor_lsb{left_out}"
 
 
@@ -497,7 +536,7 @@ def gate_against_floor(rows: list, floor: float, v: VerifySettings) -> None:
                 row.problems.append(f"{_in_unit(row.value, row.unit)} > {v.floor_multiplier:g} "
                                     f"x {where} {_in_unit(row.floor, row.unit)} "
                                     "(floor_multiplier)")
-        elif row.check == "reference vs reference (AIMET rounding)":
+        elif row.check in FLOOR_CHECKS:
             row.value, row.unit = (row.lsb, "LSB") if row.lsb is not None else (row.rel, "rel")
 
 
@@ -521,27 +560,34 @@ def _in_unit(value: float, unit: str) -> str:
 
 def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray,
                     reference2: np.ndarray, floats: np.ndarray, v: VerifySettings,
-                    scale: Optional[float]) -> list:
+                    scale: Optional[float], simulated: Optional[np.ndarray] = None) -> list:
     """Chained through every part, each side on its own outputs: the bundle vs the reference,
     judged against the two references' own chained difference, and failing only on gross error:
     more than chained_max_ratio x theirs both in its largest error (LSBs of the output encoding,
     at least min_floor_lsb; a float output's relative difference) and in its cosine distance
     (1 - cosine). The float drift and top-1 against float of both are reported: the bundle's
     distance from float is at most the reference's plus its distance from the reference (the
-    triangle inequality, per position), which the chained row gates."""
+    triangle inequality, per position), which the chained row gates. `simulated` (an ortqnn
+    bundle's): the reference run on the simulator, chained on its own; its difference from the
+    reference is a correct implementation's too, and the floor is the larger of the two."""
     chained = make_row(label, 0, "chained vs reference", bundle, reference, True, scale=scale)
     refs = make_row(label, 0, "chained reference vs reference (AIMET rounding)", reference2,
                     reference, True, scale=scale)
+    extra, basis = [], refs
+    if simulated is not None:
+        sim = make_row(label, 0, "chained simulated reference vs reference", simulated,
+                       reference, True, scale=scale)
+        extra, basis = [sim], _wider(replace(refs, notes=[]), sim)
     if scale:
-        floor = max(refs.lsb, float(v.min_floor_lsb)) if math.isfinite(refs.lsb) \
+        floor = max(basis.lsb, float(v.min_floor_lsb)) if math.isfinite(basis.lsb) \
             else float(v.min_floor_lsb)
         chained.value, chained.unit, chained.floor = chained.lsb, "LSB", floor
     else:
         least = v.min_floor_lsb * FLOAT32_STEP
-        floor = max(refs.rel, least) if math.isfinite(refs.rel) else least
+        floor = max(basis.rel, least) if math.isfinite(basis.rel) else least
         chained.value, chained.unit, chained.floor = chained.rel, "rel", floor
     chained.ratio = ratio(chained.value, floor)
-    ours_cos, refs_cos = cosine_distance(chained), cosine_distance(refs)
+    ours_cos, refs_cos = cosine_distance(chained), cosine_distance(basis)
     cos_ratio = ratio(ours_cos, refs_cos if math.isfinite(refs_cos) else 0.0)
     chained.limit = f"ratio <= {v.chained_max_ratio:g} or 1-cos ratio <= {v.chained_max_ratio:g}"
     chained.notes.append(f"1 - cosine {ours_cos:.3g}, the references' own {refs_cos:.3g} "
@@ -552,6 +598,10 @@ def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray,
             f"{ours_cos:.3g} is {cos_ratio:.1f} x the references' own chained difference "
             f"(> chained_max_ratio {v.chained_max_ratio:g})")
     refs.value, refs.unit = chained.floor, chained.unit
+    for row in extra:
+        row.value, row.unit = (row.lsb, "LSB") if scale else (row.rel, "rel")
+        row.notes.append("the reference run on the simulator, chained: the floor is the larger "
+                         "of this and the two references'")
     ours = make_row(label, 0, "bundle drift from float", bundle, floats, True)
     theirs = make_row(label, 0, "reference drift from float", reference, floats, True)
     ours.value, ours.unit, ours.floor = cosine_distance(ours), "1-cos", cosine_distance(theirs)
@@ -559,7 +609,20 @@ def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray,
                       f"{theirs.top1:.3f}; bounded by the reference's drift plus the chained "
                       "difference (reported)")
     theirs.notes.append("the export's own quantization (reported)")
-    return [chained, refs, ours, theirs]
+    return [chained, refs, *extra, ours, theirs]
+
+
+def _wider(refs: ComparisonRow, sim: ComparisonRow) -> ComparisonRow:
+    """(A copy of) the references' chained row with the simulator's figure where its run of the
+    reference is further from the reference (largest error, relative difference, cosine): the
+    end-to-end floor of an ortqnn bundle."""
+    def larger(a, b):
+        return b if (b is not None and math.isfinite(b) and (a is None or not math.isfinite(a)
+                                                              or b > a)) else a
+    refs.lsb, refs.rel = larger(refs.lsb, sim.lsb), larger(refs.rel, sim.rel)
+    if math.isfinite(sim.cos_min) and not sim.cos_min >= refs.cos_min:
+        refs.cos_min = sim.cos_min
+    return refs
 
 
 # ============================================================================ verify
@@ -597,6 +660,13 @@ def _short_limit(row: ComparisonRow) -> str:
         row.limit.split(" or ")[0] if row.unit != "differences" else row.limit
 
 
+def _wrapped(text: str) -> list:
+    """A header line within TERMINAL_COLUMNS, its continuations indented."""
+    import textwrap
+    return textwrap.wrap(text, TERMINAL_COLUMNS, subsequent_indent="    ",
+                         break_on_hyphens=False) or [""]
+
+
 def json_safe(value):
     """`value` with every NaN and infinity as null: report.json and `verify --json` are strict
     JSON (JavaScript's parser, among others, refuses NaN), and a number that is not one says
@@ -609,6 +679,12 @@ def json_safe(value):
         return [json_safe(v) for v in value]
     return value
 
+
+# what runs a reference-backend bundle (hexbundle.runtime); an ortqnn bundle's executor is read
+# from its bins and DLLs (backends/ortqnn_sim.describe_executor)
+INTERPRETER = "hexbundle.runtime's interpreter of the bins (numpy, on the CPU)"
+SIMULATOR_DIR = "simulator"     # under the verify directory: an ortqnn bundle's own bins
+SIMULATED_REFERENCE = "simulated reference vs reference"   # checks/simulated.py's
 
 # the terminal's width the verdict table is kept within
 TERMINAL_COLUMNS = 120
@@ -627,6 +703,8 @@ class Report:
     seed: int = 0
     prompt_text: str = ""          # the ordinary text the token ids were taken from
     prompt_ids: list = field(default_factory=list)   # every id fed (prompt and decode)
+    executor: str = ""             # what produced the bundle's outputs
+    timings: dict = field(default_factory=dict)      # part label -> {what: seconds}
 
     @property
     def failures(self) -> list:
@@ -652,6 +730,7 @@ class Report:
                 f"{self.prompt_tokens} prompt tokens + {self.decode_steps} decode steps: "
                 f"{len(self.prompt_ids)} ids of ordinary text (seed {self.seed})",
                 f"  {preview!r}",
+                *_wrapped(f"bundle outputs by: {self.executor}"),
                 f"noise floor {self.noise_floor_lsb:.1f} LSB: {self.noise_floor_from}"]
 
     def table(self, report_path: str = "") -> str:
@@ -666,11 +745,23 @@ class Report:
         lines = self._header() + tables.table(
             ("part", "check", "value", "floor", "ratio", "limit", "verdict"), body,
             right={3, 4})
+        lines += self.timing_lines()
         lines += [f"FAIL {_short_part(r)}, {r.check}: {'; '.join(r.problems)}"
                   for r in self.failures]
         where = f"; every row, with the reported ones: {report_path}" if report_path else ""
         lines.append(f"{'ok' if self.ok else 'FAILED'} in {self.seconds:.1f}s{where}")
         return "\n".join(lines)
+
+    def timing_lines(self) -> list:
+        """One line per part: what took how long (seconds; "runs": how many graph runs)."""
+        out = []
+        for label, seconds in self.timings.items():
+            match = re.fullmatch(r"part (\d+) of (\d+) \(.*?\)", label)
+            name = f"part {match[1]}/{match[2]}" if match else label
+            out += _wrapped(f"time {name}: " + ", ".join(
+                f"{what} {value:.0f}" if what == "runs" else f"{what} {value:.1f}s"
+                for what, value in seconds.items()))
+        return out
 
     def full_table(self) -> str:
         """Every row and column (what report.json holds), as text: wide."""
@@ -696,14 +787,19 @@ class Report:
 
 
 def _run_reference(bp, layout: Layout, cl: int, scratch: Path, rounding: str, x_same,
-                   x_chain, n_prompt: int, float_bitwidth: int, spill: Path) -> tuple:
+                   x_chain, n_prompt: int, float_bitwidth: int, spill: Path,
+                   derived: Optional[dict] = None,
+                   also: Optional[Callable[[dict], None]] = None) -> tuple:
     """(fed the bundle's input, chained on its own) through the part's reference with
     `rounding`, their outputs spilled to spill-same.npy and spill-chained.npy; its scratch
-    files removed after."""
+    files removed after. `derived`: an ortqnn bundle's extra encodings (reference_graphs);
+    `also(graphs)`: run before the graphs' files go (the simulator's run of them)."""
     cfg = layout.cfg
     graphs = reference_graphs(bp.part, cfg.model, layout.every_graph_files(), cl, scratch,
-                              rounding, float_bitwidth)
+                              rounding, float_bitwidth, derived)
     try:
+        if also is not None:
+            also(graphs)
         same = run_sequence(reference_session(bp.part, cfg, graphs), x_same, n_prompt,
                             _named(spill, "same"))
         chained = same if x_chain is x_same else run_sequence(
@@ -731,7 +827,7 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     from hexbundle.checks.exact import PartGraph
     from hexbundle.runtime.qdq import AIMET, HALF_EVEN
     cfg = layout.cfg
-    started = time.monotonic()
+    began = time.monotonic()
     bundle_dir = Path(bundle_dir or layout.bundle_dir)
     v = options.settings
     genie = read_genie_config(bundle_dir)
@@ -741,57 +837,133 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     prompt = ordinary_prompt(genie.tokenizer, genie.n_vocab, v.seed, total)
     ids = prompt.ids
     log(f"verify: {total} token ids of ordinary text (seed {v.seed}): {prompt.text[:60]!r}...")
-    opened = open_bundle_parts(cfg, genie)
+    simulated = options.backend == "ortqnn"
+    if not simulated:
+        opened = open_bundle_parts(cfg, genie)
     lengths = options.context_lengths
     chains = {cl: (ids, ids, ids, ids) for cl in lengths}   # bundle, reference, ref 2, float
-    rows, scales = [], {}
+    sim_chains = {cl: ids for cl in lengths}   # ortqnn: the reference on the simulator
+    rows, scales, timings = [], {}, {}
+    executor = INTERPRETER
     layout.verify_report.parent.mkdir(parents=True, exist_ok=True)
     # every sequence is spilled to the scratch directory (SequenceRows): only the part's session
     # is in memory while it runs, not the sequences kept for the next part and the end
     with temp_dir(layout.verify_report.parent, "reference") as scratch:
         scratch = Path(scratch)
+        if simulated:   # checks/simulated.py: each bin recompiled, each graph's own bin run
+            from hexbundle.checks.simulated import close_session, open_simulated_parts
+            opened, recompiles = open_simulated_parts(
+                layout, options, genie, layout.verify_report.parent / SIMULATOR_DIR, scratch, log)
         try:
             for bp in opened:
                 log(f"verify: {bp.label}: exact checks")
-                rows += exact_rows(bp.label, bp.part.index, bp.reader, [
-                    PartGraph(g.name, layout.onnx(g), layout.encodings(g))
-                    for cl in lengths for g in cfg.model.graphs(bp.part, cl)])
+                if simulated:
+                    rows.append(recompiled_row(bp.label, bp.part.index,
+                                               *recompiles[bp.part.index]))
+                else:
+                    rows += exact_rows(bp.label, bp.part.index, bp.reader, [
+                        PartGraph(g.name, layout.onnx(g), layout.encodings(g))
+                        for cl in lengths for g in cfg.model.graphs(bp.part, cl)])
                 bp.reader.release_pages()
+                seconds = getattr(bp, "seconds", {})
                 for cl in lengths:   # every length's graphs of the part, the same tokens
                     label = bp.label + (f" cl {cl}" if len(lengths) > 1 else "")
                     log(f"verify: {label}")
                     spill = scratch / f"part{bp.part.index}-cl{cl}"
                     x_bundle, x_ref, x_ref2, x_float = chains[cl]
-                    session = bundle_session(bp, cfg, rope, cl)
+                    started = time.monotonic()
+                    if simulated:
+                        from hexbundle.checks.simulated import executor_text, simulated_session
+                        session = simulated_session(bp, layout, rope, cl,
+                                                    scratch / f"sim-{bp.part.index}-{cl}", log)
+                        try:
+                            b = run_sequence(session, x_bundle, n_prompt,
+                                             _named(spill, "bundle"))
+                        finally:
+                            close_session(session, bp)
+                        executor = executor_text(session)
+                    else:
+                        session = bundle_session(bp, cfg, rope, cl)
+                        b = run_sequence(session, x_bundle, n_prompt, _named(spill, "bundle"))
+                        seconds["bundle"] = seconds.get("bundle", 0.0) \
+                            + time.monotonic() - started
                     scales[cl] = output_scale(session)
-                    b = run_sequence(session, x_bundle, n_prompt, _named(spill, "bundle"))
                     kv_scales = kv_entry_scales(session)
                     del session
                     # the bin's pages, left resident by the run, would sit under the reference's
                     # and the float's weights (the peak RSS): drop them, keeping the mmap
                     bp.reader.release_pages()
+                    started = time.monotonic()
+                    derived, simulate, on_sim = None, None, []
+                    if simulated:   # the references in the form ortqnn compiles, and run
+                        from hexbundle.checks.simulated import (derived_for, rebuilt_problems,
+                                                                simulated_reference)
+                        derived = derived_for(layout, bp.part, cl, options.float_bitwidth,
+                                              scratch / "derive")
+                        seconds["derive encodings"] = time.monotonic() - started
+                        started = time.monotonic()
+
+                        def simulate(graphs, bp=bp, cl=cl, on_sim=on_sim):
+                            """The reference on the simulator: fed the bundle's input, and
+                            chained on its own (the end-to-end floor)."""
+                            begun = time.monotonic()
+                            for x in (x_bundle, sim_chains[cl]):
+                                sim = simulated_reference(
+                                    bp, graphs, rope, scratch / f"simref-{bp.part.index}-{cl}",
+                                    log)
+                                if not on_sim:
+                                    rows.append(rebuilt_row(
+                                        label, bp.part.index,
+                                        *rebuilt_problems(layout, bp.part, cl, sim.whole)))
+                                try:
+                                    on_sim.append(run_sequence(sim, x, n_prompt,
+                                                               _named(spill, f"sim{len(on_sim)}")))
+                                finally:
+                                    close_session(sim, bp, "reference on the simulator")
+                            bp.seconds["reference on the simulator"] = \
+                                time.monotonic() - begun
                     same, chained = _run_reference(bp, layout, cl, scratch, HALF_EVEN, x_bundle,
                                                    x_ref, n_prompt, options.float_bitwidth,
-                                                   _named(spill, HALF_EVEN, ""))
+                                                   _named(spill, HALF_EVEN, ""), derived,
+                                                   simulate)
                     same2, chained2 = _run_reference(bp, layout, cl, scratch, AIMET, x_bundle,
                                                      x_ref2, n_prompt, options.float_bitwidth,
-                                                     _named(spill, AIMET, ""))
+                                                     _named(spill, AIMET, ""), derived)
+                    if on_sim:
+                        rows.append(make_row(label, bp.part.index, SIMULATED_REFERENCE,
+                                             on_sim[0].outputs, same.outputs, bp.part.has_head,
+                                             scale=scales[cl]))
+                        rows[-1].notes.append("the reference run on the simulator: its share "
+                                              "of the noise floor")
+                        sim_chains[cl] = mapped_afresh(on_sim[1].outputs)
+                    seconds["references"] = seconds.get("references", 0.0) \
+                        + time.monotonic() - started - seconds.get("reference on the simulator", 0)
                     rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
-                                      PartRuns(b, same, same2), v, scales[cl], kv_scales)
+                                      PartRuns(b, same, same2,
+                                               simulated=on_sim[0] if on_sim else None),
+                                      v, scales[cl], kv_scales)
+                    del on_sim[:]
                     # the references fed the bundle's input are compared: only the chains stay,
                     # mapped afresh (the pages the comparisons read are given back)
                     b.outputs = mapped_afresh(b.outputs)
                     chains[cl] = (b.outputs, mapped_afresh(chained.outputs),
                                   mapped_afresh(chained2.outputs))
                     del same, same2, chained, chained2
+                    started = time.monotonic()
                     session = onnx_session(bp.part, layout.cfg.model, layout.every_graph_files(), cl)
                     f = run_sequence(session, x_float, n_prompt, _named(spill, "float"))
+                    seconds["float"] = seconds.get("float", 0.0) + time.monotonic() - started
                     rows.append(drift_row(label, bp.part.index, bp.part.has_head, b.outputs,
                                           f.outputs))
                     chains[cl] = (*(mapped_afresh(c) for c in chains[cl]),
                                   mapped_afresh(f.outputs))
                     del b, f
+                timings[bp.label] = dict(seconds)
                 bp.reader.close()
+            if simulated:   # the own bins of earlier QDQ models, toolchains or options
+                from hexbundle.backends.ortqnn_sim import prune_own_bins
+                prune_own_bins(layout.verify_report.parent / SIMULATOR_DIR,
+                               set().union(*(bp.used for bp in opened)))
         finally:
             for bp in opened:
                 bp.reader.close()
@@ -799,20 +971,23 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
         gate_against_floor(rows, floor, v)
         for cl in lengths:
             label = "end to end" + (f" cl {cl}" if len(lengths) > 1 else "")
-            rows += end_to_end_rows(label, *chains[cl], v, scales.get(cl))
-        del chains   # the spilled sequences' maps, before their files are removed
+            rows += end_to_end_rows(label, *chains[cl], v, scales.get(cl),
+                                    sim_chains[cl] if simulated else None)
+        del chains, sim_chains   # the spilled sequences' maps, before their files are removed
     return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v.decode_steps, rows,
-                  time.monotonic() - started, floor, where, v.seed, prompt.text,
-                  [int(i) for i in ids])
+                  time.monotonic() - began, floor, where, v.seed, prompt.text,
+                  [int(i) for i in ids], executor, timings)
 
 
 def run_verify(layout: Layout, options) -> None:
     """Print the table, write the JSON report; a failure names the first bad part. `options`:
     the verify step's (steps/options.py), the same value its task is keyed on."""
-    if options.backend != "reference":
-        raise VerifyError(f"verify runs the open-format context binaries of the reference backend; "
-                          f"backend {options.backend!r} bins are QNN binaries that only a device runs. "
-                          f"Verify the same model with backend=reference")
+    if options.backend not in ("reference", "ortqnn"):
+        raise VerifyError(f"verify runs the open-format context binaries of the reference "
+                          f"backend, or an ortqnn bundle's graphs on Qualcomm's simulator; "
+                          f"backend {options.backend!r} bins are QNN binaries that only a "
+                          f"device runs. Verify the same model with backend=reference or "
+                          f"backend=ortqnn")
     try:
         report = compare_bundle_with_onnx(layout, options)
     except VerifyError as exc:

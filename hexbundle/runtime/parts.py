@@ -114,16 +114,21 @@ def onnx_session(part, model: Model, files: dict,
 
 
 def reference_graphs(part, model: Model, files: dict, context_length: int, scratch: Path,
-                     rounding: str = "half-even", float_bitwidth: int = 32) -> dict:
+                     rounding: str = "half-even", float_bitwidth: int = 32,
+                     derived: Optional[dict] = None) -> dict:
     """The export's quantized reference of a part's graphs at one context length (runtime.qdq:
     its ONNX with its encodings applied, with `rounding`; `files`: graph name -> GraphInputs),
-    written under scratch/cl<C>-<rounding>/ (one weights file)."""
+    written under scratch/cl<C>-<rounding>/ (one weights file). `derived` (an ortqnn bundle's:
+    graph name -> the activation encodings its convert adds): the graphs in the form that
+    backend compiles, integer weights and every float weight and activation encoded
+    (backends/ortqnn.py)."""
     from hexbundle.runtime.qdq import WeightStore, qdq_graph
     directory = scratch / f"cl{context_length}-{rounding}"
     store = WeightStore(directory)   # the part's graphs share their weights: written once
     try:
         return {g.kind: qdq_graph(files[g.name].onnx, files[g.name].encodings, directory, store,
-                                  g.kind, rounding, float_bitwidth)
+                                  g.kind, rounding, float_bitwidth, derived is not None,
+                                  (derived or {}).get(g.name))
                 for g in model.graphs(part, context_length)}
     finally:
         store.close()

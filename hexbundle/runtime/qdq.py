@@ -497,8 +497,10 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
 
 def qdq_graph(onnx_path: Path, encodings_path: Path, out_dir: Path,
               store: Optional[WeightStore] = None, name: str = "model",
-              rounding: str = HALF_EVEN, float_bitwidth: int = 32) -> OnnxGraph:
-    """The reference of one graph, as a part session's graph executor."""
+              rounding: str = HALF_EVEN, float_bitwidth: int = 32,
+              integer_weights: bool = False, activations: Optional[dict] = None) -> OnnxGraph:
+    """The reference of one graph, as a part session's graph executor. `integer_weights` and
+    `activations` as write_qdq_model's: the form the ortqnn backend compiles (its references)."""
     return OnnxGraph(write_qdq_model(onnx_path, encodings_path, out_dir, store, name, rounding,
-                                     float_bitwidth),
+                                     float_bitwidth, integer_weights, activations),
                      optimize=False, source=onnx_path)

@@ -46,6 +46,9 @@ class VerifyOptions:
     settings: VerifySettings          # the model's [verify] table
     context_lengths: tuple
     float_bitwidth: int = 32          # how the build stores float weights (the reference too)
+    # backend ortqnn: each part's CompileOptions, in part order (verify recompiles each bin and
+    # compiles each graph's own bin for the simulator: checks/simulated.py); () otherwise
+    compile: tuple = ()
 
 
 def generate_options(cfg: BuildConfig) -> GenerateOptions:
@@ -200,8 +203,10 @@ def bundle_outputs(layout: Layout) -> list:
 
 
 def verify_options(cfg: BuildConfig) -> VerifyOptions:
+    simulated = tuple(compile_options(cfg, part) for part in cfg.plan.parts()) \
+        if cfg.backend == "ortqnn" else ()
     return VerifyOptions(cfg.backend, cfg.verify, tuple(cfg.model.context_lengths),
-                         cfg.compile.float_bitwidth)
+                         cfg.compile.float_bitwidth, simulated)
 
 
 def by_slot(slots: list, files: dict) -> list:
