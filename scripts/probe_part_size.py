@@ -32,7 +32,7 @@ def main(argv: list) -> int:
     try:
         cfg = load_build(ROOT, overrides)
         layout = Layout(cfg)
-        options = bundle_options(cfg)
+        options = bundle_options(layout)
         backend = get_backend(cfg.backend)
         parts = {p.index: (p, c) for p, c in zip(cfg.plan.parts(), options.compile)}
         if index not in parts:

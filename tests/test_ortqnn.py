@@ -175,8 +175,9 @@ def test_bundle_builds_real_bins(ortqnn_build):
 @pytest.mark.heavy
 def test_bundle_passes_the_size_check(ortqnn_build):
     """`doit bundle backend=ortqnn` completes: every part's weights' buffer is smaller than the
-    same part's compiled with its 4-bit weights stored as bytes by exactly half a byte per
-    4-bit weight its encodings declare (checks/sizes.py), and the bundle passes check_bundle."""
+    same part's compiled with its 4-bit weights stored as bytes by exactly what its declared
+    4-bit weights stored as 4 bits save (checks/sizes.py); on the tiny model's shapes that is
+    half a byte per weight. The bundle passes check_bundle."""
     from hexbundle.checks.genie_bundle import check_bundle
     project, run, _ = ortqnn_build
     text = run.out + run.err
@@ -185,6 +186,7 @@ def test_bundle_passes_the_size_check(ortqnn_build):
     rows = [line.split() for line in table]
     assert [r[-1] for r in rows] == ["ok"] * 4, text
     assert any(int(r[3]) > 0 for r in rows), text    # the tiny model has 4-bit weights
+    assert all(int(r[3]) == int(r[4]) == int(r[5]) for r in rows), text   # no padding here
     bundle = project.build_dir(backend="ortqnn") / "bundle"
     report = check_bundle(bundle, {77: "v73"})
     assert not report.problems, report.problems
@@ -201,23 +203,22 @@ def _with_4bit_weights_as_bytes(monkeypatch):
     monkeypatch.setattr(qdq, "_pack_nibbles", lambda q: np.asarray(q))
 
 
-@pytest.mark.heavy
-def test_4bit_weights_stored_as_bytes_fail_the_size_check(ortqnn_build, monkeypatch, tmp_path):
-    """The seeds' trap, with Qualcomm's compiler: part 2 converted with its 4-bit weights stored
-    as 8 bits and compiled makes a bin that the size check refuses, naming the part, the bytes
-    expected and measured. The faithful bin is restored afterwards."""
+def _part_with_4bit_weights_as_bytes(project, env, overrides: dict, position: int,
+                                     monkeypatch, tmp_path) -> str:
+    """The part at `position` of a built project converted again with its 4-bit weights stored
+    as 8 bits and compiled; the size check's SizeError message (the test fails if it passes).
+    The faithful bin and QDQ models are restored afterwards."""
     from hexbundle.backends import get_backend
     from hexbundle.checks.sizes import check_built_sizes
     from hexbundle.config.build import load_build
     from hexbundle.config.layout import Layout
     from hexbundle.steps.options import bundle_options, compile_options, convert_options
     from hexbundle.support.errors import SizeError
-    project, _, env = ortqnn_build
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    cfg = load_build(project.root, {"backend": "ortqnn"})
+    cfg = load_build(project.root, {"backend": "ortqnn", **overrides})
     layout, backend = Layout(cfg), get_backend("ortqnn")
-    part = cfg.plan.parts()[1]
+    part = cfg.plan.parts()[position]
     graphs = cfg.model.graphs(part)
     kept = [layout.bin(part)] + [layout.dlc(g) for g in graphs]
     for path in kept:
@@ -237,11 +238,75 @@ def test_4bit_weights_stored_as_bytes_fail_the_size_check(ortqnn_build, monkeypa
         for path in kept:
             shutil.copy2(tmp_path / path.name, path)
     message = str(failure.value)
-    assert message.startswith("4-bit weights stored as 8 bits: part 2 "), message
     assert layout.bin(part).name in message and "measured 0 B smaller" in message, message
+    return message
+
+
+@pytest.mark.heavy
+def test_4bit_weights_stored_as_bytes_fail_the_size_check(ortqnn_build, monkeypatch, tmp_path):
+    """The seeds' trap, with Qualcomm's compiler: part 2 converted with its 4-bit weights stored
+    as 8 bits and compiled makes a bin that the size check refuses, naming the part, the bytes
+    expected and measured. The faithful bin is restored afterwards."""
+    project, _, env = ortqnn_build
+    message = _part_with_4bit_weights_as_bytes(project, env, {}, 1, monkeypatch, tmp_path)
+    assert message.startswith("4-bit weights stored as 8 bits: part 2 "), message
     assert "part 1 " not in message.split("\n")[0] and "part 3 " not in message.split("\n")[0]
     expected = int(message.split("expected ")[1].split(" B")[0])
     assert expected > 0, message
+
+
+QAIHM_QWEN3 = ROOT / "tests" / "data" / "qaihm-ckpt" / "qwen3_4b-0.65.0"
+
+
+@pytest.fixture(scope="module")
+def ortqnn_qaihm_build(tmp_path_factory):
+    """Qualcomm's own quantize output (qai-hub-models 0.65.0, qwen3_4b: split-head [32, 96]
+    convolutions, [96, 160] MatMuls, int4 per channel, 8-bit LM head), imported and bundled."""
+    missing = _kit_available()
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    project = copy_project(tmp_path_factory.mktemp("ortqnn-qaihm"), (*PROJECT_FILES, "requirements"))
+    env = {"HEXBUNDLE_ORTQNN_WHEELHOUSE": str(ROOT / "build" / "wheelhouse" / "ortqnn")}
+    project.doit("import_export", "--dir", str(QAIHM_QWEN3), "--name", "q3", "--model-id",
+                 "qwen3_4b", "--context-length", "4096")
+    run = project.doit("bundle", "model=q3", "backend=ortqnn", env=env, check=False)
+    return project, run, env
+
+
+def _size_rows(text: str, model: str) -> list:
+    lines = text[text.index(f"size check: {model}"):].splitlines()
+    return [line.split() for line in lines[2:] if line.split() and line.split()[0].isdigit()]
+
+
+@pytest.mark.heavy
+def test_qualcomm_checkpoint_passes_the_size_check(ortqnn_qaihm_build):
+    """Issue 48: a faithful build of Qualcomm's checkpoint saves less than half a byte per
+    declared 4-bit weight (HTP pads some int4 tensors, and the weights' buffer counts pages),
+    and passes: the bin saves exactly what the reference compile's declared 4-bit weights do."""
+    _, run, _ = ortqnn_qaihm_build
+    text = run.out + run.err
+    assert run.code == 0, text
+    rows = _size_rows(text, "q3")
+    assert [r[-1] for r in rows] == ["ok"] * 4, text
+    # part, bin, as bytes, half byte each, as 4 bits saves, bin saves, verdict: measured here
+    assert [(int(r[3]), int(r[4]), int(r[5])) for r in rows] == [
+        (0, 0, 0), (124416, 102400, 102400), (124416, 102400, 102400), (41472, 32768, 32768)], text
+
+
+@pytest.mark.heavy
+def test_qualcomm_checkpoint_with_4bit_weights_as_bytes_fails(ortqnn_qaihm_build, monkeypatch,
+                                                              tmp_path):
+    """The other direction on the same checkpoint: part 3 converted with its 4-bit weights as
+    bytes is refused, and the saving expected of it is the faithful bin's (the reference compile
+    from the widened models, narrowed again, makes the faithful bin's weights' buffer)."""
+    project, run, env = ortqnn_qaihm_build
+    assert run.code == 0, run.out + run.err
+    message = _part_with_4bit_weights_as_bytes(project, env, {"model": "q3"}, 2, monkeypatch,
+                                               tmp_path)
+    assert message.startswith("4-bit weights stored as 8 bits: part 3 "), message
+    assert "expected 102400 B smaller" in message, message
 
 
 @pytest.mark.heavy

@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -158,6 +158,31 @@ class OrtQnnBackend:
         self.compile(probes, out, options, log)
         return out
 
+    def compile_packed_reference(self, dlc_paths: list, declared: frozenset,
+                                 options: CompileOptions, scratch: Path,
+                                 log: Callable[[str], None]) -> Optional[Path]:
+        """The size check's second yardstick: this part compiled from the same QDQ models with
+        every weight its encodings declare 4-bit (`declared`: weight names) stored as INT4/UINT4,
+        whatever the convert wrote. HTP does not store every 4-bit tensor in half the bytes
+        (it pads some tensors' rows: docs/backends.md), so what packing saves is measured on
+        this compile, not computed. None when the models already store every declared weight
+        as 4 bits: then the reference is the bin's own inputs, and the compile is
+        deterministic (tests/test_ortqnn.py), so the bin itself is the reference."""
+        (scratch / "reference").mkdir(parents=True, exist_ok=True)
+        models, narrowed = [], 0
+        for dlc in dlc_paths:
+            model = scratch / "reference" / dlc.name
+            count = narrow_declared_4bit(dlc, model, declared)
+            narrowed += count
+            models.append(model if count else dlc)
+        if not narrowed:
+            return None
+        log(f"size check: {narrowed} declared 4-bit values were stored wider; compiling the "
+            "part with them as 4 bits for reference")
+        out = scratch / "reference" / "packed.bin"
+        self.compile(models, out, options, log)
+        return out
+
 
 def derived_activations(onnx_path: Path, encodings_path: Path, scratch: Path, graph_name: str,
                         float_bitwidth: int) -> dict:
@@ -228,6 +253,37 @@ def widen_4bit_weights(model_path: Path, out: Path) -> int:
             count += values.size
             init.CopyFrom(numpy_helper.from_array(values.astype(wider[init.data_type]), init.name))
     onnx.save(model, str(out))
+    return count
+
+
+def narrow_declared_4bit(model_path: Path, out: Path, declared: frozenset) -> int:
+    """The QDQ model with each weight named in `declared` (its integers `<name>__q`, its zero
+    point `<name>__zero_point`, as runtime/qdq.py writes them) stored as INT4/UINT4 when it
+    was written as INT8/UINT8. Writes `out` only when something changed; returns how many
+    values it narrowed. A declared 4-bit weight whose integers leave the 4-bit range was not
+    quantized to its encoding: BackendError naming it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    model = onnx.load(str(model_path), load_external_data=True)
+    narrower = {TensorProto.INT8: (TensorProto.INT4, -8, 7),
+                TensorProto.UINT8: (TensorProto.UINT4, 0, 15)}
+    names = {f"{n}__q" for n in declared} | {f"{n}__zero_point" for n in declared}
+    count = 0
+    for init in model.graph.initializer:
+        if init.name not in names or init.data_type not in narrower:
+            continue
+        to, lo, hi = narrower[init.data_type]
+        values = numpy_helper.to_array(init)
+        if values.size and (values.min() < lo or values.max() > hi):
+            raise BackendError(f"{model_path}: '{init.name}' holds integers {values.min()}.."
+                               f"{values.max()}, outside the 4 bits its encoding declares: the "
+                               "convert did not quantize it to its encoding; rebuild with "
+                               "`doit convert`")
+        count += values.size
+        init.CopyFrom(helper.make_tensor(init.name, to, values.shape,
+                                         values.reshape(-1).tolist()))
+    if count:
+        onnx.save(model, str(out))
     return count
 
 

@@ -122,8 +122,10 @@ def weights_shrink(larger, smaller) -> int:
     metadata repeat it (a word equal to each file's payload size), and it shrinks by the
     weights plus the programs' difference, rounded to pages: measured on qwen2.5-7b-shape part
     2, the payload shrank by 349,585,408 B, the weights' buffer by 349,569,024 B (exactly the
-    declared 4-bit saving); on the tiny model the two coincide. FormatError when their
-    metadata differ in length: not the same graphs."""
+    declared 4-bit saving); on the tiny model the two coincide. The weights' buffer word
+    counts whole 4096-byte pages (every value measured is a page multiple), so a drop smaller
+    than a page can read 0 and any drop is the page-rounded one (docs/backends.md, issue 48).
+    FormatError when their metadata differ in length: not the same graphs."""
     a, b = metadata_words(larger), metadata_words(smaller)
     if len(a) != len(b):
         raise FormatError(f"{smaller}: its metadata ({len(b)} words) are not laid out as "
