@@ -310,3 +310,18 @@ def test_a_boards_runner_is_an_ortqnn_bundles_only(ortqnn_bundle, tmp_path):
     (bundle / "manifest.json").write_text(json.dumps(doc))
     problems = check_bundle(bundle, {77: "v73"}).problems
     assert any("'runtime.runner' is \"board\" in a qairt bundle" in p for p in problems), problems
+
+
+@pytest.mark.heavy
+def test_the_bundle_with_its_runtime_is_up_to_date_on_the_next_run(ortqnn_bundle):
+    """The bundle task's outputs are the files the step makes (Layout.runtime_bundle_files):
+    the runtime, run.sh and clients/ of an ortqnn bundle too, so the next `doit bundle` finds
+    it in place and changes nothing (it was reassembled every run: "run.sh is not part of the
+    bundle: removing it")."""
+    project, env, _ = ortqnn_bundle
+    bundle = project.bundle(backend="ortqnn")
+    before = {p: p.stat().st_ino for p in bundle.rglob("*") if p.is_file()}
+    run = project.doit("bundle", "backend=ortqnn", env=env)
+    assert "not part of the bundle" not in run.out + run.err, run.out + run.err
+    assert "0 built" in run.out, run.out
+    assert {p: p.stat().st_ino for p in bundle.rglob("*") if p.is_file()} == before

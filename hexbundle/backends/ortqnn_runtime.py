@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from hexbundle.backends.ortqnn_kit import WHEELHOUSE, WHEELHOUSE_ENV
-from hexbundle.config.runtime_files import (WHEEL_PLATFORMS, runtime_files, script_name,
+from hexbundle.config.runtime_files import (RUNNER, WHEEL_PLATFORMS, runtime_files, script_name,
                                             wheel_member)
 from hexbundle.formats.genie_api import genie_api_version_of
 from hexbundle.formats.qairt_version import mixed_releases, parse_release, read_file_release
@@ -32,7 +32,6 @@ from hexbundle.support.atomic import write_atomic
 from hexbundle.support.errors import BackendError, HexbundleError, InputError
 
 PIN_FILE = "requirements/ortqnn-runtime.txt"
-RUNNER = "genie-t2t-run"
 
 # For which boards an ortqnn bundle is deployable: none yet, and why (the manifest's
 # runtime.deployment; docs/backends.md). Each reason read from the real files, not guessed.

@@ -542,18 +542,19 @@ class Layout(ProjectLayout):
         return [self.bundle_dir / n for n in names + self.runtime_bundle_files()]
 
     def runtime_bundle_files(self) -> list:
-        """A qairt bundle's launcher and required runtime files (config/runtime_files.py), and
-        the other clients' files, as bundle-relative POSIX paths; the optional ones are there
-        when the SDK has them."""
+        """A qairt or ortqnn bundle's launcher and required runtime files
+        (config/runtime_files.py), and the other clients' files, as bundle-relative POSIX
+        paths; the optional ones are there when the SDK or wheel has them. An ortqnn bundle
+        has no genie-t2t-run (no wheel carries it: run.sh takes the board's)."""
         cfg = self.cfg
-        if cfg.backend != "qairt":
+        if cfg.backend not in ("qairt", "ortqnn"):
             return []
-        from hexbundle.config.runtime_files import (client_paths, runtime_files,   # its table
-                                                    script_name)
+        from hexbundle.config.runtime_files import (RUNNER, client_paths,   # its table
+                                                    runtime_files, script_name)
         out = [script_name(cfg.device.os)]
         if cfg.runtime == "bundled":
             out += [f.bundle_path for f in runtime_files(cfg.device.os, cfg.device.dsp_arch)
-                    if f.required]
+                    if f.required and not (cfg.backend == "ortqnn" and f.role == RUNNER)]
             out += list(client_paths(cfg.model.name, cfg.device.os, cfg.device.dsp_arch).values())
         return out
 

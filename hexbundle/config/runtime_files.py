@@ -60,6 +60,9 @@ def is_windows(target: str) -> bool:
     return target == WINDOWS
 
 
+RUNNER = "genie-t2t-run"   # the runner's role in the table
+
+
 def script_name(target: str) -> str:
     """The bundle's launcher: run.sh, or run.cmd on Windows."""
     return "run.cmd" if is_windows(target) else "run.sh"
@@ -97,7 +100,7 @@ def runtime_files(target: str, dsp_arch: str) -> tuple:
         files.append(RuntimeFile("skel's signing catalog", f"lib/hexagon-v{nn}/unsigned/{cat}",
                                  f"{DSP}/{cat}", "catalog", True, False))
     runner = "genie-t2t-run.exe" if is_windows(target) else "genie-t2t-run"
-    files.append(RuntimeFile("genie-t2t-run", f"bin/{target}/{runner}", f"{BIN}/{runner}",
+    files.append(RuntimeFile(RUNNER, f"bin/{target}/{runner}", f"{BIN}/{runner}",
                              "cpu", True, False))
     return tuple(files)
 
