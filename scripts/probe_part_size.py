@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hexbundle.backends import get_backend                       # noqa: E402
+from hexbundle.backends.registry import get_backend  # noqa: E402
 from hexbundle.checks.sizes import MIB, format_probed_table, probe_part   # noqa: E402
 from hexbundle.config.build import load_build                     # noqa: E402
 from hexbundle.config.layout import Layout                        # noqa: E402

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import CONFIGS, ROOT, copy_project
-from hexbundle.backends import ConvertOptions, get_backend
+from hexbundle.backends import ConvertOptions
+from hexbundle.backends.registry import get_backend
 from hexbundle.config.build import load_model
 from hexbundle.formats.dlc import read_dlc
 from hexbundle.formats.encodings import load_encodings

@@ -7,7 +7,8 @@ import inspect
 import pytest
 
 from hexbundle import backends
-from hexbundle.backends import _BACKENDS, MARKING_BACKENDS, Backend
+from hexbundle.backends import MARKING_BACKENDS, Backend
+from hexbundle.backends.registry import _BACKENDS
 
 PROTOCOL_METHODS = [name for name, value in vars(Backend).items()
                     if callable(value) and not name.startswith("_")]

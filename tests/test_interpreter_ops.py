@@ -14,7 +14,8 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, get_backend
+from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions
+from hexbundle.backends.registry import get_backend
 from hexbundle.formats.ctxbin import read_ctxbin
 from hexbundle.runtime import interpreter
 from hexbundle.runtime.interpreter import GraphRunner

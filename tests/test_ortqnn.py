@@ -208,7 +208,7 @@ def _part_with_4bit_weights_as_bytes(project, env, overrides: dict, position: in
     """The part at `position` of a built project converted again with its 4-bit weights stored
     as 8 bits and compiled; the size check's SizeError message (the test fails if it passes).
     The faithful bin and QDQ models are restored afterwards."""
-    from hexbundle.backends import get_backend
+    from hexbundle.backends.registry import get_backend
     from hexbundle.checks.sizes import check_built_sizes
     from hexbundle.config.build import load_build
     from hexbundle.config.layout import Layout

@@ -18,7 +18,8 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, get_backend
+from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions
+from hexbundle.backends.registry import get_backend
 from hexbundle.checks import sizes
 from hexbundle.config.build import load_build, load_model
 from hexbundle.config.layout import graph_files

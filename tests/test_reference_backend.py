@@ -16,7 +16,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, get_backend
+from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions
+from hexbundle.backends.registry import get_backend
 from hexbundle.formats.container import ALIGN, PREAMBLE, container_size, tensor_blob_nbytes
 from hexbundle.formats.ctxbin import read_ctxbin
 from hexbundle.formats.dlc import read_dlc

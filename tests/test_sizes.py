@@ -9,7 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, get_backend
+from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions
+from hexbundle.backends.registry import get_backend
 from hexbundle.checks import sizes
 from hexbundle.config.build import load_model
 from hexbundle.config.layout import graph_files

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hexbundle.backends import (CompileOptions, ConvertOptions, DeviceOptions, get_backend,
-                                reference)
+from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, reference
+from hexbundle.backends.registry import get_backend
 from hexbundle.config.model import Architecture, Model, Plan, Quantization
 from hexbundle.formats import container
 from hexbundle.formats.container import GraphInfo, QuantParams, Tensor, TensorStream
@@ -81,7 +81,8 @@ def test_a_stream_of_odd_blocks_packs_like_the_whole_tensor(tmp_path):
 STEP = """
 import json, os, sys, time
 from pathlib import Path
-from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions, get_backend
+from hexbundle.backends import CompileOptions, ConvertOptions, DeviceOptions
+from hexbundle.backends.registry import get_backend
 spec = json.loads(sys.argv[1])
 backend = get_backend("reference")
 if spec["step"] == "none":   # the interpreter and imports alone: the baseline

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import CONFIGS, copy_project, drop_encoding
-from hexbundle.backends import ConvertOptions, get_backend
+from hexbundle.backends import ConvertOptions
+from hexbundle.backends.registry import get_backend
 from hexbundle.config.build import load_model
 from hexbundle.formats.dlc import read_dlc
 from hexbundle.inputs import generate

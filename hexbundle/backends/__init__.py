@@ -5,7 +5,6 @@ SDK; "ortqnn" drives QAIRT's HTP compiler from the onnxruntime-qnn wheel through
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -49,12 +48,6 @@ class Backend(Protocol):
                   log: Callable[[str], None]) -> None: ...
 
 
-# name -> (module, class); modules are imported only when that backend is asked for.
-_BACKENDS = {
-    "reference": ("hexbundle.backends.reference", "ReferenceBackend"),
-    "qairt": ("hexbundle.backends.qairt", "QairtBackend"),
-    "ortqnn": ("hexbundle.backends.ortqnn", "OrtQnnBackend"),
-}
 
 
 def reference_toolchain_version() -> str:
@@ -82,17 +75,3 @@ MARKING_BACKENDS = ("reference",)
 
 def marks_outputs(name: str) -> bool:
     return name in MARKING_BACKENDS
-
-
-def get_backend(name: str) -> Backend:
-    if name not in _BACKENDS:
-        raise BackendError(f"unknown backend {name!r}; choose reference, qairt or ortqnn")
-    module_name, class_name = _BACKENDS[name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise   # a dependency of the backend is missing: let its own error show
-        raise BackendError(f"backend {name!r} is not available in this hexbundle installation "
-                           f"({module_name} is missing); use the reference backend") from None
-    return getattr(module, class_name)()

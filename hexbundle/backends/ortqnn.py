@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from hexbundle.backends import CompileOptions, ConvertOptions
+from hexbundle.config.backend_options import CompileOptions, ConvertOptions
 from hexbundle.backends.ortqnn_kit import ensure_kit, kit_fingerprint, qnn_pin
 from hexbundle.config.toolchain import project_root
 from hexbundle.formats.onnxfile import load_structure

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from hexbundle.backends import CompileOptions
+from hexbundle.config.backend_options import CompileOptions
 from hexbundle.backends.ortqnn import OrtQnnBackend, _timeout, ep_options, link_or_copy
 from hexbundle.backends.ortqnn_kit import Kit, _worth_logging, ensure_kit, windows_path
 from hexbundle.config.toolchain import project_root

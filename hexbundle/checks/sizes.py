@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from hexbundle.backends import get_backend, reference_toolchain_version
+from hexbundle.backends import reference_toolchain_version
+from hexbundle.backends.registry import get_backend
 from hexbundle.backends.weightplan import (WeightPlan, constant_stand_in, graph_encodings, graph_info,
                                            load_onnx_structure, plan_weights, topology_bytes)
 from hexbundle.config.layout import Layout

@@ -16,7 +16,7 @@ What the analysis follows, from each entry module, transitively:
   - the `__init__.py` of every package above an imported module (Python runs them first);
   - modules named by a string: in a module whose source names `import_module`, every quoted
     string that is exactly the dotted name of a hexbundle module counts as imported (the
-    backends: hexbundle.backends._BACKENDS maps "reference" -> "hexbundle.backends.reference",
+    backends: hexbundle.backends.registry._BACKENDS maps "reference" -> "hexbundle.backends.reference",
     so a convert's key covers both backends' code, whichever one it runs).
 
 What it does not follow:

@@ -20,7 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
-from hexbundle.backends import get_backend
+from hexbundle.backends.registry import get_backend
 from hexbundle.checks import sizes
 from hexbundle.checks.genie_bundle import check_bundle
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER

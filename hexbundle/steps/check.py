@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hexbundle.backends import get_backend
+from hexbundle.backends.registry import get_backend
 from hexbundle.checks.exact import PartGraph, exact_checks
 from hexbundle.config.step_options import CheckStepOptions
 from hexbundle.formats.ctxbin import read_ctxbin

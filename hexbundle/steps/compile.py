@@ -7,7 +7,7 @@ the backend's CompileOptions, the files each graph was converted from, for its m
 """
 from __future__ import annotations
 
-from hexbundle.backends import get_backend
+from hexbundle.backends.registry import get_backend
 from hexbundle.config.step_options import CompileStepOptions
 from hexbundle.steps.description import Description
 from hexbundle.steps.outputkey import output_key

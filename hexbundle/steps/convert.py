@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hexbundle.backends import ConvertOptions, get_backend
+from hexbundle.backends import ConvertOptions
+from hexbundle.backends.registry import get_backend
 from hexbundle.backends.weightplan import graph_encodings, plan_weights
 from hexbundle.config.step_options import ConvertStepOptions
 from hexbundle.formats.encodings import require_encodings_file

@@ -70,7 +70,7 @@ def row_backend(backend) -> dict:
 def backend_step(spec: dict) -> dict:
     """Run in a fresh process by Bench.backend_row: one convert or compile of the part, outputs
     in the scratch directory. Returns its own timing (interpreter start-up excluded)."""
-    from hexbundle.backends import get_backend
+    from hexbundle.backends.registry import get_backend
     from hexbundle.steps.options import compile_options, convert_options
     cfg = load_build(Path(spec["root"]), {"model": spec["model"]})
     layout = Layout(cfg)
