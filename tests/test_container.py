@@ -276,12 +276,15 @@ def test_a_docker_bundle_is_byte_identical_to_a_local_one(engine, toolchain_imag
         assert log.read_text().startswith(f"# container: image hexbundle/toolchain:local "
                                           f"{record['id']}, user {user}")
     uid, gid = (int(n) for n in user.split(":"))
+    build_info = docker_proj.build_dir() / "build-info.json"
     for path in (docker_proj.root / "build" / "qwen2-tiny").rglob("*"):   # the model's tree:
-        assert (path.lstat().st_uid, path.lstat().st_gid) == (uid, gid), path   # steps' outputs
+        if path != build_info:                                           # steps' outputs
+            assert (path.lstat().st_uid, path.lstat().st_gid) == (uid, gid), path
     state = docker_proj.root / "build" / ".hexbundle"
-    # the doit process's own files stay the host user's: the lock, the variant's and model's DBs
-    for path in (state / "lock", docker_proj.doit_db(), docker_proj.model_db()):
-        assert path.stat().st_uid == os.getuid()
+    # the doit process's own files stay the host user's: the lock, the variant's and model's DBs,
+    # and build-info.json, which the doit run writes after the bundle step (graph.targets)
+    for path in (state / "lock", docker_proj.doit_db(), docker_proj.model_db(), build_info):
+        assert path.stat().st_uid == os.getuid(), path
     assert not step_containers(engine, docker_proj)
     assert not list((state / "containers").iterdir())   # each container's record went with it
     # switching the executor reruns the steps (the image is part of their up-to-date key)
@@ -373,7 +376,7 @@ def test_a_non_root_uid_can_write_outputs_and_the_digest_cache(engine, toolchain
     proj = copy_project(tmp_path / "proj")
     shutil.copytree(built.root / "build", proj.root / "build", symlinks=True)
     subprocess.run(["chown", "-R", "4321:4321", str(proj.root / "build")], check=True)
-    layout = Layout(load_build(proj.root))
+    layout = Layout(load_build(proj.root, {"executor": "docker"}))
     log = tmp_path / "bundle.log"
     spec = described_spec(layout, step_descriptions(proj.root, ("bundle",))["bundle"])
     code = container.run_in_container(layout, spec, log, user="4321:4321")

@@ -187,7 +187,9 @@ def test_a_full_disk_under_the_db_is_a_message_and_the_next_run_resumes(built_co
     state = built_copy.root / STATE
     saved = tmp_path / "state"
     shutil.copytree(state, saved)
-    if not _mount_tmpfs(state, "256k"):
+    # Room for the state as built (in tmpfs pages) and a little more: the filler takes the rest
+    pages = sum(-(-f.stat().st_size // 4096) for f in saved.rglob("*") if f.is_file())
+    if not _mount_tmpfs(state, f"{(pages + 16) * 4}k"):
         pytest.skip("needs root and tmpfs mounts (a small file system under build/.hexbundle)")
     try:
         shutil.copytree(saved, state, dirs_exist_ok=True)
