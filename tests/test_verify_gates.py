@@ -450,3 +450,63 @@ def test_the_simulators_run_of_the_reference_raises_the_floor_and_nothing_else()
     assert rows["chained simulated reference vs reference"].value == pytest.approx(600, rel=0.01)
     rows = {r.check: r for r in end_to_end_rows("end to end", bundle, ref, ref2, ref, v, SCALE)}
     assert not rows["chained vs reference"].ok
+
+
+def test_a_limit_that_reaches_the_outputs_whole_grid_is_a_failure_not_a_pass():
+    """Qualcomm's qwen3_4b checkpoint on the simulator (issue 48): the simulated reference was
+    39,175 LSB from the reference in part 2, so each part's limit (floor_multiplier x that) was
+    313,400 LSB, beyond a 16-bit output's whole grid of 65,535: no bundle could fail it, and
+    verify said PASSED. Such a row now fails as "cannot judge", naming the floor's source; a
+    floor whose limit stays inside the grid (the tiny model's 50 LSB) judges as before, and an
+    8-bit output (grid 255) is judged by its own span."""
+    from hexbundle.checks.verify import ComparisonRow, refuse_vacuous_limits
+    v = settings()
+
+    def gated(sim_lsb, bundle_lsb, bits):
+        rows = [ComparisonRow("part 2 of 4 (x.bin)", "reference vs reference (AIMET rounding)",
+                              "hidden", 8, 1.0, 1.0, 0.0, None, part_index=2, lsb=3.0),
+                ComparisonRow("part 2 of 4 (x.bin)", "prefill vs reference", "hidden", 8, 1.0,
+                              1.0, 0.0, None, part_index=2, lsb=bundle_lsb),
+                ComparisonRow("part 2 of 4 (x.bin)", "simulated reference vs reference",
+                              "hidden", 8, 1.0, 1.0, 0.0, None, part_index=2, lsb=sim_lsb)]
+        for row in rows:
+            row.span = float(2 ** bits - 1)
+        floor, where = noise_floor(rows, v)
+        gate_against_floor(rows, floor, v)
+        refuse_vacuous_limits(rows, where)
+        return rows[1]
+
+    vacuous = gated(39175.0, 39175.0, 16)          # the faithful q3 bundle's own figures
+    assert not vacuous.ok and "cannot judge" in vacuous.problems[0]
+    assert "65535 LSB" in vacuous.problems[0]
+    assert "simulated reference vs reference" in vacuous.problems[0]
+    assert gated(50.0, 300.0, 16).ok                # the tiny model's: judged, and within
+    assert not gated(50.0, 500.0, 16).ok            # ... and beyond 8 x 50 it fails as before
+    # the span is exact: the limit one step below the grid judges, at the grid it cannot
+    below = 65534.0 / v.floor_multiplier
+    assert gated(below, below, 16).ok
+    assert not gated(65535.0 / v.floor_multiplier, 1.0, 16).ok
+    assert not gated(40.0, 1.0, 8).ok               # 8 x 40 = 320 > an 8-bit grid's 255
+    assert gated(31.0, 1.0, 8).ok                   # 8 x 31 = 248
+
+
+def test_end_to_end_and_token_vs_prompt_limits_are_judged_by_their_grid_too():
+    """The chained row passes when either its LSB or its cosine ratio is small: with a floor
+    whose LSB limit spans the grid, the LSB leg passes anything, so the row cannot judge."""
+    from hexbundle.checks.verify import refuse_vacuous_limits
+    v = settings()
+    rng = np.random.default_rng(3)
+    ref = signal(rng)
+    far = off_by(ref, 30000, rng, 0.3)            # the simulator's chained run, grossly off
+    rows = end_to_end_rows("end to end", far, ref, ref, ref, v, SCALE, far)
+    for row in rows:
+        row.span = 65535.0
+    refuse_vacuous_limits(rows, "")
+    chained = {r.check: r for r in rows}["chained vs reference"]
+    assert not chained.ok and "cannot judge" in chained.problems[-1]
+    near = off_by(ref, 40, rng, 0.3)
+    rows = end_to_end_rows("end to end", near, ref, ref, ref, v, SCALE, near)
+    for row in rows:
+        row.span = 65535.0
+    refuse_vacuous_limits(rows, "")
+    assert {r.check: r for r in rows}["chained vs reference"].ok

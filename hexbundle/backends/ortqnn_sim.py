@@ -131,6 +131,13 @@ def _dtype_name(elem_type: int) -> str:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
 
 
+def _zero_point_bits(elem_type: int) -> int:
+    """The bitwidth of a QuantizeLinear/DequantizeLinear zero point's ONNX type."""
+    from onnx import TensorProto as T
+    return {T.INT4: 4, T.UINT4: 4, T.INT8: 8, T.UINT8: 8, T.INT16: 16, T.UINT16: 16,
+            T.INT32: 32}[elem_type]
+
+
 class _Encodings:
     """`info.activations` as verify reads it (output_scale, kv_entry_scales): each graph
     output's encoding from the DequantizeLinear that makes it in the QDQ model the bin was
@@ -141,8 +148,9 @@ class _Encodings:
 
 
 def output_encodings(qdq_model: Path) -> dict:
-    """{graph output: {"dtype": "int", "scale": [s]}} for every output a per-tensor
-    DequantizeLinear makes (its scale initializer)."""
+    """{graph output: {"dtype": "int", "scale": [s], "bitwidth": b}} for every output a
+    per-tensor DequantizeLinear makes (its scale initializer; the bitwidth its zero point's
+    type has, uint8 where it has none, as ONNX defines)."""
     import onnx
     from onnx import numpy_helper
     model = onnx.load(str(qdq_model), load_external_data=False)
@@ -154,7 +162,10 @@ def output_encodings(qdq_model: Path) -> dict:
                 and node.input[1] in inits:
             scale = numpy_helper.to_array(inits[node.input[1]])
             if scale.size == 1:
-                found[node.output[0]] = {"dtype": "int", "scale": [float(scale.reshape(-1)[0])]}
+                zero = inits.get(node.input[2]) if len(node.input) > 2 else None
+                bits = _zero_point_bits(zero.data_type) if zero else 8
+                found[node.output[0]] = {"dtype": "int", "scale": [float(scale.reshape(-1)[0])],
+                                         "bitwidth": bits}
     return found
 
 

@@ -196,6 +196,9 @@ class ComparisonRow:
     floor: Optional[float] = None
     ratio: Optional[float] = None
     limit: str = ""               # "" : reported, not gated
+    allowed: Optional[float] = None   # the limit in `unit` (a gated row's)
+    span: Optional[float] = None  # the output grid's whole span in LSB (2^bitwidth - 1): no
+                                  # two values on it differ by more
     problems: list = field(default_factory=list)
     notes: list = field(default_factory=list)
 
@@ -296,6 +299,50 @@ def output_scale(session) -> Optional[float]:
     if not enc or enc.get("dtype", "int") != "int" or len(enc["scale"]) != 1:
         return None
     return float(enc["scale"][0])
+
+
+def output_span(session) -> Optional[float]:
+    """The whole grid of the main output's int encoding, in its steps: 2^bitwidth - 1."""
+    graph = next(iter(session.graphs.values()))
+    enc = (getattr(graph, "info", None) and graph.info.activations or {}).get(session.main_output)
+    return _span(enc)
+
+
+def kv_entry_span(session) -> Optional[float]:
+    """The narrowest grid among the KV outputs' int encodings, in steps (2^bitwidth - 1)."""
+    if not session.layers:
+        return None
+    graph = session.graphs["prompt"]
+    encodings = (getattr(graph, "info", None) and graph.info.activations) or {}
+    from hexbundle.runtime.conventions import kv_names
+    spans = [_span(encodings.get(name)) for layer in session.layers
+             for name in kv_names(layer, "out")]
+    return None if None in spans else min(spans)
+
+
+def _span(enc: Optional[dict]) -> Optional[float]:
+    if not enc or enc.get("dtype", "int") != "int" or not enc.get("bitwidth"):
+        return None
+    return float(2 ** int(enc["bitwidth"]) - 1)
+
+
+def refuse_vacuous_limits(rows: list, where: str) -> None:
+    """A gated row whose limit reaches its output grid's whole span judges nothing: no bundle,
+    however wrong, differs from the reference by more than the grid (an int output's values are
+    on it). That is a failure of the verify, not a pass: the floor the limit comes from (`where`
+    for the parts; the row's own notes otherwise) is as far from the reference as any output
+    can be, so whatever measured it differs from the reference for a reason to find first."""
+    for row in rows:
+        if row.unit != "LSB" or row.allowed is None or row.span is None:
+            continue
+        if row.allowed >= row.span:
+            source = where if row.check in ("prefill vs reference", "decode vs reference") \
+                else "its floor's"
+            row.problems.append(
+                f"cannot judge: its limit {row.allowed:.1f} LSB reaches the output's whole "
+                f"grid ({row.span:.0f} LSB), so no bundle could fail it; the floor "
+                f"{row.floor:.1f} LSB ({source}) must come down before verify can say anything "
+                f"of this part")
 
 
 def kv_entry_scales(session) -> Optional[np.ndarray]:
@@ -452,7 +499,7 @@ def token_vs_prompt_rows(label: str, index: int, logits: bool, bundle: SequenceR
             floor = max(theirs.value, refs, sim, float(v.min_floor_lsb))
             ours.value, ours.unit, ours.floor = _max_lsb(bg, bw, grid), "LSB", floor
             ours.ratio = ratio(ours.value, floor)
-            allowed = v.token_vs_prompt_factor * floor
+            allowed = ours.allowed = v.token_vs_prompt_factor * floor
             ours.limit = f"<= {v.token_vs_prompt_factor:g} x floor = {allowed:.1f} LSB"
             ours.notes.append(f"floor: the reference's own {theirs.value:.1f} LSB, the two "
                               f"references' {refs:.1f} LSB, min_floor_lsb {v.min_floor_lsb:g}"
@@ -529,7 +576,7 @@ def gate_against_floor(rows: list, floor: float, v: VerifySettings) -> None:
                 row.notes.append(f"no int output encoding: relative difference, floor the two "
                                  f"references' {refs:.3g} or min_floor_lsb float32 steps "
                                  f"{least:.3g}")
-            limit = v.floor_multiplier * row.floor
+            limit = row.allowed = v.floor_multiplier * row.floor
             row.ratio = ratio(row.value, row.floor)
             row.limit = f"<= {v.floor_multiplier:g} x floor = {_in_unit(limit, row.unit)}"
             if not (row.value <= limit):   # also a NaN
@@ -582,6 +629,7 @@ def end_to_end_rows(label: str, bundle: np.ndarray, reference: np.ndarray,
         floor = max(basis.lsb, float(v.min_floor_lsb)) if math.isfinite(basis.lsb) \
             else float(v.min_floor_lsb)
         chained.value, chained.unit, chained.floor = chained.lsb, "LSB", floor
+        chained.allowed = v.chained_max_ratio * floor
     else:
         least = v.min_floor_lsb * FLOAT32_STEP
         floor = max(basis.rel, least) if math.isfinite(basis.rel) else least
@@ -777,6 +825,9 @@ class Report:
     def failure_message(self) -> str:
         rows = self.first_divergence()
         checks = "; ".join(f"{r.check}: {', '.join(r.problems)}" for r in rows)
+        if all(p.startswith("cannot judge") for r in rows for p in r.problems):
+            return (f"verify failed: it cannot judge {rows[0].part} ({checks}). "
+                    f"{len(self.failures)} check(s) failed in all; see the table above")
         return (f"verify failed: {rows[0].part} diverged first ({checks}). "
                 f"{len(self.failures)} check(s) failed in all; see the table above")
 
@@ -843,7 +894,7 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
     lengths = options.context_lengths
     chains = {cl: (ids, ids, ids, ids) for cl in lengths}   # bundle, reference, ref 2, float
     sim_chains = {cl: ids for cl in lengths}   # ortqnn: the reference on the simulator
-    rows, scales, timings = [], {}, {}
+    rows, scales, spans, timings = [], {}, {}, {}
     executor = INTERPRETER
     layout.verify_report.parent.mkdir(parents=True, exist_ok=True)
     # every sequence is spilled to the scratch directory (SequenceRows): only the part's session
@@ -888,7 +939,8 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                         seconds["bundle"] = seconds.get("bundle", 0.0) \
                             + time.monotonic() - started
                     scales[cl] = output_scale(session)
-                    kv_scales = kv_entry_scales(session)
+                    spans[cl] = output_span(session)
+                    kv_scales, kv_span = kv_entry_scales(session), kv_entry_span(session)
                     del session
                     # the bin's pages, left resident by the run, would sit under the reference's
                     # and the float's weights (the peak RSS): drop them, keeping the mmap
@@ -938,10 +990,13 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
                         sim_chains[cl] = mapped_afresh(on_sim[1].outputs)
                     seconds["references"] = seconds.get("references", 0.0) \
                         + time.monotonic() - started - seconds.get("reference on the simulator", 0)
-                    rows += part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
-                                      PartRuns(b, same, same2,
-                                               simulated=on_sim[0] if on_sim else None),
-                                      v, scales[cl], kv_scales)
+                    new = part_rows(label, bp.part.index, bp.part.has_head, n_prompt,
+                                    PartRuns(b, same, same2,
+                                             simulated=on_sim[0] if on_sim else None),
+                                    v, scales[cl], kv_scales)
+                    for row in new:
+                        row.span = kv_span if row.what == "kv" else spans[cl]
+                    rows += new
                     del on_sim[:]
                     # the references fed the bundle's input are compared: only the chains stay,
                     # mapped afresh (the pages the comparisons read are given back)
@@ -971,8 +1026,12 @@ def compare_bundle_with_onnx(layout: Layout, options, bundle_dir: Optional[Path]
         gate_against_floor(rows, floor, v)
         for cl in lengths:
             label = "end to end" + (f" cl {cl}" if len(lengths) > 1 else "")
-            rows += end_to_end_rows(label, *chains[cl], v, scales.get(cl),
-                                    sim_chains[cl] if simulated else None)
+            ends = end_to_end_rows(label, *chains[cl], v, scales.get(cl),
+                                   sim_chains[cl] if simulated else None)
+            for row in ends:
+                row.span = spans.get(cl)
+            rows += ends
+        refuse_vacuous_limits(rows, where)
         del chains, sim_chains   # the spilled sequences' maps, before their files are removed
     return Report(cfg.model.name, layout.rel(bundle_dir), n_prompt, v.decode_steps, rows,
                   time.monotonic() - began, floor, where, v.seed, prompt.text,
