@@ -331,12 +331,13 @@ class ChannelCoverage:
         return np.moveaxis(mask, self.axis, 0).reshape(mask.shape[self.axis], -1).any(axis=1)
 
     def add(self, block, q, zero_point, qmax: int, rows: slice) -> None:
-        for seen, mask in ((self.nonzero, block != 0), (self.off_zero, q != zero_point),
-                           (self.inside, (q >= 0) & (q <= qmax))):
-            if self.axis == 0:
-                seen[rows] |= self._any(mask)
-            else:
-                seen |= self._any(mask)
+        masks = ((self.nonzero, lambda: block != 0), (self.off_zero, lambda: q != zero_point),
+                 (self.inside, lambda: (q >= 0) & (q <= qmax)))
+        for seen, mask in masks:
+            if self.axis == 0:    # each block holds channels of its own rows
+                seen[rows] |= self._any(mask())
+            elif not seen.all():  # every block spans every channel: once all are seen, done
+                seen |= self._any(mask())
 
     def refuse_lost(self, onnx_path, name: str, quant: QuantParams) -> None:
         for lost, what in ((self.nonzero & ~self.off_zero, "zero: every value quantizes to "
