@@ -12,6 +12,8 @@ mmaps in blocks and releases each block's pages behind it.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -290,8 +292,8 @@ def _quantized_blocks(values: TensorValues, quant: QuantParams, notes: _StreamNo
         # an encoding given with the weight (check set; a derived one covers its values)
         channels = ChannelCoverage(shape, quant.axis) if check is not None else None
         for rows, block in values.rows(QUANTIZE_BLOCK_ELEMENTS):
-            if check is not None:   # None: the derived-encoding pass checked them already
-                check(block, rows.start)
+            if check is not None and check.limit is not None:
+                check(block, rows.start)   # a float16 bound needs the values themselves
             if scratch is None:
                 scratch = np.empty(block.shape, np.float32)
             scale, offset = quant.expanded(shape, rows)
@@ -302,9 +304,15 @@ def _quantized_blocks(values: TensorValues, quant: QuantParams, notes: _StreamNo
             else:                    # integral: round first, exact even for a 16-bit offset
                 np.rint(q, out=q)    # (w/s + 30000 in float32 would lose bits)
                 q -= offset
+            low, high = (float(q.min()), float(q.max())) if q.size else (0.0, 0.0)
+            if check is not None and not (math.isfinite(low) and math.isfinite(high)):
+                # A NaN or infinite weight makes its q so (finite scales and offsets): only
+                # then are the values searched, to refuse and locate it (None: the
+                # derived-encoding pass checked them already)
+                check(block, rows.start)
             if channels is not None:
                 channels.add(block, q, np.rint(-offset), qmax, rows)
-            if q.size and (q.min() < 0 or q.max() > qmax):   # rare: count only when it happens
+            if low < 0 or high > qmax:   # rare: count only when it happens
                 notes.clipped += int(np.count_nonzero((q < 0) | (q > qmax)))
                 np.clip(q, 0, qmax, out=q)
             yield q.astype(out_dtype)
