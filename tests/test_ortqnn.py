@@ -368,6 +368,43 @@ def test_simulator_runs_a_graph_own_bin(tmp_path):
     assert steps_off("mlp_int4_prompt.onnx", "int4") > 2.0
 
 
+@pytest.mark.heavy
+def test_a_reciprocal_of_a_value_below_one_is_right_on_the_simulator(tmp_path, monkeypatch):
+    """Issue 48: the QNN EP builds Reciprocal(s) as Divide(1, s) with the 1 quantized on s's
+    encoding; an RMSNorm's Sqrt of a Qwen3 export stays below 0.026, so the 1 saturates to
+    0.026 and HTP computes 0.026 / s, off by a factor 39 (tens of thousands of LSB). The
+    compiler's form divides by a 1 of its own encoding: within a few LSB of onnxruntime."""
+    missing = _kit_available()
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    import numpy as np
+    import onnxruntime as ort
+    from test_qdq import write_rsqrt_model
+    from hexbundle.backends.ortqnn_kit import ensure_kit
+    from hexbundle.runtime import qdq
+    os.environ.setdefault("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(ROOT / "build/wheelhouse/ortqnn"))
+    kit = ensure_kit(ROOT)
+    path, enc_path, x = write_rsqrt_model(tmp_path)
+    step = 60.0 / 65535
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+    def lsb_off(where: str) -> float:
+        model = qdq.write_qdq_model(path, enc_path, tmp_path / where, integer_weights=True)
+        cpu = ort.InferenceSession(str(model), so).run(None, {"x": x})[0]
+        kit.compile([(model, model.with_name("ctx.onnx"))], fixture_script().EP_OPTIONS,
+                    lambda line: None, 600)
+        (sim,) = kit.simulate(model.with_name("ctx.onnx"), [x], tmp_path / where / "run",
+                              lambda line: None, 600)
+        return float(np.abs(sim - cpu).max()) / step
+
+    assert lsb_off("divide") <= 4.0
+    monkeypatch.setattr(qdq, "reciprocals_as_divisions", lambda graph: 0)   # the EP's own
+    assert lsb_off("reciprocal") > 1000
+
+
 # ------------------------------------------------------------- doit verify on the simulator
 
 
