@@ -684,6 +684,41 @@ def test_a_parts_graphs_share_their_derived_encodings(tmp_path):
             assert roles["part-encodings"] == layout.encodings(token)
 
 
+def test_derived_ranges_have_headroom_and_constants_stay_exact(tmp_path):
+    """A derived range is CALIBRATION_HEADROOM x the calibrated one (real inputs reach past 4
+    calibration runs: issue 48), except a Constant's, whose value must stay on its grid (HTP
+    squares with Pow only for an exponent of exactly 2)."""
+    import json
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from hexbundle.backends.ortqnn import CALIBRATION_HEADROOM, calibrate, derived_activations
+    from hexbundle.runtime.qdq import write_qdq_model
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(
+            np.array(2.0, np.float32))),
+         helper.make_node("Pow", ["x", "two"], ["sq"]),
+         helper.make_node("ReduceMean", ["sq"], ["y"], axes=[-1])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path, enc = tmp_path / "g.onnx", tmp_path / "g.encodings"
+    onnx.save(model, str(path))
+    enc.write_text(json.dumps({"version": "1.0.0", "param_encodings": [], "activation_encodings": [
+        {"name": "x", "bw": 16, "dtype": "INT", "enc_type": "PER_TENSOR", "is_sym": False,
+         "scale": [1e-4], "offset": [-32768]}]}))
+    derived = derived_activations([(path, enc)], tmp_path / "d", 32)
+    calibrated = calibrate(write_qdq_model(path, enc, tmp_path / "c", integer_weights=True), path)
+
+    def top(e):
+        return float((e.offset[0] + 65535) * e.scale[0])
+    assert top(derived["sq"]) == pytest.approx(CALIBRATION_HEADROOM * calibrated["sq"][1],
+                                               rel=1e-6)
+    two = derived["two"]
+    assert np.float32(65535 + two.offset[0]) * two.scale[0] == np.float32(2.0)
+
+
 # ---------------------------------------------------------------------- what is missing, said
 
 
