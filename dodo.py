@@ -175,15 +175,13 @@ def task_check_bundle():
 
 def task_convert():
     """ONNX + AIMET encodings -> DLC, one per graph (quantize weights; floats to fp16)."""
-    from hexbundle.steps.options import convert_step_options
+    from hexbundle.steps.options import convert_inputs, convert_step_options
     cfg, layout = BUILD.cfg, BUILD.layout
     for part in BUILD.parts:
         for graph in cfg.model.graphs(part):
-            files = layout.graph_files(graph)
             yield task(Step(f"convert:{part.tag}_{graph.slot}", "convert",
                             f"convert {graph.name}", convert_step_options(layout, graph),
-                            inputs=[("onnx", files.onnx), *(("data", d) for d in files.data),
-                                    ("encodings", files.encodings)],
+                            inputs=convert_inputs(layout, graph, part),
                             outputs=[("dlc", layout.dlc(graph))],
                             arguments={"part": part.index, "graph": graph.slot},
                             toolchain=True, described=True, doit=STEP))

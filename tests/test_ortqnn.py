@@ -228,7 +228,9 @@ def _part_with_4bit_weights_as_bytes(project, env, overrides: dict, position: in
             _with_4bit_weights_as_bytes(patched)
             for g in graphs:
                 backend.convert(layout.onnx(g), layout.encodings(g), layout.dlc(g), g.name,
-                                convert_options(cfg), lambda line: None)
+                                convert_options(cfg), lambda line: None,
+                                part_graphs=tuple((layout.onnx(o), layout.encodings(o))
+                                                  for o in graphs if o != g))
         backend.compile([layout.dlc(g) for g in graphs], layout.bin(part),
                         compile_options(cfg, part), lambda line: None)
         options = bundle_options(layout)
@@ -366,6 +368,43 @@ def test_simulator_runs_a_graph_own_bin(tmp_path):
 
     assert steps_off("mlp_int8_prompt.onnx", "int8") <= 2.0 + 1e-6
     assert steps_off("mlp_int4_prompt.onnx", "int4") > 2.0
+
+
+@pytest.mark.heavy
+def test_a_reciprocal_of_a_value_below_one_is_right_on_the_simulator(tmp_path, monkeypatch):
+    """Issue 48: the QNN EP builds Reciprocal(s) as Divide(1, s) with the 1 quantized on s's
+    encoding; an RMSNorm's Sqrt of a Qwen3 export stays below 0.026, so the 1 saturates to
+    0.026 and HTP computes 0.026 / s, off by a factor 39 (tens of thousands of LSB). The
+    compiler's form divides by a 1 of its own encoding: within a few LSB of onnxruntime."""
+    missing = _kit_available()
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    import numpy as np
+    import onnxruntime as ort
+    from test_qdq import write_rsqrt_model
+    from hexbundle.backends.ortqnn_kit import ensure_kit
+    from hexbundle.runtime import qdq
+    os.environ.setdefault("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(ROOT / "build/wheelhouse/ortqnn"))
+    kit = ensure_kit(ROOT)
+    path, enc_path, x = write_rsqrt_model(tmp_path)
+    step = 60.0 / 65535
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+    def lsb_off(where: str) -> float:
+        model = qdq.write_qdq_model(path, enc_path, tmp_path / where, integer_weights=True)
+        cpu = ort.InferenceSession(str(model), so).run(None, {"x": x})[0]
+        kit.compile([(model, model.with_name("ctx.onnx"))], fixture_script().EP_OPTIONS,
+                    lambda line: None, 600)
+        (sim,) = kit.simulate(model.with_name("ctx.onnx"), [x], tmp_path / where / "run",
+                              lambda line: None, 600)
+        return float(np.abs(sim - cpu).max()) / step
+
+    assert lsb_off("divide") <= 4.0
+    monkeypatch.setattr(qdq, "reciprocals_as_divisions", lambda graph: 0)   # the EP's own
+    assert lsb_off("reciprocal") > 1000
 
 
 # ------------------------------------------------------------- doit verify on the simulator
@@ -559,6 +598,125 @@ def test_integer_weights_compute_what_the_float_form_does(tmp_path):
     loaded = onnx.load(str(as_integers))
     q = numpy_helper.to_array(next(i for i in loaded.graph.initializer if i.name == "W__q"))
     assert q.shape == w.shape and q.min() >= -8 and q.max() <= 7
+
+
+def test_calibration_inputs_are_a_first_calls(tmp_path):
+    """The ortqnn convert calibrates on inputs as a graph's first call meets them: the mask
+    causal over the new rows with no past (a mask of zeros had every row attend to thousands of
+    random past entries, which kept the residual stream ~20x below its encoding: issue 48),
+    the past KV cache zeros, cos and sin of the same angles, the main input inside its
+    encoding."""
+    import numpy as np
+    from onnx import TensorProto, helper
+    from hexbundle.backends.ortqnn import _calibration_feeds
+    from hexbundle.runtime.conventions import MASK_VALUE, causal_mask
+    ar, cl = 4, 16
+
+    def info(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    class Enc:
+        is_int, bitwidth, scale, offset = True, 16, [1e-4], [-32768]
+
+    inputs = [info("input_embeds", [1, ar, 8]), info("attention_mask", [1, 1, ar, cl]),
+              info("position_ids_cos", [1, 1, ar, 4]), info("position_ids_sin", [1, 1, ar, 4]),
+              info("past_key_0_in", [2, 1, 4, cl - ar]), info("past_value_0_in", [2, 1, cl - ar, 4])]
+    feeds = _calibration_feeds(inputs, {"input_embeds": Enc()}, np.random.default_rng(0))
+    np.testing.assert_array_equal(feeds["attention_mask"], causal_mask(ar, cl, 0))
+    assert feeds["attention_mask"][0, 0, 0, 0] == MASK_VALUE
+    assert not feeds["past_key_0_in"].any() and not feeds["past_value_0_in"].any()
+    np.testing.assert_allclose(feeds["position_ids_cos"] ** 2 + feeds["position_ids_sin"] ** 2,
+                               1.0, atol=1e-6)
+    x = feeds["input_embeds"]
+    assert x.std() > 0 and np.abs(x).max() <= 32768 * 1e-4
+
+
+def test_a_parts_graphs_share_their_derived_encodings(tmp_path):
+    """derived_activations over a part's graphs: one encoding per tensor, over the range every
+    graph calibrated, so the token graph's is not its own few rows' (issue 48); and the ortqnn
+    convert step is given the part's other graphs (the reference backend's is not)."""
+    import json
+    import onnx
+    from onnx import numpy_helper
+    from test_qdq import write_model
+    from conftest import copy_project
+    from hexbundle.backends.ortqnn import derived_activations
+    from hexbundle.config.build import load_build
+    from hexbundle.config.layout import Layout
+    from hexbundle.steps.options import convert_inputs
+    (a := tmp_path / "a").mkdir()
+    (b := tmp_path / "b").mkdir()
+    graphs = [write_model(a)[:2], write_model(b, weight_shape=(8, 6))[:2]]
+    # graph b: the same tensor names, another weight, so other ranges
+    w_path = graphs[1][0]
+    model = onnx.load(str(w_path))
+    w = next(i for i in model.graph.initializer if i.name == "W")
+    w.CopyFrom(numpy_helper.from_array(3 * numpy_helper.to_array(w), "W"))
+    onnx.save(model, str(w_path))
+    for enc in (graphs[0][1], graphs[1][1]):   # x encoded (calibration draws it), h, y derived
+        doc = json.loads(enc.read_text())
+        doc["activation_encodings"] = [{"name": "x", "bw": 16, "dtype": "INT", "enc_type":
+                                        "PER_TENSOR", "is_sym": False, "scale": [1e-4],
+                                        "offset": [-32768]}]
+        enc.write_text(json.dumps(doc))
+    alone = [derived_activations([g], tmp_path / f"alone{i}", 32) for i, g in enumerate(graphs)]
+    both = derived_activations(graphs, tmp_path / "both", 32)
+    assert set(both) == set(alone[0]) == set(alone[1]) and "h" in both
+
+    def span(e):
+        return float(e.offset[0] * e.scale[0]), float((e.offset[0] + 65535) * e.scale[0])
+    for name in both:
+        lo, hi = span(both[name])
+        for one in alone:
+            assert lo <= span(one[name])[0] + 1e-6 and span(one[name])[1] <= hi + 1e-6
+        assert max(span(one[name])[1] for one in alone) == pytest.approx(hi, rel=1e-6)
+    assert span(alone[0]["h"]) != span(alone[1]["h"])
+    project = copy_project(tmp_path / "project")
+    for backend, expected in (("ortqnn", True), ("reference", False)):
+        cfg = load_build(project.root, {"backend": backend})
+        layout = Layout(cfg)
+        part = cfg.plan.parts()[1]
+        prompt, token = cfg.model.graphs(part)[:2]
+        roles = dict(convert_inputs(layout, prompt, part))
+        assert ("part-onnx" in roles) == expected
+        if expected:
+            assert roles["part-onnx"] == layout.onnx(token)
+            assert roles["part-encodings"] == layout.encodings(token)
+
+
+def test_derived_ranges_have_headroom_and_constants_stay_exact(tmp_path):
+    """A derived range is CALIBRATION_HEADROOM x the calibrated one (real inputs reach past 4
+    calibration runs: issue 48), except a Constant's, whose value must stay on its grid (HTP
+    squares with Pow only for an exponent of exactly 2)."""
+    import json
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from hexbundle.backends.ortqnn import CALIBRATION_HEADROOM, calibrate, derived_activations
+    from hexbundle.runtime.qdq import write_qdq_model
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(
+            np.array(2.0, np.float32))),
+         helper.make_node("Pow", ["x", "two"], ["sq"]),
+         helper.make_node("ReduceMean", ["sq"], ["y"], axes=[-1])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path, enc = tmp_path / "g.onnx", tmp_path / "g.encodings"
+    onnx.save(model, str(path))
+    enc.write_text(json.dumps({"version": "1.0.0", "param_encodings": [], "activation_encodings": [
+        {"name": "x", "bw": 16, "dtype": "INT", "enc_type": "PER_TENSOR", "is_sym": False,
+         "scale": [1e-4], "offset": [-32768]}]}))
+    derived = derived_activations([(path, enc)], tmp_path / "d", 32)
+    calibrated = calibrate(write_qdq_model(path, enc, tmp_path / "c", integer_weights=True), path)
+
+    def top(e):
+        return float((e.offset[0] + 65535) * e.scale[0])
+    assert top(derived["sq"]) == pytest.approx(CALIBRATION_HEADROOM * calibrated["sq"][1],
+                                               rel=1e-6)
+    two = derived["two"]
+    assert np.float32(65535 + two.offset[0]) * two.scale[0] == np.float32(2.0)
 
 
 # ---------------------------------------------------------------------- what is missing, said

@@ -205,3 +205,48 @@ def test_an_op_narrowing_its_activation_is_computed_wide_then_requantized_in_the
     h = np.maximum(x, 0)[differ] / step + 128
     assert np.all(np.abs(h - np.floor(h) - 0.5) < 1 / 512 + 1e-4), h
     assert differ.mean() < 1 / 256
+
+
+def write_rsqrt_model(tmp_path):
+    """x -> Sqrt -> s -> Reciprocal -> y, 16-bit encodings on all three, x in [0, 6.6e-4]: an
+    RMSNorm's mean square in a Qualcomm-written Qwen3 export, so s stays below 0.026 and y is
+    up to ~1000."""
+    graph = helper.make_graph(
+        [helper.make_node("Sqrt", ["x"], ["s"]), helper.make_node("Reciprocal", ["s"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])])
+    path = tmp_path / "src" / "rsqrt.onnx"
+    path.parent.mkdir()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10    # what the pinned onnxruntime.dll (1.31.1) loads
+    onnx.save(model, str(path))
+    act = [("x", 6.6e-4 / 65535), ("s", 0.0258 / 65535), ("y", 60.0 / 65535)]
+    encodings = {"version": "1.0.0", "param_encodings": [], "activation_encodings": [
+        {"name": n, "bw": 16, "dtype": "INT", "enc_type": "PER_TENSOR", "is_sym": False,
+         "scale": [s], "offset": [0]} for n, s in act]}
+    enc_path = tmp_path / "src" / "rsqrt.encodings"
+    enc_path.write_text(json.dumps(encodings))
+    x = np.random.default_rng(4).uniform(1.5e-4, 6.6e-4, (1, 64)).astype(np.float32)
+    return path, enc_path, x
+
+
+def test_the_compilers_form_divides_by_a_one_of_its_own_encoding(tmp_path):
+    """The QNN EP quantizes the 1 of a Reciprocal on its input's encoding, which saturates where
+    that range is below 1 (tests/test_ortqnn.py measures it on the simulator). The compiler's
+    form (integer_weights) has no Reciprocal: a Div of a 16-bit constant that is exactly 1.0,
+    the same values as the reference's Reciprocal, bit for bit; the references keep theirs."""
+    path, enc_path, x = write_rsqrt_model(tmp_path)
+    plain = write_qdq_model(path, enc_path, tmp_path / "plain")
+    compiled = write_qdq_model(path, enc_path, tmp_path / "int", integer_weights=True)
+    onnx.checker.check_model(str(compiled), full_check=True)
+    ops = [n.op_type for n in onnx.load(str(compiled)).graph.node]
+    assert "Reciprocal" not in ops and "Div" in ops
+    assert "Reciprocal" in [n.op_type for n in onnx.load(str(plain)).graph.node]
+    model = onnx.load(str(compiled))
+    div = next(n for n in model.graph.node if n.op_type == "Div")
+    one = next(n for n in model.graph.node if n.output[0] == div.input[0])
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    q, scale, zero = (inits[i] for i in one.input)
+    assert one.op_type == "DequantizeLinear" and q.dtype == np.uint16
+    assert (np.float32(q) - np.float32(zero)) * scale == np.float32(1.0)
+    np.testing.assert_array_equal(_run(compiled, x), _run(plain, x))

@@ -29,9 +29,11 @@ class Backend(Protocol):
 
     # `made_for`: the step's output key (steps/outputkey.py), recorded in the output by a
     # backend whose format can hold it (reference); a real SDK's files cannot (qairt).
+    # `part_graphs`: ((onnx, encodings), ...) of the part's other graphs, given to a backend of
+    # steps.options.READS_PART_GRAPHS (ortqnn); the others are given none.
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
                 options: ConvertOptions, log: Callable[[str], None],
-                made_for: str = ...) -> None: ...
+                made_for: str = ..., part_graphs: tuple = ...) -> None: ...
 
     def compile(self, dlc_paths: list, bin_path: Path, options: CompileOptions,
                 log: Callable[[str], None], made_for: str = ...) -> None: ...

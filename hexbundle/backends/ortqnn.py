@@ -7,8 +7,9 @@ convert: a graph's QDQ ONNX, the export's graph with its AIMET encodings applied
   file under dlc/ is this ONNX, not a DLC). HTP compiles an integer graph, so the tensors the
   export leaves float get encodings here, and the log counts them:
     - a float weight (norm scale, bias, constant): 16-bit, from its own range (qdq.py);
-    - an activation without an encoding: 16-bit, from its range over CALIBRATION_RUNS runs of the
-      graph in onnxruntime on inputs drawn from the graph inputs' own encodings.
+    - an activation without an encoding: 16-bit, from its range over CALIBRATION_RUNS runs of
+      each of the part's graphs in onnxruntime (united by name: one encoding for the part's
+      graphs), on inputs as a first call meets them (_input_feed).
 compile: a part's graphs into ONE context binary (ortqnn_driver.c: EPContext weight sharing,
   weights stored once) for the device's soc_model and dsp_arch; its header, targets and QAIRT
   build string read back from its bytes (formats/qnn_context.py, formats/qairt_version.py) and
@@ -31,13 +32,22 @@ from hexbundle.config.toolchain import project_root
 from hexbundle.formats.onnxfile import load_structure
 from hexbundle.formats.qairt_version import read_file_release
 from hexbundle.formats.qnn_context import is_qnn_context, read_qnn_context
-from hexbundle.runtime.conventions import ATTENTION_MASK
+from hexbundle.runtime.conventions import (ATTENTION_MASK, POSITION_COS, POSITION_SIN,
+                                          causal_mask, is_kv)
 from hexbundle.support.atomic import commit, output_path, temp_dir
 from hexbundle.support.errors import BackendError, FormatError
 
 QAIRT_RELEASE = "2.51.0"           # what requirements/ortqnn.txt's onnxruntime-qnn carries
 ACTIVATION_BITWIDTH = 16           # an activation the export leaves unencoded (a16)
 CALIBRATION_RUNS = 4
+# A derived range is the calibrated one times this: real inputs reach past what 4 runs on drawn
+# inputs see (the Qwen3 checkpoint's part 2 on verify's prompt: 75 of its 193 derived tensors,
+# up to 1.19x), and HTP computes an RMSNorm whole (fused), ignoring its inner encodings, so
+# a value the QDQ models clip there is a difference between the simulator and the reference
+# (issue 48). One bit of the 16 covers them. Measured by `doit verify` (its simulated-reference
+# floor, LSB of the 16-bit output): q3 (the Qwen3 checkpoint) 2614 without, 842 with; the
+# qwen2-tiny model, which clips nothing, pays for the coarser grids: 49 without, 99 with.
+CALIBRATION_HEADROOM = 2.0
 TIMEOUT_ENV = "HEXBUNDLE_ORTQNN_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0           # seconds for one part's compile under Wine
 
@@ -74,11 +84,12 @@ class OrtQnnBackend:
     # ---------------------------------------------------------------------------------- convert
 
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
-                options: ConvertOptions, log: Callable[[str], None], made_for: str = "") -> None:
+                options: ConvertOptions, log: Callable[[str], None], made_for: str = "",
+                part_graphs: tuple = ()) -> None:
         from hexbundle.runtime.qdq import write_qdq_model
         with temp_dir(dlc_path.parent, dlc_path.name) as scratch:
-            derived = derived_activations(onnx_path, encodings_path, scratch / "calibrate",
-                                          graph_name, options.float_bitwidth)
+            derived = derived_activations([(onnx_path, encodings_path), *part_graphs],
+                                          scratch / "calibrate", options.float_bitwidth)
             final = write_qdq_model(onnx_path, encodings_path, scratch / "final", name=graph_name,
                                     float_bitwidth=options.float_bitwidth, integer_weights=True,
                                     activations=derived)
@@ -87,7 +98,8 @@ class OrtQnnBackend:
             log_real_dlc(dlc_path, scratch / "qnn-ir", log)
         log(f"{dlc_path.name}: the QDQ ONNX of {graph_name} ({dlc_path.stat().st_size} B; "
             f"{len(derived)} activations without an encoding given {ACTIVATION_BITWIDTH}-bit "
-            f"ranges from {CALIBRATION_RUNS} calibration runs)")
+            f"ranges from {CALIBRATION_RUNS} calibration runs of each of the part's "
+            f"{1 + len(part_graphs)} graphs)")
 
     def check_dlc(self, dlc_path: Path, graph_name: str, log: Callable[[str], None]) -> None:
         model = load_structure(dlc_path)
@@ -184,16 +196,33 @@ class OrtQnnBackend:
         return out
 
 
-def derived_activations(onnx_path: Path, encodings_path: Path, scratch: Path, graph_name: str,
-                        float_bitwidth: int) -> dict:
-    """The encodings convert gives the activations the export leaves float: ACTIVATION_BITWIDTH
-    bits over their range in CALIBRATION_RUNS onnxruntime runs (calibrate, seeded: the same
-    ranges every time). `doit verify` derives them again from the export's files for its
-    references of an ortqnn bundle (checks/verify.py)."""
+def derived_activations(graphs: list, scratch: Path, float_bitwidth: int) -> dict:
+    """The encodings convert gives the activations the export leaves float, for a part's graphs
+    (`graphs`: [(onnx, encodings)], each of the part's graphs): ACTIVATION_BITWIDTH bits over
+    each tensor's range in CALIBRATION_RUNS onnxruntime runs of every graph, united by name
+    and widened by CALIBRATION_HEADROOM (calibrate, seeded: the same ranges every time). So a part's prompt and token graphs give
+    a tensor one encoding, as the export's one encodings file does, and the token graph's is
+    not its own 4 rows': calibrated alone, the Qwen3 checkpoint's part 2 token graph clipped a
+    k norm's mean square at 0.72 where a decode step reached 0.97 (issue 48). `doit verify`
+    derives them again from the export's files for its references of an ortqnn bundle
+    (checks/simulated.derived_for)."""
     from hexbundle.runtime.qdq import derived_encodings, write_qdq_model
-    first = write_qdq_model(onnx_path, encodings_path, scratch, name=graph_name,
-                            float_bitwidth=float_bitwidth, integer_weights=True)
-    return derived_encodings(calibrate(first, onnx_path), ACTIVATION_BITWIDTH)
+    ranges, constants = {}, set()
+    for index, (onnx_path, encodings_path) in enumerate(graphs):
+        first = write_qdq_model(Path(onnx_path), Path(encodings_path), scratch / f"graph{index}",
+                                name=Path(onnx_path).stem, float_bitwidth=float_bitwidth,
+                                integer_weights=True)
+        for name, (lo, hi) in calibrate(first, Path(onnx_path)).items():
+            was = ranges.get(name, (lo, hi))
+            ranges[name] = (min(was[0], lo), max(was[1], hi))
+        constants |= {o for n in load_structure(Path(onnx_path)).graph.node
+                      if n.op_type == "Constant" for o in n.output}
+    # a Constant's range is its value, which stays exact at the grid's end: HTP squares with
+    # Pow's exponent only where it is exactly 2 (off the grid, part 2's first Pow was 22489
+    # LSB off on the simulator)
+    return derived_encodings({name: (lo, hi) if name in constants else
+                              (lo * CALIBRATION_HEADROOM, hi * CALIBRATION_HEADROOM)
+                              for name, (lo, hi) in ranges.items()}, ACTIVATION_BITWIDTH)
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
@@ -294,15 +323,35 @@ def _save_self_contained(model_path: Path, out: Path) -> None:
     onnx.save(model, str(out))
 
 
+def _calibration_feeds(inputs, encodings: dict, rng) -> dict:
+    """One calibration run's inputs (_input_feed); cos and sin of the same random angles."""
+    feeds = {i.name: _input_feed(i, encodings.get(i.name), rng) for i in inputs}
+    if POSITION_COS in feeds and POSITION_SIN in feeds:
+        angles = rng.uniform(0.0, 2 * np.pi, feeds[POSITION_COS].shape)
+        feeds[POSITION_COS] = np.cos(angles).astype(np.float32)
+        feeds[POSITION_SIN] = np.sin(angles).astype(np.float32)
+    return feeds
+
+
 def _input_feed(value_info, encoding, rng) -> np.ndarray:
-    """A calibration input: drawn inside its encoding's range (zeros for the mask: every
-    position attends); integer inputs (token ids) small ids."""
+    """A calibration input, as the graph meets it on its first call: the mask causal over the new
+    rows with no past (the token graph's one row attends to itself), so the past KV cache is
+    masked out (zeros); cos/sin of random angles (_calibration_feeds: cos^2 + sin^2 = 1, RoPE
+    keeps a vector's norm, as real positions do); the main input drawn inside its encoding's
+    range; integer inputs (token ids) small ids. A mask of zeros over a random past averaged
+    the attention over thousands of random values instead: in the Qwen3 checkpoint's part 2
+    the residual stream stayed ~20x below its encoding, and the range derived for the next
+    RMSNorm's mean square 580x below the real one, which the QDQ models then clipped
+    (issue 48)."""
     from onnx import TensorProto
     shape = [d.dim_value or 1 for d in value_info.type.tensor_type.shape.dim]
     elem = value_info.type.tensor_type.elem_type
     if elem in (TensorProto.INT64, TensorProto.INT32):
         return rng.integers(0, 100, shape).astype(np.int64 if elem == TensorProto.INT64 else np.int32)
-    if value_info.name == ATTENTION_MASK or encoding is None or not encoding.is_int:
+    name = value_info.name
+    if name == ATTENTION_MASK:
+        return causal_mask(shape[-2], shape[-1], 0).reshape(shape)
+    if is_kv(name) or encoding is None or not encoding.is_int:
         return np.zeros(shape, np.float32)
     scale, offset = float(encoding.scale[0]), float(encoding.offset[0])
     lo, hi = offset * scale, (offset + 2 ** encoding.bitwidth - 1) * scale
@@ -337,7 +386,7 @@ def calibrate(model_path: Path, source: Path) -> dict:
     rng = np.random.default_rng(0)
     ranges = {}
     for _ in range(CALIBRATION_RUNS):
-        feeds = {i.name: _input_feed(i, encodings.get(i.name), rng) for i in model.graph.input}
+        feeds = _calibration_feeds(model.graph.input, encodings, rng)
         for name, value in zip(wanted, session.run(wanted, feeds)):
             finite = value[np.isfinite(value)]
             if finite.size:

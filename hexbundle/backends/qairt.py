@@ -84,7 +84,8 @@ class QairtBackend:
         return None
 
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
-                options: ConvertOptions, log: Callable[[str], None], made_for: str = "") -> None:
+                options: ConvertOptions, log: Callable[[str], None], made_for: str = "",
+                part_graphs: tuple = ()) -> None:
         kwargs = convert_kwargs(options)
         log(f"qairt.convert({onnx_path.name}, encodings={encodings_path.name}, "
             + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + f") -> {dlc_path.name}")

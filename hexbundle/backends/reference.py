@@ -69,7 +69,7 @@ class ReferenceBackend:
     # ---------------------------------------------------------------------------------- convert
     def convert(self, onnx_path: Path, encodings_path: Path, dlc_path: Path, graph_name: str,
                 options: ConvertOptions, log: Callable[[str], None],
-                made_for: str = UNKEYED) -> None:
+                made_for: str = UNKEYED, part_graphs: tuple = ()) -> None:
         onnx_path, encodings_path, dlc_path = Path(onnx_path), Path(encodings_path), Path(dlc_path)
         if options.float_bitwidth not in (16, 32):
             raise BackendError(f"float_bitwidth {options.float_bitwidth} is not supported; use 16 or 32")

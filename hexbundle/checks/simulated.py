@@ -131,12 +131,14 @@ def simulated_session(sp: SimulatedPart, layout: Layout, rope: RopeSettings, cl:
 
 def derived_for(layout: Layout, part, cl: int, float_bitwidth: int, scratch: Path) -> dict:
     """{graph name: the activation encodings the ortqnn convert gives it}, derived again here
-    from the export's files (backends/ortqnn.derived_activations: seeded, so the convert's
-    ranges), for the references of an ortqnn bundle."""
+    from the export's files of all the part's graphs, as the convert derives them
+    (backends/ortqnn.derived_activations: seeded, so the convert's ranges), for the references
+    of an ortqnn bundle."""
     from hexbundle.backends.ortqnn import derived_activations
-    return {g.name: derived_activations(layout.onnx(g), layout.encodings(g),
-                                        scratch / f"derive-{g.name}", g.name, float_bitwidth)
-            for g in layout.cfg.model.graphs(part, cl)}
+    graphs = layout.cfg.model.graphs(part)
+    derived = derived_activations([(layout.onnx(g), layout.encodings(g)) for g in graphs],
+                                  scratch, float_bitwidth)
+    return {g.name: derived for g in layout.cfg.model.graphs(part, cl)}
 
 
 def simulated_reference(sp: SimulatedPart, graphs: dict, rope: RopeSettings, scratch: Path,

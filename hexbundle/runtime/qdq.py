@@ -275,6 +275,41 @@ def insert_activation_qdq(graph, activations: dict, rounding: str = HALF_EVEN,
     return count
 
 
+# The QNN EP builds a Reciprocal as ElementWiseDivide(1, x) with the constant 1 quantized on x's
+# own encoding (onnxruntime-qnn's reciprocal_op_builder). Where x's range stays below 1 (the
+# Sqrt of an RMSNorm's mean square: [0, 0.026] in a Qwen3 export) the 1 saturates to x's largest
+# value, so HTP computes x_max / x: off by the factor 1 / x_max (39 there; measured on the
+# simulator, issue 48). The compiler's form divides by a constant 1 of its own encoding instead.
+ONE = "hexbundle__one"
+ONE_SCALE = np.float32(2.0 ** -15)    # 16 bits over [0, 2): 1.0 is the integer 32768, exactly
+
+
+def reciprocals_as_divisions(graph) -> int:
+    """Each Reciprocal(x) of `graph` replaced by Div(1, x) with the 1 an integer constant and its
+    own DequantizeLinear (16 bits, 1.0 exact): the same values in float (both are 1 / x), and
+    what HTP computes correctly whatever x's range. Returns how many."""
+    from onnx import helper, numpy_helper
+    count, nodes = 0, []
+    for node in graph.node:
+        if node.op_type != "Reciprocal":
+            nodes.append(node)
+            continue
+        if not count:
+            graph.initializer.extend([
+                numpy_helper.from_array(np.array(round(1 / ONE_SCALE), np.uint16), ONE + "__q"),
+                numpy_helper.from_array(ONE_SCALE, ONE + "__scale"),
+                numpy_helper.from_array(np.array(0, np.uint16), ONE + "__zero_point")])
+            nodes.append(helper.make_node("DequantizeLinear", [ONE + "__q", ONE + "__scale",
+                                                               ONE + "__zero_point"], [ONE],
+                                          name=ONE + "__dq", domain=MS_DOMAIN))
+        nodes.append(helper.make_node("Div", [ONE, node.input[0]], list(node.output),
+                                      name=node.name or None))
+        count += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return count
+
+
 # ============================================================================ integer weights
 # A compiler takes a weight as its integers and a DequantizeLinear (ONNX's QDQ form), not as
 # fake-quantized floats: `integer_weights` writes each int-encoded weight so. The integers are
@@ -423,7 +458,8 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
     block of rows at a time: memory stays near one block, not the largest weight.
     `integer_weights`: each int-encoded weight as its integers + a DequantizeLinear (the form a
     compiler takes: backends/ortqnn.py), not as fake-quantized floats; a float weight gets an
-    encoding of its own range (_float_weight_encoding). `activations`: encodings of tensors the
+    encoding of its own range (_float_weight_encoding); a Reciprocal becomes a Div of an exact
+    1 (reciprocals_as_divisions). `activations`: encodings of tensors the
     file leaves unencoded, added to its own (the file's win)."""
     import onnx
     from onnx import TensorProto
@@ -486,6 +522,8 @@ def write_qdq_model(onnx_path: Path, encodings_path: Path, out_dir: Path,
         del graph.node[:]
         graph.node.extend(nodes)
         model.ir_version = max(model.ir_version, 10)   # INT4/UINT4 tensors need IR 10
+    if integer_weights:   # after the weights: its constant is already integers
+        reciprocals_as_divisions(graph)
     insert_activation_qdq(graph, {**(activations or {}), **enc.activations}, rounding,
                           htp_widths=integer_weights)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):

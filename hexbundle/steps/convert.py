@@ -39,9 +39,12 @@ def convert_graph(described: Description, log) -> None:
     log(f"convert options: float_precision {c.float_bitwidth}, truncate_64bit_io "
         f"{c.truncate_64bit_io}, quantize_io {c.quantize_io}, quantize_full_type "
         f"{c.quantize_full_type or '(not passed)'}")
+    part_graphs = tuple(zip(described.input_paths("part-onnx"),
+                            described.input_paths("part-encodings")))
     backend.convert(described.input("onnx"), described.input("encodings"), dlc, o.graph.name,
                     c, log, made_for=output_key("convert", described.arguments, c,
-                                                described.input_paths()))
+                                                described.input_paths()),
+                    part_graphs=part_graphs)
 
 
 def validate_graph_inputs(described: Description, log, scan_values: bool = True) -> None:

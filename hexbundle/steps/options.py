@@ -2,7 +2,8 @@
 config: one frozen options value per step.
 
   inputs (generated parts)  generate_options     inputs (tokenizer)  tokenizer_options
-  inputs (local split)      split_options        convert             convert_step_options
+  inputs (local split)      split_options        convert             convert_step_options,
+                                                                     convert_inputs
   compile                   compile_step_options bundle              bundle_options
   verify                    verify_options
 
@@ -107,6 +108,28 @@ def convert_step_options(layout: Layout, graph: Graph) -> ConvertStepOptions:
         model_config=layout.rel(layout.model_config_path),
         pins=pins_of(cfg, layout.graph_inputs(graph)),
         convert=convert_options(cfg))
+
+
+# backends whose convert derives what a part's graphs share from all of them (ortqnn: the
+# activation encodings the export leaves out, backends/ortqnn.derived_activations)
+READS_PART_GRAPHS = ("ortqnn",)
+
+
+def convert_inputs(layout: Layout, graph: Graph, part: Part) -> list:
+    """The convert step's files by role: the graph's ONNX, data and encodings; for a backend of
+    READS_PART_GRAPHS also the part's other graphs' ("part-onnx", "part-data",
+    "part-encodings"), in the model's graph order."""
+    files = layout.graph_files(graph)
+    out = [("onnx", files.onnx), *(("data", d) for d in files.data),
+           ("encodings", files.encodings)]
+    if layout.cfg.backend in READS_PART_GRAPHS:
+        for other in layout.cfg.model.graphs(part):
+            if other.name != graph.name:
+                f = layout.graph_files(other)
+                out += [("part-onnx", f.onnx), *(("part-data", d) for d in f.data
+                                                 if d not in files.data),
+                        ("part-encodings", f.encodings)]
+    return out
 
 
 def compile_step_options(layout: Layout, part: Part) -> CompileStepOptions:
