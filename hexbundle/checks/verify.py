@@ -292,10 +292,14 @@ def make_row(label: str, index: int, check: str, got, want, logits: bool, what: 
                          lsb=m["max_abs"] / scale if scale else None, rel=m["rel"])
 
 
+def _main_output_encoding(session) -> Optional[dict]:
+    graph = next(iter(session.graphs.values()))
+    return (getattr(graph, "info", None) and graph.info.activations or {}).get(session.main_output)
+
+
 def output_scale(session) -> Optional[float]:
     """The scale of the main output's activation encoding in the bin (an int encoding's step)."""
-    graph = next(iter(session.graphs.values()))
-    enc = (getattr(graph, "info", None) and graph.info.activations or {}).get(session.main_output)
+    enc = _main_output_encoding(session)
     if not enc or enc.get("dtype", "int") != "int" or len(enc["scale"]) != 1:
         return None
     return float(enc["scale"][0])
@@ -303,9 +307,7 @@ def output_scale(session) -> Optional[float]:
 
 def output_span(session) -> Optional[float]:
     """The whole grid of the main output's int encoding, in its steps: 2^bitwidth - 1."""
-    graph = next(iter(session.graphs.values()))
-    enc = (getattr(graph, "info", None) and graph.info.activations or {}).get(session.main_output)
-    return _span(enc)
+    return _span(_main_output_encoding(session))
 
 
 def kv_entry_span(session) -> Optional[float]:
