@@ -142,15 +142,25 @@ def _kit_available() -> str:
     return ""
 
 
-@pytest.fixture(scope="module")
-def ortqnn_build(tmp_path_factory):
-    missing = _kit_available()
+KIT_ENV = {"HEXBUNDLE_ORTQNN_WHEELHOUSE": str(ROOT / "build" / "wheelhouse" / "ortqnn")}
+
+
+def require_kit(also_missing: str = "") -> dict:
+    """The environment a doit run of the ortqnn backend gets; without the kit (or with
+    `also_missing` said) the test fails under CI=true, where .ci/run provides it, and skips
+    elsewhere."""
+    missing = _kit_available() or also_missing
     if missing:
         if os.environ.get("CI") == "true":
             pytest.fail(missing)
         pytest.skip(missing)
+    return dict(KIT_ENV)
+
+
+@pytest.fixture(scope="module")
+def ortqnn_build(tmp_path_factory):
+    env = require_kit()
     project = copy_project(tmp_path_factory.mktemp("ortqnn"), (*PROJECT_FILES, "requirements"))
-    env = {"HEXBUNDLE_ORTQNN_WHEELHOUSE": str(ROOT / "build" / "wheelhouse" / "ortqnn")}
     run = project.doit("bundle", "backend=ortqnn", env=env, check=False)
     return project, run, env
 
@@ -264,13 +274,8 @@ QAIHM_QWEN3 = ROOT / "tests" / "data" / "qaihm-ckpt" / "qwen3_4b-0.65.0"
 def ortqnn_qaihm_build(tmp_path_factory):
     """Qualcomm's own quantize output (qai-hub-models 0.65.0, qwen3_4b: split-head [32, 96]
     convolutions, [96, 160] MatMuls, int4 per channel, 8-bit LM head), imported and bundled."""
-    missing = _kit_available()
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(missing)
-        pytest.skip(missing)
+    env = require_kit()
     project = copy_project(tmp_path_factory.mktemp("ortqnn-qaihm"), (*PROJECT_FILES, "requirements"))
-    env = {"HEXBUNDLE_ORTQNN_WHEELHOUSE": str(ROOT / "build" / "wheelhouse" / "ortqnn")}
     project.doit("import_export", "--dir", str(QAIHM_QWEN3), "--name", "q3", "--model-id",
                  "qwen3_4b", "--context-length", "4096")
     run = project.doit("bundle", "model=q3", "backend=ortqnn", env=env, check=False)
@@ -337,11 +342,7 @@ def test_simulator_runs_a_graph_own_bin(tmp_path):
     output quantization steps of onnxruntime's CPU run of the same QDQ model (the graph
     requantizes twice, at the ReLU and at the output: a rounding step each), and the int4 bin,
     a different model, is not."""
-    missing = _kit_available()
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(missing)
-        pytest.skip(missing)
+    require_kit()
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -376,11 +377,7 @@ def test_a_reciprocal_of_a_value_below_one_is_right_on_the_simulator(tmp_path, m
     encoding; an RMSNorm's Sqrt of a Qwen3 export stays below 0.026, so the 1 saturates to
     0.026 and HTP computes 0.026 / s, off by a factor 39 (tens of thousands of LSB). The
     compiler's form divides by a 1 of its own encoding: within a few LSB of onnxruntime."""
-    missing = _kit_available()
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(missing)
-        pytest.skip(missing)
+    require_kit()
     import numpy as np
     import onnxruntime as ort
     from test_qdq import write_rsqrt_model

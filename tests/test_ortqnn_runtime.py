@@ -172,14 +172,9 @@ def test_run_sh_with_the_boards_runner_passes_shellcheck(tmp_path):
 
 @pytest.fixture(scope="module")
 def ortqnn_bundle(tmp_path_factory):
-    from test_ortqnn import _kit_available
-    missing = _kit_available() or _runtime_wheels_missing()
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(missing)
-        pytest.skip(missing)
+    from test_ortqnn import require_kit
+    env = require_kit(_runtime_wheels_missing())
     project = copy_project(tmp_path_factory.mktemp("ortqnn-rt"), (*PROJECT_FILES, "requirements"))
-    env = {"HEXBUNDLE_ORTQNN_WHEELHOUSE": str(WHEELHOUSE)}
     run = project.doit("bundle", "backend=ortqnn", env=env, check=False)
     assert run.code == 0, run.out + run.err
     return project, env, run
