@@ -67,6 +67,30 @@ def test_both_schemas_give_the_same_encodings(tmp_path, data, schema):
     assert enc.activations["logits"].offset.tolist() == [-32768]
 
 
+def test_the_same_bytes_are_parsed_once_and_an_edit_is_read_afresh(tmp_path, monkeypatch):
+    """A part's prompt and token graphs share their encodings' bytes: the second load is the
+    first's parse (named after its own file); the same path with other bytes is parsed again,
+    which a memo keyed on the path would miss."""
+    import hexbundle.formats.encodings as encodings_module
+    parses = []
+    monkeypatch.setattr(encodings_module, "_PARSED", {})   # what earlier tests kept
+    real = encodings_module.parse_encodings
+    monkeypatch.setattr(encodings_module, "parse_encodings",
+                        lambda data, source="": parses.append(source) or real(data, source))
+    prompt, token = write(tmp_path, V1, "prompt.encodings"), write(tmp_path, V1, "token.encodings")
+    first, second = load_encodings(prompt), load_encodings(token)
+    assert parses == [str(prompt)]
+    assert (first.source, second.source) == (str(prompt), str(token))
+    assert second.params["w1"].scale is first.params["w1"].scale
+    with pytest.raises(ValueError):   # shared, so no reader may change it
+        second.params["w1"].scale[0] = 1.0
+    edited = copy.deepcopy(V1)
+    edited["param_encodings"][0]["scale"] = [0.1, 0.4]
+    write(tmp_path, edited, "token.encodings")
+    assert load_encodings(token).params["w1"].scale.tolist() == pytest.approx([0.1, 0.4])
+    assert parses == [str(prompt), str(token)]
+
+
 def test_legacy_without_version_and_boolean_symmetry(tmp_path):
     data = copy.deepcopy(LEGACY)
     del data["version"]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
+import xxhash
 
 from hexbundle.support.errors import EncodingsError
 from hexbundle.support.files import require_regular_file
@@ -103,32 +104,63 @@ def require_encodings_file(path: Path) -> None:
 
 
 def load_encodings(path: Union[str, Path]) -> Encodings:
-    """Read and validate an AIMET encodings JSON file (either schema)."""
+    """Read and validate an AIMET encodings JSON file (either schema). The same bytes are
+    parsed once per process (_PARSED)."""
     path = Path(path)
     require_encodings_file(path)
     try:
-        data = read_encodings_json(path)
+        raw = read_encodings_bytes(path)
     except FileNotFoundError:
         raise EncodingsError(f"{path}: encodings file not found; export it with AIMET "
                              f"next to the ONNX or fix the path") from None
     except OSError as exc:
         raise EncodingsError(f"{path}: cannot read encodings file ({exc})") from None
-    return parse_encodings(data, source=str(path))
+    key = xxhash.xxh3_128_digest(raw)
+    kept = _PARSED.pop(key, None) or _read_only(
+        parse_encodings(read_encodings_json(path, raw), source=str(path)))
+    _PARSED[key] = kept
+    while len(_PARSED) > _PARSED_KEPT:
+        del _PARSED[next(iter(_PARSED))]
+    # the file it was read from this time, for messages
+    return kept if kept.source == str(path) else replace(kept, source=str(path))
 
 
 # A 70B model's per-channel encodings are some hundred MiB of JSON
 ENCODINGS_MAX_BYTES = 4 << 30
 
+# Content digest -> Encodings, the newest last. A part's prompt and token graphs are exported
+# with byte-identical encodings, and the bundle task plans every graph (checks.sizes), so one
+# process meets the same bytes again and again: on the 7B shape each file is 6-9 MB of JSON
+# (~0.12 s to parse). Keyed on the bytes themselves, so an edited file is parsed afresh.
+_PARSED: dict = {}
+_PARSED_KEPT = 4
 
-def read_encodings_json(path: Path):
-    """The file decoded within support.jsondoc's bounds (NaN and Infinity kept: the sections'
-    reader names the tensor and channel that holds one); EncodingsError otherwise."""
+
+def _read_only(encodings: Encodings) -> Encodings:
+    """A kept parse's arrays made read-only, so no reader can change what another one sees."""
+    for enc in (*encodings.params.values(), *encodings.activations.values()):
+        for array in (enc.scale, enc.offset, *(a for a in (enc.lpbq or ()) if
+                                               isinstance(a, np.ndarray))):
+            array.flags.writeable = False
+    return encodings
+
+
+def read_encodings_bytes(path: Path) -> bytes:
+    """The file's bytes, if it is no larger than any encodings file; EncodingsError otherwise."""
     size = path.stat().st_size
     if size > ENCODINGS_MAX_BYTES:
         raise EncodingsError(f"{path}: {size} bytes, more than any encodings file (at most "
                              f"{ENCODINGS_MAX_BYTES >> 30} GiB); re-export the encodings")
+    return path.read_bytes()
+
+
+def read_encodings_json(path: Path, raw: Optional[bytes] = None):
+    """The file (or its bytes `raw`, already read) decoded within support.jsondoc's bounds (NaN
+    and Infinity kept: the sections' reader names the tensor and channel that holds one);
+    EncodingsError otherwise."""
     try:
-        return parse_json(path.read_bytes(), str(path), "re-export the encodings",
+        return parse_json(read_encodings_bytes(path) if raw is None else raw, str(path),
+                          "re-export the encodings",
                           max_bytes=ENCODINGS_MAX_BYTES, allow_nan=True)
     except JsonDocError as exc:
         raise EncodingsError(str(exc)) from None
