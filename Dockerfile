@@ -62,6 +62,13 @@ ENV QAIRT_SDK_ROOT=${SDK_ROOT} \
     PATH=${SDK_PATH_PREFIX}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     LANG=C.UTF-8 \
     PYTHONDONTWRITEBYTECODE=1
+# The standard library's bytecode, compiled once here: a step runs in a fresh container with
+# PYTHONDONTWRITEBYTECODE, so without it every step compiled the modules it imports again
+# (~0.25 s of each step's start: numpy, onnx, tokenizers, xxhash and tomli imported in 0.44 s,
+# 0.20 s with these). unchecked-hash: no source timestamps in the pycs, and the image's stdlib
+# never changes under them. The test suites in it are left out (some are not valid Python 3).
+RUN python3.10 -m compileall -q -x "/(test|tests|idle_test)/" --invalidation-mode unchecked-hash \
+        "$(python3.10 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')"
 # Fail the build now, not the first compile, if the Python stack cannot import.
 RUN python3.10 -c "import numpy, onnx, tomli, xxhash, doit, pydantic, yaml, jsonschema"
 # Not root (by number: a site's base may already have a uid 1000 under another name). Build steps
