@@ -15,8 +15,10 @@ ROW_KEYS = {"id", "what", "ours", "baseline", "ratio", "target", "met", "detail"
 @pytest.fixture(scope="module")
 def small_bench(tmp_path_factory):
     """`doit bench --small` (which runs scripts/bench.py) in a throwaway copy of the project."""
-    from conftest import copy_project
-    project = copy_project(tmp_path_factory.mktemp("bench") / "proj")
+    from conftest import PROJECT_FILES, copy_project
+    # requirements/: the ortqnn kit's pins (row 13)
+    project = copy_project(tmp_path_factory.mktemp("bench") / "proj",
+                           (*PROJECT_FILES, "requirements"))
     run = project.doit("bench", "--small", env=_kit_env(), check=False)
     return project, run, project.root / "build" / "bench" / "results.json"
 
@@ -139,8 +141,9 @@ def test_rows_selects_what_the_bench_measures(project):
 @pytest.fixture(scope="module")
 def simulator_bench(tmp_path_factory):
     """`doit bench --small --rows 13`: Qualcomm's simulator on the tiny model's largest part."""
-    from conftest import copy_project
-    project = copy_project(tmp_path_factory.mktemp("bench-sim") / "proj")
+    from conftest import PROJECT_FILES, copy_project
+    project = copy_project(tmp_path_factory.mktemp("bench-sim") / "proj",
+                           (*PROJECT_FILES, "requirements"))
     run = project.doit("bench", "--small", "--rows", "13", env=_kit_env(), check=False)
     return project, run, project.root / "build" / "bench" / "results.json"
 
@@ -163,13 +166,14 @@ def test_the_simulator_row(simulator_bench):
         assert os.environ.get("CI") != "true", "under CI .ci/run provides the ortqnn kit"
         pytest.skip(sim["skipped"])
     assert sim["part"] == 2 and sim["layers"] == 2 and sim["qdq_bytes"] > 0   # qwen2-tiny
-    s, c = sim["simulator"], sim["cpu"]
+    k, s, c = sim["compile"], sim["simulator"], sim["cpu"]
     # every run was timed: CHUNKS prompt chunks; a fork per chunk, then STEPS decode steps
     for side in (s, c):
         assert len(side["prompt_runs"]) == sim["chunks"] == 2
         assert len(side["token_runs"]) == sim["chunks"] + sim["steps"]
         assert side["chunk_seconds"] > 0 and side["step_seconds"] > 0 and side["maxrss"] > 0
-    assert s["own_bins_seconds"] > 0 and s["recompile_seconds"] > 0 and s["own_bins_bytes"] > 0
+    assert k["own_bins_seconds"] > 0 and k["recompile_seconds"] > 0 and k["own_bins_bytes"] > 0
+    assert k["maxrss"] > 0 and sim["converted"] is True and sim["convert_seconds"] > 0
     assert set(s["start_seconds"]) == {"prompt", "token"}
     assert sim["chunk_ratio"] == pytest.approx(s["chunk_seconds"] / c["chunk_seconds"], abs=0.01)
     assert sim["step_ratio"] == pytest.approx(s["step_seconds"] / c["step_seconds"], abs=0.01)

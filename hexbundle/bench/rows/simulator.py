@@ -4,16 +4,18 @@ graphs, in the same run.
 
   convert   the part's two graphs through the ortqnn convert (the real doit tasks, backend=ortqnn,
             in the bench tree): their QDQ models;
-  simulator one process (simulator_step): the part's shared bin recompiled (checks/simulated's
-            `recompiled`, as verify does), each graph's own unshared bin compiled fresh and run on
-            the simulator through verify's own code (`simulated_session`, `run_sequence`,
-            `close_session`): CHUNKS prompt chunks, their forks and STEPS decode steps;
-  cpu       one process (cpu_step): the same QDQ models through onnxruntime's CPU (optimizations
-            off, as verify's references run), the same sequence.
-Each process's peak RSS comes from wait4 (the simulator's: the largest of the Python process
-and the Wine driver processes it waited for). Per-run times leave out each graph's first run,
-which starts its session (the simulator's start is reported apart). The outputs of the two
-are compared in LSB of the part's output encoding.
+  compile   one process: what verify compiles for the part (backends/ortqnn_sim.py): its shared
+            bin again (`recompiled`) and each graph's own unshared bin (`own_bins`, fresh);
+  simulator one process: those own bins run on the simulator through verify's own code
+            (checks/simulated.py `simulated_session` and `close_session`, checks/verify.py
+            `run_sequence`): CHUNKS prompt chunks, a token run at the end of each (verify's
+            prompt-vs-token fork) and STEPS decode steps;
+  cpu       one process: the same QDQ models through onnxruntime's CPU (optimizations off, as
+            verify's references run), the same seeded sequence.
+Each process's peak RSS comes from wait4: the largest of the Python process and the Wine
+driver processes it waited for (the compiler's, the simulator's). Per-run times leave out each
+graph's first run, which starts its session (the simulator's start is reported apart). The
+main outputs of the two are compared in LSB of the part's output encoding.
 
 A whole verify of the part on the simulator runs three sequences (the bundle's, the reference
 fed the bundle's input, the reference chained) of `[verify]` prompt_tokens + decode_steps, six
@@ -71,6 +73,7 @@ def measure(bench, full) -> dict:
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     try:
+        compiled = _step(bench, "compile", scratch)
         sim = _step(bench, "simulator", scratch)
         cpu = _step(bench, "cpu", scratch)
         lsb = _difference_lsb(scratch, sim["output_scale"])
@@ -78,13 +81,14 @@ def measure(bench, full) -> dict:
         shutil.rmtree(scratch, ignore_errors=True)
     detail = {"part": part.index, "layers": len(part.layers), "chunks": CHUNKS, "steps": STEPS,
               "convert_seconds": round(sum(convert.step_seconds.values()), 2),
-              "convert_peak_rss_bytes": convert.maxrss,
-              "qdq_bytes": sim["qdq_bytes"], "simulator": sim, "cpu": cpu,
+              "converted": bool(convert.executed), "convert_peak_rss_bytes": convert.maxrss,
+              "qdq_bytes": compiled["qdq_bytes"], "compile": compiled, "simulator": sim,
+              "cpu": cpu,
               "max_difference_lsb": lsb,
               "chunk_ratio": round(sim["chunk_seconds"] / cpu["chunk_seconds"], 2),
               "step_ratio": round(sim["step_seconds"] / cpu["step_seconds"], 2),
               "rss_ratio": round(sim["maxrss"] / cpu["maxrss"], 2)}
-    detail["verify_estimate"] = verify_estimate(bench.cfg.verify, sim, cpu)
+    detail["verify_estimate"] = verify_estimate(bench.cfg.verify, compiled, sim, cpu)
     return detail
 
 
@@ -121,7 +125,7 @@ def _difference_lsb(scratch: Path, scale: float) -> float:
     return round(float(np.max(np.abs(a.astype(np.float64) - b))) / scale, 1)
 
 
-def verify_estimate(settings, sim: dict, cpu: dict) -> dict:
+def verify_estimate(settings, compiled: dict, sim: dict, cpu: dict) -> dict:
     """What a whole `doit verify backend=ortqnn` of the part would take on the simulator, from
     this run's per-run figures (EXTRAPOLATED, not run): three sequences (the bundle's, the
     reference fed it, the reference chained) of ceil(prompt/AR) chunks, as many forks and
@@ -132,7 +136,7 @@ def verify_estimate(settings, sim: dict, cpu: dict) -> dict:
     sequences = 3
     runs = sequences * (chunks * sim["chunk_seconds"] + steps * sim["step_seconds"])
     starts = sequences * (sim["start_seconds"]["prompt"] + sim["start_seconds"]["token"])
-    total = sim["recompile_seconds"] + sim["own_bins_seconds"] + starts + runs
+    total = compiled["recompile_seconds"] + compiled["own_bins_seconds"] + starts + runs
     return {"extrapolated": True, "prompt_tokens": settings.prompt_tokens,
             "decode_steps": settings.decode_steps, "sequences": sequences,
             "chunks": sequences * chunks, "token_steps": sequences * steps,
@@ -147,15 +151,16 @@ def table(sim: dict, bench, full) -> list:
         return [{"id": 13, "what": "Qualcomm's simulator on the part with the most layers",
                  "ours": "-", "baseline": "-", "ratio": f"skipped: {sim['skipped']}",
                  "target": "(reported)", "met": None, "detail": sim}]
-    s, c, e = sim["simulator"], sim["cpu"], sim["verify_estimate"]
+    k, s, c, e = sim["compile"], sim["simulator"], sim["cpu"], sim["verify_estimate"]
     return [{"id": 13,
              "what": f"Qualcomm's simulator, part {sim['part']} ({sim['layers']} layers): own "
                      "bins, a prompt chunk, a token step (verify's code) vs onnxruntime CPU on "
                      "the same QDQ graphs",
-             "ours": f"own bins {s['own_bins_seconds']:.1f} s (recompile "
-                     f"{s['recompile_seconds']:.1f} s); chunk {s['chunk_seconds']:.2f} s, step "
-                     f"{s['step_seconds']:.2f} s; peak RSS {s['maxrss'] / GIB:.2f} GiB; verify of "
-                     f"the part ~{e['seconds']:.0f} s (extrapolated)",
+             "ours": f"own bins {k['own_bins_seconds']:.1f} s (recompile "
+                     f"{k['recompile_seconds']:.1f} s; peak RSS {k['maxrss'] / GIB:.2f} GiB); "
+                     f"chunk {s['chunk_seconds']:.2f} s, step {s['step_seconds']:.2f} s; peak "
+                     f"RSS {s['maxrss'] / GIB:.2f} GiB; verify of the part ~{e['seconds']:.0f} s "
+                     "(extrapolated)",
              "baseline": f"chunk {c['chunk_seconds']:.2f} s, step {c['step_seconds']:.2f} s; "
                          f"peak RSS {c['maxrss'] / GIB:.2f} GiB",
              "ratio": f"chunk {sim['chunk_ratio']:.2f}x, step {sim['step_ratio']:.2f}x, RSS "
@@ -181,6 +186,8 @@ def run_step(spec: dict) -> dict:
     rope = RopeSettings(a.rope_theta, a.pos_id_dim, a.rope_scaling)
     graphs = cfg.model.graphs(part)
     result = {"qdq_bytes": sum(layout.dlc(g).stat().st_size for g in graphs)}
+    if spec["step"] == "compile":
+        return {**result, **_compiled(layout, part, scratch)}
     if spec["step"] == "simulator":
         session, finish = _simulated(layout, part, rope, scratch, result)
     else:
@@ -208,22 +215,35 @@ def run_step(spec: dict) -> dict:
             "step_seconds": round(float(np.mean(token[1:])), 3)}
 
 
-def _simulated(layout, part, rope, scratch: Path, result: dict) -> tuple:
-    """verify's own path (checks/simulated.py): the shared bin recompiled, each graph's own bin
-    compiled fresh (an empty directory) and served on the simulator."""
-    from hexbundle.backends.ortqnn_sim import output_encodings, recompiled
-    from hexbundle.checks.simulated import SimulatedPart, close_session, simulated_session
+def _compiled(layout, part, scratch: Path) -> dict:
+    """What verify compiles for the part (checks/simulated.py), in its own process (the
+    compiler's peak RSS apart from the simulator's): the shared bin again (`recompiled`), and
+    each graph's own bin (`own_bins`, into an empty directory: compiled, not reused)."""
+    from hexbundle.backends.ortqnn_sim import own_bins, recompiled
     from hexbundle.steps.options import compile_options
     cfg, log = layout.cfg, lambda line: None
     options = compile_options(cfg, part)
-    dlcs = [layout.dlc(g) for g in cfg.model.graphs(part)]
+    graphs = cfg.model.graphs(part)
     started = time.monotonic()
-    recompiled(dlcs, options, scratch / "recompile", log)
-    result["recompile_seconds"] = round(time.monotonic() - started, 2)
-    sp = SimulatedPart(part, layout.bin(part), options, scratch / "simulator")
+    recompiled([layout.dlc(g) for g in graphs], options, scratch / "recompile", log)
+    recompile = time.monotonic() - started
+    started = time.monotonic()
+    own_bins({g.name: layout.dlc(g) for g in graphs}, options, scratch / "simulator", log)
+    return {"recompile_seconds": round(recompile, 2),
+            "own_bins_seconds": round(time.monotonic() - started, 2),
+            "own_bins_bytes": sum(p.stat().st_size
+                                  for p in (scratch / "simulator").rglob("*.bin"))}
+
+
+def _simulated(layout, part, rope, scratch: Path, result: dict) -> tuple:
+    """verify's own path (checks/simulated.py): each graph's own bin (the compile step's, found
+    in place) served on the simulator."""
+    from hexbundle.backends.ortqnn_sim import output_encodings
+    from hexbundle.checks.simulated import SimulatedPart, close_session, simulated_session
+    from hexbundle.steps.options import compile_options
+    cfg, log = layout.cfg, lambda line: None
+    sp = SimulatedPart(part, layout.bin(part), compile_options(cfg, part), scratch / "simulator")
     session = simulated_session(sp, layout, rope, cfg.model.context_length, scratch / "sim", log)
-    result["own_bins_seconds"] = round(sp.seconds["own bins"], 2)
-    result["own_bins_bytes"] = sum(p.stat().st_size for p in (scratch / "simulator").rglob("*.bin"))
     main = session.main_output
     result["output_scale"] = output_encodings(layout.dlc(cfg.model.graphs(part)[0]))[main][
         "scale"][0]
