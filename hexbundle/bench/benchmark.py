@@ -22,7 +22,7 @@ Rows (the issue's list; targets are reported, never asserted):
 13. Qualcomm's simulator on the part with the most layers (issue 48): the part's two graphs
     through the ortqnn convert, then what `doit verify backend=ortqnn` runs for it, through
     verify's own code (checks/simulated.py, backends/ortqnn_sim.py): its bin recompiled, each
-    graph's own unshared bin compiled, 2 prompt chunks and 6 token runs on the simulator, beside
+    graph's own unshared bin compiled, 2 prompt chunks and 4 token runs on the simulator, beside
     onnxruntime CPU on the same QDQ graphs and the same inputs (ratios per chunk, per step, of
     peak RSS; the outputs' largest difference in LSB). A whole verify of the part on the
     simulator is extrapolated from those figures and labelled so: at full scale it would take

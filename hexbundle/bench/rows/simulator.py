@@ -37,7 +37,7 @@ from hexbundle.bench.common import GIB, BenchError, run_measured
 from hexbundle.support.jsondoc import parse_json
 
 IDS, NEEDS_BUILD = (13,), False
-CHUNKS, STEPS = 2, 4     # prompt chunks (the second is timed) and decode steps a run measures
+CHUNKS, STEPS = 2, 2     # prompt chunks (the second is timed) and decode steps a run measures
 SEED = 0
 
 
