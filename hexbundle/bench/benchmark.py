@@ -25,10 +25,12 @@ Rows (the issue's list; targets are reported, never asserted):
     graph's own unshared bin compiled, 2 prompt chunks and 4 token runs on the simulator, beside
     onnxruntime CPU on the same QDQ graphs and the same inputs (ratios per chunk, per step, of
     peak RSS; the outputs' largest difference in LSB). A whole verify of the part on the
-    simulator is extrapolated from those figures and labelled so: at full scale it would take
-    hours (docs/perf-notes.md "Qualcomm's simulator on the 7B-shaped part"). Needs the ortqnn
-    kit (wine64, mingw-w64, the wheels: docs/backends.md); without it the row says skipped,
-    under CI=true it fails.
+    simulator is extrapolated from those figures and labelled so. Measured at full scale
+    (`python3 scripts/bench.py --rows 13`, load 2-4; docs/perf-notes.md "Qualcomm's simulator
+    on the 7B-shaped part"): a chunk 200.8 s vs 4.44 s (45.2x), a step 44.6 s vs 2.76 s
+    (16.1x), own bins 58.6 s, peak RSS 0.90 vs 1.38 GiB (the compiles 3.97 GiB); a verify of
+    the part ~45 min, extrapolated; the row 15 min. Needs the ortqnn kit (wine64, mingw-w64,
+    the wheels: docs/backends.md); without it the row says skipped, under CI=true it fails.
 
 Each row (or pair of rows) is a unit of its own in hexbundle/bench/rows/ (its measurement and its
 table line); rows/__init__.py lists them, and this module is the runner: the tree, the inputs and
