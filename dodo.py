@@ -378,7 +378,8 @@ def task_bench():
     Digests vs doit's MD5 checker, no-op run vs `doit list`, touched inputs, one-part rebuild,
     reference backend GB/s and peak RSS, -n 2 vs -n 1, split and import, a cache-hit build
     through a local BuildGrid vs the full build, a build on 2 REAPI workers vs -n 1 (row 12),
-    on the Qwen2.5-7B-shaped model (~17 GB of disk, ~10 min; `--small`: qwen2-tiny, minutes;
+    Qualcomm's simulator on the largest part vs onnxruntime CPU (row 13, the ortqnn kit),
+    on the Qwen2.5-7B-shaped model (~17 GB of disk; `--small`: qwen2-tiny, minutes;
     `--rows 9`: that row only).
     Table printed, results in build/bench/results.json."""
     return {"actions": [action("hexbundle.bench.benchmark:run_bench", ROOT)],

@@ -15,10 +15,19 @@ ROW_KEYS = {"id", "what", "ours", "baseline", "ratio", "target", "met", "detail"
 @pytest.fixture(scope="module")
 def small_bench(tmp_path_factory):
     """`doit bench --small` (which runs scripts/bench.py) in a throwaway copy of the project."""
-    from conftest import copy_project
-    project = copy_project(tmp_path_factory.mktemp("bench") / "proj")
-    run = project.doit("bench", "--small", check=False)
+    from conftest import PROJECT_FILES, copy_project
+    # requirements/: the ortqnn kit's pins (row 13)
+    project = copy_project(tmp_path_factory.mktemp("bench") / "proj",
+                           (*PROJECT_FILES, "requirements"))
+    run = project.doit("bench", "--small", env=_kit_env(), check=False)
     return project, run, project.root / "build" / "bench" / "results.json"
+
+
+def _kit_env() -> dict:
+    """Row 13 runs the ortqnn kit: its wheelhouse when it is here (without it the row says
+    skipped, which test_the_simulator_row refuses under CI)."""
+    from test_ortqnn import KIT_ENV, _kit_available
+    return {} if _kit_available() else dict(KIT_ENV)
 
 
 def test_small_bench_runs_and_prints_one_table(small_bench):
@@ -27,7 +36,7 @@ def test_small_bench_runs_and_prints_one_table(small_bench):
     table = [line for line in run.out.splitlines() if line.startswith("|")]
     assert [c.strip() for c in table[0].split("|")[1:-1]] == [
         "#", "measured", "hexbundle", "baseline", "ratio", "target", "met"]
-    assert [line.split("|")[1].strip() for line in table[2:]] == [str(i) for i in range(1, 13)]
+    assert [line.split("|")[1].strip() for line in table[2:]] == [str(i) for i in range(1, 14)]
     assert "machine:" in run.out
     assert not (project.root / "build" / "bench" / "small-tree").exists()   # cleaned up
 
@@ -39,7 +48,7 @@ def test_results_json_is_well_formed(small_bench):
     assert results["mode"] == "small" and results["model"] == "qwen2-tiny"
     assert {"cpu", "cores", "ram_gib", "os", "python", "doit", "numpy"} <= set(results["machine"])
     rows = results["rows"]
-    assert [r["id"] for r in rows] == list(range(1, 13))
+    assert [r["id"] for r in rows] == list(range(1, 14))
     for row in rows:
         assert ROW_KEYS <= set(row), row
         assert row["met"] in (True, False, None)
@@ -124,6 +133,53 @@ def test_rows_selects_what_the_bench_measures(project):
     table = [line for line in run.out.splitlines() if line.startswith("|")]
     assert [line.split("|")[1].strip() for line in table[2:]] == ["1"]
     assert "rows measured: 1 (--rows)" in run.out
-    bad = project.doit("bench", "--small", "--rows", "0,13", check=False)
-    assert bad.code != 0 and "--rows '0,13': expected row numbers among 1, 2" in bad.out + bad.err
-    assert "11, 12," in bad.out + bad.err
+    bad = project.doit("bench", "--small", "--rows", "0,14", check=False)
+    assert bad.code != 0 and "--rows '0,14': expected row numbers among 1, 2" in bad.out + bad.err
+    assert "12, 13," in bad.out + bad.err
+
+
+@pytest.fixture(scope="module")
+def simulator_bench(tmp_path_factory):
+    """`doit bench --small --rows 13`: Qualcomm's simulator on the tiny model's largest part."""
+    from conftest import PROJECT_FILES, copy_project
+    project = copy_project(tmp_path_factory.mktemp("bench-sim") / "proj",
+                           (*PROJECT_FILES, "requirements"))
+    run = project.doit("bench", "--small", "--rows", "13", env=_kit_env(), check=False)
+    return project, run, project.root / "build" / "bench" / "results.json"
+
+
+def test_the_simulator_row(simulator_bench):
+    """Row 13 alone: the part's own bins, prompt chunks and token steps on the simulator beside
+    onnxruntime CPU on the same QDQ graphs, their ratios computed from the two in the same run,
+    the whole verify of the part extrapolated and labelled so; no full build. Under CI (the kit
+    provided by .ci/run) it must have run, not been skipped."""
+    import os
+    _, run, out = simulator_bench
+    assert run.code == 0, run.out + run.err
+    results = json.loads(out.read_text())
+    assert results["rows_measured"] == [13] and results["full_build"] is None
+    assert "full build -n 1" not in run.out
+    [row] = results["rows"]
+    assert ROW_KEYS <= set(row) and row["id"] == 13 and row["met"] is None
+    sim = row["detail"]
+    if "skipped" in sim:
+        assert os.environ.get("CI") != "true", "under CI .ci/run provides the ortqnn kit"
+        pytest.skip(sim["skipped"])
+    assert sim["part"] == 2 and sim["layers"] == 2 and sim["qdq_bytes"] > 0   # qwen2-tiny
+    k, s, c = sim["compile"], sim["simulator"], sim["cpu"]
+    # every run was timed: CHUNKS prompt chunks; a fork per chunk, then STEPS decode steps
+    for side in (s, c):
+        assert len(side["prompt_runs"]) == sim["chunks"] == 2
+        assert len(side["token_runs"]) == sim["chunks"] + sim["steps"]
+        assert side["chunk_seconds"] > 0 and side["step_seconds"] > 0 and side["maxrss"] > 0
+    assert k["own_bins_seconds"] > 0 and k["recompile_seconds"] > 0 and k["own_bins_bytes"] > 0
+    assert k["maxrss"] > 0 and sim["converted"] is True and sim["convert_seconds"] > 0
+    assert set(s["start_seconds"]) == {"prompt", "token"}
+    assert sim["chunk_ratio"] == pytest.approx(s["chunk_seconds"] / c["chunk_seconds"], abs=0.01)
+    assert sim["step_ratio"] == pytest.approx(s["step_seconds"] / c["step_seconds"], abs=0.01)
+    assert f"chunk {sim['chunk_ratio']:.2f}x, step {sim['step_ratio']:.2f}x" in row["ratio"]
+    assert sim["max_difference_lsb"] >= 0
+    estimate = sim["verify_estimate"]   # [verify] of qwen2-tiny: 160 prompt tokens, 32 steps
+    assert estimate["extrapolated"] is True and "(extrapolated)" in row["ours"]
+    assert estimate["chunks"] == 3 * 2 and estimate["token_steps"] == 3 * (2 + 32)
+    assert estimate["seconds"] > estimate["runs_seconds"] > 0

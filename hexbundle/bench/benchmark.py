@@ -19,13 +19,26 @@ Rows (the issue's list; targets are reported, never asserted):
 12. a full build on 2 REAPI workers (a fresh local BuildGrid on PostgreSQL, `-n 2`) vs the
     local `-n 1` build (goal >= 1.8x); its bundle must be byte-identical. The workers run on
     this machine, sharing its cores with the client.
+13. Qualcomm's simulator on the part with the most layers (issue 48): the part's two graphs
+    through the ortqnn convert, then what `doit verify backend=ortqnn` runs for it, through
+    verify's own code (checks/simulated.py, backends/ortqnn_sim.py): its bin recompiled, each
+    graph's own unshared bin compiled, 2 prompt chunks and 4 token runs on the simulator, beside
+    onnxruntime CPU on the same QDQ graphs and the same inputs (ratios per chunk, per step, of
+    peak RSS; the outputs' largest difference in LSB). A whole verify of the part on the
+    simulator is extrapolated from those figures and labelled so. Measured at full scale
+    (`python3 scripts/bench.py --rows 13`, load 2-4; docs/perf-notes.md "Qualcomm's simulator
+    on the 7B-shaped part"): a chunk 200.8 s vs 4.44 s (45.2x), a step 44.6 s vs 2.76 s
+    (16.1x), own bins 58.6 s, peak RSS 0.90 vs 1.38 GiB (the compiles 3.97 GiB); a verify of
+    the part ~45 min, extrapolated; the row 15 min. Needs the ortqnn kit (wine64, mingw-w64,
+    the wheels: docs/backends.md); without it the row says skipped, under CI=true it fails.
 
 Each row (or pair of rows) is a unit of its own in hexbundle/bench/rows/ (its measurement and its
 table line); rows/__init__.py lists them, and this module is the runner: the tree, the inputs and
 the full build the rows share, the results file and the table.
 
 `--rows 9` (or `--rows 1,5`) measures only those rows (and what they need: the inputs, and the
-full build for rows 2, 3, 4, 6, 9, 10 and 12).
+full build for rows 2, 3, 4, 6, 9, 10 and 12; row 13 needs the inputs and its part's ortqnn
+converts only).
 
 Full scale uses qwen2.5-7b-shape (Qwen2.5-7B's tensors, 4 layers, ~8 GB of inputs); --small
 uses qwen2-tiny (seconds; the tests run it). The tree lives in build/bench/<tree>/ (its own
@@ -147,6 +160,8 @@ class Bench:
         dlcs = sum(2 * sizes.part_bytes(model, p, packed=False) for p in self.parts)
         bins = sum(sizes.part_bytes(model, p) for p in self.parts)
         scratch = 2 * sizes.part_bytes(model, self.part, packed=False) + sizes.part_bytes(model, self.part)
+        if 13 in self.rows:   # the simulator row: 2 QDQ models, the recompile, 2 own bins
+            scratch += 5 * sizes.part_bytes(model, self.part)
         generate.check_disk(self.build_root, inputs + dlcs + bins + scratch,
                           f"the {self.model_name} benchmark tree (inputs, DLCs, bins)")
 

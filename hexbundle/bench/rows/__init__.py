@@ -7,9 +7,9 @@ change the tree's inputs last. A new row: a module beside these and one entry he
 from __future__ import annotations
 
 from hexbundle.bench.rows import (backend, cache, change, checkpoint, digests, parallel,
-                                  remote_exec, split, startup, touch, verify)
+                                  remote_exec, simulator, split, startup, touch, verify)
 
-ROWS = (remote_exec, parallel, cache, verify, backend, digests, startup, touch, change, split,
-        checkpoint)
+ROWS = (remote_exec, parallel, cache, verify, backend, simulator, digests, startup, touch, change,
+        split, checkpoint)
 ALL_ROWS = tuple(sorted(i for unit in ROWS for i in unit.IDS))
 NEEDS_BUILD = {i for unit in ROWS if unit.NEEDS_BUILD for i in unit.IDS}
