@@ -9,6 +9,7 @@ The end-to-end tests (heavy) need wine64, mingw-w64 and the pinned wheels (`doit
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -746,6 +747,22 @@ def test_a_wheel_of_other_bytes_is_refused(tmp_path, monkeypatch):
     with pytest.raises(BackendError, match="with the sha256"):
         ensure_kit(ROOT)
     assert not (tmp_path / "kit").exists()
+
+
+@pytest.mark.parametrize("pins", [None, "numpy==2.0 --hash=sha256:00\n"])
+def test_a_missing_or_incomplete_pin_file_is_named(tmp_path, monkeypatch, pins):
+    """requirements/ortqnn.txt gone (a project copied without requirements/) or without the
+    onnxruntime-qnn pin: every reader of it names the file and what to do, no traceback."""
+    from hexbundle.backends.ortqnn_kit import PIN_FILE, ensure_kit, kit_dir, kit_fingerprint
+    from hexbundle.support.errors import BackendError
+    monkeypatch.delenv("HEXBUNDLE_ORTQNN_KIT", raising=False)
+    if pins is not None:
+        (tmp_path / PIN_FILE).parent.mkdir(parents=True)
+        (tmp_path / PIN_FILE).write_text(pins)
+    readers = (ensure_kit, kit_dir) + ((kit_fingerprint,) if pins is None else ())
+    for read in readers:
+        with pytest.raises(BackendError, match=re.escape(str(tmp_path / PIN_FILE))):
+            read(tmp_path)
 
 
 def test_no_wine_is_a_clear_error(tmp_path):

@@ -84,13 +84,26 @@ def read_pins(root: Path) -> list:
 
 
 def qnn_pin(root: Path) -> Pin:
-    return next(p for p in read_pins(root) if p.name == "onnxruntime_qnn")
+    pin = next((p for p in read_pins(root) if p.name == "onnxruntime_qnn"), None)
+    if pin is None:
+        raise BackendError(f"{Path(root) / PIN_FILE}: no onnxruntime-qnn pin; restore the file "
+                           "from the repository")
+    return pin
+
+
+def _pin_bytes(root: Path) -> bytes:
+    path = Path(root) / PIN_FILE
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise BackendError(f"{path}: cannot read the ortqnn pins ({exc.strerror}); restore the "
+                           "file from the repository") from None
 
 
 def kit_fingerprint(root: Path) -> str:
     """12 hex digits of the pin file and the driver's source: what the kit's outputs depend on
     beyond hexbundle's Python code."""
-    digest = hashlib.sha256((Path(root) / PIN_FILE).read_bytes())
+    digest = hashlib.sha256(_pin_bytes(root))
     digest.update(DRIVER_SOURCE.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -99,7 +112,7 @@ def kit_dir(root: Path) -> Path:
     """Where the extracted kit is: HEXBUNDLE_ORTQNN_KIT, or a cache dir named after the pins."""
     if os.environ.get(KIT_ENV):
         return Path(os.environ[KIT_ENV])
-    digest = hashlib.sha256((Path(root) / PIN_FILE).read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(_pin_bytes(root)).hexdigest()[:12]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "hexbundle" / f"ortqnn-{qnn_pin(root).version}-{digest}"
 
@@ -122,7 +135,7 @@ def _wheel_for(pin: Pin, wheelhouse: Path) -> Path:
 def extract_kit(root: Path, wheelhouse: Path, dest: Path) -> Path:
     """The pinned wheels' DLLs into dest, written whole (a temp dir renamed) and stamped with
     the pin file; a kit already stamped with the same pins is left alone."""
-    pin_text = (Path(root) / PIN_FILE).read_text()
+    pin_text = _pin_bytes(root).decode("utf-8", "replace")
     if (dest / STAMP).is_file() and (dest / STAMP).read_text() == pin_text:
         return dest
     wheels = [(pin, _wheel_for(pin, wheelhouse)) for pin in read_pins(root)]
