@@ -34,6 +34,9 @@ TASKS = {"inputs": "inputs:part_2_of_4", "tokenizer": "inputs:tokenizer",
          "convert": "convert:part_2_of_4_prompt", "compile": "compile:part_2_of_4",
          "bundle": "bundle"}
 CODE = ("hexbundle", "scripts")
+# A qairt worker's toolchain: the SDK and the pin it is checked against (backends/qairt.py
+# refuses any other SDK before using it), as the toolchain image holds them.
+QAIRT_PIN = ("configs/toolchain.toml",)
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +77,11 @@ def run_as_worker(project, description: dict, root: Path, toolchain=None) -> dic
     """Run the step in a fresh input root `root` holding the code and its declared inputs
     alone, with the project's build moved away; its outputs' bytes by project path. Fails
     (AssertionError, with the step's log) when the step fails. `toolchain`: the environment
-    naming the worker's toolchain (a qairt step's SDK), if any."""
-    for name in CODE:
-        shutil.copytree(project.root / name, root / name)
+    naming the worker's toolchain (a qairt step's SDK, and its pin: QAIRT_PIN), if any."""
+    for name in CODE + (QAIRT_PIN if toolchain else ()):
+        source = project.root / name
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if source.is_dir() else shutil.copyfile)(source, root / name)
     moved = relocated(description, project.root, root)
     for source, dest in zip(paths_of(description, "inputs"), paths_of(moved, "inputs")):
         dest.parent.mkdir(parents=True, exist_ok=True)
