@@ -251,7 +251,7 @@ def ortqnn_built(tmp_path_factory):
     env = require_kit()
     project = copy_project(tmp_path_factory.mktemp("ortqnn") / "proj",
                            (*PROJECT_FILES, "requirements"))
-    project.doit("bundle", "backend=ortqnn", env=env)
+    project.doit("bundle", "backend=ortqnn", env=env, timeout=1800)   # Wine compiles: slow
     return project, env, step_descriptions(project.root, ("bundle",), ("backend=ortqnn",),
                                            env=env)["bundle"]
 

@@ -9,8 +9,11 @@ previous bundle.
 
 The step receives its description (steps/description.py) and nothing else: its inputs by role
 ("bin" per part, "tokenizer", the graphs' "onnx" and "encodings" in bin order for the size
-model, the "source" and "config" files the manifest digests), its outputs ("manifest": the
-bundle directory is its folder) and its options (config.step_options.BundleOptions).
+model, the "source" and "config" files the manifest digests, and the files a board's runtime
+comes from: "runtime" with "runtime-pins" (ortqnn's wheel and its pin file) or
+"runtime-release" and "runtime-genie" (a local SDK's sdk.yaml and Genie header)), its outputs
+("manifest": the bundle directory is its folder) and its options
+(config.step_options.BundleOptions).
 build-info.json (which steps came from a remote cache) is written after it, by the doit run
 (graph.targets.record_build_info): the records it reads are no input of the step.
 """
