@@ -34,9 +34,12 @@ TASKS = {"inputs": "inputs:part_2_of_4", "tokenizer": "inputs:tokenizer",
          "convert": "convert:part_2_of_4_prompt", "compile": "compile:part_2_of_4",
          "bundle": "bundle"}
 CODE = ("hexbundle", "scripts")
-# A qairt worker's toolchain: the SDK and the pin it is checked against (backends/qairt.py
-# refuses any other SDK before using it), as the toolchain image holds them.
+# A worker's toolchain, as the toolchain image holds it, beside the code: qairt's SDK and the
+# pin it is checked against (backends/qairt.py refuses any other SDK before using it); the
+# ortqnn compiler kit's pins (requirements/ortqnn.txt: the backend's version, which the
+# toolchain key and the manifest name). Not the runtime's files: those are declared inputs.
 QAIRT_PIN = ("configs/toolchain.toml",)
+ORTQNN_PIN = ("requirements/ortqnn.txt",)
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +76,14 @@ def relocated(description: dict, project: Path, root: Path) -> dict:
             "outputs": move(description["outputs"])}
 
 
-def run_as_worker(project, description: dict, root: Path, toolchain=None) -> dict:
+def run_as_worker(project, description: dict, root: Path, toolchain=None,
+                  toolchain_files=()) -> dict:
     """Run the step in a fresh input root `root` holding the code and its declared inputs
     alone, with the project's build moved away; its outputs' bytes by project path. Fails
-    (AssertionError, with the step's log) when the step fails. `toolchain`: the environment
-    naming the worker's toolchain (a qairt step's SDK, and its pin: QAIRT_PIN), if any."""
-    for name in CODE + (QAIRT_PIN if toolchain else ()):
+    (AssertionError, with the step's log) when the step fails. The worker's toolchain, if the
+    step runs through one: `toolchain` the environment naming it (a qairt step's SDK),
+    `toolchain_files` the project files that pin it (QAIRT_PIN, ORTQNN_PIN)."""
+    for name in CODE + tuple(toolchain_files):
         source = project.root / name
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if source.is_dir() else shutil.copyfile)(source, root / name)
@@ -271,7 +276,8 @@ def test_the_ortqnn_bundle_with_only_its_declared_inputs_writes_the_same_bytes(o
     wheels = [p for p in runtime_inputs(description) if p.suffix == ".whl"]
     assert [w.name for w in wheels] == \
         ["onnxruntime_qnn-2.7.0-cp312-cp312-manylinux_2_34_aarch64.whl"], description["inputs"]
-    outputs = run_as_worker(project, description, tmp_path / "worker")
+    outputs = run_as_worker(project, description, tmp_path / "worker",
+                            toolchain_files=ORTQNN_PIN)
     assert any(p.name == "libGenie.so" for p in outputs), sorted(p.name for p in outputs)
     for path, data in outputs.items():
         assert data == path.read_bytes(), f"{path.name} differs from the normal build's"
@@ -291,7 +297,7 @@ def test_the_ortqnn_bundle_reads_every_field_of_its_options(ortqnn_built, tmp_pa
     recorded = dataclasses.replace(moved, options=Recorder(moved.options, read))
     runner.DESCRIBED["bundle"](recorded, lines.append)
     assert read == {f.name for f in dataclasses.fields(moved.options)}
-    assert any(str(root) in line and ".whl" in line for line in lines), lines
+    assert any("file(s) from onnxruntime_qnn-2.7.0" in line for line in lines), lines
 
 
 @pytest.mark.heavy
@@ -380,7 +386,8 @@ def test_the_local_qairt_bundle_takes_its_runtime_from_its_declared_inputs(qairt
     assert {"runtime", "runtime-release", "runtime-genie"} <= declared, declared
     sdk = toolchain_only(Path(env["QAIRT_SDK_ROOT"]), tmp_path / "toolchain")
     outputs = run_as_worker(project, description, tmp_path / "worker",
-                            toolchain={**env, "QAIRT_SDK_ROOT": str(sdk)})
+                            toolchain={**env, "QAIRT_SDK_ROOT": str(sdk)},
+                            toolchain_files=QAIRT_PIN)
     assert any(p.name == "libGenie.so" for p in outputs), sorted(p.name for p in outputs)
     for path, data in outputs.items():
         assert data == path.read_bytes(), f"{path.name} differs from the normal build's"
@@ -395,6 +402,7 @@ def test_the_local_qairt_bundle_without_a_declared_runtime_file_fails(qairt_buil
                                         if not pair[1][resolved.PATH].endswith("/libGenie.so")]}
     assert len(hidden["inputs"]) == len(description["inputs"]) - 1
     with pytest.raises(AssertionError, match="the step failed as a worker runs it") as failed:
-        run_as_worker(project, hidden, tmp_path / "worker", toolchain=env)
+        run_as_worker(project, hidden, tmp_path / "worker", toolchain=env,
+                      toolchain_files=QAIRT_PIN)
     assert "libGenie.so: missing from the SDK root" in str(failed.value)
     assert "Traceback" not in str(failed.value)
