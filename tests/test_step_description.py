@@ -406,3 +406,26 @@ def test_the_local_qairt_bundle_without_a_declared_runtime_file_fails(qairt_buil
                       toolchain_files=QAIRT_PIN)
     assert "libGenie.so: missing from the SDK root" in str(failed.value)
     assert "Traceback" not in str(failed.value)
+
+
+@pytest.mark.heavy
+def test_doit_bundle_without_the_runtime_wheel_names_it_and_the_command(ortqnn_built, tmp_path):
+    """A wheelhouse without the board's runtime wheel (the compiler's kit there): no wheel is
+    declared, and the bundle step alone runs and stops in one error naming the wheel and
+    `doit ortqnn_kit`; the previous bundle stays."""
+    project, env, _ = ortqnn_built
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    for wheel in Path(env["HEXBUNDLE_ORTQNN_WHEELHOUSE"]).glob("*.whl"):
+        if "aarch64" not in wheel.name:
+            os.symlink(wheel.resolve(), house / wheel.name)
+    manifest = project.bundle(backend="ortqnn") / "manifest.json"
+    kept = manifest.read_bytes()
+    run = project.doit("bundle", "backend=ortqnn",
+                       env={**env, "HEXBUNDLE_ORTQNN_WHEELHOUSE": str(house)}, check=False)
+    text = run.out + run.err
+    assert run.code != 0 and run.executed == {"bundle"}, text
+    assert "no onnxruntime_qnn-2.7.0 manylinux_2_34_aarch64 wheel" in text, text
+    assert "doit ortqnn_kit" in text and "Traceback" not in text, text
+    assert manifest.read_bytes() == kept
+    project.doit("bundle", "backend=ortqnn", env=env)   # as it was, for the module's others
