@@ -362,3 +362,18 @@ def test_each_preflight_failure_says_what_to_do(board, case, expect):
     assert "run.sh: " in proc.stderr and expect in proc.stderr, proc.stderr
     # the run did not start unless the failure is found in its output
     assert ("[BEGIN]" in proc.stdout) == (case == "other libGenie")
+
+
+@pytest.mark.parametrize("target", [LINUX, WINDOWS])
+def test_the_declared_sdk_files_are_those_an_image_run_reads(sdk, target):
+    """A local build's bundle step reads the SDK files its description declares
+    (SdkRuntime.declared of SdkRuntime.inputs()); under executor=docker it reads the image's
+    SDK directly (SdkRuntime.at): the same files, found the same way."""
+    from hexbundle.backends.qairt_runtime import SdkRuntime
+    at = SdkRuntime.at(sdk, target, "v73")
+    inputs = at.inputs()
+    one = {role: path for role, path in inputs if role != "runtime"}
+    declared = SdkRuntime.declared(one["runtime-release"], one["runtime-genie"],
+                                   [path for role, path in inputs if role == "runtime"])
+    assert declared == at
+    assert set(at.files) == {f.sdk_path for f in runtime_files(target, "v73")}
