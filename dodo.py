@@ -223,7 +223,7 @@ def task_bundle():
     layout = BUILD.layout
     options = bundle_options(layout)
     return task(Step("bundle", "bundle", "", options, inputs=bundle_inputs(layout),
-                     outputs=bundle_outputs(layout), toolchain=True, copies_runtime=True,
+                     outputs=bundle_outputs(layout), toolchain=True,
                      before=(action("hexbundle.graph.targets:remove_dead_outputs", layout),
                              action("hexbundle.checks.sizes:check_built_sizes", layout,
                                     options.convert, options.compile)),

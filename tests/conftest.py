@@ -273,12 +273,12 @@ print(json.dumps(found))
 
 
 def step_descriptions(root: Path, creators=("inputs", "convert", "compile", "bundle"),
-                      settings=()) -> dict:
+                      settings=(), env=None) -> dict:
     """Task name -> the description (steps.description's JSON) dodo.py gives each build step
     of the project at `root` (graph.stepdesc.description), as a build there with `settings`
     (key=value) runs it."""
     proc = subprocess.run([sys.executable, "-c", LIST_DESCRIPTIONS, *settings, *creators],
-                          cwd=root,
+                          cwd=root, env={**os.environ, **(env or {})},
                           capture_output=True, text=True, check=True, timeout=300)
     return json.loads(proc.stdout)
 

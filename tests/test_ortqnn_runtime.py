@@ -26,6 +26,7 @@ from hexbundle.support.errors import BackendError, FormatError
 WHEELHOUSE = ROOT / "build" / "wheelhouse" / "ortqnn"
 LINUX_WHEEL = "onnxruntime_qnn-2.7.0-cp312-cp312-manylinux_2_34_aarch64.whl"
 WIN_WHEEL = "onnxruntime_qnn-2.7.0-cp312-cp312-win_arm64.whl"
+PINS = ROOT / "requirements" / "ortqnn-runtime.txt"
 
 
 # --------------------------------------------------------------------- the Genie API version
@@ -75,29 +76,41 @@ def _need_runtime_wheels():
 
 
 def test_the_pins_are_the_wheels_that_doit_ortqnn_kit_fetched(monkeypatch):
-    """Each board OS's wheel is found by its pinned sha256; Android has none (a clear error);
-    an empty wheelhouse names the command that fills it."""
-    from hexbundle.backends.ortqnn_runtime import runtime_wheel
+    """Each board OS's wheel is declared (runtime_inputs, by name) and found by its pinned
+    sha256; Android has none (a clear error); an empty wheelhouse names the command that
+    fills it."""
+    from hexbundle.backends.ortqnn_runtime import runtime_inputs, runtime_wheel
     _need_runtime_wheels()
     monkeypatch.setenv("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(WHEELHOUSE))
     for target, name in ((LINUX, LINUX_WHEEL), (WINDOWS, WIN_WHEEL)):
-        wheel, digest = runtime_wheel(ROOT, target)
+        declared = runtime_inputs(ROOT, target)
+        assert declared == [("runtime-pins", PINS), ("runtime", WHEELHOUSE / name)]
+        wheel, digest = runtime_wheel(PINS, [WHEELHOUSE / name], target)
         assert wheel.name == name
         assert hashlib.sha256(wheel.read_bytes()).hexdigest() == digest
+    assert runtime_inputs(ROOT, ANDROID) == [("runtime-pins", PINS)]
     with pytest.raises(BackendError, match="no onnxruntime-qnn wheel carries the QAIRT runtime "
                                            f"for {ANDROID}"):
-        runtime_wheel(ROOT, ANDROID)
+        runtime_wheel(PINS, [], ANDROID)
 
 
 def test_a_missing_or_other_runtime_wheel_is_refused(tmp_path, monkeypatch):
-    from hexbundle.backends.ortqnn_runtime import runtime_wheel
+    """No wheel declared (an empty wheelhouse), a declared one gone, one of the pinned name with
+    other bytes: each an error naming the wheel and `doit ortqnn_kit`."""
+    from hexbundle.backends.ortqnn_runtime import runtime_inputs, runtime_wheel
     monkeypatch.setenv("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(tmp_path))
-    with pytest.raises(BackendError, match=r"no onnxruntime_qnn-2.7.0 manylinux_2_34_aarch64 "
-                                           r"wheel with the sha256 .*doit ortqnn_kit"):
-        runtime_wheel(ROOT, LINUX)
+    assert runtime_inputs(ROOT, LINUX) == [("runtime-pins", PINS)]
+    wanted = (r"no onnxruntime_qnn-2.7.0 manylinux_2_34_aarch64 wheel with the sha256 .*"
+              r"doit ortqnn_kit")
+    with pytest.raises(BackendError, match=wanted) as none:
+        runtime_wheel(PINS, [], LINUX)
+    assert "tried: none in the wheelhouse" in str(none.value)
+    with pytest.raises(BackendError, match=wanted):
+        runtime_wheel(PINS, [tmp_path / LINUX_WHEEL], LINUX)
     (tmp_path / LINUX_WHEEL).write_bytes(b"PK\x05\x06" + bytes(18))   # same name, other bytes
-    with pytest.raises(BackendError, match="no onnxruntime_qnn-2.7.0"):
-        runtime_wheel(ROOT, LINUX)
+    assert runtime_inputs(ROOT, LINUX)[1:] == [("runtime", tmp_path / LINUX_WHEEL)]
+    with pytest.raises(BackendError, match=wanted):
+        runtime_wheel(PINS, [tmp_path / LINUX_WHEEL], LINUX)
 
 
 def test_every_runtime_file_is_in_the_wheel_of_its_board_os():
@@ -110,7 +123,7 @@ def test_every_runtime_file_is_in_the_wheel_of_its_board_os():
             assert (wheel_member(f) in members) == (f.role != "genie-t2t-run"), (name, f)
 
 
-def test_windows_runtime_from_the_win_arm64_wheel(tmp_path, monkeypatch):
+def test_windows_runtime_from_the_win_arm64_wheel(tmp_path):
     """For a Windows board: the DLLs, the skel and its signing catalog from the win_arm64 wheel,
     Genie 1.21.0, run.cmd calling the board's genie-t2t-run.exe; versions one release with the
     bins (a real 2.51.0 bin of the fixtures)."""
@@ -118,11 +131,11 @@ def test_windows_runtime_from_the_win_arm64_wheel(tmp_path, monkeypatch):
     from hexbundle.backends.qairt_runtime import RuntimePlan
     from hexbundle.formats.catalog import catalog_signs
     _need_runtime_wheels()
-    monkeypatch.setenv("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(WHEELHOUSE))
     staging = tmp_path / "bundle"
     staging.mkdir()
     bins = [ROOT / "tests" / "data" / "qualcomm" / "mlp_int8_shared_qnn.bin"]
-    record = bundle_runtime(ROOT, RuntimePlan("bundled", WINDOWS, "v73", 60, "2.51.0", 0), bins,
+    record = bundle_runtime(PINS, [WHEELHOUSE / WIN_WHEEL],
+                            RuntimePlan("bundled", WINDOWS, "v73", 60, "2.51.0", 0), bins,
                             staging, "2.51.0", lambda line: None)
     assert record["genie_version"] == "1.21.0" and record["qairt_version"] == "2.51.0.260929"
     assert "lib/Genie.dll" in record["files"] and "dsp/libqnnhtpv73.cat" in record["files"]
@@ -135,17 +148,17 @@ def test_windows_runtime_from_the_win_arm64_wheel(tmp_path, monkeypatch):
             whl.read("onnxruntime_qnn/QnnHtp.dll")
 
 
-def test_runtime_board_names_the_release_and_bundles_nothing(tmp_path, monkeypatch):
+def test_runtime_board_names_the_release_and_bundles_nothing(tmp_path):
     """runtime = "board": no file copied, the release and the Genie API version still read from
     the pinned wheel's bytes, run.sh using the board's install."""
     from hexbundle.backends.ortqnn_runtime import bundle_runtime
     from hexbundle.backends.qairt_runtime import RuntimePlan
     _need_runtime_wheels()
-    monkeypatch.setenv("HEXBUNDLE_ORTQNN_WHEELHOUSE", str(WHEELHOUSE))
     staging = tmp_path / "bundle"
     staging.mkdir()
     bins = [ROOT / "tests" / "data" / "qualcomm" / "mlp_int8_shared_qnn.bin"]
-    record = bundle_runtime(ROOT, RuntimePlan("board", LINUX, "v73", 77, "2.51.0", 0), bins,
+    record = bundle_runtime(PINS, [WHEELHOUSE / LINUX_WHEEL],
+                            RuntimePlan("board", LINUX, "v73", 77, "2.51.0", 0), bins,
                             staging, "2.51.0", lambda line: None)
     assert record["files"] == [] and record["genie_version"] == "1.21.0"
     assert sorted(p.name for p in staging.iterdir()) == ["run.sh"]

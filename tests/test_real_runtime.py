@@ -10,7 +10,8 @@ import pytest
 
 from conftest import copy_project
 from hexbundle.backends.bincheck import BinFacts
-from hexbundle.backends.qairt_runtime import RuntimePlan, check_bins, runtime_release
+from hexbundle.backends.qairt_runtime import (RuntimePlan, SdkRuntime, check_bins,
+                                              runtime_release)
 from hexbundle.config.runtime_files import LINUX, MIN_GLIBCXX, WINDOWS
 from hexbundle.formats.catalog import catalog_signs
 from hexbundle.formats.qairt_version import parse_release, read_file_release
@@ -112,7 +113,7 @@ def facts(build_id: str) -> dict:
 
 @pytest.mark.parametrize("target", [LINUX, WINDOWS])
 def test_a_real_runtime_is_one_release_and_takes_bins_of_it(sdk_2_45, target):
-    release = runtime_release(sdk_2_45, plan_for(target))
+    release = runtime_release(SdkRuntime.at(sdk_2_45, target, "v73"), plan_for(target))
     assert release.release.text == BUILD_2_45 and str(release.release) == SDK_2_45
     assert check_bins(facts(BUILD_2_45), plan_for(target), release)      # the long form
     with pytest.raises(InputError, match=f"made by QAIRT build {BUILD_2_51}, the runtime is "
@@ -124,7 +125,7 @@ def test_the_real_files_under_another_sdk_yaml_version_are_refused(sdk_2_45):
     """The issue's case: 2.45.40 files in an SDK whose sdk.yaml says 2.42.0.251225."""
     with pytest.raises(BackendError, match=r"not one QAIRT release \(QAIRT 2\.42\.0\.251225: "
                                            r"sdk\.yaml; QAIRT 2\.45\.40\.260406: lib/"):
-        runtime_release(sdk_2_45, plan_for(LINUX, "2.42.0.251225"))
+        runtime_release(SdkRuntime.at(sdk_2_45, LINUX, "v73"), plan_for(LINUX, "2.42.0.251225"))
 
 
 # --------------------------------------------------------------------------- end to end (doit)

@@ -115,6 +115,37 @@ def test_a_second_run_is_up_to_date_and_a_changed_sdk_file_rebuilds_the_bundle(p
         lib.read_bytes()
 
 
+def test_an_sdk_runtime_file_changed_in_place_reruns_the_bundle_step_alone(proj, sdk, tmp_path):
+    """The SDK's runtime files are the bundle step's declared inputs (steps/options.
+    runtime_inputs), keyed by their digests: the same SDK again is up to date; one file's bytes
+    changed in place (same path) rerun the bundle step and nothing else, and the bundle carries
+    the new bytes; so does the Genie header it reads the version from, even edited to the same
+    size and mtime."""
+    other = sdk_copy(sdk, tmp_path / "sdk")
+    qairt(proj, other, "bundle")
+    again = qairt(proj, other, "bundle")
+    assert again.executed == set(), again.out
+    lib = other / "lib" / LINUX / "libQnnSystem.so"
+    lib.write_bytes(lib.read_bytes() + b"\0")
+    run = qairt(proj, other, "bundle")
+    assert run.executed == {"bundle"}, run.out
+    assert (proj.bundle(backend="qairt") / "lib" / "libQnnSystem.so").read_bytes() == \
+        lib.read_bytes()
+    # The header edited to another Genie version of the same size, its mtime put back (as a
+    # copy that keeps times does): a size-and-mtime stamp would miss it, a digest does not.
+    header = other / "include" / "Genie" / "GenieCommon.h"
+    stat = header.stat()
+    text = header.read_text()
+    assert "GENIE_API_VERSION_MINOR 14" in text
+    header.write_text(text.replace("GENIE_API_VERSION_MINOR 14", "GENIE_API_VERSION_MINOR 15"))
+    os.utime(header, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert header.stat().st_size == stat.st_size
+    assert qairt(proj, other, "bundle").executed == {"bundle"}
+    manifest = json.loads((proj.bundle(backend="qairt") / "manifest.json").read_text())
+    assert manifest["runtime"]["genie_version"] == "1.15.0"
+    assert qairt(proj, other, "bundle").executed == set()
+
+
 def test_runtime_board_bundles_none_and_says_which_version_the_board_needs(proj, sdk):
     qairt(proj, sdk, "bundle", "runtime=board")
     bundle = proj.bundle(backend="qairt")
@@ -331,3 +362,18 @@ def test_each_preflight_failure_says_what_to_do(board, case, expect):
     assert "run.sh: " in proc.stderr and expect in proc.stderr, proc.stderr
     # the run did not start unless the failure is found in its output
     assert ("[BEGIN]" in proc.stdout) == (case == "other libGenie")
+
+
+@pytest.mark.parametrize("target", [LINUX, WINDOWS])
+def test_the_declared_sdk_files_are_those_an_image_run_reads(sdk, target):
+    """A local build's bundle step reads the SDK files its description declares
+    (SdkRuntime.declared of SdkRuntime.inputs()); under executor=docker it reads the image's
+    SDK directly (SdkRuntime.at): the same files, found the same way."""
+    from hexbundle.backends.qairt_runtime import SdkRuntime
+    at = SdkRuntime.at(sdk, target, "v73")
+    inputs = at.inputs()
+    one = {role: path for role, path in inputs if role != "runtime"}
+    declared = SdkRuntime.declared(one["runtime-release"], one["runtime-genie"],
+                                   [path for role, path in inputs if role == "runtime"])
+    assert declared == at
+    assert set(at.files) == {f.sdk_path for f in runtime_files(target, "v73")}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_project, step_descriptions, unsplit_only_tree
+from conftest import PROJECT_FILES, copy_project, step_descriptions, unsplit_only_tree
 from hexbundle.config import resolved
 from hexbundle.steps import runner
 from hexbundle.steps.description import from_json
@@ -33,6 +34,12 @@ TASKS = {"inputs": "inputs:part_2_of_4", "tokenizer": "inputs:tokenizer",
          "convert": "convert:part_2_of_4_prompt", "compile": "compile:part_2_of_4",
          "bundle": "bundle"}
 CODE = ("hexbundle", "scripts")
+# A worker's toolchain, as the toolchain image holds it, beside the code: qairt's SDK and the
+# pin it is checked against (backends/qairt.py refuses any other SDK before using it); the
+# ortqnn compiler kit's pins (requirements/ortqnn.txt: the backend's version, which the
+# toolchain key and the manifest name). Not the runtime's files: those are declared inputs.
+QAIRT_PIN = ("configs/toolchain.toml",)
+ORTQNN_PIN = ("requirements/ortqnn.txt",)
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +76,17 @@ def relocated(description: dict, project: Path, root: Path) -> dict:
             "outputs": move(description["outputs"])}
 
 
-def run_as_worker(project, description: dict, root: Path) -> dict:
+def run_as_worker(project, description: dict, root: Path, toolchain=None,
+                  toolchain_files=()) -> dict:
     """Run the step in a fresh input root `root` holding the code and its declared inputs
     alone, with the project's build moved away; its outputs' bytes by project path. Fails
-    (AssertionError, with the step's log) when the step fails."""
-    for name in CODE:
-        shutil.copytree(project.root / name, root / name)
+    (AssertionError, with the step's log) when the step fails. The worker's toolchain, if the
+    step runs through one: `toolchain` the environment naming it (a qairt step's SDK),
+    `toolchain_files` the project files that pin it (QAIRT_PIN, ORTQNN_PIN)."""
+    for name in CODE + tuple(toolchain_files):
+        source = project.root / name
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if source.is_dir() else shutil.copyfile)(source, root / name)
     moved = relocated(description, project.root, root)
     for source, dest in zip(paths_of(description, "inputs"), paths_of(moved, "inputs")):
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -84,12 +96,22 @@ def run_as_worker(project, description: dict, root: Path) -> dict:
     (project.root / "build").rename(away)   # nothing of the build is there to read
     try:
         proc = subprocess.run([sys.executable, "scripts/step.py", json.dumps(spec)], cwd=root,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300,
+                              env={**worker_env(), **(toolchain or {})})
     finally:
         away.rename(project.root / "build")
     assert proc.returncode == 0, f"the step failed as a worker runs it:\n{proc.stdout}{proc.stderr}"
     return {original: dest.read_bytes() for original, dest
             in zip(paths_of(description, "outputs"), paths_of(moved, "outputs"))}
+
+
+def worker_env() -> dict:
+    """The environment a worker runs a step in: no variable that points a step at files of this
+    machine (the ortqnn wheelhouse, an SDK root): what it reads must come from its inputs."""
+    return {k: v for k, v in os.environ.items() if k not in MACHINE_PATHS}
+
+
+MACHINE_PATHS = ("HEXBUNDLE_ORTQNN_WHEELHOUSE", "QAIRT_SDK_ROOT", "QNN_SDK_ROOT")
 
 
 @pytest.mark.parametrize("step", sorted(TASKS))
@@ -222,3 +244,188 @@ def test_the_local_split_with_only_its_declared_inputs_writes_the_same_bytes(tmp
                                lambda line: None)
     declared = {f.name for f in dataclasses.fields(moved.options)}
     assert read == declared, f"fields declared but never read: {declared - read}"
+
+
+# ---------------------------------------------------- the bundle step's runtime files (ortqnn)
+
+@pytest.fixture(scope="module")
+def ortqnn_built(tmp_path_factory):
+    """`doit bundle backend=ortqnn` (the real compiler, under Wine), and the bundle step's
+    description as that build ran it."""
+    from test_ortqnn import require_kit
+    env = require_kit()
+    project = copy_project(tmp_path_factory.mktemp("ortqnn") / "proj",
+                           (*PROJECT_FILES, "requirements"))
+    project.doit("bundle", "backend=ortqnn", env=env, timeout=1800)   # Wine compiles: slow
+    return project, env, step_descriptions(project.root, ("bundle",), ("backend=ortqnn",),
+                                           env=env)["bundle"]
+
+
+def runtime_inputs(description: dict) -> list:
+    return [Path(p[resolved.PATH]) for role, p in description["inputs"]
+            if role.startswith("runtime")]
+
+
+@pytest.mark.heavy
+def test_the_ortqnn_bundle_with_only_its_declared_inputs_writes_the_same_bytes(ortqnn_built,
+                                                                               tmp_path):
+    """The ortqnn bundle step reads the pinned runtime wheel of the board's OS: a declared input
+    (role "runtime"), so a worker holding its inputs alone (no wheelhouse, no
+    HEXBUNDLE_ORTQNN_WHEELHOUSE, no requirements/ in its root) writes the same bundle."""
+    project, _, description = ortqnn_built
+    wheels = [p for p in runtime_inputs(description) if p.suffix == ".whl"]
+    assert [w.name for w in wheels] == \
+        ["onnxruntime_qnn-2.7.0-cp312-cp312-manylinux_2_34_aarch64.whl"], description["inputs"]
+    outputs = run_as_worker(project, description, tmp_path / "worker",
+                            toolchain_files=ORTQNN_PIN)
+    assert any(p.name == "libGenie.so" for p in outputs), sorted(p.name for p in outputs)
+    for path, data in outputs.items():
+        assert data == path.read_bytes(), f"{path.name} differs from the normal build's"
+
+
+@pytest.mark.heavy
+def test_the_ortqnn_bundle_reads_every_field_of_its_options(ortqnn_built, tmp_path):
+    """With backend=ortqnn the bundle step reads all of BundleOptions (the runtime's mode and
+    board OS too), and the wheel it reads is the declared one."""
+    project, _, description = ortqnn_built
+    root = tmp_path / "worker"
+    moved = from_json(relocated(description, project.root, root))
+    for source, (_, dest) in zip(paths_of(description, "inputs"), moved.inputs):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, dest)
+    read, lines = set(), []
+    recorded = dataclasses.replace(moved, options=Recorder(moved.options, read))
+    runner.DESCRIBED["bundle"](recorded, lines.append)
+    assert read == {f.name for f in dataclasses.fields(moved.options)}
+    assert any("file(s) from onnxruntime_qnn-2.7.0" in line for line in lines), lines
+
+
+@pytest.mark.heavy
+def test_the_ortqnn_bundle_without_its_wheel_names_it_and_the_command(ortqnn_built, tmp_path):
+    """A description whose runtime wheel is not there: one line naming the wheel and
+    `doit ortqnn_kit`, no traceback."""
+    _, _, description = ortqnn_built
+    wheel = [p for p in runtime_inputs(description) if p.suffix == ".whl"][0]
+    gone = {**description, "inputs": [
+        [r, {resolved.PATH: str(tmp_path / wheel.name)} if Path(p[resolved.PATH]) == wheel
+         else p] for r, p in description["inputs"]]}
+    lines = []
+    assert runner.run({"step": "bundle", "description": gone}, lines.append) == 1
+    text = "\n".join(lines)
+    assert wheel.name in text and "doit ortqnn_kit" in text and "Traceback" not in text, text
+
+
+@pytest.mark.heavy
+def test_a_changed_runtime_wheel_reruns_the_bundle_step_alone(ortqnn_built, tmp_path):
+    """Both directions: an unchanged run is up to date; the runtime wheel's bytes changed (a
+    copy in another wheelhouse, one byte of its zip comment added) rerun the bundle step and
+    nothing else -- which then refuses the wheel, whose sha256 the pins do not list."""
+    project, env, _ = ortqnn_built
+    again = project.doit("bundle", "backend=ortqnn", env=env)
+    assert again.executed == set(), again.out
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    source = Path(env["HEXBUNDLE_ORTQNN_WHEELHOUSE"])
+    for wheel in source.glob("*.whl"):
+        os.symlink(wheel.resolve(), house / wheel.name)
+    name = "onnxruntime_qnn-2.7.0-cp312-cp312-manylinux_2_34_aarch64.whl"
+    (house / name).unlink()
+    shutil.copyfile(source / name, house / name)
+    same = project.doit("bundle", "backend=ortqnn",
+                        env={**env, "HEXBUNDLE_ORTQNN_WHEELHOUSE": str(house)})
+    assert same.executed == {"bundle"}, same.out   # another path: another input
+    with open(house / name, "ab") as fh:
+        fh.write(b"\0")
+    changed = project.doit("bundle", "backend=ortqnn",
+                           env={**env, "HEXBUNDLE_ORTQNN_WHEELHOUSE": str(house)}, check=False)
+    assert changed.executed == {"bundle"}, changed.out
+    assert changed.code != 0 and name in changed.out + changed.err, changed.out
+    assert "Traceback" not in changed.out + changed.err
+    back = project.doit("bundle", "backend=ortqnn", env=env)
+    assert back.executed == {"bundle"}, back.out
+
+
+# ------------------------------------------- the bundle step's runtime files (qairt, local SDK)
+
+@pytest.fixture(scope="module")
+def qairt_built(tmp_path_factory):
+    """`doit bundle backend=qairt` with the stand-in SDK (tests/standin_runtime.py: its runtime
+    files real binaries built here), executor=local; the bundle step's description."""
+    from standin_runtime import bin_sizes, build_runtime
+    tmp = tmp_path_factory.mktemp("qairt")
+    sdk = build_runtime(tmp / "sdk", tmp / "work")
+    project = copy_project(tmp / "proj")
+    project.doit("inputs")
+    env = {"QAIRT_SDK_ROOT": str(sdk), "STANDIN_QAIRT_MODE": "ok",
+           "STANDIN_QAIRT_BIN_BYTES": json.dumps(bin_sizes(project, "iq9075"))}
+    project.doit("bundle", "backend=qairt", env=env)
+    return project, env, step_descriptions(project.root, ("bundle",), ("backend=qairt",),
+                                           env=env)["bundle"]
+
+
+def toolchain_only(sdk: Path, dest: Path) -> Path:
+    """The SDK without any file the bundle step may declare (every board's runtime files, the
+    Genie header): what a worker's toolchain holds (its Python API, sdk.yaml,
+    qnn-context-binary-utility)."""
+    from hexbundle.backends.qairt_runtime import GENIE_HEADER
+    from hexbundle.config.runtime_files import ANDROID, LINUX, WINDOWS, runtime_files
+    shutil.copytree(sdk, dest, symlinks=True)
+    for rel in {f.sdk_path for t in (ANDROID, LINUX, WINDOWS) for f in runtime_files(t, "v73")}:
+        (dest / rel).unlink(missing_ok=True)
+    (dest / GENIE_HEADER).unlink()
+    return dest
+
+
+@pytest.mark.heavy
+def test_the_local_qairt_bundle_takes_its_runtime_from_its_declared_inputs(qairt_built,
+                                                                          tmp_path):
+    """The SDK's runtime files, sdk.yaml and Genie header are declared inputs: a worker whose
+    SDK has none of them (its toolchain alone) writes the same bundle from its input root."""
+    project, env, description = qairt_built
+    declared = {role for role, _ in description["inputs"]}
+    assert {"runtime", "runtime-release", "runtime-genie"} <= declared, declared
+    sdk = toolchain_only(Path(env["QAIRT_SDK_ROOT"]), tmp_path / "toolchain")
+    outputs = run_as_worker(project, description, tmp_path / "worker",
+                            toolchain={**env, "QAIRT_SDK_ROOT": str(sdk)},
+                            toolchain_files=QAIRT_PIN)
+    assert any(p.name == "libGenie.so" for p in outputs), sorted(p.name for p in outputs)
+    for path, data in outputs.items():
+        assert data == path.read_bytes(), f"{path.name} differs from the normal build's"
+
+
+@pytest.mark.heavy
+def test_the_local_qairt_bundle_without_a_declared_runtime_file_fails(qairt_built, tmp_path):
+    """The check can fail: the description without its libGenie.so is refused by the step,
+    naming the file, though the worker's toolchain SDK still has every file."""
+    project, env, description = qairt_built
+    hidden = {**description, "inputs": [pair for pair in description["inputs"]
+                                        if not pair[1][resolved.PATH].endswith("/libGenie.so")]}
+    assert len(hidden["inputs"]) == len(description["inputs"]) - 1
+    with pytest.raises(AssertionError, match="the step failed as a worker runs it") as failed:
+        run_as_worker(project, hidden, tmp_path / "worker", toolchain=env,
+                      toolchain_files=QAIRT_PIN)
+    assert "libGenie.so: missing from the SDK root" in str(failed.value)
+    assert "Traceback" not in str(failed.value)
+
+
+@pytest.mark.heavy
+def test_doit_bundle_without_the_runtime_wheel_names_it_and_the_command(ortqnn_built, tmp_path):
+    """A wheelhouse without the board's runtime wheel (the compiler's kit there): no wheel is
+    declared, and the bundle step alone runs and stops in one error naming the wheel and
+    `doit ortqnn_kit`; the previous bundle stays."""
+    project, env, _ = ortqnn_built
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    for wheel in Path(env["HEXBUNDLE_ORTQNN_WHEELHOUSE"]).glob("*.whl"):
+        if "aarch64" not in wheel.name:
+            os.symlink(wheel.resolve(), house / wheel.name)
+    manifest = project.bundle(backend="ortqnn") / "manifest.json"
+    kept = manifest.read_bytes()
+    run = project.doit("bundle", "backend=ortqnn",
+                       env={**env, "HEXBUNDLE_ORTQNN_WHEELHOUSE": str(house)}, check=False)
+    text = run.out + run.err
+    assert run.code != 0 and run.executed == {"bundle"}, text
+    assert "no onnxruntime_qnn-2.7.0 manylinux_2_34_aarch64 wheel" in text, text
+    assert "doit ortqnn_kit" in text and "Traceback" not in text, text
+    assert manifest.read_bytes() == kept
+    project.doit("bundle", "backend=ortqnn", env=env)   # as it was, for the module's others

@@ -56,32 +56,60 @@ def wheelhouse(root: Path) -> Path:
     return Path(os.environ.get(WHEELHOUSE_ENV) or Path(root) / WHEELHOUSE)
 
 
-def runtime_wheel(root: Path, target: str) -> tuple:
-    """(wheel path, sha256) of the pinned runtime wheel for the board OS, from the wheelhouse."""
+def runtime_inputs(root: Path, target: str) -> list:
+    """The bundle step's declared runtime inputs (steps/options.bundle_inputs), by role: the pin
+    file ("runtime-pins") and the wheelhouse's wheels named as the board OS's pin
+    ("runtime"). Found by name, not hashed: this runs on every doit run, no-op ones too; the
+    step checks the sha256 (runtime_wheel). None found (no kit yet, an Android board): none
+    declared, and the step says what to do."""
+    pins = Path(root) / PIN_FILE
+    found = []
+    try:
+        pin = platform_pin(pins, target)
+        stem = pin.name.replace("-", "_")
+        found = sorted(wheelhouse(root).glob(
+            f"{stem}-{pin.version}-*{WHEEL_PLATFORMS[target]}.whl"))
+    except BackendError:
+        pass   # the step, given the pin file, raises the same error
+    return [("runtime-pins", pins)] + [("runtime", w) for w in found]
+
+
+def platform_pin(pins: Path, target: str):
+    """The pin (formats.pinfile's Locked) of the board OS's runtime wheel in the pin file."""
     from hexbundle.formats.pinfile import read_platform_pins
     if target not in WHEEL_PLATFORMS:
         raise BackendError(f"backend ortqnn: no onnxruntime-qnn wheel carries the QAIRT runtime "
                            f"for {target} (only {', '.join(WHEEL_PLATFORMS)}): build for a Linux "
                            "or Windows board (a board file's [device] os), or with "
                            "runtime=board and the board's own QAIRT install")
-    pins = Path(root) / PIN_FILE
     try:
         wanted = [e for e, platform in read_platform_pins(pins)
                   if platform == WHEEL_PLATFORMS[target]]
-    except HexbundleError as exc:
-        raise BackendError(str(exc)) from None
+    except (HexbundleError, OSError) as exc:
+        raise BackendError(str(exc) if isinstance(exc, HexbundleError) else
+                           f"{pins}: cannot read it ({exc.strerror})") from None
     if len(wanted) != 1:
         raise BackendError(f"{pins}: {len(wanted)} wheel(s) pinned for platform "
                            f"{WHEEL_PLATFORMS[target]} (the runtime for {target}); pin one")
-    pin = wanted[0]
-    house = wheelhouse(root)
-    stem = pin.name.replace("-", "_")
-    for wheel in sorted(house.glob(f"{stem}-{pin.version}-*{WHEEL_PLATFORMS[target]}.whl")):
-        digest = _sha256(wheel)
+    return wanted[0]
+
+
+def runtime_wheel(pins: Path, wheels: list, target: str) -> tuple:
+    """(wheel path, sha256) of the pinned runtime wheel for the board OS among `wheels` (the
+    step's declared ones): the one whose sha256 the pin file lists."""
+    pin = platform_pin(pins, target)
+    for wheel in wheels:
+        try:
+            digest = _sha256(wheel)
+        except FileNotFoundError:
+            continue
         if digest in pin.hashes:
             return wheel, digest
-    raise BackendError(f"{house}: no {stem}-{pin.version} {WHEEL_PLATFORMS[target]} wheel with "
-                       f"the sha256 {PIN_FILE} pins (the QAIRT runtime for {target}); run "
+    name = f"{pin.name.replace('-', '_')}-{pin.version}"
+    tried = ", ".join(str(w) for w in wheels) or \
+        f"none in the wheelhouse ({WHEELHOUSE} or ${WHEELHOUSE_ENV})"
+    raise BackendError(f"no {name} {WHEEL_PLATFORMS[target]} wheel with the sha256 {PIN_FILE} "
+                       f"pins (the QAIRT runtime for {target}; tried: {tried}); run "
                        "`python3 -m doit ortqnn_kit` where PyPI is reachable and bring the "
                        "directory along")
 
@@ -153,11 +181,12 @@ def read_versions(staging: Path, copied: list, bins: list, compiler: str) -> tup
     return versions, dated[0], aisw
 
 
-def bundle_runtime(root: Path, plan, bins: list, staging: Path, compiler: str,
+def bundle_runtime(pins: Path, wheels: list, plan, bins: list, staging: Path, compiler: str,
                    log: Callable[[str], None]) -> dict:
     """The runtime of the compiler's release for the board (`plan`: backends/qairt_runtime's
-    RuntimePlan) into staging, run.sh written; returns the manifest's "runtime" section."""
-    wheel, digest = runtime_wheel(root, plan.target)
+    RuntimePlan) into staging, run.sh written; returns the manifest's "runtime" section. The
+    wheel is the one of `wheels` (the step's declared inputs) that `pins` pins."""
+    wheel, digest = runtime_wheel(pins, wheels, plan.target)
     genie_lib = wheel_member(next(f for f in runtime_files(plan.target, plan.dsp_arch)
                                   if f.role == "libGenie"))
     with zipfile.ZipFile(wheel) as whl:

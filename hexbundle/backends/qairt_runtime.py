@@ -47,29 +47,41 @@ class RuntimePlan:
     htp_device_id: int
 
 
-def sdk_runtime_digest(target: str, dsp_arch: str) -> str:
-    """The runtime files of the SDK this process sees, by path, size and mtime (a key for the
-    bundle step: cheap on every run; an SDK file replaced or edited changes it); none: ""."""
-    from hexbundle.config.toolchain import installed_sdk
-    try:
-        root = installed_sdk().root
-    except HexbundleError:
-        return ""
-    paths = [root / f.sdk_path for f in runtime_files(target, dsp_arch)] + [root / GENIE_HEADER]
-    return ",".join(f"{p}={_stamp(p)}" for p in paths)
+@dataclass(frozen=True)
+class SdkRuntime:
+    """What the bundle step reads of an SDK: its root (messages name it), sdk.yaml (the release
+    it claims), the Genie header and the table's runtime files it holds ({sdk_path: Path})."""
+    root: Path
+    release_file: Path
+    genie_header: Path
+    files: dict
+
+    @classmethod
+    def at(cls, root: Path, target: str, dsp_arch: str) -> "SdkRuntime":
+        """The table's files for the board that are in the SDK at `root`."""
+        present = {f.sdk_path: root / f.sdk_path for f in runtime_files(target, dsp_arch)
+                   if (root / f.sdk_path).is_file()}
+        return cls(root, root / SDK_RELEASE, root / GENIE_HEADER, present)
+
+    @classmethod
+    def declared(cls, release_file: Path, genie_header: Path, files: list) -> "SdkRuntime":
+        """From the bundle step's declared inputs (inputs(): sdk.yaml at the root)."""
+        root = release_file.parent
+        return cls(root, release_file, genie_header,
+                   {p.relative_to(root).as_posix(): p for p in files})
+
+    def inputs(self) -> list:
+        """The bundle step's declared inputs by role: the runtime files ("runtime"), sdk.yaml
+        ("runtime-release"), the Genie header ("runtime-genie"); their digests are its key."""
+        return ([("runtime", p) for p in self.files.values()]
+                + [("runtime-release", self.release_file), ("runtime-genie", self.genie_header)])
 
 
-def _stamp(path: Path) -> str:
-    try:
-        st = path.stat()
-    except OSError:
-        return "-"
-    return f"{st.st_size}:{st.st_mtime_ns}"
+SDK_RELEASE = "sdk.yaml"
 
 
-def genie_version(sdk_root: Path) -> str:
+def genie_version(header: Path) -> str:
     """M.m.p from the SDK's GenieCommon.h."""
-    header = sdk_root / GENIE_HEADER
     try:
         text = header.read_text(errors="replace")
     except OSError as exc:
@@ -90,13 +102,13 @@ class RuntimeRelease:
     aisw_files: tuple        # bundle paths whose bytes state AISW_VERSION (run.sh checks them)
 
 
-def runtime_release(sdk_root: Path, plan: RuntimePlan) -> RuntimeRelease:
+def runtime_release(sdk: SdkRuntime, plan: RuntimePlan) -> RuntimeRelease:
     """Every runtime file of the board in the SDK, read for its release; all of them and
     sdk.yaml's version must be one QAIRT release, else an error naming which file says which."""
     versions, stated, aisw = {}, {}, []
     for f in runtime_files(plan.target, plan.dsp_arch):
-        src = sdk_root / f.sdk_path
-        if not src.is_file():
+        src = sdk.files.get(f.sdk_path)
+        if src is None:
             continue   # bundle_runtime says what is missing
         try:
             found = read_file_release(src)
@@ -109,20 +121,20 @@ def runtime_release(sdk_root: Path, plan: RuntimePlan) -> RuntimeRelease:
             stated[f.sdk_path] = found.release
         if found.aisw:
             aisw.append(f.bundle_path)
-    sdk = parse_release(plan.qairt_version)
-    if sdk is None:
-        raise BackendError(f"{sdk_root / 'sdk.yaml'}: version {plan.qairt_version!r} is not a "
+    claimed = parse_release(plan.qairt_version)
+    if claimed is None:
+        raise BackendError(f"{sdk.release_file}: version {plan.qairt_version!r} is not a "
                            "QAIRT version (X.Y.Z.YYMMDD)")
-    mixed = mixed_releases({**stated, "sdk.yaml": sdk})
+    mixed = mixed_releases({**stated, "sdk.yaml": claimed})
     if mixed:
-        raise BackendError(f"{sdk_root}: the runtime files for {plan.target} {plan.dsp_arch} "
+        raise BackendError(f"{sdk.root}: the runtime files for {plan.target} {plan.dsp_arch} "
                            f"and sdk.yaml are not one QAIRT release ({mixed}): a board loads "
                            "them together (a stub and a skel of two releases: err 1008), and "
                            "the bundle would be labelled with a release it does not hold. "
                            "Use one QAIRT release whole, as Qualcomm ships it (sdk.yaml and "
                            "every file)")
     dated = [r for r in stated.values() if r.date]
-    return RuntimeRelease(dated[0] if dated else sdk, versions, tuple(aisw))
+    return RuntimeRelease(dated[0] if dated else claimed, versions, tuple(aisw))
 
 
 def check_bins(facts: dict, plan: RuntimePlan, runtime: RuntimeRelease) -> dict:
@@ -147,16 +159,17 @@ def check_bins(facts: dict, plan: RuntimePlan, runtime: RuntimeRelease) -> dict:
     return out
 
 
-def bundle_runtime(sdk_root: Path, plan: RuntimePlan, runtime: RuntimeRelease, staging: Path,
+def bundle_runtime(sdk: SdkRuntime, plan: RuntimePlan, runtime: RuntimeRelease, staging: Path,
                    log: Callable[[str], None]) -> dict:
     """Copy the runtime into `staging` and write the launcher; returns the manifest's
     "runtime" section (the bin records are added by the caller)."""
-    gv = genie_version(sdk_root)
+    gv = genie_version(sdk.genie_header)
     copied = []
     if plan.mode == "bundled":
         for f in runtime_files(plan.target, plan.dsp_arch):
-            src = sdk_root / f.sdk_path
-            if not src.is_file():
+            src = sdk.files.get(f.sdk_path)
+            if src is None:
+                src = sdk.root / f.sdk_path   # named in the messages
                 if f.required:
                     raise BackendError(f"{src}: missing from the SDK root, and the bundle's "
                                        f"runtime needs it ({f.role}, for {plan.target}): is the "
@@ -168,7 +181,7 @@ def bundle_runtime(sdk_root: Path, plan: RuntimePlan, runtime: RuntimeRelease, s
             shutil.copyfile(src, dst)
             dst.chmod(0o755 if f.role == "genie-t2t-run" else 0o644)
             copied.append(f.bundle_path)
-        log(f"runtime for {plan.target} {plan.dsp_arch}: {len(copied)} file(s) from {sdk_root}")
+        log(f"runtime for {plan.target} {plan.dsp_arch}: {len(copied)} file(s) from {sdk.root}")
     else:
         log(f"runtime = \"board\": no runtime bundled; the board needs QAIRT {plan.qairt_version}"
             f" (libGenie {gv}) for {plan.target}")

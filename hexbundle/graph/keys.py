@@ -112,23 +112,6 @@ def toolchain_key(cfg: BuildConfig) -> str:
     return _toolchain_key(cfg.backend, cfg.executor, cfg.root)
 
 
-def sdk_runtime_key(cfg: BuildConfig) -> str:
-    """The bundle step's: the SDK runtime files it copies, by digest, when a local qairt build
-    reads them from $QAIRT_SDK_ROOT (a changed or other SDK rebuilds the bundle). In the
-    container the image ID stands for them (toolchain_key). An ortqnn bundle's come from the
-    wheels requirements/ortqnn-runtime.txt pins by sha256: that file's digest. "" otherwise."""
-    if cfg.backend == "ortqnn":
-        import hashlib
-        from hexbundle.backends.ortqnn_runtime import PIN_FILE
-        pins = Path(cfg.root) / PIN_FILE
-        return "pins " + (hashlib.sha256(pins.read_bytes()).hexdigest()[:16]
-                          if pins.is_file() else "(missing)")
-    if cfg.backend != "qairt" or cfg.executor != "local" or cfg.runtime != "bundled":
-        return ""
-    from hexbundle.backends.qairt_runtime import sdk_runtime_digest
-    return sdk_runtime_digest(cfg.device.os, cfg.device.dsp_arch)
-
-
 def pinned(cfg: BuildConfig, paths: list) -> dict:
     """The pins (from the model config's [inputs.pins]) that apply to these files."""
     pins = cfg.inputs.pins

@@ -47,7 +47,6 @@ class Step:
     outputs: list = field(default_factory=list)   # Paths, or (role, Path): doit's targets
     arguments: dict = field(default_factory=dict)  # the step's own: part, graph, what
     toolchain: bool = False       # runs through the backend: its version keys the step
-    copies_runtime: bool = False  # copies the SDK's runtime into its output (bundle, qairt)
     check_outputs: bool = True    # rerun when an output was changed after the step wrote it
     action: Optional[tuple] = None   # another action than the step runner (verify's)
     before: tuple = ()            # actions run first (bundle: dead outputs, the size check)
@@ -88,26 +87,17 @@ def description(step: Step) -> dict:
 def key(step: Step, layout: Layout):
     """The step's key item (graph.keys.step_key), its document derived from the description:
     nothing listed by hand."""
-    from hexbundle.graph.keys import image_id, pinned, step_code, step_key
+    from hexbundle.graph.keys import image_id, pinned, step_code, step_key, toolchain_key
     cfg = layout.cfg
     document = {"step": step.step, "arguments": dict(step.arguments), "options": step.options,
                 "code": step_code(step.step)}
     if not step.described:   # a described step's options hold the pins it checks (convert's)
         document["pins"] = pinned(cfg, step.input_paths)
     if step.toolchain:
-        document["toolchain"] = lambda: {"backend": cfg.backend,
-                                         "version": _version(cfg, step.copies_runtime)}
+        document["toolchain"] = lambda: {"backend": cfg.backend, "version": toolchain_key(cfg)}
     elif step.action is None and cfg.executor == "docker":   # runs in the image all the same
         document["image"] = lambda: image_id(cfg.root) or "(unavailable)"
     return step_key(step.step, document)
-
-
-def _version(cfg, copies_runtime: bool) -> str:
-    """The backend's version; for a step that copies the SDK's runtime files from a local SDK,
-    with their digest (another or a changed SDK rebuilds the bundle: graph.keys.sdk_runtime_key)."""
-    from hexbundle.graph.keys import sdk_runtime_key, toolchain_key
-    runtime = sdk_runtime_key(cfg) if copies_runtime else ""
-    return toolchain_key(cfg) + (f" runtime {runtime}" if runtime else "")
 
 
 def doit_task(step: Step, layout: Layout) -> dict:

@@ -9,8 +9,11 @@ previous bundle.
 
 The step receives its description (steps/description.py) and nothing else: its inputs by role
 ("bin" per part, "tokenizer", the graphs' "onnx" and "encodings" in bin order for the size
-model, the "source" and "config" files the manifest digests), its outputs ("manifest": the
-bundle directory is its folder) and its options (config.step_options.BundleOptions).
+model, the "source" and "config" files the manifest digests, and the files a board's runtime
+comes from: "runtime" with "runtime-pins" (ortqnn's wheel and its pin file) or
+"runtime-release" and "runtime-genie" (a local SDK's sdk.yaml and Genie header)), its outputs
+("manifest": the bundle directory is its folder) and its options
+(config.step_options.BundleOptions).
 build-info.json (which steps came from a remote cache) is written after it, by the doit run
 (graph.targets.record_build_info): the records it reads are no input of the step.
 """
@@ -25,6 +28,7 @@ from hexbundle.checks import sizes
 from hexbundle.checks.genie_bundle import check_bundle
 from hexbundle.config.layout import GENIE_CONFIG, HTP_EXT_CONFIG, MANIFEST, TOKENIZER
 from hexbundle.config.step_options import BundleOptions
+from hexbundle.config.toolchain import read_sdk_version
 from hexbundle.formats.genie import genie_config, htp_backend_ext_config
 from hexbundle.formats.genie_clients import write_clients
 from hexbundle.formats.manifest import bundle_files, bundle_manifest
@@ -97,49 +101,69 @@ def lint(staging: Path, options: BundleOptions, log) -> None:
     log(f"check_bundle: no problem ({len(report.checked)} checks)")
 
 
-def qairt_runtime(options: BundleOptions, bins: list, staging: Path, log) -> dict:
-    """The qairt bundle's runtime, from the SDK root that compiled the bins, after checking
-    each bin against it and the device (backends/qairt_runtime.py)."""
+def qairt_runtime(described: Description, bins: list, staging: Path, log) -> dict:
+    """The qairt bundle's runtime, from the SDK that compiled the bins, after checking each bin
+    against it and the device (backends/qairt_runtime.py)."""
     from hexbundle.backends.qairt_runtime import (RuntimePlan, bundle_runtime, check_bins,
                                                   runtime_release)
-    backend = get_backend("qairt")
+    options: BundleOptions = described.options
+    backend = get_backend("qairt")   # the toolchain: its qnn-context-binary-utility reads bins
+    sdk = sdk_runtime(described, backend)
     device = options.genie.device
     plan = RuntimePlan(options.runtime, options.target, device.dsp_arch, device.soc_model,
-                       backend.sdk.version, htp_device_id=options.genie.device_id)
-    release = runtime_release(backend.sdk.root, plan)
+                       read_sdk_version(sdk.release_file), htp_device_id=options.genie.device_id)
+    release = runtime_release(sdk, plan)
     log(f"runtime: QAIRT {release.release} ({release.release.text}), read from the SDK's "
         f"files for {plan.target} and sdk.yaml")
     records = check_bins({b.name: backend.bin_info(b, log) for b in bins}, plan, release)
     try:
-        section = bundle_runtime(backend.sdk.root, plan, release, staging, log)
+        section = bundle_runtime(sdk, plan, release, staging, log)
     except OSError as exc:   # a full disk while copying: the previous bundle stays
         raise output_error(exc.filename or staging, exc) from None
     return {**section, "bins": records}
 
 
-def ortqnn_runtime(options: BundleOptions, bins: list, staging: Path, log) -> dict:
+def sdk_runtime(described: Description, backend):
+    """The SDK files the runtime comes from. With the local executor they are the description's
+    "runtime", "runtime-release" (sdk.yaml) and "runtime-genie" inputs (steps/options.
+    bundle_inputs): their digests are the step's key, and a worker holds them. With the docker
+    executor none is declared: the step runs in the toolchain image, whose SDK it reads, and the
+    image's ID in the step's key stands for those files."""
+    from hexbundle.backends.qairt_runtime import SdkRuntime
+    o: BundleOptions = described.options
+    if o.executor == "docker":
+        return SdkRuntime.at(backend.sdk.root, o.target, o.genie.device.dsp_arch)
+    return SdkRuntime.declared(described.input("runtime-release"),
+                               described.input("runtime-genie"),
+                               described.input_paths("runtime"))
+
+
+def ortqnn_runtime(described: Description, bins: list, staging: Path, log) -> dict:
     """The ortqnn bundle's runtime, from the pinned onnxruntime-qnn wheel of the compiler's QAIRT
     release for the board's OS, after checking the bins and its files are that one release
-    (backends/ortqnn_runtime.py)."""
+    (backends/ortqnn_runtime.py). The wheel and the pin file are the description's "runtime" and
+    "runtime-pins" inputs: their digests are the step's key, and a worker holds them."""
     from hexbundle.backends.ortqnn import QAIRT_RELEASE
     from hexbundle.backends.ortqnn_runtime import bundle_runtime
     from hexbundle.backends.qairt_runtime import RuntimePlan
-    from hexbundle.config.toolchain import project_root
+    options: BundleOptions = described.options
     device = options.genie.device
     plan = RuntimePlan(options.runtime, options.target, device.dsp_arch, device.soc_model,
                        QAIRT_RELEASE, htp_device_id=options.genie.device_id)
     try:
-        return bundle_runtime(project_root(), plan, bins, staging, QAIRT_RELEASE, log)
+        return bundle_runtime(described.input("runtime-pins"), described.input_paths("runtime"),
+                              plan, bins, staging, QAIRT_RELEASE, log)
     except OSError as exc:   # a full disk while extracting: the previous bundle stays
         raise output_error(exc.filename or staging, exc) from None
 
 
-def board_runtime(options: BundleOptions, bins: list, staging: Path, log):
+def board_runtime(described: Description, bins: list, staging: Path, log):
     """The manifest's runtime section of a backend whose bins a board loads; None otherwise."""
-    if options.backend == "qairt":
-        return qairt_runtime(options, bins, staging, log)
-    if options.backend == "ortqnn":
-        return ortqnn_runtime(options, bins, staging, log)
+    backend = described.options.backend
+    if backend == "qairt":
+        return qairt_runtime(described, bins, staging, log)
+    if backend == "ortqnn":
+        return ortqnn_runtime(described, bins, staging, log)
     return None
 
 
@@ -167,7 +191,7 @@ def assemble(described: Description, backend_version: str, sizes_expected: dict,
         except OSError as exc:   # a full disk while copying: the previous bundle stays
             raise output_error(exc.filename or staging, exc) from None
         carry.adopt(bins + [staging / b.name for b in bins])
-        runtime = board_runtime(options, bins, staging, log)
+        runtime = board_runtime(described, bins, staging, log)
         clients = write_clients(staging, options.manifest.model, runtime, bundle_files(staging),
                                 link_or_copy)
         if clients:

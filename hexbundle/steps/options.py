@@ -207,7 +207,8 @@ def graph_sources(layout: Layout) -> FrozenMap:
 def bundle_inputs(layout: Layout) -> list:
     """The bundle step's inputs by role, in the order ManifestRecord names them: the bins, the
     tokenizer, the graphs' ONNX and encodings in bin order (the size model reads them), the
-    user's files it digests into the manifest ("source") and the config files ("config")."""
+    user's files it digests into the manifest ("source"), the config files ("config"), then the
+    board runtime's files (runtime_inputs)."""
     cfg = layout.cfg
     graphs = [g for p in cfg.plan.parts() for g in cfg.model.graphs(p)]
     return ([("bin", layout.bin(p)) for p in cfg.plan.parts()]
@@ -215,7 +216,37 @@ def bundle_inputs(layout: Layout) -> list:
             + [(role, path) for g in graphs
                for role, path in (("onnx", layout.onnx(g)), ("encodings", layout.encodings(g)))]
             + [("source", p) for p in layout.source_inputs()]
-            + [("config", p) for p in cfg.config_files])
+            + [("config", p) for p in cfg.config_files]
+            + runtime_inputs(cfg))
+
+
+def runtime_inputs(cfg: BuildConfig) -> list:
+    """The files the bundle step takes a board's runtime from, by role ("runtime", and the
+    files saying which release they are: "runtime-pins", "runtime-release", "runtime-genie"):
+    ortqnn's pinned onnxruntime-qnn wheel of the board's OS and the pin file
+    (backends/ortqnn_runtime.runtime_inputs); a local qairt build's SDK files (its runtime
+    files, sdk.yaml, the Genie header: backends/qairt_runtime.SdkRuntime). Declared, their
+    digests are the step's key and a remote worker gets them; the step reads no other. With the
+    docker executor the SDK is the image's: its ID in the key stands for it (graph.keys)."""
+    if cfg.backend == "ortqnn":
+        from hexbundle.backends.ortqnn_runtime import runtime_inputs as wheel_inputs
+        return wheel_inputs(cfg.root, cfg.device.os)
+    if cfg.backend == "qairt" and cfg.executor == "local":
+        return sdk_inputs(cfg)
+    return []
+
+
+def sdk_inputs(cfg: BuildConfig) -> list:
+    """The local SDK's runtime files for the device; none when no SDK is set (the step, through
+    the backend, then says how to set one)."""
+    from hexbundle.backends.qairt_runtime import SdkRuntime
+    from hexbundle.config.toolchain import installed_sdk
+    from hexbundle.support.errors import HexbundleError
+    try:
+        root = installed_sdk().root
+    except HexbundleError:
+        return []
+    return SdkRuntime.at(root, cfg.device.os, cfg.device.dsp_arch).inputs()
 
 
 def bundle_outputs(layout: Layout) -> list:
