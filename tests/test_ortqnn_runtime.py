@@ -337,3 +337,21 @@ def test_the_bundle_with_its_runtime_is_up_to_date_on_the_next_run(ortqnn_bundle
     assert "not part of the bundle" not in run.out + run.err, run.out + run.err
     assert "0 built" in run.out, run.out
     assert {p: p.stat().st_ino for p in bundle.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.heavy
+def test_a_no_op_ortqnn_run_replays_its_stamp_until_the_kit_pins_are_touched(ortqnn_bundle):
+    """An ortqnn build gets the no-op stamp (graph.noopstamp): its toolchain version is read from
+    requirements/ortqnn.txt (backends.toolchain_files), which the stamp watches beside the
+    declared inputs. The second no-op run replays; the pin file touched (same bytes), the run
+    resolves the build again and, the key being the same, builds nothing."""
+    from test_noop_stamp import run as stamped
+    project, env, _ = ortqnn_bundle
+    project.doit("bundle", "backend=ortqnn", env=env)   # settle the module's other tests
+    out, how = stamped(project, "bundle", "backend=ortqnn", env=env)
+    assert how == "RESOLVED" and " 0 built," in out, out
+    out, how = stamped(project, "bundle", "backend=ortqnn", env=env)
+    assert how == "REPLAYED", out
+    os.utime(project.root / "requirements" / "ortqnn.txt")
+    out, how = stamped(project, "bundle", "backend=ortqnn", env=env)
+    assert how == "RESOLVED" and " 0 built," in out, out

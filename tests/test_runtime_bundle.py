@@ -45,10 +45,14 @@ def built(proj, sdk) -> Path:
     return proj.bundle(backend="qairt")
 
 
+def qairt_env(project, sdk: Path, device="iq9075", mode="ok") -> dict:
+    return {"QAIRT_SDK_ROOT": str(sdk), "STANDIN_QAIRT_MODE": mode,
+            "STANDIN_QAIRT_BIN_BYTES": json.dumps(bin_sizes(project, device))}
+
+
 def qairt(project, sdk: Path, *args, device="iq9075", mode="ok", check=True):
-    env = {"QAIRT_SDK_ROOT": str(sdk), "STANDIN_QAIRT_MODE": mode,
-           "STANDIN_QAIRT_BIN_BYTES": json.dumps(bin_sizes(project, device))}
-    return project.doit(*args, "backend=qairt", f"device={device}", env=env, check=check)
+    return project.doit(*args, "backend=qairt", f"device={device}",
+                        env=qairt_env(project, sdk, device, mode), check=check)
 
 
 def sdk_copy(sdk: Path, dest: Path) -> Path:
@@ -377,3 +381,23 @@ def test_the_declared_sdk_files_are_those_an_image_run_reads(sdk, target):
                                    [path for role, path in inputs if role == "runtime"])
     assert declared == at
     assert set(at.files) == {f.sdk_path for f in runtime_files(target, "v73")}
+
+
+def test_a_no_op_qairt_run_replays_its_stamp_until_an_sdk_runtime_file_changes(proj, sdk,
+                                                                                tmp_path):
+    """A local qairt build gets the no-op stamp (graph.noopstamp) as a reference one does: the
+    SDK runtime files its bundle copies are the bundle step's declared inputs, so the stamp
+    watches them. The second no-op run replays; after one of those files changed, the run
+    resolves the build again and reruns the bundle step."""
+    from test_noop_stamp import run as stamped
+    other = sdk_copy(sdk, tmp_path / "sdk")
+    args, env = ("bundle", "backend=qairt", "device=iq9075"), qairt_env(proj, other)
+    qairt(proj, other, "bundle")
+    out, how = stamped(proj, *args, env=env)   # nothing to do: the stamp is written
+    assert how == "RESOLVED" and " 0 built," in out, out
+    out, how = stamped(proj, *args, env=env)
+    assert how == "REPLAYED", out
+    lib = other / "lib" / LINUX / "libQnnSystem.so"
+    lib.write_bytes(lib.read_bytes() + b"\0")
+    out, how = stamped(proj, *args, env=env)
+    assert how == "RESOLVED" and " 1 built," in out, out

@@ -70,6 +70,19 @@ def describe(name: str) -> tuple:
     raise BackendError(f"unknown backend {name!r}; choose reference, qairt or ortqnn")
 
 
+def toolchain_files(name: str, root: Path) -> tuple:
+    """The files describe(name) reads besides hexbundle's code and configs/ (what the no-op stamp
+    must watch for the toolchain key, graph.noopstamp): the reference backend's version is its
+    code, and qairt's is the pin in configs/toolchain.toml; ortqnn's is the kit's pins and its
+    driver's source (backends/ortqnn_kit.kit_fingerprint)."""
+    if name == "ortqnn":
+        from hexbundle.backends.ortqnn_kit import DRIVER_SOURCE, PIN_FILE
+        return (Path(root) / PIN_FILE, DRIVER_SOURCE)
+    if name not in ("reference", "qairt"):
+        raise BackendError(f"unknown backend {name!r}; choose reference, qairt or ortqnn")
+    return ()
+
+
 # The backends whose DLC and bin record the key they were made for (Backend.marks_outputs),
 # known without importing them (graph.remote_steps asks before a step runs).
 MARKING_BACKENDS = ("reference",)

@@ -19,13 +19,15 @@ input, an edited config or module, another setting or environment variable, a `d
 and the run goes the full way. Every run that may write removes the stamps first
 (graph.session.start_guard), so a stamp never outlives a run that changed something.
 
-Written only where that list is every input of the decision: the reference backend (its
-toolchain version is its code), the local executor (no toolchain image) and no remote cache or
-executor (whose answers are no file here), without doit options (-n, --explain, ... print or
-decide otherwise), and not for the bench's stock-doit baseline (HEXBUNDLE_BENCH_CHECKER: it
-measures doit as it comes). Other builds check everything every run, as before.
-HEXBUNDLE_HASH_TRACE is left out of the environment: it names where to list hashed files, and
-a no-op run hashes none.
+Written only where that list is every input of the decision: the local executor (no toolchain
+image, whose ID the engine answers) and no remote cache or executor (whose answers are no file
+here), without doit options (-n, --explain, ... print or decide otherwise), and not for the
+bench's stock-doit baseline (HEXBUNDLE_BENCH_CHECKER: it measures doit as it comes). Every
+backend: the files a toolchain version reads besides the code and configs/ are watched too
+(backends.toolchain_files: ortqnn's kit pins), and the runtime files a bundle copies (the
+ortqnn wheel, a local SDK's) are the bundle step's declared inputs. Other builds check
+everything every run, as before. HEXBUNDLE_HASH_TRACE is left out of the environment: it names
+where to list hashed files, and a no-op run hashes none.
 """
 from __future__ import annotations
 
@@ -127,7 +129,8 @@ def forget(state_dir: Path) -> None:
 def watched(layout, tasks) -> list:
     """Everything the up-to-date decision of a run of `tasks` (doit's Task objects) reads (see
     the module docstring)."""
-    paths = set()
+    from hexbundle.backends import toolchain_files
+    paths = set(toolchain_files(layout.cfg.backend, layout.root))
     for task in tasks:
         for name in list(task.file_dep) + list(task.targets):
             path = Path(name) if Path(name).is_absolute() else layout.root / name
@@ -154,7 +157,7 @@ def record(layout, tasks, argv: list, lines: list, summary: str) -> None:
     from hexbundle.support.atomic import write_json
     from hexbundle.support.errors import HexbundleError
     cfg = layout.cfg
-    if (cfg.backend != "reference" or cfg.executor != "local" or cfg.remote.cache
+    if (cfg.executor != "local" or cfg.remote.cache
             or cfg.remote.executor or not usable(argv) or summary is None or _held["off"]):
         return
     key = command_key(argv)
