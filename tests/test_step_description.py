@@ -266,6 +266,14 @@ def runtime_inputs(description: dict) -> list:
             if role.startswith("runtime")]
 
 
+def assert_same_bundle_with_runtime(outputs: dict) -> None:
+    """A worker's bundle (output path -> the bytes the worker wrote) carries the runtime and
+    equals the normal build's, file by file."""
+    assert any(p.name == "libGenie.so" for p in outputs), sorted(p.name for p in outputs)
+    for path, data in outputs.items():
+        assert data == path.read_bytes(), f"{path.name} differs from the normal build's"
+
+
 @pytest.mark.heavy
 def test_the_ortqnn_bundle_with_only_its_declared_inputs_writes_the_same_bytes(ortqnn_built,
                                                                                tmp_path):
@@ -278,9 +286,7 @@ def test_the_ortqnn_bundle_with_only_its_declared_inputs_writes_the_same_bytes(o
         ["onnxruntime_qnn-2.7.0-cp312-cp312-manylinux_2_34_aarch64.whl"], description["inputs"]
     outputs = run_as_worker(project, description, tmp_path / "worker",
                             toolchain_files=ORTQNN_PIN)
-    assert any(p.name == "libGenie.so" for p in outputs), sorted(p.name for p in outputs)
-    for path, data in outputs.items():
-        assert data == path.read_bytes(), f"{path.name} differs from the normal build's"
+    assert_same_bundle_with_runtime(outputs)
 
 
 @pytest.mark.heavy
@@ -388,9 +394,7 @@ def test_the_local_qairt_bundle_takes_its_runtime_from_its_declared_inputs(qairt
     outputs = run_as_worker(project, description, tmp_path / "worker",
                             toolchain={**env, "QAIRT_SDK_ROOT": str(sdk)},
                             toolchain_files=QAIRT_PIN)
-    assert any(p.name == "libGenie.so" for p in outputs), sorted(p.name for p in outputs)
-    for path, data in outputs.items():
-        assert data == path.read_bytes(), f"{path.name} differs from the normal build's"
+    assert_same_bundle_with_runtime(outputs)
 
 
 @pytest.mark.heavy
