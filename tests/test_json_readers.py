@@ -288,7 +288,7 @@ def grid_log(tmp, text):
 
 
 def bench_result(tmp, text):
-    # bench/rows/backend.py reads its child's last stdout line as this
+    # bench/common.run_child_step reads its child's last stdout line as this
     return parse_json(text, "backend step convert's result")
 
 
@@ -342,7 +342,7 @@ READERS = {
     ("hexbundle/backends/qairt.py", "bin_facts"): (utility_output, "refused"),
     ("hexbundle/steps/runner.py", "main"): (step_spec, "refused"),
     ("hexbundle/inputs/split.py", "_write_encodings"): (encodings, NAN_OWN),
-    ("hexbundle/bench/rows/backend.py", "_backend_step"): (bench_result, "refused"),
+    ("hexbundle/bench/common.py", "run_child_step"): (bench_result, "refused"),
 }
 
 

@@ -73,6 +73,25 @@ def run_measured(cmd: list, cwd: Path, env: dict) -> tuple:
         return seconds, proc.returncode, out.read(), err.read(), usage.ru_maxrss * 1024
 
 
+def run_child_step(bench, function: str, spec: dict, what: str) -> dict:
+    """`function(spec)` ("module:name", its result plain JSON data) run in a child process of
+    its own, so its time and peak RSS (wait4) are its alone: the result, with "wall_seconds"
+    and "maxrss". The child prints the result as its last stdout line; a failed child is a
+    BenchError showing its output."""
+    import json
+    import sys
+    from hexbundle.support.jsondoc import parse_json
+    module, name = function.split(":")
+    code = (f"import json, sys; from {module} import {name}; "
+            f"print(json.dumps({name}(json.loads(sys.argv[1]))))")
+    wall, status, out, err, maxrss = run_measured([sys.executable, "-c", code, json.dumps(spec)],
+                                                  bench.root, bench.env())
+    if status != 0:
+        raise BenchError(f"{what} failed (exit {status}):\n{out}{err}"[-4000:])
+    result = parse_json(out.strip().splitlines()[-1], f"{what}'s result")
+    return {**result, "wall_seconds": round(wall, 2), "maxrss": maxrss}
+
+
 def part_weights_of(cfg, part) -> list:
     from hexbundle.config.model import part_weights
     return part_weights(cfg.model.architecture, cfg.model.quantization, part)

@@ -2,16 +2,13 @@
 in a process of its own (backend_step)."""
 from __future__ import annotations
 
-import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
-from hexbundle.bench.common import GIB, BenchError, part_weights_of, run_measured
+from hexbundle.bench.common import GIB, part_weights_of, run_child_step
 from hexbundle.config.build import load_build
 from hexbundle.config.layout import Layout, dlc_name
-from hexbundle.support.jsondoc import parse_json
 
 IDS, NEEDS_BUILD = (5,), False
 
@@ -43,13 +40,8 @@ def measure(bench, full) -> dict:
 def _backend_step(bench, step: dict, scratch: Path) -> dict:
     spec = {**step, "root": str(bench.root), "model": bench.model_name,
             "part": bench.part.index, "scratch": str(scratch)}
-    cmd = [sys.executable, "-c", "import json, sys; from hexbundle.bench.rows.backend import backend_step; "
-           "print(json.dumps(backend_step(json.loads(sys.argv[1]))))", json.dumps(spec)]
-    wall, code, out, err, maxrss = run_measured(cmd, bench.root, bench.env())
-    if code != 0:
-        raise BenchError(f"backend step {step} failed (exit {code}):\n{out}{err}")
-    result = parse_json(out.strip().splitlines()[-1], f"backend step {step}'s result")
-    return {**result, "wall_seconds": round(wall, 2), "maxrss": maxrss}
+    return run_child_step(bench, "hexbundle.bench.rows.backend:backend_step", spec,
+                          f"backend step {step}")
 
 
 def table(backend: dict, bench, full) -> list:

@@ -24,17 +24,14 @@ figures here (labelled so), not run: at full scale that is tens of minutes (docs
 """
 from __future__ import annotations
 
-import json
 import math
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from hexbundle.bench.common import GIB, BenchError, run_measured
-from hexbundle.support.jsondoc import parse_json
+from hexbundle.bench.common import GIB, BenchError, run_child_step
 
 IDS, NEEDS_BUILD = (13,), False
 CHUNKS, STEPS = 2, 2     # prompt chunks (the second is timed) and decode steps a run measures
@@ -110,13 +107,8 @@ def _kit_missing(bench) -> str:
 def _step(bench, step: str, scratch: Path) -> dict:
     spec = {"step": step, "root": str(bench.root), "model": bench.model_name,
             "part": bench.part.index, "scratch": str(scratch), "chunks": CHUNKS, "steps": STEPS}
-    cmd = [sys.executable, "-c", "import json, sys; from hexbundle.bench.rows.simulator import "
-           "run_step; print(json.dumps(run_step(json.loads(sys.argv[1]))))", json.dumps(spec)]
-    wall, code, out, err, maxrss = run_measured(cmd, bench.root, bench.env())
-    if code != 0:
-        raise BenchError(f"simulator row, {step} step failed (exit {code}):\n{out}{err}"[-4000:])
-    result = parse_json(out.strip().splitlines()[-1], f"simulator row's {step} step")
-    return {**result, "wall_seconds": round(wall, 2), "maxrss": maxrss}
+    return run_child_step(bench, "hexbundle.bench.rows.simulator:run_step", spec,
+                          f"simulator row, {step} step")
 
 
 def _difference_lsb(scratch: Path, scale: float) -> float:
